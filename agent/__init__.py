@@ -1,0 +1,1 @@
+"""The node agent: hardware profile, telemetry, worker supervision."""

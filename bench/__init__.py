@@ -1,0 +1,1 @@
+"""hetero-bench: benchmark harness and cluster simulator."""

@@ -1,0 +1,1 @@
+"""The coordinator daemon: gRPC API, SQLite store, placement and the balancer."""

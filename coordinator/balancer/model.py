@@ -1,0 +1,127 @@
+"""Per-rank affine step-time model ``t(b) = a·b + c`` and the equal-time solve.
+
+``a`` is seconds per sample, ``c`` the fixed cost of a step (kernel launches,
+Python overhead, optimizer-independent work). A split proportional to
+throughput is right only when every ``c ≈ 0``; the equal-time solve is right
+for any ``c``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hetero.coordinator.balancer.plan import Batches, Constraints, round_to_plan
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """``t(b) = per_sample_s · b + fixed_s`` in seconds."""
+
+    per_sample_s: float
+    fixed_s: float = 0.0
+
+    def time(self, batch: float) -> float:
+        return self.per_sample_s * batch + self.fixed_s
+
+
+def fit_step_model(
+    points: Sequence[tuple[int, float]],
+    *,
+    recency: float = 0.7,
+    min_spread: float = 0.05,
+) -> StepModel:
+    """Weighted least-squares fit of ``t = a·b + c`` to ``(batch, seconds)`` points.
+
+    Points are oldest first; the newest weighs 1, each older one ``recency`` times
+    less, so the model follows drift. With too little spread in ``b`` (all
+    points at about one batch size) the fixed cost cannot be identified and the
+    fit passes through the origin: ``a = t/b``, ``c = 0``. Iterating that
+    proportional split still converges to equal time, and each new plan adds a
+    point with a new ``b``. A fit with negative ``a`` or ``c`` (noise) falls back
+    the same way.
+    """
+    if not points:
+        raise ValueError("fit_step_model needs at least one point")
+    n = len(points)
+    weights = [recency ** (n - 1 - k) for k in range(n)]
+    wsum = sum(weights)
+    bs = [float(b) for b, _ in points]
+    ts = [float(t) for _, t in points]
+    b_mean = sum(w * b for w, b in zip(weights, bs, strict=True)) / wsum
+    t_mean = sum(w * t for w, t in zip(weights, ts, strict=True)) / wsum
+    var_b = sum(w * (b - b_mean) ** 2 for w, b in zip(weights, bs, strict=True)) / wsum
+    if b_mean > 0 and math.sqrt(var_b) / b_mean >= min_spread:
+        cov = sum(
+            w * (b - b_mean) * (t - t_mean) for w, b, t in zip(weights, bs, ts, strict=True)
+        ) / wsum
+        a = cov / var_b
+        c = t_mean - a * b_mean
+        if a > 0 and c >= 0:
+            return StepModel(a, c)
+        # A negative slope or fixed cost is noise: fall through to the origin fit.
+    # Through the origin, weighted: a = Σw·t·b / Σw·b².
+    num = sum(w * t * b for w, b, t in zip(weights, bs, ts, strict=True))
+    den = sum(w * b * b for w, b in zip(weights, bs, strict=True))
+    return StepModel(max(num / den, 1e-12) if den > 0 else 1e-12, 0.0)
+
+
+def predict_step_s(models: Sequence[StepModel], batches: Sequence[int]) -> float:
+    """Predicted compute-only step time of a plan: the slowest rank's time."""
+    return max(m.time(b) for m, b in zip(models, batches, strict=True))
+
+
+def equal_time_plan(models: Sequence[StepModel], constraints: Constraints) -> Batches:
+    """The integer plan that makes every rank's predicted step time equal.
+
+    Solves ``a_i·b_i + c_i = T`` for all i with ``Σ b_i = B``:
+    ``T = (B + Σ c_i/a_i) / Σ 1/a_i``, ``b_i = (T − c_i)/a_i``. Ranks pushed
+    outside ``[min_batch, cap]`` are pinned to the bound and the rest re-solved;
+    the result is rounded to integers summing to B.
+    """
+    world = constraints.world_size
+    pinned: dict[int, float] = {}
+    while True:
+        free = [i for i in range(world) if i not in pinned]
+        remaining = constraints.global_batch - sum(pinned.values())
+        if not free:
+            targets = [pinned[i] for i in range(world)]
+            break
+        inv = sum(1.0 / models[i].per_sample_s for i in free)
+        t_eq = (remaining + sum(models[i].fixed_s / models[i].per_sample_s for i in free)) / inv
+        share = {i: (t_eq - models[i].fixed_s) / models[i].per_sample_s for i in free}
+        violated: dict[int, float] = {}
+        for i in free:
+            if share[i] < constraints.min_batch:
+                violated[i] = float(constraints.min_batch)
+            elif share[i] > constraints.upper(i):
+                violated[i] = float(constraints.upper(i))
+        if not violated:
+            targets = [pinned.get(i, share.get(i, 0.0)) for i in range(world)]
+            break
+        pinned.update(violated)
+    return _best_rounding(targets, models, constraints)
+
+
+def _best_rounding(
+    targets: Sequence[float], models: Sequence[StepModel], constraints: Constraints
+) -> Batches:
+    """Largest-remainder rounding, then move single samples off the slowest rank
+    while that lowers the predicted step time (rounding can matter at small B)."""
+    plan = list(round_to_plan(targets, constraints))
+    for _ in range(constraints.world_size * 4):
+        times = [m.time(b) for m, b in zip(models, plan, strict=True)]
+        slow = max(range(len(plan)), key=lambda i: times[i])
+        fast = min(
+            (i for i in range(len(plan)) if plan[i] < constraints.upper(i)),
+            key=lambda i: models[i].time(plan[i] + 1),
+            default=None,
+        )
+        if fast is None or fast == slow or plan[slow] <= constraints.min_batch:
+            break
+        if models[fast].time(plan[fast] + 1) >= times[slow]:
+            break
+        plan[slow] -= 1
+        plan[fast] += 1
+    return tuple(plan)

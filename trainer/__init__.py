@@ -1,0 +1,1 @@
+"""The library inside every training process."""

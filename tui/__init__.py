@@ -1,0 +1,1 @@
+"""hetero-top, the terminal UI."""
