@@ -53,9 +53,10 @@ def fit_step_model(
     t_mean = sum(w * t for w, t in zip(weights, ts, strict=True)) / wsum
     var_b = sum(w * (b - b_mean) ** 2 for w, b in zip(weights, bs, strict=True)) / wsum
     if b_mean > 0 and math.sqrt(var_b) / b_mean >= min_spread:
-        cov = sum(
-            w * (b - b_mean) * (t - t_mean) for w, b, t in zip(weights, bs, ts, strict=True)
-        ) / wsum
+        cov = (
+            sum(w * (b - b_mean) * (t - t_mean) for w, b, t in zip(weights, bs, ts, strict=True))
+            / wsum
+        )
         a = cov / var_b
         c = t_mean - a * b_mean
         if a > 0 and c >= 0:

@@ -62,9 +62,13 @@ class Constraints:
     def check(self, batches: Sequence[int]) -> None:
         """Raise ``PlanError`` unless ``batches`` is a valid plan under these constraints."""
         if len(batches) != self.world_size:
-            raise PlanError(f"plan {list(batches)} has {len(batches)} ranks, want {self.world_size}")
+            raise PlanError(
+                f"plan {list(batches)} has {len(batches)} ranks, want {self.world_size}"
+            )
         if sum(batches) != self.global_batch:
-            raise PlanError(f"plan {list(batches)} sums to {sum(batches)}, want {self.global_batch}")
+            raise PlanError(
+                f"plan {list(batches)} sums to {sum(batches)}, want {self.global_batch}"
+            )
         for rank, b in enumerate(batches):
             if not self.min_batch <= b <= self.upper(rank):
                 raise PlanError(

@@ -20,6 +20,7 @@ from hetero.coordinator.balancer.model import (
 )
 from hetero.coordinator.balancer.plan import Batches, Constraints, equal_batches, round_to_plan
 from hetero.coordinator.balancer.stats import DeviceProfile, History
+
 from hetero.errors import ConfigError
 
 
@@ -35,7 +36,8 @@ class Decision:
 
 
 class Policy(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def initial(
         self, constraints: Constraints, profiles: Sequence[DeviceProfile] | None = None

@@ -1,0 +1,186 @@
+"""``hetero-train``: run a built-in job on local ranks or inside an existing job.
+
+With ``--nproc N`` it starts N local ranks itself (Gloo on CPU, NCCL when every
+rank has a GPU). Launched by torchrun or an agent (``RANK``/``WORLD_SIZE`` set),
+it runs as one of those ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from hetero.coordinator.balancer import POLICIES
+from hetero.trainer.datasets import DATASETS
+from hetero.trainer.models import MODELS
+
+from hetero.errors import HeteroError
+
+EPILOG = """\
+examples:
+  hetero-train --nproc 3 --emulate-slowdown 1:2,2:3 --policy dynamic --steps 200
+  torchrun --nproc-per-node 2 -m hetero.trainer.cli --model resnet50 --global-batch 512
+  hetero-train --nproc 2 --checkpoint-interval 50 --output-dir runs/a --resume auto
+
+Every output of a run with --emulate-slowdown says 'emulated': the slowdown is
+an injected wait proportional to the rank's measured compute, not real hardware.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="hetero-train",
+        description="Train a built-in model with per-rank batches sized to each rank's measured "
+        "speed; the global batch and the gradient stay exactly those of plain DDP.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    job = p.add_argument_group("job")
+    job.add_argument("--model", default="simple_cnn", choices=sorted(MODELS))
+    job.add_argument("--dataset", default="synthetic", choices=DATASETS)
+    job.add_argument(
+        "--data-dir", help="root of an ImageFolder-style directory (--dataset imagefolder)"
+    )
+    job.add_argument(
+        "--global-batch", type=int, default=96, help="samples per step over all ranks (default 96)"
+    )
+    job.add_argument(
+        "--steps", type=int, default=100, help="optimizer steps in total (default 100)"
+    )
+    job.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default 0.05)")
+    job.add_argument("--seed", type=int, default=0)
+    job.add_argument("--image-size", type=int, help="pixels per side (default: the model's)")
+    job.add_argument("--num-classes", type=int, default=10)
+    job.add_argument("--num-samples", type=int, default=8192, help="synthetic dataset size")
+    job.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes")
+    bal = p.add_argument_group("balancing")
+    bal.add_argument("--policy", default="dynamic", choices=sorted(POLICIES))
+    bal.add_argument(
+        "--rebalance-interval", type=int, default=10, help="steps between plan exchanges"
+    )
+    bal.add_argument("--min-batch", type=int, default=1, help="smallest batch any rank gets")
+    bal.add_argument(
+        "--emulate-slowdown",
+        metavar="RANK:FACTOR[@START-END],...",
+        help="make ranks slower by an injected wait (CPU only), e.g. 1:2,2:3@100-200",
+    )
+    run = p.add_argument_group("processes")
+    run.add_argument("--nproc", type=int, default=1, help="local ranks to start (default 1)")
+    run.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    out = p.add_argument_group("output")
+    out.add_argument("--output-dir", help="metrics (JSON lines per rank), logs and checkpoints")
+    out.add_argument("--summary-json", help="write the run's summary here")
+    out.add_argument("--checkpoint-dir", help="default: OUTPUT_DIR/checkpoints")
+    out.add_argument(
+        "--checkpoint-interval", type=int, default=0, help="steps between checkpoints (0: off)"
+    )
+    out.add_argument(
+        "--resume", metavar="PATH|auto", help="resume from a checkpoint ('auto': the last one)"
+    )
+    out.add_argument(
+        "--ideal-steps",
+        type=int,
+        default=8,
+        help="steps per rank for the standalone (ideal) measurement; 0 skips it",
+    )
+    out.add_argument("--quiet", action="store_true", help="no progress lines")
+    out.add_argument(
+        "--json", action="store_true", help="print the summary as JSON instead of a table"
+    )
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> Any:
+    from hetero.trainer.job import JobConfig
+
+    names = {f.name for f in fields(JobConfig)}
+    return JobConfig(**{k: v for k, v in vars(args).items() if k in names})
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"hetero-train: {summary['policy']}", show_header=False)
+    t.add_column(style="bold")
+    t.add_column()
+
+    def rate(x: float | None) -> str:
+        return f"{x:,.1f} samples/s" if x else "n/a"
+
+    t.add_row("model", f"{summary['model']} ({summary['world_size']} ranks, {summary['backend']})")
+    t.add_row("steps x global batch", f"{summary['steps']} x {summary['global_batch']}")
+    t.add_row("throughput (steady)", rate(summary["steady_samples_per_s"]))
+    t.add_row("throughput (whole run)", rate(summary["throughput_samples_per_s"]))
+    t.add_row("ideal", rate(summary["ideal_samples_per_s"]))
+    pct = summary["pct_of_ideal"]
+    t.add_row("% of ideal", f"{pct:.1f}%" if pct is not None else "n/a")
+    t.add_row("final plan", str(summary["final_plan"]))
+    t.add_row("plan changes", str(summary["plan_changes"]))
+    t.add_row(
+        "loss first -> last",
+        f"{summary['loss_first']:.4f} -> {summary['loss_last']:.4f}"
+        if summary["loss_first"] is not None
+        else "n/a",
+    )
+    if summary["emulated"]:
+        t.add_row("heterogeneity", f"EMULATED ({summary['emulated_slowdown']})")
+    Console().print(t)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        cfg = config_from_args(args)
+        if args.nproc < 1:
+            raise HeteroError(f"--nproc must be >= 1, got {args.nproc}")
+        launched = "WORLD_SIZE" in os.environ and "RANK" in os.environ
+        if args.nproc > 1 and not launched:
+            return _launch(args, argv if argv is not None else sys.argv[1:])
+        from hetero.trainer.job import run_job
+
+        summary = run_job(cfg)
+    except HeteroError as exc:
+        rank = os.environ.get("RANK")
+        where = f"rank {rank}: " if rank not in (None, "0") else ""
+        print(f"error: {where}{exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    if summary is not None:
+        _report(summary, args)
+    return 0
+
+
+def _report(summary: dict[str, Any], args: argparse.Namespace) -> None:
+    if args.summary_json:
+        path = Path(args.summary_json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(summary, indent=2) + "\n")
+    if os.environ.get("HETERO_LAUNCHED") == "1" and args.json:
+        print(json.dumps(summary))
+    elif args.json:
+        print(json.dumps(summary, indent=2))
+    elif not args.quiet or os.environ.get("HETERO_LAUNCHED") != "1":
+        print_summary(summary)
+
+
+def _launch(args: argparse.Namespace, argv: list[str]) -> int:
+    from hetero.trainer.launch import launch_local
+
+    log_dir = Path(args.output_dir) / "logs" if args.output_dir else None
+    cmd = [sys.executable, "-m", "hetero.trainer.cli", *argv]
+    code = launch_local(cmd, args.nproc, log_dir=log_dir)
+    if code != 0:
+        print(f"error: hetero-train failed (a rank exited with status {code})", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,578 @@
+"""The trainer API a training loop adopts: ``init``, ``wrap``, ``loader``, ``backward``, ``step``.
+
+::
+
+    ctx = ht.init(policy="dynamic")
+    model = ctx.wrap(model)
+    loader = ctx.loader(dataset, global_batch=512)
+    for x, y in loader:
+        loss = loss_fn(model(x), y)
+        ctx.backward(loss)
+        optimizer.step(); optimizer.zero_grad()
+        ctx.step()
+
+``init`` joins the torch.distributed job described by the environment
+(torchrun, ``hetero-train``, or an agent) or runs alone. ``wrap`` puts the model
+in DDP with the exact-weighting comm hook and the timing hooks. ``loader``
+yields this rank's share of each global batch. ``step`` closes the step and, at
+each rebalance boundary, exchanges statistics and applies the next plan on
+every rank at the same step.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import resource
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from hetero.coordinator.balancer import (
+    Constraints,
+    DeviceProfile,
+    Interval,
+    make_policy,
+)
+from hetero.trainer.emulation import Slowdown, emulate_wait, parse_slowdowns
+from hetero.trainer.exchange import (
+    EmbeddedPlanner,
+    Planner,
+    RankSummary,
+    all_gather_summaries,
+    broadcast_plan,
+)
+from hetero.trainer.gradients import WeightingState, weighted_allreduce_hook
+from hetero.trainer.metrics import MetricsWriter
+from hetero.trainer.sampler import UnevenBatchSampler
+from hetero.trainer.timing import StepClock, StepTimes
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Dataset, default_collate
+
+from hetero.errors import ConfigError, DistributedError
+
+log = logging.getLogger("hetero.trainer")
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """How a training process balances. Validated on construction."""
+
+    policy: str = "dynamic"
+    rebalance_interval: int = 10
+    min_batch: int = 1
+    max_batch: tuple[int | None, ...] | None = None
+    emulate_slowdown: str | None = None
+    output_dir: Path | None = None
+    device: str = "auto"
+    backend: str | None = None
+    warmup_steps: int = 1
+    history_intervals: int = 32
+    collective_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        make_policy(self.policy)  # raises ConfigError naming the known ones
+        if self.rebalance_interval < 1:
+            raise ConfigError(f"rebalance_interval must be >= 1, got {self.rebalance_interval}")
+        if self.min_batch < 1:
+            raise ConfigError(f"min_batch must be >= 1, got {self.min_batch}")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if self.backend not in (None, "gloo", "nccl"):
+            raise ConfigError(f"backend must be gloo or nccl, got {self.backend!r}")
+        parse_slowdowns(self.emulate_slowdown)
+
+
+@dataclass
+class PlanRecord:
+    """A plan change as all ranks applied it."""
+
+    version: int
+    apply_at_step: int
+    batches: tuple[int, ...]
+    reason: str
+
+
+@dataclass
+class _Interval:
+    """Accumulators of the interval in progress."""
+
+    started_s: float = field(default_factory=time.perf_counter)
+    loss_sum: torch.Tensor | None = None
+    samples: int = 0
+    global_samples: int = 0
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def _pick_device(choice: str, local_rank: int) -> torch.device:
+    has_cuda = torch.cuda.is_available() and local_rank < torch.cuda.device_count()
+    if choice == "cuda" and not has_cuda:
+        raise ConfigError(f"device cuda requested but local rank {local_rank} has no GPU")
+    if choice == "cuda" or (choice == "auto" and has_cuda):
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+class Context:
+    """One training process's view of a hetero job. Create it with :func:`init`."""
+
+    def __init__(self, config: TrainerConfig, *, profiles: Sequence[DeviceProfile] | None = None):
+        self.config = config
+        self.rank = _env_int("RANK", 0)
+        self.world_size = _env_int("WORLD_SIZE", 1)
+        self.local_rank = _env_int("LOCAL_RANK", 0)
+        if not 0 <= self.rank < self.world_size:
+            raise ConfigError(f"RANK={self.rank} outside WORLD_SIZE={self.world_size}")
+        self.device = _pick_device(config.device, self.local_rank)
+        self.slowdowns: dict[int, Slowdown] = parse_slowdowns(config.emulate_slowdown)
+        bad = [r for r in self.slowdowns if r >= self.world_size]
+        if bad:
+            raise ConfigError(
+                f"--emulate-slowdown names rank {bad[0]} of a {self.world_size}-rank job"
+            )
+        if self.slowdowns and self.device.type == "cuda":
+            raise ConfigError("emulated slowdown is for CPU ranks; on GPUs use real load")
+        self.emulated = bool(self.slowdowns)
+        self.profiles = profiles
+        self.backend = config.backend or ("nccl" if self.device.type == "cuda" else "gloo")
+        if self.world_size > 1 and not dist.is_initialized():
+            try:
+                dist.init_process_group(
+                    self.backend,
+                    rank=self.rank,
+                    world_size=self.world_size,
+                    timeout=timedelta(seconds=config.collective_timeout_s),
+                    device_id=self.device if self.device.type == "cuda" else None,
+                )
+            except (RuntimeError, ValueError) as exc:
+                raise DistributedError(f"joining the process group failed: {exc}") from None
+        self.clock = StepClock(self.device)
+        self.weighting = WeightingState(on_grads_ready=self._on_grads_ready)
+        self.metrics = MetricsWriter(config.output_dir, self.rank)
+        self.history: collections.deque[Interval] = collections.deque(
+            maxlen=config.history_intervals
+        )
+        self.plans: list[PlanRecord] = []
+        self.summaries: list[list[RankSummary]] = []
+        self.interval_walls: list[float] = []
+        self.global_step = 0
+        self.stats_from_step = config.warmup_steps
+        self.planner: Planner | None = None
+        self._loader: HeteroLoader | None = None
+        self._model: nn.Module | None = None
+        self._ddp = False
+        self._step_sizes: tuple[int, ...] = ()
+        self._last_loss: torch.Tensor | None = None
+        self._interval = _Interval()
+
+    # -- properties -------------------------------------------------------------------
+    @property
+    def plan(self) -> tuple[int, ...]:
+        """The latest plan scheduled (it may apply a few steps from now)."""
+        return self._require_loader().sampler.schedule.plans[-1]
+
+    @property
+    def slowdown(self) -> Slowdown | None:
+        return self.slowdowns.get(self.rank)
+
+    def slowdown_at(self, step: int) -> float:
+        s = self.slowdown
+        return s.factor_at(step) if s else 1.0
+
+    # -- model ------------------------------------------------------------------------
+    def wrap(
+        self, model: nn.Module, *, sync_batchnorm: bool = False, **ddp_kwargs: Any
+    ) -> nn.Module:
+        """Move ``model`` to this rank's device and wrap it for uneven-batch data parallelism.
+
+        BatchNorm statistics are computed over each rank's own batch (as in
+        plain DDP, where they come from B/W samples); pass ``sync_batchnorm=True``
+        to compute them over the whole global batch instead.
+        """
+        model = model.to(self.device)
+        model.register_forward_pre_hook(self._on_forward_begin)
+        model.register_forward_hook(self._on_forward_end)
+        self._model = model
+        if self.world_size == 1:
+            return model
+        if sync_batchnorm:
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        ddp = DistributedDataParallel(model, device_ids=device_ids, **ddp_kwargs)
+        ddp.register_comm_hook(self.weighting, weighted_allreduce_hook)
+        self._ddp = True
+        return ddp
+
+    def _on_forward_begin(self, module: nn.Module, args: Any) -> None:
+        if torch.is_grad_enabled() and not self.clock.seen("fwd_begin"):
+            self.clock.mark("fwd_begin")
+
+    def _on_forward_end(self, module: nn.Module, args: Any, output: Any) -> None:
+        if torch.is_grad_enabled():
+            self.clock.mark("fwd_end")
+
+    def _on_grads_ready(self) -> None:
+        factor = self.slowdown_at(self.global_step)
+        if factor > 1.0 and self.clock.seen("fwd_begin"):
+            self.clock.injected_s += emulate_wait(factor, self.clock.since("fwd_begin"))
+        self.clock.mark("grads_ready")
+
+    # -- data -------------------------------------------------------------------------
+    def loader(
+        self,
+        dataset: Dataset[Any],
+        global_batch: int,
+        *,
+        seed: int = 0,
+        num_workers: int = 0,
+        prefetch_factor: int = 2,
+        drop_last: bool = False,
+        pin_memory: bool = False,
+    ) -> HeteroLoader:
+        """This rank's share of each global batch of ``global_batch`` samples.
+
+        Plans start from the policy's initial plan and change only at steps the
+        exchange schedules, the same on every rank.
+        """
+        constraints = Constraints(
+            global_batch, self.world_size, self.config.min_batch, self.config.max_batch
+        )
+        policy = make_policy(self.config.policy)
+        initial = policy.initial(constraints, self.profiles)
+        sampler = UnevenBatchSampler(
+            len(dataset),  # type: ignore[arg-type]
+            initial,
+            self.rank,
+            seed=seed,
+            min_batch=self.config.min_batch,
+            drop_last=drop_last,
+        )
+        if self.planner is None:
+            self.planner = EmbeddedPlanner(policy, constraints, self.profiles)
+        self.plans = [PlanRecord(0, 0, initial, f"initial ({policy.name})")]
+        self._loader = HeteroLoader(
+            self,
+            dataset,
+            sampler,
+            num_workers=num_workers,
+            prefetch_factor=prefetch_factor,
+            pin_memory=pin_memory,
+        )
+        return self._loader
+
+    def set_plan(
+        self, batches: Sequence[int], apply_at_step: int, reason: str = "set by user"
+    ) -> None:
+        """Schedule a plan by hand. Collective in effect: call it identically on every rank."""
+        loader = self._require_loader()
+        plan = tuple(int(b) for b in batches)
+        loader.sampler.set_plan(plan, apply_at_step)
+        self.plans.append(PlanRecord(self.plans[-1].version + 1, apply_at_step, plan, reason))
+
+    def _require_loader(self) -> HeteroLoader:
+        if self._loader is None:
+            raise ConfigError("call ctx.loader(dataset, global_batch) before training")
+        return self._loader
+
+    def _begin_step(self, sizes: tuple[int, ...]) -> None:
+        self._step_sizes = sizes
+        self.weighting.scale = sizes[self.rank] / sum(sizes)
+
+    # -- the step ---------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()`` with timing; ``loss`` is this rank's mean over its batch."""
+        self._last_loss = loss.detach()
+        loss.backward()
+        if not self._ddp:
+            self._on_grads_ready()
+        self.clock.mark("bwd_end")
+
+    def step(self, loss: torch.Tensor | None = None) -> None:
+        """Close the step (after ``optimizer.step()``); at a boundary, rebalance."""
+        if not self._step_sizes:
+            raise ConfigError("ctx.step() called before a batch was drawn from ctx.loader()")
+        mine = self._step_sizes[self.rank]
+        self.clock.end_step(self.global_step, mine)
+        loss = loss.detach() if loss is not None else self._last_loss
+        if loss is not None:
+            weighted = loss.float() * mine
+            acc = self._interval.loss_sum
+            self._interval.loss_sum = weighted if acc is None else acc + weighted
+        self._last_loss = None
+        self._interval.samples += mine
+        self._interval.global_samples += sum(self._step_sizes)
+        self.global_step += 1
+        if self.global_step % self.config.rebalance_interval == 0:
+            self._rebalance()
+
+    def _summarize(self, times: list[StepTimes]) -> RankSummary:
+        valid = [t for t in times if t.step >= self.stats_from_step]
+        current = self._step_sizes[self.rank]
+        sel = [t for t in valid if t.batch == current]
+        n = len(sel)
+
+        def mean(attr: str) -> float:
+            return sum(getattr(t, attr) for t in sel) / n if n else 0.0
+
+        loss_sum = (
+            float(self._interval.loss_sum.item()) if self._interval.loss_sum is not None else 0.0
+        )
+        if self.device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return RankSummary(
+            rank=self.rank,
+            batch=current,
+            steps=n,
+            compute_s=mean("compute_s"),
+            step_s=mean("step_s"),
+            data_s=mean("data_s"),
+            forward_s=mean("forward_s"),
+            backward_s=mean("backward_s"),
+            comm_s=mean("comm_s"),
+            optimizer_s=mean("optimizer_s"),
+            injected_s=mean("injected_s"),
+            loss_sum=loss_sum,
+            samples=self._interval.samples,
+            peak_memory_bytes=peak,
+            slowdown=self.slowdown_at(self.global_step - 1),
+        )
+
+    def _rebalance(self) -> None:
+        loader = self._require_loader()
+        mine = self._summarize(self.clock.resolve())
+        try:
+            summaries = all_gather_summaries(mine, self.world_size, self.device)
+        except RuntimeError as exc:
+            raise DistributedError(
+                f"stats exchange at step {self.global_step} failed: {exc}"
+            ) from None
+        wall_s = time.perf_counter() - self._interval.started_s
+        if all(s.steps > 0 for s in summaries):
+            self.history.append(tuple(s.to_interval() for s in summaries))
+        current = self.plan
+        decision: tuple[bool, int, int, tuple[int, ...]] | None = None
+        reason = ""
+        if self.rank == 0:
+            decision, reason = self._decide(current, loader.prefetch_depth)
+        try:
+            changed, version, apply_at, plan = broadcast_plan(
+                decision, self.world_size, self.device
+            )
+        except RuntimeError as exc:
+            raise DistributedError(
+                f"plan broadcast at step {self.global_step} failed: {exc}"
+            ) from None
+        if changed:
+            loader.sampler.set_plan(plan, apply_at)
+            self.plans.append(PlanRecord(version, apply_at, plan, reason))
+        self.summaries.append(summaries)
+        self.interval_walls.append(wall_s)
+        self._write_metrics(summaries, wall_s, changed, plan, apply_at, reason)
+        self._interval = _Interval()
+        self.clock.restart()
+
+    def _decide(
+        self, current: tuple[int, ...], depth: int
+    ) -> tuple[tuple[bool, int, int, tuple[int, ...]], str]:
+        """Rank 0 only. Never raises: a failing planner keeps the current plan."""
+        version = self.plans[-1].version
+        if not self.history or self.planner is None:
+            return (False, version, self.global_step, current), "no complete interval yet"
+        try:
+            d = self.planner.decide(tuple(self.history), current)
+        except Exception as exc:  # the control plane must never stop training
+            log.warning("planner failed at step %d, keeping the plan: %s", self.global_step, exc)
+            return (False, version, self.global_step, current), f"planner failed: {exc}"
+        if not d.changed or tuple(d.batches) == current:
+            return (False, version, self.global_step, current), d.reason
+        return (True, version + 1, self.global_step + depth, tuple(d.batches)), d.reason
+
+    def _write_metrics(
+        self,
+        summaries: list[RankSummary],
+        wall_s: float,
+        changed: bool,
+        plan: tuple[int, ...],
+        apply_at: int,
+        reason: str,
+    ) -> None:
+        me = summaries[self.rank]
+        total_loss = sum(s.loss_sum for s in summaries)
+        total_samples = sum(s.samples for s in summaries)
+        record: dict[str, Any] = {
+            "step": self.global_step,
+            "rank": self.rank,
+            "time_s": time.time(),
+            "interval_wall_s": wall_s,
+            "samples_per_s": total_samples / wall_s if wall_s > 0 else 0.0,
+            "loss": total_loss / total_samples if total_samples else None,
+            "local_loss": me.loss_sum / me.samples if me.samples else None,
+            "batch": me.batch,
+            "steps_measured": me.steps,
+            "compute_s": me.compute_s,
+            "per_sample_compute_s": me.compute_s / me.batch if me.batch else None,
+            "phases_s": {
+                "data": me.data_s,
+                "forward": me.forward_s,
+                "backward": me.backward_s,
+                "comm": me.comm_s,
+                "optimizer": me.optimizer_s,
+            },
+            "step_s": me.step_s,
+            "peak_memory_bytes": me.peak_memory_bytes,
+            "plan": list(self.plan),
+            "plan_changed": changed,
+            "next_plan": list(plan) if changed else None,
+            "apply_at_step": apply_at if changed else None,
+            "reason": reason if self.rank == 0 else None,
+            "emulated": self.emulated,
+            "slowdown": me.slowdown,
+            "injected_s": me.injected_s,
+        }
+        self.metrics.write(record)
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier()
+
+    def close(self) -> None:
+        """Flush metrics and leave the process group."""
+        self.metrics.close()
+        if self.world_size > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class HeteroLoader:
+    """Iterates one epoch of this rank's batches, already on the rank's device.
+
+    Datasets with a ``get_batch(indices, device)`` method are gathered directly
+    (fast, no worker processes); others go through a ``DataLoader`` whose
+    ``batch_sampler`` is the uneven sampler. A loader that prefetches ``depth``
+    batches gets plan changes scheduled ``depth`` steps ahead.
+    """
+
+    def __init__(
+        self,
+        ctx: Context,
+        dataset: Dataset[Any],
+        sampler: UnevenBatchSampler,
+        *,
+        num_workers: int,
+        prefetch_factor: int,
+        pin_memory: bool,
+    ) -> None:
+        self.ctx = ctx
+        self.dataset = dataset
+        self.sampler = sampler
+        self.num_workers = num_workers
+        self.fast = hasattr(dataset, "get_batch") and num_workers == 0
+        self.prefetch_depth = num_workers * prefetch_factor if num_workers > 0 else 0
+        self._dataloader: DataLoader[Any] | None = None
+        if not self.fast:
+            self._dataloader = DataLoader(
+                dataset,
+                batch_sampler=sampler,
+                num_workers=num_workers,
+                prefetch_factor=prefetch_factor if num_workers > 0 else None,
+                pin_memory=pin_memory,
+            )
+        self._consumed = (sampler.epoch, sampler.step_in_epoch, sampler.global_step)
+
+    def __len__(self) -> int:
+        return self.sampler.steps_per_epoch - self._consumed[1]
+
+    @property
+    def epoch(self) -> int:
+        return self._position()[0]
+
+    def _position(self) -> tuple[int, int, int]:
+        epoch, step_in_epoch, gstep = self._consumed
+        if step_in_epoch >= self.sampler.steps_per_epoch:
+            return epoch + 1, 0, gstep
+        return epoch, step_in_epoch, gstep
+
+    def _fetch(self, indices: list[int]) -> Any:
+        if self.fast:
+            return self.dataset.get_batch(indices, self.ctx.device)  # type: ignore[attr-defined]
+        return default_collate([self.dataset[i] for i in indices])
+
+    def __iter__(self) -> Iterator[Any]:
+        s = self.sampler
+        s.epoch, s.step_in_epoch, s.global_step = self._position()
+        epoch, step_in_epoch, gstep = s.epoch, s.step_in_epoch, s.global_step
+        source: Iterator[Any]
+        if self._dataloader is not None:
+            source = iter(self._dataloader)
+        else:
+            source = (self._fetch(idx) for idx in s)
+        for batch in source:
+            sizes = s.batches_at(step_in_epoch, gstep)
+            s.schedule.prune(gstep)
+            self.ctx._begin_step(sizes)
+            step_in_epoch += 1
+            gstep += 1
+            self._consumed = (epoch, step_in_epoch, gstep)
+            yield _to_device(batch, self.ctx.device)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = self.sampler.state_dict()
+        state["epoch"], state["step_in_epoch"], state["global_step"] = self._position()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state)
+        self._consumed = (self.sampler.epoch, self.sampler.step_in_epoch, self.sampler.global_step)
+
+
+def _to_device(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_to_device(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device) for k, v in batch.items()}
+    return batch
+
+
+def init(
+    policy: str = "dynamic",
+    *,
+    rebalance_interval: int = 10,
+    profiles: Sequence[DeviceProfile] | None = None,
+    **options: Any,
+) -> Context:
+    """Join the job described by the environment (or run alone) and return its context.
+
+    ``options`` are :class:`TrainerConfig` fields (``output_dir``,
+    ``emulate_slowdown``, ``min_batch``, ``device``, ``backend``, …).
+    """
+    if "output_dir" in options and options["output_dir"] is not None:
+        options["output_dir"] = Path(options["output_dir"])
+    try:
+        config = TrainerConfig(policy=policy, rebalance_interval=rebalance_interval, **options)
+    except TypeError as exc:
+        raise ConfigError(f"init(): {exc}") from None
+    return Context(config, profiles=profiles)

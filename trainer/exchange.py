@@ -1,0 +1,148 @@
+"""Plan exchange at rebalance boundaries: gather stats, decide on rank 0, broadcast.
+
+Every ``rebalance_interval`` steps each rank summarizes its interval into a
+fixed-size vector; an all-gather gives every rank everyone's summary; rank 0
+asks its planner for the next plan (the embedded policy, or later the agent
+and coordinator) and broadcasts ``(changed, version, apply_at_step, plan)``.
+All ranks then schedule the identical plan at the identical step. Two small
+collectives per interval; nothing on the per-step path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+from hetero.coordinator.balancer import (
+    Constraints,
+    Decision,
+    DeviceProfile,
+    History,
+    Policy,
+    RankInterval,
+)
+
+#: Order of the fields of one rank's summary vector.
+SUMMARY_FIELDS = (
+    "batch",
+    "steps",
+    "compute_s",
+    "step_s",
+    "data_s",
+    "forward_s",
+    "backward_s",
+    "comm_s",
+    "optimizer_s",
+    "injected_s",
+    "loss_sum",
+    "samples",
+    "peak_memory_bytes",
+    "slowdown",
+)
+
+
+@dataclass(frozen=True)
+class RankSummary:
+    """One rank's interval, as exchanged: means per step over the steps at ``batch``."""
+
+    rank: int
+    batch: int
+    steps: int
+    compute_s: float
+    step_s: float
+    data_s: float
+    forward_s: float
+    backward_s: float
+    comm_s: float
+    optimizer_s: float
+    injected_s: float
+    loss_sum: float  # Σ over the interval's steps of (mean loss × batch)
+    samples: int  # samples processed in the interval, every step counted
+    peak_memory_bytes: int
+    slowdown: float
+
+    def to_interval(self) -> RankInterval:
+        return RankInterval(
+            rank=self.rank,
+            batch=self.batch,
+            steps=self.steps,
+            compute_s=self.compute_s,
+            step_s=self.step_s,
+            peak_memory_bytes=self.peak_memory_bytes or None,
+        )
+
+    def vector(self) -> list[float]:
+        return [float(getattr(self, f)) for f in SUMMARY_FIELDS]
+
+    @classmethod
+    def from_vector(cls, rank: int, v: Sequence[float]) -> RankSummary:
+        d = dict(zip(SUMMARY_FIELDS, v, strict=True))
+        return cls(
+            rank=rank,
+            batch=int(d["batch"]),
+            steps=int(d["steps"]),
+            compute_s=d["compute_s"],
+            step_s=d["step_s"],
+            data_s=d["data_s"],
+            forward_s=d["forward_s"],
+            backward_s=d["backward_s"],
+            comm_s=d["comm_s"],
+            optimizer_s=d["optimizer_s"],
+            injected_s=d["injected_s"],
+            loss_sum=d["loss_sum"],
+            samples=int(d["samples"]),
+            peak_memory_bytes=int(d["peak_memory_bytes"]),
+            slowdown=d["slowdown"],
+        )
+
+
+class Planner(Protocol):
+    """Where rank 0 gets the next plan from."""
+
+    def decide(self, history: History, current: tuple[int, ...]) -> Decision: ...
+
+
+@dataclass(frozen=True)
+class EmbeddedPlanner:
+    """Runs the balancer policy inside the training process (no control plane)."""
+
+    policy: Policy
+    constraints: Constraints
+    profiles: Sequence[DeviceProfile] | None = None
+
+    def decide(self, history: History, current: tuple[int, ...]) -> Decision:
+        return self.policy.next_plan(history, current, self.constraints, self.profiles)
+
+
+def all_gather_summaries(
+    mine: RankSummary, world_size: int, device: torch.device
+) -> list[RankSummary]:
+    """Every rank's summary, in rank order (one all-gather of a small float64 tensor)."""
+    if world_size == 1:
+        return [mine]
+    local = torch.tensor(mine.vector(), dtype=torch.float64, device=device)
+    gathered = [torch.empty_like(local) for _ in range(world_size)]
+    dist.all_gather(gathered, local)
+    return [RankSummary.from_vector(r, t.tolist()) for r, t in enumerate(gathered)]
+
+
+def broadcast_plan(
+    decision: tuple[bool, int, int, tuple[int, ...]] | None,
+    world_size: int,
+    device: torch.device,
+) -> tuple[bool, int, int, tuple[int, ...]]:
+    """Rank 0's ``(changed, version, apply_at_step, plan)`` on every rank."""
+    if world_size == 1:
+        assert decision is not None
+        return decision
+    buf = torch.zeros(3 + world_size, dtype=torch.int64, device=device)
+    if decision is not None:
+        changed, version, apply_at, plan = decision
+        buf[0], buf[1], buf[2] = int(changed), version, apply_at
+        buf[3:] = torch.tensor(plan, dtype=torch.int64)
+    dist.broadcast(buf, src=0)
+    v = buf.tolist()
+    return bool(v[0]), int(v[1]), int(v[2]), tuple(int(b) for b in v[3:])

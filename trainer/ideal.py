@@ -1,0 +1,109 @@
+"""The ideal throughput: each rank's standalone speed at its planned batch, summed.
+
+DESIGN.md's yardstick. Ranks are measured one at a time (the others wait at a
+barrier), each running full training steps — data, forward, backward, the
+emulated slowdown if any, optimizer — on a copy of the model with no
+communication. On a shared CPU this is what the rank achieves with the machine
+to itself, so a balanced job's ratio to it includes contention between ranks.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from hetero.trainer.context import Context
+from hetero.trainer.emulation import emulate_wait
+from hetero.trainer.sampler import epoch_permutation
+from torch import nn
+from torch.utils.data import Dataset, default_collate
+
+WARMUP_STEPS = 2
+
+
+def _batch(dataset: Dataset[Any], indices: list[int], device: torch.device) -> Any:
+    if hasattr(dataset, "get_batch"):
+        return dataset.get_batch(indices, device)
+    x, y = default_collate([dataset[i] for i in indices])
+    return x.to(device), y.to(device)
+
+
+def standalone_rate(
+    make_model: Callable[[], nn.Module],
+    optimizer: torch.optim.Optimizer,
+    dataset: Dataset[Any],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    batch: int,
+    *,
+    steps: int,
+    slowdown: float,
+    device: torch.device,
+    seed: int,
+) -> float:
+    """Samples/s of ``steps`` full training steps at ``batch`` (median step time).
+
+    ``make_model`` returns a fresh copy of the trained model on the device, so
+    the measurement leaves the job's model and optimizer untouched.
+    """
+    model = make_model().train()
+    opt = type(optimizer)(model.parameters(), **optimizer.defaults)
+    perm = epoch_permutation(len(dataset), seed, 10_000)  # type: ignore[arg-type]
+    times = []
+    for k in range(WARMUP_STEPS + steps):
+        start = (k * batch) % max(len(perm) - batch, 1)
+        t0 = time.perf_counter()
+        x, y = _batch(dataset, perm[start : start + batch], device)
+        t_fwd = time.perf_counter()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        emulate_wait(slowdown, time.perf_counter() - t_fwd)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if k >= WARMUP_STEPS:
+            times.append(time.perf_counter() - t0)
+    return batch / statistics.median(times)
+
+
+def measure_standalone(
+    ctx: Context,
+    make_model: Callable[[], nn.Module],
+    optimizer: torch.optim.Optimizer,
+    dataset: Dataset[Any],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    plan: tuple[int, ...],
+    *,
+    steps: int,
+    seed: int,
+) -> list[float]:
+    """Every rank's standalone samples/s at its batch in ``plan``, on every rank."""
+    mine = 0.0
+    slowdown = ctx.slowdown_at(max(ctx.global_step - 1, 0))
+    for rank in range(ctx.world_size):
+        ctx.barrier()
+        if rank == ctx.rank:
+            mine = standalone_rate(
+                make_model,
+                optimizer,
+                dataset,
+                loss_fn,
+                plan[rank],
+                steps=steps,
+                slowdown=slowdown,
+                device=ctx.device,
+                seed=seed,
+            )
+    ctx.barrier()
+    if ctx.world_size == 1:
+        return [mine]
+    local = torch.tensor([mine], dtype=torch.float64, device=ctx.device)
+    out = [torch.empty_like(local) for _ in range(ctx.world_size)]
+    dist.all_gather(out, local)
+    return [float(t.item()) for t in out]

@@ -1,0 +1,115 @@
+"""Start N local ranks as processes, the way torchrun or an agent would.
+
+Each child gets the torch.distributed environment (``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) and a fair share of the CPU
+threads. If one rank fails the others are stopped (a dead peer would leave
+them blocked in a collective) and its exit status is returned. Only rank 0's
+standard output is shown; every rank's standard error is.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the rendezvous binds it right after)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def rank_env(
+    rank: int, world_size: int, port: int, *, threads: int, base: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS=str(threads),
+        HETERO_LAUNCHED="1",
+        # Never let NVLink multicast touch a shared host's GPUs.
+        NCCL_NVLS_ENABLE="0",
+        TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
+        NVSHMEM_DISABLE_NVLS="1",
+    )
+    return env
+
+
+def launch_local(
+    argv: Sequence[str],
+    nproc: int,
+    *,
+    extra_env: Mapping[str, str] | None = None,
+    log_dir: Path | None = None,
+    timeout_s: float | None = None,
+) -> int:
+    """Run ``argv`` as ``nproc`` ranks; return 0 if all succeed, else the first failure's code."""
+    port = free_port()
+    threads = max(1, (os.cpu_count() or 1) // nproc)
+    procs: list[subprocess.Popen[bytes]] = []
+    logs = []
+    try:
+        for rank in range(nproc):
+            env = rank_env(rank, nproc, port, threads=threads)
+            env.update(extra_env or {})
+            stdout = None
+            if rank > 0:
+                if log_dir is not None:
+                    log_dir.mkdir(parents=True, exist_ok=True)
+                    fh = (log_dir / f"rank{rank}.out").open("wb")
+                    logs.append(fh)
+                    stdout = fh
+                else:
+                    stdout = subprocess.DEVNULL  # type: ignore[assignment]
+            procs.append(subprocess.Popen(list(argv), env=env, stdout=stdout))
+        return _wait(procs, timeout_s)
+    except KeyboardInterrupt:
+        _stop(procs)
+        return 130
+    finally:
+        _stop(procs)
+        for fh in logs:
+            fh.close()
+
+
+def _wait(procs: list[subprocess.Popen[bytes]], timeout_s: float | None) -> int:
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [c for c in codes if c not in (None, 0)]
+        if failed:
+            _stop(procs)
+            code = failed[0]
+            return code if code > 0 else 128 - code  # killed by a signal: 128 + signum
+        if all(c == 0 for c in codes):
+            return 0
+        if deadline is not None and time.monotonic() > deadline:
+            _stop(procs)
+            print(f"error: ranks still running after {timeout_s:.0f} s; stopped", file=sys.stderr)
+            return 124
+        time.sleep(0.05)
+
+
+def _stop(procs: list[subprocess.Popen[bytes]], grace_s: float = 5.0) -> None:
+    alive = [p for p in procs if p.poll() is None]
+    for p in alive:
+        p.send_signal(signal.SIGTERM)
+    end = time.monotonic() + grace_s
+    for p in alive:
+        try:
+            p.wait(timeout=max(end - time.monotonic(), 0.01))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

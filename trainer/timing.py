@@ -1,0 +1,137 @@
+"""Per-step phase timing, with compute-only time separated from communication.
+
+DDP's all-reduce makes every rank's wall time equal the slowest rank's, so wall
+time cannot find a straggler. A step is cut at these marks:
+
+``prev_end`` → ``fwd_begin`` → ``fwd_end`` → ``grads_ready`` → ``bwd_end`` → ``opt_end``
+
+``grads_ready`` is when the last gradient bucket was handed to the all-reduce
+(a DDP comm hook); ``compute_s = grads_ready − fwd_begin`` is forward plus
+backward compute without the wait for peers. On CPU the marks are
+``time.perf_counter()``; on CUDA each mark also records an event on the
+current stream, because host time at a hook is when the kernels were *queued*,
+not when they ran. Events are resolved lazily (``resolve``) at interval
+boundaries, so the hot path never synchronizes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+MARKS = ("prev_end", "fwd_begin", "fwd_end", "grads_ready", "bwd_end", "opt_end")
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """Seconds spent in each phase of one step on one rank."""
+
+    step: int
+    batch: int
+    data_s: float
+    forward_s: float
+    backward_s: float
+    comm_s: float
+    optimizer_s: float
+    step_s: float
+    injected_s: float = 0.0
+
+    @property
+    def compute_s(self) -> float:
+        """Forward + backward until the last bucket was ready (emulated wait included)."""
+        return self.forward_s + self.backward_s
+
+
+class StepClock:
+    """Collects the marks of each step; ``resolve`` turns finished steps into ``StepTimes``."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self._host: dict[str, float] = {}
+        self._events: dict[str, torch.cuda.Event] = {}
+        self._pending: list[
+            tuple[int, int, dict[str, float], dict[str, torch.cuda.Event], float]
+        ] = []
+        self._last_end_host = time.perf_counter()
+        self._last_end_event: torch.cuda.Event | None = None
+        self.injected_s = 0.0
+
+    def mark(self, name: str) -> None:
+        self._host[name] = time.perf_counter()
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self._events[name] = ev
+
+    def seen(self, name: str) -> bool:
+        return name in self._host
+
+    def since(self, name: str) -> float:
+        """Host seconds since mark ``name`` (for the emulated slowdown)."""
+        return time.perf_counter() - self._host[name]
+
+    def end_step(self, step: int, batch: int) -> None:
+        """Close the step at ``opt_end``. Marks that were never hit collapse onto the next."""
+        self.mark("opt_end")
+        host = dict(self._host)
+        host["prev_end"] = self._last_end_host
+        events = dict(self._events)
+        if self._last_end_event is not None:
+            events["prev_end"] = self._last_end_event
+        self._pending.append((step, batch, host, events, self.injected_s))
+        self._last_end_host = host["opt_end"]
+        self._last_end_event = events.get("opt_end")
+        self._host.clear()
+        self._events.clear()
+        self.injected_s = 0.0
+
+    def restart(self) -> None:
+        """Forget the gap since the last step (after a checkpoint, an evaluation, …)."""
+        self._last_end_host = time.perf_counter()
+        self._last_end_event = None
+
+    def resolve(self) -> list[StepTimes]:
+        """Finished steps since the last call, as phase durations in seconds."""
+        out = []
+        if self.cuda and self._pending:
+            ev = self._pending[-1][3].get("opt_end")
+            if ev is not None:
+                ev.synchronize()
+        for step, batch, host, events, injected in self._pending:
+            t = _fill(host, events, self.cuda)
+            out.append(
+                StepTimes(
+                    step=step,
+                    batch=batch,
+                    data_s=max(host["fwd_begin"] - host["prev_end"], 0.0),
+                    forward_s=t["fwd_end"] - t["fwd_begin"],
+                    backward_s=t["grads_ready"] - t["fwd_end"],
+                    comm_s=t["bwd_end"] - t["grads_ready"],
+                    optimizer_s=t["opt_end"] - t["bwd_end"],
+                    step_s=host["opt_end"] - host["prev_end"]
+                    if not self.cuda or "prev_end" not in events
+                    else t["opt_end"] - t["prev_end"],
+                    injected_s=injected,
+                )
+            )
+        self._pending.clear()
+        return out
+
+
+def _fill(
+    host: dict[str, float], events: dict[str, torch.cuda.Event], cuda: bool
+) -> dict[str, float]:
+    """Mark times in seconds relative to ``fwd_begin``; a missing mark takes the next one's time."""
+    if cuda and "fwd_begin" in events:
+        base = events["fwd_begin"]
+        rel = {k: base.elapsed_time(ev) / 1e3 for k, ev in events.items()}
+    else:
+        rel = {k: v - host.get("fwd_begin", host["opt_end"]) for k, v in host.items()}
+    out: dict[str, float] = {}
+    later = rel["opt_end"]
+    for name in reversed(MARKS):
+        later = rel.get(name, later)
+        out[name] = later
+    return out
