@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=8,
         help="steps per rank for the standalone (ideal) measurement; 0 skips it",
     )
-    out.add_argument("--quiet", action="store_true", help="no progress lines")
+    out.add_argument("--quiet", action="store_true", help="no progress lines (the summary still prints)")
     out.add_argument(
         "--json", action="store_true", help="print the summary as JSON instead of a table"
     )
@@ -163,11 +163,9 @@ def _report(summary: dict[str, Any], args: argparse.Namespace) -> None:
         path = Path(args.summary_json)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(summary, indent=2) + "\n")
-    if os.environ.get("HETERO_LAUNCHED") == "1" and args.json:
-        print(json.dumps(summary))
-    elif args.json:
+    if args.json:
         print(json.dumps(summary, indent=2))
-    elif not args.quiet or os.environ.get("HETERO_LAUNCHED") != "1":
+    else:
         print_summary(summary)
 
 

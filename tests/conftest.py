@@ -1,0 +1,45 @@
+"""Shared fixtures: run real multi-rank jobs as processes, as torchrun would."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hetero.trainer.launch import launch_local
+
+WORKERS = Path(__file__).parent / "integration" / "workers"
+
+
+@pytest.fixture
+def run_ranks(tmp_path: Path):
+    """``run_ranks(script, nproc, *args)`` runs ``tests/integration/workers/<script>`` on
+    ``nproc`` Gloo ranks and asserts they all exit 0."""
+
+    def run(script: str, nproc: int, *args: str, timeout_s: float = 240) -> None:
+        cmd = [sys.executable, str(WORKERS / script), *args]
+        code = launch_local(cmd, nproc, log_dir=tmp_path / "logs", timeout_s=timeout_s)
+        assert code == 0, f"{script} on {nproc} ranks exited with {code}"
+
+    return run
+
+
+def _hetero_train(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run(
+        [sys.executable, "-m", "hetero.trainer.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=env,
+    )
+
+
+@pytest.fixture
+def hetero_train():
+    """``hetero_train(*args)`` runs the ``hetero-train`` CLI as a user would and returns
+    the finished process (stdout, stderr, returncode)."""
+    return _hetero_train

@@ -1,0 +1,80 @@
+"""hetero-train as a user runs it: summary, metrics, resume, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hetero.trainer.metrics import read_metrics
+
+pytestmark = pytest.mark.slow
+
+TINY = ["--model", "debug", "--num-samples", "960", "--global-batch", "48", "--quiet"]
+
+
+def test_emulated_three_rank_run_writes_summary_and_metrics(hetero_train, tmp_path: Path):
+    out = tmp_path / "run"
+    proc = hetero_train(
+        *TINY, "--model", "simple_cnn", "--nproc", "3", "--steps", "40", "--rebalance-interval", "5",
+        "--emulate-slowdown", "1:2,2:4", "--output-dir", str(out),
+        "--summary-json", str(out / "summary.json"), "--ideal-steps", "3",
+    )
+    assert proc.returncode == 0, proc.stderr
+    s = json.loads((out / "summary.json").read_text())
+    for key in ("policy", "steps", "global_batch", "throughput_samples_per_s", "final_plan",
+                "emulated", "ideal_samples_per_s", "ideal_method"):
+        assert key in s, key
+    assert s["emulated"] is True and s["emulated_slowdown"] == "1:2x,2:4x"
+    assert s["steps"] == 40 and sum(s["final_plan"]) == 48
+    # The slower a rank is emulated, the smaller its share.
+    assert s["final_plan"][0] > s["final_plan"][1] > s["final_plan"][2], s["final_plan"]
+    assert s["ideal_samples_per_s"] > 0 and len(s["standalone_samples_per_s"]) == 3
+    assert "EMULATED" in proc.stdout
+    for rank in range(3):
+        recs = read_metrics(out / "metrics" / f"rank{rank}.jsonl")
+        assert [r["step"] for r in recs] == [5, 10, 15, 20, 25, 30, 35, 40]
+        assert all(r["emulated"] for r in recs)
+        assert {"loss", "samples_per_s", "batch", "phases_s", "compute_s", "peak_memory_bytes"} <= set(recs[0])
+    # All ranks saw the same plan at every boundary.
+    plans = [[r["plan"] for r in read_metrics(out / "metrics" / f"rank{k}.jsonl")] for k in range(3)]
+    assert plans[0] == plans[1] == plans[2]
+
+
+@pytest.mark.parametrize("policy,rtol", [("equal", 1e-6), ("dynamic", 1e-4)])
+def test_resume_gives_the_losses_of_an_uninterrupted_run(
+    hetero_train, tmp_path: Path, policy: str, rtol: float
+):
+    common = [*TINY, "--nproc", "2", "--rebalance-interval", "4", "--policy", policy,
+              "--ideal-steps", "0", "--checkpoint-interval", "8", "--emulate-slowdown", "1:3"]
+    full, part = tmp_path / "full", tmp_path / "part"
+    a = hetero_train(*common, "--steps", "24", "--output-dir", str(full))
+    assert a.returncode == 0, a.stderr
+    b = hetero_train(*common, "--steps", "8", "--output-dir", str(part))
+    assert b.returncode == 0, b.stderr
+    c = hetero_train(*common, "--steps", "24", "--output-dir", str(part), "--resume", "auto")
+    assert c.returncode == 0, c.stderr
+    ref = {r["step"]: r["loss"] for r in read_metrics(full / "metrics" / "rank0.jsonl")}
+    got = {r["step"]: r["loss"] for r in read_metrics(part / "metrics" / "rank0.jsonl")}
+    assert sorted(got) == [4, 8, 12, 16, 20, 24]
+    for step in (12, 16, 20, 24):
+        assert got[step] == pytest.approx(ref[step], rel=rtol), step
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--emulate-slowdown", "5:2", "--nproc", "2"], "rank 5"),
+        (["--emulate-slowdown", "1:x"], "cannot parse"),
+        (["--global-batch", "0"], "--global-batch must be >= 1"),
+        (["--resume", "/nonexistent/ckpt.pt"], "does not exist"),
+        (["--dataset", "imagefolder"], "needs --data-dir"),
+        (["--dataset", "imagefolder", "--data-dir", "/nonexistent"], "not a directory"),
+    ],
+)
+def test_bad_input_is_one_line_error_and_nonzero_exit(hetero_train, args, message):
+    proc = hetero_train(*TINY, "--steps", "2", "--ideal-steps", "0", *args, timeout_s=120)
+    assert proc.returncode != 0
+    err = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert any(message in line for line in err), proc.stderr
+    assert "Traceback" not in proc.stderr

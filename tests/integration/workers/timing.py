@@ -1,0 +1,69 @@
+"""Rank worker: rank 1's backward is slowed by 50 ms; each rank saves its step timings.
+
+Usage: timing.py OUT_PREFIX
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict
+
+import torch
+from torch import nn
+
+from hetero import trainer as ht
+from hetero.trainer.datasets import SyntheticImages
+from hetero.trainer.models.vision import DebugNet
+
+SLOW_S = 0.05
+
+
+class SleepInBackward(torch.autograd.Function):
+    """Identity forward; backward sleeps first, like a slow device computing gradients."""
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def]
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        time.sleep(SLOW_S)
+        return grad
+
+
+class Slowed(nn.Module):
+    def __init__(self, inner: nn.Module, slow: bool) -> None:
+        super().__init__()
+        self.inner = inner
+        self.slow = slow
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # On the output, the sleep is the first thing backward runs: every
+        # gradient bucket is late by SLOW_S, as on a device that computes slowly.
+        out = self.inner(x)
+        return SleepInBackward.apply(out) if self.slow else out
+
+
+def main() -> None:
+    prefix = sys.argv[1]
+    torch.manual_seed(0)
+    ctx = ht.init("equal", rebalance_interval=10, warmup_steps=2)
+    model = ctx.wrap(Slowed(DebugNet(10, 8), slow=ctx.rank == 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = ctx.loader(SyntheticImages(512, 8, 10), 32)
+    loss_fn = nn.CrossEntropyLoss()
+    for x, y in loader:
+        loss = loss_fn(model(x), y)
+        ctx.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        ctx.step()
+        if ctx.global_step >= 10:
+            break
+    torch.save([asdict(s) for s in ctx.summaries[-1]], f"{prefix}.rank{ctx.rank}")
+    ctx.close()
+
+
+if __name__ == "__main__":
+    main()
