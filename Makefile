@@ -61,8 +61,8 @@ $(PROTO_STAMP):
 	@touch $@
 
 proto: $(PROTO_STAMP)  ## regenerate proto/hetero/v1/*_pb2*.py and SOURCES.sha256 (pinned generator)
-	rm -f proto/hetero/v1/*_pb2.py proto/hetero/v1/*_pb2_grpc.py
-	$(PROTO_VENV)/bin/python -m grpc_tools.protoc -I proto --python_out=proto --grpc_python_out=proto \
+	rm -f proto/hetero/v1/*_pb2.py proto/hetero/v1/*_pb2.pyi proto/hetero/v1/*_pb2_grpc.py
+	$(PROTO_VENV)/bin/python -m grpc_tools.protoc -I proto --python_out=proto --pyi_out=proto --grpc_python_out=proto \
 	    proto/hetero/v1/*.proto
 	cd proto && { echo "# generator grpcio-tools==$(PROTO_TOOLS_VERSION)"; sha256sum hetero/v1/*.proto; } \
 	    > hetero/v1/SOURCES.sha256
