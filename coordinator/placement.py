@@ -124,7 +124,7 @@ def eligible(spec: JobSpec, device: DeviceSlot) -> bool:
     if device.kind == "cuda":
         return res.device in ("cuda", "any") and device.ranks_running == 0
     if device.kind == "cpu":
-        return res.device == "cpu" or (res.device == "any" and res.allow_cpu)
+        return res.device == "cpu" or (res.device == "any" and bool(res.allow_cpu))
     return False
 
 

@@ -133,7 +133,7 @@ def latest_telemetry(s: Session, node_id: str) -> dict[int | None, TelemetryRow]
 
 
 def is_healthy(node: NodeRow, now: float, timeout_s: float) -> bool:
-    return now - node.last_heartbeat_unix_s <= timeout_s
+    return bool(now - node.last_heartbeat_unix_s <= timeout_s)
 
 
 def device_slots(s: Session, *, now: float, timeout_s: float) -> list[DeviceSlot]:
