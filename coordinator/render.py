@@ -86,7 +86,8 @@ def ranks_table(job: pb.Job) -> Table:
     table = Table("rank", "node", "local", "device", "batch", "state", "note")
     for r in job.ranks:
         batch = str(job.plan.batches[r.rank]) if r.rank < len(job.plan.batches) else NA
-        state = pb.RankState.Name(r.state).removeprefix("RANK_STATE_").lower()
+        state = str(pb.RankState.Name(r.state)).removeprefix("RANK_STATE_").lower()
+        state = "-" if state == "unspecified" else state
         if r.HasField("exit_code"):
             state += f" ({r.exit_code})"
         note = f"emulated x{r.emulated_slowdown:g}" if r.emulated_slowdown != 1.0 else ""
@@ -120,7 +121,8 @@ def predictions_table(predictions: Sequence[pb.PolicyPrediction], global_batch: 
 
 
 def print_job(console: Console, job: pb.Job) -> None:
-    console.print(f"[bold]{job.name}[/] ({job.id or 'dry run'})  state: {state_name(job)}")
+    state = state_name(job) if job.id else "dry run, nothing stored"
+    console.print(f"[bold]{job.name}[/] ({job.id or 'no id'})  state: {state}")
     console.print(
         f"global batch {job.global_batch} over {job.world_size} ranks, policy {job.policy}, "
         f"backend {job.backend}, rendezvous {job.master_addr}:{job.master_port}"
