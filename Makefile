@@ -48,5 +48,24 @@ wheelhouse: $(STAMP)  ## offline wheels for an air-gapped cluster: make wheelhou
 	    $$($(BIN)/python -c 'import tomllib;d=tomllib.load(open("pyproject.toml","rb"));print(" ".join(x for x in d["project"]["dependencies"] if not x.startswith(("torch","torchvision"))))')
 	@echo ">> wheels in wheelhouse/py$(PY) (torch not included: install the CUDA build your cluster uses)"
 
+# The generator is pinned OLD on purpose: stubs from a newer grpcio-tools refuse to import
+# under an older grpcio, and GPU machines may run any grpcio >= 1.66. grpcio-tools 1.66.0
+# bundles protoc 27.2, whose output needs protobuf >= 5.27.2 at run time.
+PROTO_TOOLS_VERSION := 1.66.0
+PROTO_VENV := .venv-proto
+PROTO_STAMP := $(PROTO_VENV)/.grpcio-tools-$(PROTO_TOOLS_VERSION)
+
+$(PROTO_STAMP):
+	@test -x $(PROTO_VENV)/bin/python || $(PYTHON) -m venv $(PROTO_VENV)
+	@$(PROTO_VENV)/bin/python -m pip install --quiet 'grpcio-tools==$(PROTO_TOOLS_VERSION)'
+	@touch $@
+
+proto: $(PROTO_STAMP)  ## regenerate proto/hetero/v1/*_pb2*.py and SOURCES.sha256 (pinned generator)
+	rm -f proto/hetero/v1/*_pb2.py proto/hetero/v1/*_pb2.pyi proto/hetero/v1/*_pb2_grpc.py
+	$(PROTO_VENV)/bin/python -m grpc_tools.protoc -I proto --python_out=proto --pyi_out=proto --grpc_python_out=proto \
+	    proto/hetero/v1/*.proto
+	cd proto && { echo "# generator grpcio-tools==$(PROTO_TOOLS_VERSION)"; sha256sum hetero/v1/*.proto; } \
+	    > hetero/v1/SOURCES.sha256
+
 clean:  ## remove build outputs (keeps .venv)
 	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache wheelhouse

@@ -1,0 +1,287 @@
+"""``hetero-coord``: run the coordinator daemon, and submit and inspect jobs.
+
+The process wiring of the coordinator: argument parsing, logging, and the thin
+gRPC client behind the user commands. Every client call carries a deadline;
+every failure prints one ``error: ...`` line on stderr and exits non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message
+from rich.console import Console
+
+from hetero.coordinator import render
+from hetero.coordinator.config import CoordinatorConfig, load_config, with_flags
+from hetero.coordinator.jobspec import load_jobspec
+from hetero.errors import HeteroError
+from hetero.v1 import coordinator_pb2 as pb
+from hetero.v1 import coordinator_pb2_grpc as pb_grpc
+
+DEFAULT_COORDINATOR = "127.0.0.1:7070"
+#: Seconds each client RPC may take.
+DEFAULT_TIMEOUT_S = 10.0
+#: Seconds between job polls of ``submit --wait``.
+WAIT_POLL_S = 1.0
+
+T = TypeVar("T")
+
+EPILOG = """\
+examples:
+  hetero-coord serve                                # gRPC on 127.0.0.1:7070
+  hetero-coord submit examples/demo.yaml --dry-run  # validate; show placement and predictions
+  hetero-coord submit examples/demo.yaml --wait     # submit and follow to the end
+  hetero-coord jobs --json
+  hetero-coord job 3f2a9c1b7d4e
+  hetero-coord nodes
+  hetero-coord cancel 3f2a9c1b7d4e
+
+The coordinator address comes from --coordinator, else $HETERO_COORDINATOR, else 127.0.0.1:7070.
+The job file format is documented in docs/jobspec.md.
+"""
+
+
+class ClientError(HeteroError):
+    """A failed RPC, carrying the server's one-line message."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage mistakes are one ``error:`` line like every other failure."""
+
+    def error(self, message: str) -> Any:
+        self.exit(2, f"error: {self.prog}: {message} (see --help)\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="hetero-coord",
+        description="Coordinator of hetero, heterogeneity-aware data-parallel training: "
+        "places ranks on the cluster's devices and re-plans per-rank batch sizes as speeds drift.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the coordinator daemon")
+    serve.add_argument(
+        "--config", type=Path, help="YAML config (default /etc/hetero/coordinator.yaml if present)"
+    )
+    serve.add_argument("--listen", help="host:port to serve gRPC on (default 127.0.0.1:7070)")
+    serve.add_argument(
+        "--state-dir",
+        type=Path,
+        help="state directory (default /var/lib/hetero as root, else ~/.local/state/hetero)",
+    )
+    serve.add_argument(
+        "--db", help="SQLAlchemy database URL (default: SQLite file in the state directory)"
+    )
+    serve.add_argument(
+        "--log-format", choices=("text", "json"), help="stderr log format (default text)"
+    )
+
+    def client(name: str, help_text: str, json_flag: bool = True) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument(
+            "--coordinator",
+            default=os.environ.get("HETERO_COORDINATOR", DEFAULT_COORDINATOR),
+            help="coordinator host:port",
+        )
+        p.add_argument(
+            "--timeout",
+            type=float,
+            default=DEFAULT_TIMEOUT_S,
+            help="seconds per request (default 10)",
+        )
+        if json_flag:
+            p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+        return p
+
+    submit = client("submit", "submit a job file; prints the job id")
+    submit.add_argument("job_file", type=Path, help="job spec (YAML, see docs/jobspec.md)")
+    submit.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="validate and show placement, initial plan and predicted throughput; store nothing",
+    )
+    submit.add_argument(
+        "--wait",
+        action="store_true",
+        help="follow the job to its end; exit non-zero unless it succeeds",
+    )
+    client("jobs", "list jobs, newest first")
+    job = client("job", "show one job: ranks, plan, recent events")
+    job.add_argument("job_id")
+    client("nodes", "list nodes, their devices and latest telemetry")
+    cancel = client("cancel", "cancel a job")
+    cancel.add_argument("job_id")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "serve":
+            return _serve(args)
+        return _client_command(args)
+    except HeteroError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+# ---- serve --------------------------------------------------------------------------
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time_unix_s": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def _configure_logging(log_format: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if log_format == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        # journald adds its own timestamps; keep text lines short.
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from hetero.coordinator.server import serve
+
+    config: CoordinatorConfig = with_flags(
+        load_config(args.config),
+        listen=args.listen,
+        state_dir=args.state_dir,
+        db=args.db,
+        log_format=args.log_format,
+    )
+    _configure_logging(config.log_format)
+    if config.db is None:
+        try:
+            config.resolved_state_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise HeteroError(
+                f"cannot create state directory {config.resolved_state_dir}: {exc.strerror}"
+            ) from None
+    serve(config.listen, config.db_url, grace_s=config.grace_s)
+    return 0
+
+
+# ---- client commands --------------------------------------------------------------------
+
+
+def _call(address: str, fn: Callable[[], T]) -> T:
+    try:
+        return fn()
+    except grpc.RpcError as exc:
+        code = exc.code() if hasattr(exc, "code") else None
+        details = exc.details() if hasattr(exc, "details") else str(exc)
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            error = ClientError(f"cannot reach the coordinator at {address} ({details})")
+            error.exit_code = 3
+            raise error from None
+        error = ClientError(str(details))
+        error.exit_code = 2 if code == grpc.StatusCode.INVALID_ARGUMENT else 1
+        raise error from None
+
+
+def _emit(args: argparse.Namespace, message: Message, human: Callable[[Console], None]) -> None:
+    if getattr(args, "json", False):
+        print(json.dumps(MessageToDict(message, preserving_proto_field_name=True), indent=2))
+    else:
+        human(Console())
+
+
+def _client_command(args: argparse.Namespace) -> int:
+    if args.command == "submit":
+        # Parse locally first: precise errors without a round trip, and nothing is sent.
+        load_jobspec(args.job_file)
+    with grpc.insecure_channel(args.coordinator) as channel:
+        stub = pb_grpc.CoordinatorStub(channel)  # type: ignore[no-untyped-call, unused-ignore]
+        t = args.timeout
+        call: Callable[[Callable[[], Any]], Any] = lambda fn: _call(args.coordinator, fn)  # noqa: E731
+        if args.command == "submit":
+            return _submit(args, stub, call)
+        if args.command == "jobs":
+            resp = call(lambda: stub.ListJobs(pb.ListJobsRequest(), timeout=t))
+            _emit(args, resp, lambda c: c.print(render.jobs_table(resp.jobs)))
+        elif args.command == "job":
+            job = call(lambda: stub.GetJob(pb.GetJobRequest(job_id=args.job_id), timeout=t))
+            _emit(args, job, lambda c: render.print_job(c, job))
+        elif args.command == "nodes":
+            resp = call(lambda: stub.ListNodes(pb.ListNodesRequest(), timeout=t))
+            _emit(args, resp, lambda c: c.print(render.nodes_table(resp.nodes)))
+        elif args.command == "cancel":
+            job = call(lambda: stub.CancelJob(pb.CancelJobRequest(job_id=args.job_id), timeout=t))
+            _emit(args, job, lambda c: c.print(f"job {job.id} {render.state_name(job)}"))
+    return 0
+
+
+def _submit(args: argparse.Namespace, stub: Any, call: Callable[[Callable[[], Any]], Any]) -> int:
+    text = args.job_file.read_text(encoding="utf-8")
+    request = pb.SubmitJobRequest(
+        spec_yaml=text, source_name=str(args.job_file), dry_run=args.dry_run
+    )
+    resp = call(lambda: stub.SubmitJob(request, timeout=args.timeout))
+    if args.dry_run:
+
+        def human(c: Console) -> None:
+            render.print_job(c, resp.job)
+            c.print(render.predictions_table(resp.predictions, resp.job.global_batch))
+
+        _emit(args, resp, human)
+        return 0
+    if args.json and not args.wait:
+        _emit(args, resp, lambda c: None)
+    elif not args.json:
+        print(resp.job_id)
+    if not args.wait:
+        return 0
+    return _wait(args, stub, call, resp.job_id)
+
+
+def _wait(
+    args: argparse.Namespace, stub: Any, call: Callable[[Callable[[], Any]], Any], job_id: str
+) -> int:
+    """Poll the job until it finishes; print each state change on stderr."""
+    last = None
+    while True:
+        job = call(lambda: stub.GetJob(pb.GetJobRequest(job_id=job_id), timeout=args.timeout))
+        state = render.state_name(job)
+        if state != last:
+            print(
+                f"job {job_id}: {state}" + (f" ({job.message})" if job.message else ""),
+                file=sys.stderr,
+            )
+            last = state
+        if job.state in (pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED):
+            if args.json:
+                _emit(args, job, lambda c: None)
+            return 0 if job.state == pb.JOB_STATE_SUCCEEDED else 1
+        time.sleep(WAIT_POLL_S)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""The coordinator daemon's configuration: a YAML file overridden by flags.
+
+``/etc/hetero/coordinator.yaml`` is read if it exists (a file named with
+``--config`` must exist); every key is optional and flags win over the file.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from hetero.coordinator.database import sqlite_url
+from hetero.coordinator.yamlfields import Fields
+from hetero.errors import ConfigError
+
+DEFAULT_CONFIG_PATH = Path("/etc/hetero/coordinator.yaml")
+DEFAULT_LISTEN = "127.0.0.1:7070"
+LOG_FORMATS = ("text", "json")
+
+
+def default_state_dir() -> Path:
+    """``/var/lib/hetero`` for root, ``~/.local/state/hetero`` (XDG) otherwise."""
+    if os.geteuid() == 0:
+        return Path("/var/lib/hetero")
+    xdg = os.environ.get("XDG_STATE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".local" / "state") / "hetero"
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    """Seconds for the heartbeat settings; ``db`` None = SQLite under ``state_dir``."""
+
+    listen: str = DEFAULT_LISTEN
+    state_dir: Path | None = None
+    db: str | None = None
+    log_format: str = "text"
+    heartbeat_interval_s: float = 1.0
+    heartbeat_timeout_s: float = 10.0
+    grace_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(f"log_format must be one of {', '.join(LOG_FORMATS)}")
+        if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
+            raise ConfigError(
+                f"heartbeat_timeout_s ({self.heartbeat_timeout_s:g}) must exceed "
+                f"heartbeat_interval_s ({self.heartbeat_interval_s:g})"
+            )
+
+    @property
+    def resolved_state_dir(self) -> Path:
+        return self.state_dir or default_state_dir()
+
+    @property
+    def db_url(self) -> str:
+        return self.db or sqlite_url(self.resolved_state_dir)
+
+
+def load_config(path: Path | None) -> CoordinatorConfig:
+    """The config file's settings (defaults if ``path`` is None and the default file is absent)."""
+    if path is None:
+        if not DEFAULT_CONFIG_PATH.is_file():
+            return CoordinatorConfig()
+        path = DEFAULT_CONFIG_PATH
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    f = Fields.parse(text, str(path))
+    state_dir = f.string("state_dir")
+    config = CoordinatorConfig(
+        listen=f.string("listen", DEFAULT_LISTEN) or DEFAULT_LISTEN,
+        state_dir=Path(state_dir).expanduser() if state_dir else None,
+        db=f.string("db"),
+        log_format=f.choice("log_format", LOG_FORMATS, "text") or "text",
+        heartbeat_interval_s=f.number("heartbeat_interval_s", 1.0, positive=True) or 1.0,
+        heartbeat_timeout_s=f.number("heartbeat_timeout_s", 10.0, positive=True) or 10.0,
+        grace_s=f.number("grace_s", 5.0, minimum=0.0) or 0.0,
+    )
+    f.finish()
+    return config
+
+
+def with_flags(config: CoordinatorConfig, **flags: object) -> CoordinatorConfig:
+    """``config`` with every flag that was given (not None) applied."""
+    given = {k: v for k, v in flags.items() if v is not None}
+    return replace(config, **given)  # type: ignore[arg-type]

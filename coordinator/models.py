@@ -1,0 +1,183 @@
+"""The coordinator's tables (SQLAlchemy 2 declarative models).
+
+Times are Unix seconds (``*_unix_s``, wall clock: they are timestamps, not
+durations). Nullable telemetry columns mean "not available on this device".
+Bump ``SCHEMA_VERSION`` with any change to these tables: a coordinator refuses
+to open a database written with another version instead of misreading it.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+SCHEMA_VERSION = 1
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class SchemaVersion(Base):
+    """One row: the schema version the database was created with."""
+
+    __tablename__ = "schema_version"
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+
+
+class NodeRow(Base):
+    __tablename__ = "nodes"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)
+    address: Mapped[str] = mapped_column(String(255))
+    agent_endpoint: Mapped[str] = mapped_column(String(255), default="")
+    agent_version: Mapped[str] = mapped_column(String(64), default="")
+    registered_at_unix_s: Mapped[float] = mapped_column(Float)
+    last_heartbeat_unix_s: Mapped[float] = mapped_column(Float)
+    devices: Mapped[list[DeviceRow]] = relationship(
+        back_populates="node", cascade="all, delete-orphan", order_by="DeviceRow.index"
+    )
+
+
+class DeviceRow(Base):
+    """A device's static hardware profile, as measured by its agent."""
+
+    __tablename__ = "devices"
+    __table_args__ = (UniqueConstraint("node_id", "index"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
+    index: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(255))
+    kind: Mapped[str] = mapped_column(String(16))
+    matmul_tflops: Mapped[float | None] = mapped_column(Float)
+    memory_bandwidth_bytes_per_s: Mapped[float | None] = mapped_column(Float)
+    host_to_device_bytes_per_s: Mapped[float | None] = mapped_column(Float)
+    device_to_host_bytes_per_s: Mapped[float | None] = mapped_column(Float)
+    memory_bytes: Mapped[int | None] = mapped_column(Integer)
+    compute_score: Mapped[float] = mapped_column(Float)
+    emulated_slowdown: Mapped[float] = mapped_column(Float, default=1.0)
+    node: Mapped[NodeRow] = relationship(back_populates="devices")
+
+
+class TelemetryRow(Base):
+    """Downsampled telemetry: one row per (node, device, time bucket), holding the
+    newest sample of its bucket. ``device_index`` is NULL for the host's own row."""
+
+    __tablename__ = "telemetry"
+    __table_args__ = (Index("ix_telemetry_node_bucket", "node_id", "bucket"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
+    device_index: Mapped[int | None] = mapped_column(Integer)
+    bucket: Mapped[int] = mapped_column(Integer)
+    time_unix_s: Mapped[float] = mapped_column(Float)
+    utilization_percent: Mapped[float | None] = mapped_column(Float)
+    memory_used_bytes: Mapped[int | None] = mapped_column(Integer)
+    memory_total_bytes: Mapped[int | None] = mapped_column(Integer)
+    temperature_c: Mapped[float | None] = mapped_column(Float)
+    power_w: Mapped[float | None] = mapped_column(Float)
+    sm_clock_mhz: Mapped[float | None] = mapped_column(Float)
+    #: Comma-separated reason names; "" = not throttled; NULL = n/a.
+    throttle_reasons: Mapped[str | None] = mapped_column(String(255))
+    cpu_percent: Mapped[float | None] = mapped_column(Float)
+    ram_used_bytes: Mapped[int | None] = mapped_column(Integer)
+    ram_total_bytes: Mapped[int | None] = mapped_column(Integer)
+
+
+class JobRow(Base):
+    __tablename__ = "jobs"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64))
+    #: A ``hetero.v1.JobState`` name without prefix: PENDING, RUNNING, SUCCEEDED, ...
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    spec_yaml: Mapped[str] = mapped_column(Text)
+    policy: Mapped[str] = mapped_column(String(32))
+    global_batch: Mapped[int] = mapped_column(Integer)
+    world_size: Mapped[int] = mapped_column(Integer)
+    min_batch: Mapped[int] = mapped_column(Integer, default=1)
+    rebalance_interval: Mapped[int] = mapped_column(Integer)
+    backend: Mapped[str] = mapped_column(String(8))
+    master_addr: Mapped[str] = mapped_column(String(255))
+    master_port: Mapped[int] = mapped_column(Integer)
+    submitted_at_unix_s: Mapped[float] = mapped_column(Float, index=True)
+    finished_at_unix_s: Mapped[float | None] = mapped_column(Float)
+    message: Mapped[str] = mapped_column(Text, default="")
+    restarts: Mapped[int] = mapped_column(Integer, default=0)
+    last_step: Mapped[int] = mapped_column(Integer, default=0)
+    ranks: Mapped[list[RankRow]] = relationship(
+        back_populates="job", cascade="all, delete-orphan", order_by="RankRow.rank"
+    )
+
+
+class RankRow(Base):
+    __tablename__ = "ranks"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.id"), index=True)
+    device_index: Mapped[int] = mapped_column(Integer)
+    device_kind: Mapped[str] = mapped_column(String(16))
+    device_name: Mapped[str] = mapped_column(String(255))
+    local_rank: Mapped[int] = mapped_column(Integer)
+    #: A ``hetero.v1.RankState`` name without prefix: ASSIGNED, RUNNING, EXITED, STOPPING.
+    state: Mapped[str] = mapped_column(String(16))
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    emulated_slowdown: Mapped[float] = mapped_column(Float, default=1.0)
+    #: Compute score with emulation applied, as the balancer saw it at placement.
+    effective_score: Mapped[float] = mapped_column(Float)
+    job: Mapped[JobRow] = relationship(back_populates="ranks")
+    node: Mapped[NodeRow] = relationship()
+
+
+class PlanRow(Base):
+    __tablename__ = "plans"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    apply_at_step: Mapped[int] = mapped_column(Integer)
+    #: Per-rank batch sizes, comma-separated in rank order.
+    batches: Mapped[str] = mapped_column(Text)
+    policy: Mapped[str] = mapped_column(String(32))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    predicted_step_s: Mapped[float | None] = mapped_column(Float)
+    created_at_unix_s: Mapped[float] = mapped_column(Float)
+
+
+class IntervalStatRow(Base):
+    """One rank's statistics over one rebalance interval ending at ``end_step``."""
+
+    __tablename__ = "interval_stats"
+    __table_args__ = (Index("ix_interval_stats_job_step", "job_id", "end_step"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    end_step: Mapped[int] = mapped_column(Integer)
+    plan_version: Mapped[int] = mapped_column(Integer)
+    rank: Mapped[int] = mapped_column(Integer)
+    batch: Mapped[int] = mapped_column(Integer)
+    steps: Mapped[int] = mapped_column(Integer)
+    compute_s: Mapped[float] = mapped_column(Float)
+    step_s: Mapped[float] = mapped_column(Float)
+    peak_memory_bytes: Mapped[int | None] = mapped_column(Integer)
+    data_s: Mapped[float | None] = mapped_column(Float)
+    comm_wait_s: Mapped[float | None] = mapped_column(Float)
+    received_at_unix_s: Mapped[float] = mapped_column(Float)
+
+
+class EventRow(Base):
+    __tablename__ = "events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    time_unix_s: Mapped[float] = mapped_column(Float)
+    job_id: Mapped[str | None] = mapped_column(String(32), index=True)
+    node_id: Mapped[str | None] = mapped_column(String(32))
+    kind: Mapped[str] = mapped_column(String(32))
+    message: Mapped[str] = mapped_column(Text)
+
+
+class LogLineRow(Base):
+    """A line a rank printed; ``id`` is the line's ``seq`` (increasing, also per job)."""
+
+    __tablename__ = "log_lines"
+    __table_args__ = (Index("ix_log_lines_job_id", "job_id", "id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    rank: Mapped[int] = mapped_column(Integer)
+    stream: Mapped[str] = mapped_column(String(8))
+    text: Mapped[str] = mapped_column(Text)
+    time_unix_s: Mapped[float] = mapped_column(Float)

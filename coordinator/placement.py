@@ -1,0 +1,206 @@
+"""Placement: a job's ranks onto healthy devices, its backend, rendezvous and first plan.
+
+Pure functions over plain dataclasses: the servicer reads the devices from the
+store, calls ``place``, and stores the result. Rules:
+
+- a device is eligible if its node is healthy, is in ``resources.nodes`` (when
+  given) and its kind is allowed (``device: cuda|cpu|any``, ``allow_cpu``);
+- a CUDA device runs at most one rank of any active job; a CPU device may run
+  several ranks (they share its cores), and ranks spread over the least-loaded
+  CPU devices first;
+- with ``device: any``, CUDA devices are used before CPU devices, fastest first;
+- ranks are numbered node by node, so ``LOCAL_RANK`` counts within a node and
+  rank 0 sits on the first node, whose address becomes ``MASTER_ADDR``;
+- the backend is NCCL only if every rank is on CUDA, else Gloo;
+- the initial plan is the balancer's proportional policy over effective compute
+  scores (hardware score divided by any emulated slowdown).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hetero.coordinator.balancer import (
+    Batches,
+    Constraints,
+    DeviceProfile,
+    StepModel,
+    equal_batches,
+    equal_time_plan,
+    make_policy,
+    predict_step_s,
+)
+from hetero.coordinator.jobspec import JobSpec
+from hetero.errors import HeteroError
+
+
+class PlacementError(HeteroError):
+    """Not enough eligible devices for a job."""
+
+    grpc_code = "FAILED_PRECONDITION"
+
+
+@dataclass(frozen=True)
+class DeviceSlot:
+    """A device as placement sees it. ``compute_score`` is relative speed (larger = faster)."""
+
+    node_id: str
+    node_name: str
+    node_address: str
+    index: int
+    kind: str
+    name: str
+    compute_score: float
+    memory_bytes: int | None = None
+    emulated_slowdown: float = 1.0
+    healthy: bool = True
+    #: Ranks of active jobs already on this device.
+    ranks_running: int = 0
+
+
+@dataclass(frozen=True)
+class RankSlot:
+    rank: int
+    local_rank: int
+    device: DeviceSlot
+    #: Device emulation times the job's ``emulate_slowdown`` for this rank (1.0 = none).
+    emulated_slowdown: float
+
+    @property
+    def effective_score(self) -> float:
+        return self.device.compute_score / self.emulated_slowdown
+
+
+@dataclass(frozen=True)
+class Placement:
+    ranks: tuple[RankSlot, ...]
+    backend: str
+    master_addr: str
+    master_port: int
+    plan: Batches
+
+    @property
+    def emulated(self) -> bool:
+        return any(r.emulated_slowdown != 1.0 for r in self.ranks)
+
+    def profiles(self) -> tuple[DeviceProfile, ...]:
+        return profiles(self.ranks)
+
+
+def profiles(ranks: Sequence[RankSlot]) -> tuple[DeviceProfile, ...]:
+    """Balancer profiles in rank order; ``compute_score`` already has emulation applied
+    (the balancer's proportional policy reads ``compute_score`` alone)."""
+    return tuple(
+        DeviceProfile(
+            name=r.device.name,
+            compute_score=r.effective_score,
+            memory_bytes=r.device.memory_bytes,
+            emulated_slowdown=r.emulated_slowdown,
+        )
+        for r in ranks
+    )
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A policy's plan and its predicted speed from hardware profiles alone.
+
+    The step model is ``t_i(b) = b / score_i``, so ``samples_per_s`` is in the
+    units of the compute scores: compare policies, not clusters.
+    """
+
+    policy: str
+    batches: Batches
+    step_s: float
+    samples_per_s: float
+    emulated: bool
+
+
+def eligible(spec: JobSpec, device: DeviceSlot) -> bool:
+    res = spec.resources
+    if not device.healthy or (res.nodes and device.node_name not in res.nodes):
+        return False
+    if device.kind == "cuda":
+        return res.device in ("cuda", "any") and device.ranks_running == 0
+    if device.kind == "cpu":
+        return res.device == "cpu" or (res.device == "any" and bool(res.allow_cpu))
+    return False
+
+
+def choose_devices(spec: JobSpec, devices: Sequence[DeviceSlot]) -> list[DeviceSlot]:
+    """One device per rank, in rank order. Raises ``PlacementError`` if too few."""
+    candidates = [d for d in devices if eligible(spec, d)]
+    cuda = sorted(
+        (d for d in candidates if d.kind == "cuda"),
+        key=lambda d: (-d.compute_score, d.node_name, d.index),
+    )
+    cpus = [d for d in candidates if d.kind == "cpu"]
+    chosen = cuda[: spec.world_size]
+    if len(chosen) < spec.world_size and cpus:
+        load = {(d.node_id, d.index): d.ranks_running for d in cpus}
+        while len(chosen) < spec.world_size:
+            pick = min(
+                cpus,
+                key=lambda d: (load[(d.node_id, d.index)], -d.compute_score, d.node_name, d.index),
+            )
+            load[(pick.node_id, pick.index)] += 1
+            chosen.append(pick)
+    if len(chosen) < spec.world_size:
+        raise PlacementError(_shortage(spec, devices, len(chosen)))
+    return sorted(chosen, key=lambda d: (d.node_name, d.kind != "cuda", d.index))
+
+
+def _shortage(spec: JobSpec, devices: Sequence[DeviceSlot], found: int) -> str:
+    res = spec.resources
+    wanted = {"cuda": "free CUDA devices", "cpu": "CPU devices"}.get(res.device, "free devices")
+    if res.device == "any" and not res.allow_cpu:
+        wanted = "free CUDA devices (allow_cpu is false)"
+    nodes = f" on nodes {', '.join(res.nodes)}" if res.nodes else ""
+    healthy = len({d.node_id for d in devices if d.healthy})
+    return (
+        f"job {spec.name!r} needs {spec.world_size} ranks but only {found} {wanted} "
+        f"are available{nodes} ({healthy} healthy nodes)"
+    )
+
+
+def place(spec: JobSpec, devices: Sequence[DeviceSlot], master_port: int) -> Placement:
+    """Place ``spec`` on ``devices``; the caller chooses the rendezvous ``master_port``."""
+    chosen = choose_devices(spec, devices)
+    local: dict[str, int] = {}
+    ranks = []
+    for rank, device in enumerate(chosen):
+        local_rank = local.get(device.node_id, 0)
+        local[device.node_id] = local_rank + 1
+        slowdown = device.emulated_slowdown * spec.emulate_slowdown[rank]
+        ranks.append(RankSlot(rank, local_rank, device, slowdown))
+    plan = make_policy("proportional").initial(constraints(spec), profiles(ranks))
+    return Placement(
+        ranks=tuple(ranks),
+        backend="nccl" if all(d.kind == "cuda" for d in chosen) else "gloo",
+        master_addr=chosen[0].node_address,
+        master_port=master_port,
+        plan=plan,
+    )
+
+
+def constraints(spec: JobSpec) -> Constraints:
+    return Constraints(spec.global_batch, spec.world_size, spec.min_batch)
+
+
+def predict(spec: JobSpec, placement: Placement) -> tuple[Prediction, ...]:
+    """Predicted throughput of ``equal``, the initial (proportional) plan and ``dynamic``."""
+    models = [StepModel(per_sample_s=1.0 / max(r.effective_score, 1e-9)) for r in placement.ranks]
+    cons = constraints(spec)
+    plans = {
+        "equal": equal_batches(cons),
+        "proportional": placement.plan,
+        "dynamic": equal_time_plan(models, cons),
+    }
+    out = []
+    for policy, batches in plans.items():
+        step_s = predict_step_s(models, batches)
+        out.append(
+            Prediction(policy, batches, step_s, spec.global_batch / step_s, placement.emulated)
+        )
+    return tuple(out)

@@ -1,0 +1,47 @@
+"""When and how a job re-plans: the balancer policy over stored interval history.
+
+Pure: the servicer loads the history and the current plan from the store, calls
+``replan``, and stores the result if it changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hetero.coordinator.balancer import (
+    Batches,
+    Constraints,
+    Decision,
+    DeviceProfile,
+    History,
+    make_policy,
+)
+
+#: Intervals of history the policy sees; the dynamic policy fits its own window from these.
+HISTORY_WINDOW = 16
+
+
+@dataclass(frozen=True)
+class Replan:
+    decision: Decision
+    #: First global step that runs with the new plan: the step right after the
+    #: reported boundary. Rank 0 broadcasts plan and step, so all ranks agree.
+    apply_at_step: int
+
+
+def is_boundary(end_step: int, rebalance_interval: int) -> bool:
+    """True if a report ending at ``end_step`` closes a rebalance interval."""
+    return end_step > 0 and end_step % rebalance_interval == 0
+
+
+def replan(
+    policy: str,
+    history: History,
+    current: Batches,
+    constraints: Constraints,
+    profiles: Sequence[DeviceProfile],
+    end_step: int,
+) -> Replan:
+    decision = make_policy(policy).next_plan(history, current, constraints, profiles)
+    return Replan(decision, apply_at_step=end_step)

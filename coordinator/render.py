@@ -1,0 +1,138 @@
+"""Human output of ``hetero-coord``: rich tables of nodes, jobs, plans and predictions.
+
+Unset telemetry prints as "n/a". ``--json`` output does not come through here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from hetero.v1 import coordinator_pb2 as pb
+from hetero.v1 import types_pb2 as tpb
+
+NA = "n/a"
+
+
+def state_name(job: pb.Job) -> str:
+    return str(pb.JobState.Name(job.state)).removeprefix("JOB_STATE_").lower()
+
+
+def _age(unix_s: float) -> str:
+    seconds = max(0.0, time.time() - unix_s)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit} ago"
+    return f"{seconds:.0f}s ago"
+
+
+def _bytes(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def _kind(kind: int) -> str:
+    return str(tpb.DeviceKind.Name(kind)).removeprefix("DEVICE_KIND_").lower()
+
+
+def nodes_table(nodes: Sequence[pb.Node]) -> Table:
+    table = Table("node", "id", "health", "devices", "cpu", "ram", "gpu util / mem / temp")
+    for n in nodes:
+        devices = ", ".join(
+            f"{_kind(d.kind)}:{d.index} {d.name} (score {d.compute_score:g}"
+            + (f", emulated x{d.emulated_slowdown:g})" if d.emulated_slowdown != 1.0 else ")")
+            for d in n.devices
+        )
+        cpu = f"{n.host.cpu_percent:.0f}%" if n.host.HasField("cpu_percent") else NA
+        ram = (
+            f"{_bytes(n.host.ram_used_bytes)} / {_bytes(n.host.ram_total_bytes)}"
+            if n.host.HasField("ram_used_bytes") and n.host.HasField("ram_total_bytes")
+            else NA
+        )
+        gpus = "; ".join(_device_telemetry(t) for t in n.telemetry) or NA
+        health = "[green]up[/]" if n.healthy else f"[red]down[/] ({_age(n.last_heartbeat_unix_s)})"
+        table.add_row(n.name, n.id, health, devices or "none", cpu, ram, gpus)
+    return table
+
+
+def _device_telemetry(t: tpb.DeviceTelemetry) -> str:
+    util = f"{t.utilization_percent:.0f}%" if t.HasField("utilization_percent") else NA
+    mem = _bytes(t.memory_used_bytes) if t.HasField("memory_used_bytes") else NA
+    temp = f"{t.temperature_c:.0f}C" if t.HasField("temperature_c") else NA
+    return f"{t.device_index}: {util} / {mem} / {temp}"
+
+
+def jobs_table(jobs: Sequence[pb.Job]) -> Table:
+    table = Table("id", "name", "state", "ranks", "backend", "policy", "plan", "step", "submitted")
+    for j in jobs:
+        plan = "/".join(str(b) for b in j.plan.batches)
+        table.add_row(
+            j.id,
+            j.name,
+            state_name(j),
+            str(j.world_size),
+            j.backend,
+            j.policy,
+            f"v{j.plan.version} {plan}",
+            str(j.last_step),
+            _age(j.submitted_at_unix_s),
+        )
+    return table
+
+
+def ranks_table(job: pb.Job) -> Table:
+    table = Table("rank", "node", "local", "device", "batch", "state", "note")
+    for r in job.ranks:
+        batch = str(job.plan.batches[r.rank]) if r.rank < len(job.plan.batches) else NA
+        state = str(pb.RankState.Name(r.state)).removeprefix("RANK_STATE_").lower()
+        state = "-" if state == "unspecified" else state
+        if r.HasField("exit_code"):
+            state += f" ({r.exit_code})"
+        note = f"emulated x{r.emulated_slowdown:g}" if r.emulated_slowdown != 1.0 else ""
+        device = f"{_kind(r.device_kind)}:{r.device_index} {r.device_name}"
+        table.add_row(str(r.rank), r.node_name, str(r.local_rank), device, batch, state, note)
+    return table
+
+
+def predictions_table(predictions: Sequence[pb.PolicyPrediction], global_batch: int) -> Table:
+    emulated = any(p.emulated for p in predictions)
+    title = "predicted from hardware profiles" + (" (uses EMULATED slowdowns)" if emulated else "")
+    table = Table(
+        "policy",
+        "batches",
+        "step (score units)",
+        "samples/s (score units)",
+        "vs equal",
+        title=title,
+    )
+    equal = next((p for p in predictions if p.policy == "equal"), None)
+    for p in predictions:
+        ratio = p.predicted_samples_per_s / equal.predicted_samples_per_s if equal else 1.0
+        table.add_row(
+            p.policy,
+            "/".join(str(b) for b in p.batches),
+            f"{p.predicted_step_s:.3g}",
+            f"{p.predicted_samples_per_s:.3g}",
+            f"{ratio:.2f}x",
+        )
+    return table
+
+
+def print_job(console: Console, job: pb.Job) -> None:
+    state = state_name(job) if job.id else "dry run, nothing stored"
+    console.print(f"[bold]{job.name}[/] ({job.id or 'no id'})  state: {state}")
+    console.print(
+        f"global batch {job.global_batch} over {job.world_size} ranks, policy {job.policy}, "
+        f"backend {job.backend}, rendezvous {job.master_addr}:{job.master_port}"
+    )
+    if job.message:
+        console.print(f"message: {job.message}")
+    console.print(
+        f"plan v{job.plan.version} from step {job.plan.apply_at_step}: "
+        f"{list(job.plan.batches)} ({job.plan.reason})"
+    )
+    console.print(ranks_table(job))
+    for e in job.events:
+        console.print(f"  {time.strftime('%H:%M:%S', time.localtime(e.time_unix_s))} {e.message}")

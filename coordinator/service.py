@@ -1,0 +1,361 @@
+"""The Coordinator gRPC servicer: each RPC is one session and one transaction.
+
+Errors leave as status codes: a ``HeteroError`` aborts with its ``grpc_code``
+and message; anything else is logged with its traceback and aborts INTERNAL,
+so a client never sees UNKNOWN.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import grpc
+from sqlalchemy.orm import Session, sessionmaker
+
+from hetero.coordinator import lifecycle, rebalance, store, wire
+from hetero.coordinator.balancer import Constraints, DeviceProfile
+from hetero.coordinator.jobspec import JobSpec, parse_jobspec
+from hetero.coordinator.models import JobRow
+from hetero.coordinator.placement import place, predict
+from hetero.errors import ConfigError, HeteroError
+from hetero.v1 import coordinator_pb2 as pb
+from hetero.v1 import coordinator_pb2_grpc as pb_grpc
+from hetero.v1 import types_pb2 as tpb
+
+log = logging.getLogger("hetero.coordinator")
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+Handler = Callable[[Any, Req, grpc.ServicerContext], Resp]
+
+#: Finished jobs stay in WatchCluster snapshots this long, in seconds.
+WATCH_FINISHED_JOBS_S = 3600.0
+
+
+@dataclass(frozen=True)
+class Deps:
+    """What the servicer needs from its process: the database and the clock."""
+
+    sessions: sessionmaker[Session]
+    clock: Callable[[], float] = time.time
+    heartbeat_interval_s: float = 1.0
+    heartbeat_timeout_s: float = 10.0
+    telemetry: store.TelemetryPolicy = field(default_factory=store.TelemetryPolicy)
+    master_port_base: int = 29500
+    master_port_span: int = 1000
+    #: Set on shutdown: ends WatchCluster streams so a graceful stop does not wait for them.
+    stopping: threading.Event = field(default_factory=threading.Event)
+
+
+def _abort(context: grpc.ServicerContext, exc: BaseException, method: str) -> None:
+    if isinstance(exc, HeteroError):
+        code = getattr(grpc.StatusCode, exc.grpc_code, grpc.StatusCode.FAILED_PRECONDITION)
+        context.abort(code, str(exc))
+    log.exception("internal error in %s", method)
+    context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(exc).__name__}")
+
+
+def rpc(method: Handler[Req, Resp]) -> Handler[Req, Resp]:
+    """Map exceptions of a unary handler to status codes."""
+
+    @functools.wraps(method)
+    def wrapper(self: Any, request: Req, context: grpc.ServicerContext) -> Resp:
+        try:
+            return method(self, request, context)
+        except Exception as exc:
+            _abort(context, exc, method.__name__)
+            raise  # unreachable: abort raises
+
+    return wrapper
+
+
+def _invalid(message: str) -> ConfigError:
+    return ConfigError(message)
+
+
+class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
+    def __init__(self, deps: Deps) -> None:
+        self.deps = deps
+
+    # ---- agents -------------------------------------------------------------
+
+    @rpc
+    def RegisterNode(
+        self, req: pb.RegisterNodeRequest, context: grpc.ServicerContext
+    ) -> pb.RegisterNodeResponse:
+        if not req.name or not req.address:
+            raise _invalid("RegisterNode needs name and address")
+        indexes = [d.index for d in req.devices]
+        if len(set(indexes)) != len(indexes):
+            raise _invalid(f"node {req.name}: duplicate device indexes {indexes}")
+        for d in req.devices:
+            if not (d.compute_score > 0 and math.isfinite(d.compute_score)):
+                raise _invalid(f"node {req.name} device {d.index}: compute_score must be > 0")
+        with self.deps.sessions.begin() as s:
+            node = store.register_node(
+                s,
+                name=req.name,
+                address=req.address,
+                agent_endpoint=req.agent_endpoint,
+                agent_version=req.agent_version,
+                devices=[wire.device_row(d) for d in req.devices],
+                now=self.deps.clock(),
+            )
+            node_id = node.id
+        log.info("node %s registered as %s with %d devices", req.name, node_id, len(indexes))
+        return pb.RegisterNodeResponse(
+            node_id=node_id,
+            heartbeat_interval_s=self.deps.heartbeat_interval_s,
+            heartbeat_timeout_s=self.deps.heartbeat_timeout_s,
+        )
+
+    @rpc
+    def Heartbeat(
+        self, req: pb.HeartbeatRequest, context: grpc.ServicerContext
+    ) -> pb.HeartbeatResponse:
+        with self.deps.sessions.begin() as s:
+            store.record_heartbeat(
+                s,
+                req.node_id,
+                wire.telemetry_rows(req),
+                now=self.deps.clock(),
+                policy=self.deps.telemetry,
+            )
+        return pb.HeartbeatResponse()
+
+    @rpc
+    def PollAssignments(
+        self, req: pb.PollAssignmentsRequest, context: grpc.ServicerContext
+    ) -> pb.PollAssignmentsResponse:
+        out = pb.PollAssignmentsResponse()
+        with self.deps.sessions.begin() as s:
+            store.get_node(s, req.node_id)
+            specs: dict[str, JobSpec] = {}
+            for rank in store.ranks_to_launch(s, req.node_id):
+                job = rank.job
+                if job.id not in specs:
+                    specs[job.id] = parse_jobspec(job.spec_yaml, source=f"job {job.id}")
+                plan = store.latest_plan(s, job.id)
+                out.launches.append(wire.launch_message(job, rank, specs[job.id], plan))
+            for rank in store.ranks_to_stop(s, req.node_id):
+                out.stops.add(job_id=rank.job_id, rank=rank.rank, reason=rank.job.message)
+        return out
+
+    @rpc
+    def ReportRankStatus(
+        self, req: pb.ReportRankStatusRequest, context: grpc.ServicerContext
+    ) -> pb.ReportRankStatusResponse:
+        state = pb.RankState.Name(req.state).removeprefix("RANK_STATE_")
+        if state not in (lifecycle.RUNNING, lifecycle.EXITED):
+            raise _invalid(f"rank state must be RUNNING or EXITED, got {state}")
+        if state == lifecycle.EXITED and not req.HasField("exit_code"):
+            raise _invalid("an EXITED rank needs exit_code")
+        with self.deps.sessions.begin() as s:
+            job = store.set_rank_status(
+                s,
+                req.job_id,
+                req.rank,
+                node_id=req.node_id,
+                state=state,
+                exit_code=req.exit_code if req.HasField("exit_code") else None,
+                now=self.deps.clock(),
+            )
+            return pb.ReportRankStatusResponse(
+                job_state=pb.JobState.Value(f"JOB_STATE_{job.state}")
+            )
+
+    @rpc
+    def AppendJobLogs(
+        self, req: pb.AppendJobLogsRequest, context: grpc.ServicerContext
+    ) -> pb.AppendJobLogsResponse:
+        with self.deps.sessions.begin() as s:
+            store.append_logs(s, req.job_id, wire.log_rows(req, self.deps.clock()))
+        return pb.AppendJobLogsResponse()
+
+    # ---- trainers (through their agent) -------------------------------------
+
+    @rpc
+    def ReportIntervalStats(
+        self, req: tpb.IntervalReport, context: grpc.ServicerContext
+    ) -> tpb.ReportIntervalStatsResponse:
+        now = self.deps.clock()
+        with self.deps.sessions.begin() as s:
+            job = store.get_job(s, req.job_id)
+            _check_report(req, job)
+            store.add_interval(
+                s, job, req.end_step, req.plan_version, wire.interval_rows(req), now=now
+            )
+            plan = store.latest_plan(s, job.id)
+            if job.state not in lifecycle.FINISHED and rebalance.is_boundary(
+                req.end_step, job.rebalance_interval
+            ):
+                history = store.interval_history(s, job, rebalance.HISTORY_WINDOW)
+                profiles = [
+                    DeviceProfile(r.device_name, r.effective_score, None, r.emulated_slowdown)
+                    for r in job.ranks
+                ]
+                constraints = Constraints(job.global_batch, job.world_size, job.min_batch)
+                result = rebalance.replan(
+                    job.policy,
+                    history,
+                    store.plan_batches(plan),
+                    constraints,
+                    profiles,
+                    req.end_step,
+                )
+                if result.decision.changed:
+                    plan = store.add_plan(
+                        s,
+                        job.id,
+                        result.decision.batches,
+                        result.apply_at_step,
+                        job.policy,
+                        result.decision.reason,
+                        predicted_step_s=result.decision.predicted_step_s,
+                        now=now,
+                    )
+                    store.add_event(
+                        s,
+                        "replanned",
+                        f"plan v{plan.version}: {plan.batches} ({plan.reason})",
+                        job_id=job.id,
+                        now=now,
+                    )
+            return tpb.ReportIntervalStatsResponse(plan=wire.plan_message(plan))
+
+    @rpc
+    def GetPlan(self, req: tpb.GetPlanRequest, context: grpc.ServicerContext) -> tpb.Plan:
+        with self.deps.sessions() as s:
+            return wire.plan_message(store.latest_plan(s, store.get_job(s, req.job_id).id))
+
+    # ---- users ---------------------------------------------------------------
+
+    @rpc
+    def SubmitJob(
+        self, req: pb.SubmitJobRequest, context: grpc.ServicerContext
+    ) -> pb.SubmitJobResponse:
+        # Parse before touching the database: a bad spec stores nothing.
+        spec = parse_jobspec(req.spec_yaml, source=req.source_name or "job.yaml")
+        now = self.deps.clock()
+        with self.deps.sessions() as s:
+            devices = store.device_slots(s, now=now, timeout_s=self.deps.heartbeat_timeout_s)
+            port = store.next_master_port(s, self.deps.master_port_base, self.deps.master_port_span)
+            placed = place(spec, devices, port)
+            predictions = [wire.prediction_message(p) for p in predict(spec, placed)]
+            if req.dry_run:
+                job_msg = wire.dry_run_job(spec, req.spec_yaml, placed)
+                return pb.SubmitJobResponse(job=job_msg, predictions=predictions)
+            job = store.create_job(s, spec, req.spec_yaml, placed, now=now)
+            job_msg = self._job(s, job, detail=True)
+            s.commit()
+        log.info(
+            "job %s (%s) submitted: %d ranks, %s",
+            job.id,
+            spec.name,
+            spec.world_size,
+            placed.backend,
+        )
+        return pb.SubmitJobResponse(job_id=job_msg.id, job=job_msg, predictions=predictions)
+
+    @rpc
+    def ListJobs(
+        self, req: pb.ListJobsRequest, context: grpc.ServicerContext
+    ) -> pb.ListJobsResponse:
+        states = [pb.JobState.Name(st).removeprefix("JOB_STATE_") for st in req.states]
+        limit = min(req.limit or 100, 1000)
+        with self.deps.sessions() as s:
+            jobs = store.list_jobs(s, states, limit)
+            return pb.ListJobsResponse(jobs=[self._job(s, j) for j in jobs])
+
+    @rpc
+    def GetJob(self, req: pb.GetJobRequest, context: grpc.ServicerContext) -> pb.Job:
+        with self.deps.sessions() as s:
+            return self._job(s, store.get_job(s, req.job_id), detail=True)
+
+    @rpc
+    def CancelJob(self, req: pb.CancelJobRequest, context: grpc.ServicerContext) -> pb.Job:
+        with self.deps.sessions.begin() as s:
+            job = store.cancel_job(s, req.job_id, now=self.deps.clock())
+            return self._job(s, job, detail=True)
+
+    @rpc
+    def GetJobLogs(
+        self, req: pb.GetJobLogsRequest, context: grpc.ServicerContext
+    ) -> pb.GetJobLogsResponse:
+        limit = min(req.limit or 1000, 10_000)
+        with self.deps.sessions() as s:
+            rows = store.job_logs(s, req.job_id, req.after_seq, limit)
+            lines = [wire.log_message(r) for r in rows]
+        next_seq = lines[-1].seq if lines else req.after_seq
+        return pb.GetJobLogsResponse(lines=lines, next_seq=next_seq)
+
+    @rpc
+    def ListNodes(
+        self, req: pb.ListNodesRequest, context: grpc.ServicerContext
+    ) -> pb.ListNodesResponse:
+        with self.deps.sessions() as s:
+            return pb.ListNodesResponse(nodes=self._nodes(s))
+
+    def WatchCluster(
+        self, req: pb.WatchClusterRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.ClusterSnapshot]:
+        period_s = min(max(req.period_s or 1.0, 0.2), 60.0)
+        try:
+            while context.is_active() and not self.deps.stopping.is_set():
+                yield self._snapshot()
+                self.deps.stopping.wait(period_s)
+        except Exception as exc:
+            _abort(context, exc, "WatchCluster")
+
+    # ---- shared reads ----------------------------------------------------------
+
+    def _job(self, s: Session, job: JobRow, detail: bool = False) -> pb.Job:
+        try:
+            plan = store.latest_plan(s, job.id)
+        except store.NotFoundError:
+            plan = None
+        names = {r.node_id: r.node.name for r in job.ranks}
+        events = store.job_events(s, job.id) if detail else []
+        return wire.job_message(job, plan, names, events, with_spec=detail)
+
+    def _nodes(self, s: Session) -> list[pb.Node]:
+        now = self.deps.clock()
+        return [
+            wire.node_message(
+                node,
+                store.latest_telemetry(s, node.id),
+                store.is_healthy(node, now, self.deps.heartbeat_timeout_s),
+            )
+            for node in store.list_nodes(s)
+        ]
+
+    def _snapshot(self) -> pb.ClusterSnapshot:
+        now = self.deps.clock()
+        with self.deps.sessions() as s:
+            jobs = [
+                self._job(s, j)
+                for j in store.list_jobs(s, limit=1000)
+                if j.finished_at_unix_s is None
+                or now - j.finished_at_unix_s < WATCH_FINISHED_JOBS_S
+            ]
+            return pb.ClusterSnapshot(time_unix_s=now, nodes=self._nodes(s), jobs=jobs)
+
+
+def _check_report(req: tpb.IntervalReport, job: JobRow) -> None:
+    """Reject reports the balancer cannot use: wrong rank set, negative or NaN times."""
+    ranks = sorted(r.rank for r in req.ranks)
+    if ranks != list(range(job.world_size)):
+        raise _invalid(f"job {job.id}: report has ranks {ranks}, want 0..{job.world_size - 1}")
+    if req.end_step < 0:
+        raise _invalid(f"job {job.id}: end_step must be >= 0, got {req.end_step}")
+    for r in req.ranks:
+        values = (r.compute_s, r.step_s)
+        if r.batch < 0 or r.steps < 0 or not all(math.isfinite(v) and v >= 0 for v in values):
+            raise _invalid(f"job {job.id} rank {r.rank}: batch, steps and times must be >= 0")

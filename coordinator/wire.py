@@ -1,0 +1,322 @@
+"""Conversions between ``hetero.v1`` messages and the coordinator's rows and dataclasses.
+
+The one place that knows both shapes; unset optional proto fields become NULL
+("n/a") and back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hetero.coordinator import placement as placement_mod
+from hetero.coordinator import store
+from hetero.coordinator.jobspec import JobSpec
+from hetero.coordinator.models import (
+    DeviceRow,
+    EventRow,
+    IntervalStatRow,
+    JobRow,
+    LogLineRow,
+    NodeRow,
+    PlanRow,
+    RankRow,
+    TelemetryRow,
+)
+from hetero.v1 import coordinator_pb2 as pb
+from hetero.v1 import types_pb2 as tpb
+
+KIND_TO_PB = {"cpu": tpb.DEVICE_KIND_CPU, "cuda": tpb.DEVICE_KIND_CUDA}
+PB_TO_KIND = {v: k for k, v in KIND_TO_PB.items()}
+
+
+def _opt(msg: object, field: str) -> object | None:
+    return getattr(msg, field) if msg.HasField(field) else None  # type: ignore[attr-defined]
+
+
+def device_row(d: tpb.DeviceProfile) -> DeviceRow:
+    return DeviceRow(
+        index=d.index,
+        name=d.name or f"device{d.index}",
+        kind=PB_TO_KIND.get(d.kind, "cpu"),
+        matmul_tflops=_opt(d, "matmul_tflops"),
+        memory_bandwidth_bytes_per_s=_opt(d, "memory_bandwidth_bytes_per_s"),
+        host_to_device_bytes_per_s=_opt(d, "host_to_device_bytes_per_s"),
+        device_to_host_bytes_per_s=_opt(d, "device_to_host_bytes_per_s"),
+        memory_bytes=_opt(d, "memory_bytes"),
+        compute_score=d.compute_score,
+        emulated_slowdown=d.emulated_slowdown or 1.0,
+    )
+
+
+def device_profile(d: DeviceRow) -> tpb.DeviceProfile:
+    msg = tpb.DeviceProfile(
+        index=d.index,
+        name=d.name,
+        kind=KIND_TO_PB.get(d.kind, tpb.DEVICE_KIND_UNSPECIFIED),
+        compute_score=d.compute_score,
+        emulated_slowdown=d.emulated_slowdown,
+    )
+    for field in (
+        "matmul_tflops",
+        "memory_bandwidth_bytes_per_s",
+        "host_to_device_bytes_per_s",
+        "device_to_host_bytes_per_s",
+        "memory_bytes",
+    ):
+        value = getattr(d, field)
+        if value is not None:
+            setattr(msg, field, value)
+    return msg
+
+
+_DEVICE_FIELDS = (
+    "utilization_percent",
+    "memory_used_bytes",
+    "memory_total_bytes",
+    "temperature_c",
+    "power_w",
+    "sm_clock_mhz",
+)
+_HOST_FIELDS = ("cpu_percent", "ram_used_bytes", "ram_total_bytes")
+
+
+def telemetry_rows(req: pb.HeartbeatRequest) -> list[TelemetryRow]:
+    rows = []
+    if req.HasField("host"):
+        host = TelemetryRow(device_index=None)
+        for field in _HOST_FIELDS:
+            setattr(host, field, _opt(req.host, field))
+        rows.append(host)
+    for d in req.devices:
+        row = TelemetryRow(device_index=d.device_index)
+        for field in _DEVICE_FIELDS:
+            setattr(row, field, _opt(d, field))
+        row.throttle_reasons = ",".join(d.throttle.reasons) if d.HasField("throttle") else None
+        rows.append(row)
+    return rows
+
+
+def node_message(
+    node: NodeRow, telemetry: dict[int | None, TelemetryRow], healthy: bool
+) -> pb.Node:
+    msg = pb.Node(
+        id=node.id,
+        name=node.name,
+        address=node.address,
+        agent_endpoint=node.agent_endpoint,
+        agent_version=node.agent_version,
+        healthy=healthy,
+        registered_at_unix_s=node.registered_at_unix_s,
+        last_heartbeat_unix_s=node.last_heartbeat_unix_s,
+        devices=[device_profile(d) for d in node.devices],
+    )
+    host = telemetry.get(None)
+    if host is not None:
+        for field in _HOST_FIELDS:
+            value = getattr(host, field)
+            if value is not None:
+                setattr(msg.host, field, value)
+    for index, row in sorted((k, v) for k, v in telemetry.items() if k is not None):
+        d = msg.telemetry.add(device_index=index)
+        for field in _DEVICE_FIELDS:
+            value = getattr(row, field)
+            if value is not None:
+                setattr(d, field, value)
+        if row.throttle_reasons is not None:
+            d.throttle.SetInParent()
+            d.throttle.reasons.extend(r for r in row.throttle_reasons.split(",") if r)
+    return msg
+
+
+def plan_message(plan: PlanRow) -> tpb.Plan:
+    msg = tpb.Plan(
+        job_id=plan.job_id,
+        version=plan.version,
+        apply_at_step=plan.apply_at_step,
+        batches=list(store.plan_batches(plan)),
+        policy=plan.policy,
+        reason=plan.reason,
+    )
+    if plan.predicted_step_s is not None:
+        msg.predicted_step_s = plan.predicted_step_s
+    return msg
+
+
+def rank_message(r: RankRow, node_name: str) -> pb.RankPlacement:
+    msg = pb.RankPlacement(
+        rank=r.rank,
+        node_id=r.node_id,
+        node_name=node_name,
+        device_index=r.device_index,
+        device_kind=KIND_TO_PB.get(r.device_kind, tpb.DEVICE_KIND_UNSPECIFIED),
+        device_name=r.device_name,
+        local_rank=r.local_rank,
+        state=pb.RankState.Value(f"RANK_STATE_{r.state}"),
+        emulated_slowdown=r.emulated_slowdown,
+    )
+    if r.exit_code is not None:
+        msg.exit_code = r.exit_code
+    return msg
+
+
+def job_message(
+    job: JobRow,
+    plan: PlanRow | None,
+    node_names: dict[str, str],
+    events: Sequence[EventRow] = (),
+    with_spec: bool = False,
+) -> pb.Job:
+    msg = pb.Job(
+        id=job.id,
+        name=job.name,
+        state=pb.JobState.Value(f"JOB_STATE_{job.state}"),
+        policy=job.policy,
+        global_batch=job.global_batch,
+        world_size=job.world_size,
+        backend=job.backend,
+        master_addr=job.master_addr,
+        master_port=job.master_port,
+        submitted_at_unix_s=job.submitted_at_unix_s,
+        message=job.message,
+        restarts=job.restarts,
+        ranks=[rank_message(r, node_names.get(r.node_id, r.node_id)) for r in job.ranks],
+        last_step=job.last_step,
+        spec_yaml=job.spec_yaml if with_spec else "",
+        events=[
+            pb.JobEvent(id=e.id, time_unix_s=e.time_unix_s, kind=e.kind, message=e.message)
+            for e in events
+        ],
+    )
+    if job.finished_at_unix_s is not None:
+        msg.finished_at_unix_s = job.finished_at_unix_s
+    if plan is not None:
+        msg.plan.CopyFrom(plan_message(plan))
+    return msg
+
+
+def dry_run_job(spec: JobSpec, spec_yaml: str, placed: placement_mod.Placement) -> pb.Job:
+    """The job a submit would create, without storing it."""
+    return pb.Job(
+        name=spec.name,
+        state=pb.JOB_STATE_UNSPECIFIED,
+        policy=spec.policy,
+        global_batch=spec.global_batch,
+        world_size=spec.world_size,
+        backend=placed.backend,
+        master_addr=placed.master_addr,
+        master_port=placed.master_port,
+        spec_yaml=spec_yaml,
+        ranks=[
+            pb.RankPlacement(
+                rank=r.rank,
+                node_id=r.device.node_id,
+                node_name=r.device.node_name,
+                device_index=r.device.index,
+                device_kind=KIND_TO_PB.get(r.device.kind, tpb.DEVICE_KIND_UNSPECIFIED),
+                device_name=r.device.name,
+                local_rank=r.local_rank,
+                state=pb.RANK_STATE_UNSPECIFIED,
+                emulated_slowdown=r.emulated_slowdown,
+            )
+            for r in placed.ranks
+        ],
+        plan=tpb.Plan(
+            version=1,
+            apply_at_step=0,
+            batches=list(placed.plan),
+            policy="proportional",
+            reason="initial plan from hardware profiles",
+        ),
+    )
+
+
+def prediction_message(p: placement_mod.Prediction) -> pb.PolicyPrediction:
+    return pb.PolicyPrediction(
+        policy=p.policy,
+        batches=list(p.batches),
+        predicted_step_s=p.step_s,
+        predicted_samples_per_s=p.samples_per_s,
+        emulated=p.emulated,
+    )
+
+
+def interval_rows(report: tpb.IntervalReport) -> list[IntervalStatRow]:
+    return [
+        IntervalStatRow(
+            rank=r.rank,
+            batch=r.batch,
+            steps=r.steps,
+            compute_s=r.compute_s,
+            step_s=r.step_s,
+            peak_memory_bytes=_opt(r, "peak_memory_bytes"),
+            data_s=_opt(r, "data_s"),
+            comm_wait_s=_opt(r, "comm_wait_s"),
+        )
+        for r in report.ranks
+    ]
+
+
+def log_rows(req: pb.AppendJobLogsRequest, now: float) -> list[LogLineRow]:
+    return [
+        LogLineRow(
+            rank=line.rank,
+            stream=line.stream or "stdout",
+            text=line.text,
+            time_unix_s=line.time_unix_s or now,
+        )
+        for line in req.lines
+    ]
+
+
+def log_message(row: LogLineRow) -> pb.LogLine:
+    return pb.LogLine(
+        seq=row.id, rank=row.rank, stream=row.stream, text=row.text, time_unix_s=row.time_unix_s
+    )
+
+
+def launch_message(job: JobRow, rank: RankRow, spec: JobSpec, plan: PlanRow) -> pb.RankLaunch:
+    """A launch order: the torch.distributed environment plus what to train."""
+    args = pb.TrainingArgs(
+        model=spec.model or "",
+        dataset=spec.dataset or "",
+        data_dir=spec.data_dir or "",
+        global_batch=spec.global_batch,
+        lr=spec.lr,
+        seed=spec.seed,
+        policy=spec.policy,
+        rebalance_interval=spec.rebalance_interval,
+        command=list(spec.command),
+    )
+    if spec.steps is not None:
+        args.steps = spec.steps
+    if spec.epochs is not None:
+        args.epochs = spec.epochs
+    if spec.checkpoint is not None:
+        args.checkpoint_dir = spec.checkpoint.dir
+        args.checkpoint_interval_steps = spec.checkpoint.interval_steps
+    env = {
+        "RANK": str(rank.rank),
+        "WORLD_SIZE": str(job.world_size),
+        "LOCAL_RANK": str(rank.local_rank),
+        "MASTER_ADDR": job.master_addr,
+        "MASTER_PORT": str(job.master_port),
+        "HETERO_JOB_ID": job.id,
+        "HETERO_BACKEND": job.backend,
+        "HETERO_DEVICE": "cpu" if rank.device_kind == "cpu" else f"cuda:{rank.device_index}",
+        "HETERO_EMULATE_SLOWDOWN": f"{rank.emulated_slowdown:g}",
+    }
+    return pb.RankLaunch(
+        job_id=job.id,
+        rank=rank.rank,
+        world_size=job.world_size,
+        local_rank=rank.local_rank,
+        master_addr=job.master_addr,
+        master_port=job.master_port,
+        backend=job.backend,
+        device_index=rank.device_index,
+        device_kind=KIND_TO_PB.get(rank.device_kind, tpb.DEVICE_KIND_UNSPECIFIED),
+        emulated_slowdown=rank.emulated_slowdown,
+        args=args,
+        env=env,
+        plan=plan_message(plan),
+    )

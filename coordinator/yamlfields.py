@@ -1,0 +1,195 @@
+"""Typed reads from a YAML mapping that remember where every value came from.
+
+Job specs and daemon configs are parsed once at the edge. Every error this
+module raises is a ``ConfigError`` naming the source, the line and the field
+(``job.yaml:7: resources.ranks: must be >= 1, got 0``), and a key nobody read
+is an error with a "did you mean" hint, so a typo never silently falls back to
+a default.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+
+from hetero.errors import ConfigError
+
+
+def _line(node: yaml.Node) -> int:
+    return int(node.start_mark.line) + 1
+
+
+class Fields:
+    """The keys of one YAML mapping node, read once each through typed getters."""
+
+    def __init__(self, node: yaml.Node, source: str, prefix: str = "") -> None:
+        self.source = source
+        self.prefix = prefix
+        self.node = node
+        if not isinstance(node, yaml.MappingNode):
+            where = prefix.rstrip(".") or "the document"
+            raise self.error(node, f"{where} must be a mapping of keys to values")
+        self._items: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise self.error(key_node, "keys must be plain names")
+            key = str(key_node.value)
+            if key in self._items:
+                first = _line(self._items[key][0])
+                raise self.error(key_node, f"{prefix}{key}: duplicate key (first on line {first})")
+            self._items[key] = (key_node, value_node)
+        self._read: set[str] = set()
+        # Every key a getter asked for, present or not: the vocabulary for hints.
+        self._asked: set[str] = set()
+
+    @classmethod
+    def parse(cls, text: str, source: str) -> Fields:
+        """Compose ``text`` (no object construction yet) and wrap its top mapping."""
+        try:
+            node = yaml.compose(text, Loader=yaml.SafeLoader)
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark or exc.context_mark
+            line = f":{mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"{source}{line}: not valid YAML: {exc.problem}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+        if node is None:
+            raise ConfigError(f"{source}: empty document")
+        return cls(node, source)
+
+    def error(self, node: yaml.Node, message: str) -> ConfigError:
+        return ConfigError(f"{self.source}:{_line(node)}: {message}")
+
+    def line_of(self, key: str) -> int:
+        """Line of ``key`` in the source, or of the mapping itself if absent."""
+        if key in self._items:
+            return _line(self._items[key][0])
+        return _line(self.node)
+
+    def fail(self, key: str, message: str, node: yaml.Node | None = None) -> ConfigError:
+        """A ``ConfigError`` for field ``key``, at ``node``'s line or else the key's."""
+        line = _line(node) if node is not None else self.line_of(key)
+        return ConfigError(f"{self.source}:{line}: {self.prefix}{key}: {message}")
+
+    def fail_near(self, anchor: str, key: str, message: str) -> ConfigError:
+        """A ``ConfigError`` for a missing ``key`` that ``anchor``'s value makes necessary."""
+        return ConfigError(f"{self.source}:{self.line_of(anchor)}: {self.prefix}{key}: {message}")
+
+    def has(self, key: str) -> bool:
+        self._asked.add(key)
+        return key in self._items
+
+    def _present(self, key: str) -> bool:
+        self._asked.add(key)
+        return key in self._items
+
+    def _scalar(self, key: str) -> tuple[yaml.Node, Any]:
+        self._read.add(key)
+        _, node = self._items[key]
+        if not isinstance(node, yaml.ScalarNode):
+            raise self.fail(key, "must be a single value, not a list or mapping")
+        value = yaml.SafeLoader("").construct_object(node)
+        return node, value
+
+    def string(self, key: str, default: str | None = None) -> str | None:
+        if not self._present(key):
+            return default
+        _, value = self._scalar(key)
+        if not isinstance(value, str) or not value.strip():
+            raise self.fail(key, f"must be a non-empty string, got {value!r}")
+        return value
+
+    def choice(self, key: str, choices: Sequence[str], default: str | None = None) -> str | None:
+        value = self.string(key, default)
+        if value is not None and value not in choices:
+            hint = _did_you_mean(value, choices)
+            raise self.fail(key, f"unknown value {value!r}{hint} (known: {', '.join(choices)})")
+        return value
+
+    def integer(
+        self, key: str, default: int | None = None, *, minimum: int | None = None
+    ) -> int | None:
+        if not self._present(key):
+            return default
+        _, value = self._scalar(key)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(key, f"must be a whole number, got {value!r}")
+        if minimum is not None and value < minimum:
+            raise self.fail(key, f"must be >= {minimum}, got {value}")
+        return value
+
+    def number(
+        self,
+        key: str,
+        default: float | None = None,
+        *,
+        minimum: float | None = None,
+        positive: bool = False,
+    ) -> float | None:
+        if not self._present(key):
+            return default
+        _, value = self._scalar(key)
+        return self.check_number(key, value, minimum=minimum, positive=positive)
+
+    def check_number(
+        self,
+        key: str,
+        value: object,
+        *,
+        minimum: float | None = None,
+        positive: bool = False,
+        node: yaml.Node | None = None,
+    ) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.fail(key, f"must be a number, got {value!r}", node)
+        out = float(value)
+        if not math.isfinite(out):
+            raise self.fail(key, f"must be finite, got {value!r}", node)
+        if positive and out <= 0:
+            raise self.fail(key, f"must be > 0, got {value!r}", node)
+        if minimum is not None and out < minimum:
+            raise self.fail(key, f"must be >= {minimum:g}, got {value!r}", node)
+        return out
+
+    def boolean(self, key: str, default: bool) -> bool:
+        if not self._present(key):
+            return default
+        _, value = self._scalar(key)
+        if not isinstance(value, bool):
+            raise self.fail(key, f"must be true or false, got {value!r}")
+        return value
+
+    def mapping(self, key: str) -> Fields | None:
+        """The nested mapping under ``key`` (its own unknown keys checked by ``finish``)."""
+        if not self._present(key):
+            return None
+        self._read.add(key)
+        return Fields(self._items[key][1], self.source, f"{self.prefix}{key}.")
+
+    def raw(self, key: str) -> yaml.Node | None:
+        """The node under ``key`` for callers that accept several shapes."""
+        if not self._present(key):
+            return None
+        self._read.add(key)
+        return self._items[key][1]
+
+    def value_of(self, node: yaml.Node) -> Any:
+        """The plain Python value of a scalar node."""
+        return yaml.SafeLoader("").construct_object(node)
+
+    def finish(self) -> None:
+        """Raise for the first key no getter read: a typo must not become a silent default."""
+        known = sorted(self._asked)
+        for key, (key_node, _) in self._items.items():
+            if key not in self._read:
+                hint = _did_you_mean(key, known)
+                raise self.error(key_node, f"{self.prefix}{key}: unknown field{hint}")
+
+
+def _did_you_mean(word: str, known: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, known, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""

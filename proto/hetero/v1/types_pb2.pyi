@@ -1,0 +1,138 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DeviceKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DEVICE_KIND_UNSPECIFIED: _ClassVar[DeviceKind]
+    DEVICE_KIND_CPU: _ClassVar[DeviceKind]
+    DEVICE_KIND_CUDA: _ClassVar[DeviceKind]
+DEVICE_KIND_UNSPECIFIED: DeviceKind
+DEVICE_KIND_CPU: DeviceKind
+DEVICE_KIND_CUDA: DeviceKind
+
+class DeviceProfile(_message.Message):
+    __slots__ = ("index", "name", "kind", "matmul_tflops", "memory_bandwidth_bytes_per_s", "host_to_device_bytes_per_s", "device_to_host_bytes_per_s", "memory_bytes", "compute_score", "emulated_slowdown")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MATMUL_TFLOPS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BANDWIDTH_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    HOST_TO_DEVICE_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_TO_HOST_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_SCORE_FIELD_NUMBER: _ClassVar[int]
+    EMULATED_SLOWDOWN_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    name: str
+    kind: DeviceKind
+    matmul_tflops: float
+    memory_bandwidth_bytes_per_s: float
+    host_to_device_bytes_per_s: float
+    device_to_host_bytes_per_s: float
+    memory_bytes: int
+    compute_score: float
+    emulated_slowdown: float
+    def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., kind: _Optional[_Union[DeviceKind, str]] = ..., matmul_tflops: _Optional[float] = ..., memory_bandwidth_bytes_per_s: _Optional[float] = ..., host_to_device_bytes_per_s: _Optional[float] = ..., device_to_host_bytes_per_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., compute_score: _Optional[float] = ..., emulated_slowdown: _Optional[float] = ...) -> None: ...
+
+class ThrottleReasons(_message.Message):
+    __slots__ = ("reasons",)
+    REASONS_FIELD_NUMBER: _ClassVar[int]
+    reasons: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, reasons: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DeviceTelemetry(_message.Message):
+    __slots__ = ("device_index", "utilization_percent", "memory_used_bytes", "memory_total_bytes", "temperature_c", "power_w", "sm_clock_mhz", "throttle")
+    DEVICE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_C_FIELD_NUMBER: _ClassVar[int]
+    POWER_W_FIELD_NUMBER: _ClassVar[int]
+    SM_CLOCK_MHZ_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_FIELD_NUMBER: _ClassVar[int]
+    device_index: int
+    utilization_percent: float
+    memory_used_bytes: int
+    memory_total_bytes: int
+    temperature_c: float
+    power_w: float
+    sm_clock_mhz: float
+    throttle: ThrottleReasons
+    def __init__(self, device_index: _Optional[int] = ..., utilization_percent: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., temperature_c: _Optional[float] = ..., power_w: _Optional[float] = ..., sm_clock_mhz: _Optional[float] = ..., throttle: _Optional[_Union[ThrottleReasons, _Mapping]] = ...) -> None: ...
+
+class HostTelemetry(_message.Message):
+    __slots__ = ("cpu_percent", "ram_used_bytes", "ram_total_bytes")
+    CPU_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    RAM_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RAM_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    cpu_percent: float
+    ram_used_bytes: int
+    ram_total_bytes: int
+    def __init__(self, cpu_percent: _Optional[float] = ..., ram_used_bytes: _Optional[int] = ..., ram_total_bytes: _Optional[int] = ...) -> None: ...
+
+class Plan(_message.Message):
+    __slots__ = ("job_id", "version", "apply_at_step", "batches", "policy", "reason", "predicted_step_s")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    APPLY_AT_STEP_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_STEP_S_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    version: int
+    apply_at_step: int
+    batches: _containers.RepeatedScalarFieldContainer[int]
+    policy: str
+    reason: str
+    predicted_step_s: float
+    def __init__(self, job_id: _Optional[str] = ..., version: _Optional[int] = ..., apply_at_step: _Optional[int] = ..., batches: _Optional[_Iterable[int]] = ..., policy: _Optional[str] = ..., reason: _Optional[str] = ..., predicted_step_s: _Optional[float] = ...) -> None: ...
+
+class RankIntervalStats(_message.Message):
+    __slots__ = ("rank", "batch", "steps", "compute_s", "step_s", "peak_memory_bytes", "data_s", "comm_wait_s")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
+    STEP_S_FIELD_NUMBER: _ClassVar[int]
+    PEAK_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DATA_S_FIELD_NUMBER: _ClassVar[int]
+    COMM_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    batch: int
+    steps: int
+    compute_s: float
+    step_s: float
+    peak_memory_bytes: int
+    data_s: float
+    comm_wait_s: float
+    def __init__(self, rank: _Optional[int] = ..., batch: _Optional[int] = ..., steps: _Optional[int] = ..., compute_s: _Optional[float] = ..., step_s: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., data_s: _Optional[float] = ..., comm_wait_s: _Optional[float] = ...) -> None: ...
+
+class IntervalReport(_message.Message):
+    __slots__ = ("job_id", "end_step", "plan_version", "ranks")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    END_STEP_FIELD_NUMBER: _ClassVar[int]
+    PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    end_step: int
+    plan_version: int
+    ranks: _containers.RepeatedCompositeFieldContainer[RankIntervalStats]
+    def __init__(self, job_id: _Optional[str] = ..., end_step: _Optional[int] = ..., plan_version: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankIntervalStats, _Mapping]]] = ...) -> None: ...
+
+class GetPlanRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class ReportIntervalStatsResponse(_message.Message):
+    __slots__ = ("plan",)
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    plan: Plan
+    def __init__(self, plan: _Optional[_Union[Plan, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,92 @@
+"""hetero-coord as a user runs it: a subprocess against a real coordinator."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+from hetero.v1 import coordinator_pb2 as pb
+from hetero.v1 import types_pb2 as tpb
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO = REPO / "examples" / "demo.yaml"
+
+
+def _cli(*args: str, timeout_s: float = 30.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hetero.coordinator.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+def _one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and "Traceback" not in result.stderr
+    return lines[0]
+
+
+def test_a_bad_job_file_is_one_line_error_and_stores_nothing(coordinator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    bad = tmp_path / "job.yaml"
+    bad.write_text(DEMO.read_text().replace("global_batch: 96", "global_batch: 0"))
+    result = _cli("submit", str(bad), "--coordinator", coordinator.address)
+    assert result.returncode == 2
+    assert _one_error_line(result) == f"error: {bad}:7: global_batch: must be >= 1, got 0"
+    assert coordinator.stub.ListJobs(pb.ListJobsRequest(), timeout=5).jobs == []
+    missing = _cli("submit", str(tmp_path / "nope.yaml"), "--coordinator", coordinator.address)
+    assert missing.returncode == 2 and "cannot read job file" in _one_error_line(missing)
+
+
+def test_submit_dry_run_then_submit_and_read_back_as_json(coordinator) -> None:  # type: ignore[no-untyped-def]
+    coordinator.stub.RegisterNode(
+        pb.RegisterNodeRequest(
+            name="laptop",
+            address="127.0.0.1",
+            devices=[
+                tpb.DeviceProfile(index=0, name="cpu", kind=tpb.DEVICE_KIND_CPU, compute_score=1.0)
+            ],
+        ),
+        timeout=5,
+    )
+    dry = _cli("submit", str(DEMO), "--dry-run", "--coordinator", coordinator.address)
+    assert dry.returncode == 0, dry.stderr
+    assert "EMULATED" in dry.stdout and "dynamic" in dry.stdout and "equal" in dry.stdout
+    assert coordinator.stub.ListJobs(pb.ListJobsRequest(), timeout=5).jobs == []
+
+    sub = _cli("submit", str(DEMO), "--coordinator", coordinator.address)
+    assert sub.returncode == 0, sub.stderr
+    job_id = sub.stdout.strip()
+    jobs = json.loads(_cli("jobs", "--json", "--coordinator", coordinator.address).stdout)
+    assert [j["id"] for j in jobs["jobs"]] == [job_id]
+    job = json.loads(_cli("job", job_id, "--json", "--coordinator", coordinator.address).stdout)
+    assert job["state"] == "JOB_STATE_PENDING" and job["plan"]["batches"] == [52, 26, 18]
+    cancel = _cli("cancel", job_id, "--coordinator", coordinator.address)
+    assert cancel.returncode == 0 and "cancelled" in cancel.stdout
+
+
+def test_unknown_ids_and_unreachable_coordinators_are_one_line_errors(coordinator) -> None:  # type: ignore[no-untyped-def]
+    result = _cli("job", "nope", "--coordinator", coordinator.address)
+    assert result.returncode == 1 and _one_error_line(result) == "error: unknown job 'nope'"
+    result = _cli("nodes", "--coordinator", "127.0.0.1:1", "--timeout", "2")
+    assert result.returncode == 3
+    assert "cannot reach the coordinator at 127.0.0.1:1" in _one_error_line(result)
+    result = _cli("frobnicate")
+    assert result.returncode == 2 and "invalid choice" in _one_error_line(result)
+
+
+def test_serve_refuses_a_database_of_another_schema_version(tmp_path: Path) -> None:
+    from hetero.coordinator.database import open_database
+
+    db = tmp_path / "old.db"
+    open_database(f"sqlite:///{db}").dispose()
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE schema_version SET version = 999")
+    result = _cli("serve", "--db", f"sqlite:///{db}", "--listen", "127.0.0.1:0")
+    assert result.returncode == 3
+    assert "has schema version 999, this coordinator needs" in _one_error_line(result)

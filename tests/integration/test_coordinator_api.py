@@ -1,0 +1,276 @@
+"""The Coordinator over real gRPC and a real SQLite file: nodes, jobs, plans, errors."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from hetero.v1 import coordinator_pb2 as pb
+from hetero.v1 import types_pb2 as tpb
+
+DEMO = """\
+name: demo
+model: simple_cnn
+global_batch: 96
+steps: 100
+policy: dynamic
+rebalance_interval: 10
+resources:
+  ranks: 3
+  device: cpu
+emulate_slowdown: [1, 2, 3]
+"""
+DEADLINE_S = 5.0
+
+
+def _register(c, name: str, score: float = 1.0, kind: int = tpb.DEVICE_KIND_CPU) -> str:  # type: ignore[no-untyped-def]
+    resp = c.stub.RegisterNode(
+        pb.RegisterNodeRequest(
+            name=name,
+            address=f"{name}.local",
+            agent_endpoint=f"{name}.local:7071",
+            devices=[tpb.DeviceProfile(index=0, name="cpu", kind=kind, compute_score=score)],
+        ),
+        timeout=DEADLINE_S,
+    )
+    return str(resp.node_id)
+
+
+def _code(call) -> grpc.StatusCode:  # type: ignore[no-untyped-def]
+    with pytest.raises(grpc.RpcError) as info:
+        call()
+    return info.value.code()  # type: ignore[no-any-return]
+
+
+def test_nodes_register_heartbeat_and_report_telemetry_with_na_fields(coordinator) -> None:  # type: ignore[no-untyped-def]
+    node_id = _register(coordinator, "n1")
+    again = _register(coordinator, "n1", score=2.0)
+    assert again == node_id, "re-registering a name keeps the node id"
+    coordinator.stub.Heartbeat(
+        pb.HeartbeatRequest(
+            node_id=node_id,
+            host=tpb.HostTelemetry(cpu_percent=42.0, ram_total_bytes=8 << 30),
+            devices=[tpb.DeviceTelemetry(device_index=0, utilization_percent=90.0)],
+        ),
+        timeout=DEADLINE_S,
+    )
+    (node,) = coordinator.stub.ListNodes(pb.ListNodesRequest(), timeout=DEADLINE_S).nodes
+    assert node.healthy and node.devices[0].compute_score == 2.0
+    assert node.host.cpu_percent == 42.0 and not node.host.HasField("ram_used_bytes")
+    assert node.telemetry[0].utilization_percent == 90.0
+    assert not node.telemetry[0].HasField("temperature_c"), "unsupported stays n/a"
+    coordinator.clock.now += 30.0
+    (node,) = coordinator.stub.ListNodes(pb.ListNodesRequest(), timeout=DEADLINE_S).nodes
+    assert not node.healthy, "a node silent past the timeout is unhealthy"
+
+
+def test_submit_places_ranks_and_agents_receive_launch_orders(coordinator) -> None:  # type: ignore[no-untyped-def]
+    node_id = _register(coordinator, "n1")
+    dry = coordinator.stub.SubmitJob(
+        pb.SubmitJobRequest(spec_yaml=DEMO, dry_run=True), timeout=DEADLINE_S
+    )
+    assert dry.job_id == "" and dry.job.backend == "gloo"
+    predicted = {p.policy: p for p in dry.predictions}
+    assert predicted["dynamic"].predicted_samples_per_s > predicted["equal"].predicted_samples_per_s
+    assert predicted["dynamic"].emulated
+    assert coordinator.stub.ListJobs(pb.ListJobsRequest(), timeout=DEADLINE_S).jobs == []
+
+    resp = coordinator.stub.SubmitJob(pb.SubmitJobRequest(spec_yaml=DEMO), timeout=DEADLINE_S)
+    job = resp.job
+    assert job.state == pb.JOB_STATE_PENDING and job.world_size == 3
+    assert list(job.plan.batches) == [52, 26, 18] and job.plan.version == 1
+
+    orders = coordinator.stub.PollAssignments(
+        pb.PollAssignmentsRequest(node_id=node_id), timeout=DEADLINE_S
+    )
+    assert [o.rank for o in orders.launches] == [0, 1, 2]
+    env = dict(orders.launches[1].env)
+    assert env["RANK"] == "1" and env["WORLD_SIZE"] == "3" and env["LOCAL_RANK"] == "1"
+    assert env["MASTER_ADDR"] == "n1.local" and env["MASTER_PORT"] == str(job.master_port)
+    assert env["HETERO_JOB_ID"] == resp.job_id and orders.launches[1].backend == "gloo"
+    assert (
+        orders.launches[2].args.model == "simple_cnn"
+        and orders.launches[2].emulated_slowdown == 3.0
+    )
+
+    for rank in range(3):
+        coordinator.stub.ReportRankStatus(
+            pb.ReportRankStatusRequest(
+                node_id=node_id, job_id=resp.job_id, rank=rank, state=pb.RANK_STATE_RUNNING
+            ),
+            timeout=DEADLINE_S,
+        )
+    assert (
+        coordinator.stub.PollAssignments(
+            pb.PollAssignmentsRequest(node_id=node_id), timeout=DEADLINE_S
+        ).launches
+        == []
+    )
+    got = coordinator.stub.GetJob(pb.GetJobRequest(job_id=resp.job_id), timeout=DEADLINE_S)
+    assert got.state == pb.JOB_STATE_RUNNING and "emulate_slowdown" in got.spec_yaml
+    for rank, code in ((0, 0), (1, 0), (2, 0)):
+        last = coordinator.stub.ReportRankStatus(
+            pb.ReportRankStatusRequest(
+                node_id=node_id,
+                job_id=resp.job_id,
+                rank=rank,
+                state=pb.RANK_STATE_EXITED,
+                exit_code=code,
+            ),
+            timeout=DEADLINE_S,
+        )
+    assert last.job_state == pb.JOB_STATE_SUCCEEDED
+
+
+def _report(
+    c, job_id: str, end_step: int, batches: list[int], per_sample_s: list[float]
+) -> tpb.Plan:  # type: ignore[no-untyped-def]
+    report = tpb.IntervalReport(job_id=job_id, end_step=end_step, plan_version=1)
+    for rank, (b, a) in enumerate(zip(batches, per_sample_s, strict=True)):
+        report.ranks.add(rank=rank, batch=b, steps=10, compute_s=a * b + 0.001, step_s=0.5)
+    return c.stub.ReportIntervalStats(report, timeout=DEADLINE_S).plan  # type: ignore[no-any-return]
+
+
+def test_reported_stats_move_the_plan_toward_the_slower_rank(coordinator) -> None:  # type: ignore[no-untyped-def]
+    _register(coordinator, "n1")
+    _register(coordinator, "n2")
+    spec = DEMO.replace("ranks: 3", "ranks: 2").replace("emulate_slowdown: [1, 2, 3]", "")
+    job_id = coordinator.stub.SubmitJob(
+        pb.SubmitJobRequest(spec_yaml=spec), timeout=DEADLINE_S
+    ).job_id
+    initial = coordinator.stub.GetPlan(tpb.GetPlanRequest(job_id=job_id), timeout=DEADLINE_S)
+    assert list(initial.batches) == [48, 48]
+    # Rank 1 measures 3x slower per sample. Step 5 is not a boundary: no re-plan.
+    plan = _report(coordinator, job_id, 5, [48, 48], [0.001, 0.003])
+    assert plan.version == 1
+    plan = _report(coordinator, job_id, 10, [48, 48], [0.001, 0.003])
+    assert plan.version == 2 and plan.apply_at_step == 10
+    assert plan.batches[1] < plan.batches[0] and sum(plan.batches) == 96
+    assert list(plan.batches) == [72, 24]
+    latest = coordinator.stub.GetPlan(tpb.GetPlanRequest(job_id=job_id), timeout=DEADLINE_S)
+    assert latest == plan
+    job = coordinator.stub.GetJob(pb.GetJobRequest(job_id=job_id), timeout=DEADLINE_S)
+    assert job.last_step == 10 and any(e.kind == "replanned" for e in job.events)
+
+
+def test_list_get_cancel_and_stop_orders(coordinator) -> None:  # type: ignore[no-untyped-def]
+    node_id = _register(coordinator, "n1")
+    first = coordinator.stub.SubmitJob(
+        pb.SubmitJobRequest(spec_yaml=DEMO), timeout=DEADLINE_S
+    ).job_id
+    second = coordinator.stub.SubmitJob(
+        pb.SubmitJobRequest(spec_yaml=DEMO.replace("name: demo", "name: two")), timeout=DEADLINE_S
+    ).job_id
+    jobs = coordinator.stub.ListJobs(pb.ListJobsRequest(), timeout=DEADLINE_S).jobs
+    assert {j.id for j in jobs} == {first, second}
+    coordinator.stub.ReportRankStatus(
+        pb.ReportRankStatusRequest(
+            node_id=node_id, job_id=first, rank=0, state=pb.RANK_STATE_RUNNING
+        ),
+        timeout=DEADLINE_S,
+    )
+    cancelled = coordinator.stub.CancelJob(pb.CancelJobRequest(job_id=first), timeout=DEADLINE_S)
+    assert cancelled.state == pb.JOB_STATE_CANCELLED
+    assert [r.state for r in cancelled.ranks] == [
+        pb.RANK_STATE_STOPPING,
+        pb.RANK_STATE_EXITED,
+        pb.RANK_STATE_EXITED,
+    ]
+    orders = coordinator.stub.PollAssignments(
+        pb.PollAssignmentsRequest(node_id=node_id), timeout=DEADLINE_S
+    )
+    assert [(s.job_id, s.rank) for s in orders.stops] == [(first, 0)]
+    assert {o.job_id for o in orders.launches} == {second}
+    running = coordinator.stub.ListJobs(
+        pb.ListJobsRequest(states=[pb.JOB_STATE_PENDING]), timeout=DEADLINE_S
+    )
+    assert [j.id for j in running.jobs] == [second]
+
+
+def test_logs_append_and_page(coordinator) -> None:  # type: ignore[no-untyped-def]
+    _register(coordinator, "n1")
+    job_id = coordinator.stub.SubmitJob(
+        pb.SubmitJobRequest(spec_yaml=DEMO), timeout=DEADLINE_S
+    ).job_id
+    lines = [pb.LogLine(rank=r, text=f"line {r}") for r in range(3)]
+    coordinator.stub.AppendJobLogs(
+        pb.AppendJobLogsRequest(job_id=job_id, lines=lines), timeout=DEADLINE_S
+    )
+    page = coordinator.stub.GetJobLogs(
+        pb.GetJobLogsRequest(job_id=job_id, limit=2), timeout=DEADLINE_S
+    )
+    assert [line.text for line in page.lines] == ["line 0", "line 1"]
+    rest = coordinator.stub.GetJobLogs(
+        pb.GetJobLogsRequest(job_id=job_id, after_seq=page.next_seq), timeout=DEADLINE_S
+    )
+    assert [line.text for line in rest.lines] == ["line 2"]
+
+
+def test_errors_leave_as_proper_status_codes_never_unknown(coordinator) -> None:  # type: ignore[no-untyped-def]
+    s = coordinator.stub
+    bad = DEMO.replace("global_batch: 96", "global_batch: 0")
+    with pytest.raises(grpc.RpcError) as info:
+        s.SubmitJob(pb.SubmitJobRequest(spec_yaml=bad, source_name="demo.yaml"), timeout=DEADLINE_S)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details() == "demo.yaml:3: global_batch: must be >= 1, got 0"
+    # No nodes yet: placement cannot succeed.
+    assert (
+        _code(lambda: s.SubmitJob(pb.SubmitJobRequest(spec_yaml=DEMO), timeout=DEADLINE_S))
+        == grpc.StatusCode.FAILED_PRECONDITION
+    )
+    assert (
+        _code(lambda: s.GetJob(pb.GetJobRequest(job_id="nope"), timeout=DEADLINE_S))
+        == grpc.StatusCode.NOT_FOUND
+    )
+    assert (
+        _code(lambda: s.CancelJob(pb.CancelJobRequest(job_id="nope"), timeout=DEADLINE_S))
+        == grpc.StatusCode.NOT_FOUND
+    )
+    assert (
+        _code(lambda: s.GetPlan(tpb.GetPlanRequest(job_id="nope"), timeout=DEADLINE_S))
+        == grpc.StatusCode.NOT_FOUND
+    )
+    assert (
+        _code(lambda: s.Heartbeat(pb.HeartbeatRequest(node_id="nope"), timeout=DEADLINE_S))
+        == grpc.StatusCode.NOT_FOUND
+    )
+    assert (
+        _code(lambda: s.RegisterNode(pb.RegisterNodeRequest(name=""), timeout=DEADLINE_S))
+        == grpc.StatusCode.INVALID_ARGUMENT
+    )
+    _register(coordinator, "n1")
+    job_id = s.SubmitJob(pb.SubmitJobRequest(spec_yaml=DEMO), timeout=DEADLINE_S).job_id
+    wrong = tpb.IntervalReport(
+        job_id=job_id, end_step=10, ranks=[tpb.RankIntervalStats(rank=0, batch=1, steps=1)]
+    )
+    assert (
+        _code(lambda: s.ReportIntervalStats(wrong, timeout=DEADLINE_S))
+        == grpc.StatusCode.INVALID_ARGUMENT
+    )
+    assert s.ListJobs(pb.ListJobsRequest(), timeout=DEADLINE_S).jobs[0].id == job_id, (
+        "bad spec stored nothing"
+    )
+    assert len(s.ListJobs(pb.ListJobsRequest(), timeout=DEADLINE_S).jobs) == 1
+
+
+def test_health_reflection_and_watch_stream(coordinator) -> None:  # type: ignore[no-untyped-def]
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    health = health_pb2_grpc.HealthStub(coordinator.channel)
+    status = health.Check(
+        health_pb2.HealthCheckRequest(service="hetero.v1.Coordinator"), timeout=DEADLINE_S
+    )
+    assert status.status == health_pb2.HealthCheckResponse.SERVING
+    refl = reflection_pb2_grpc.ServerReflectionStub(coordinator.channel)
+    answers = refl.ServerReflectionInfo(
+        iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=DEADLINE_S
+    )
+    names = {s.name for s in next(answers).list_services_response.service}
+    assert "hetero.v1.Coordinator" in names
+
+    _register(coordinator, "n1")
+    stream = coordinator.stub.WatchCluster(pb.WatchClusterRequest(period_s=0.2), timeout=DEADLINE_S)
+    first = next(stream)
+    assert [n.name for n in first.nodes] == ["n1"]
+    stream.cancel()
