@@ -34,8 +34,15 @@ lint: $(STAMP)  ## ruff
 	@$(BIN)/ruff check .
 	@$(BIN)/ruff format --check .
 
-typecheck: $(STAMP)  ## mypy --strict on the packages
-	@$(BIN)/mypy hetero coordinator trainer
+# mypy cannot follow the editable install's folder->package mapping, so it checks
+# a tree of symlinks laid out as the installed `hetero` package.
+TYPECHECK_TREE := build/typecheck
+typecheck: $(STAMP)  ## mypy --strict on the packages, under their installed names
+	@rm -rf $(TYPECHECK_TREE) && mkdir -p $(TYPECHECK_TREE)/hetero
+	@for f in hetero/*.py; do ln -s ../../../$$f $(TYPECHECK_TREE)/hetero/; done
+	@for d in coordinator agent trainer tui bench; do ln -s ../../../$$d $(TYPECHECK_TREE)/hetero/$$d; done
+	@ln -s ../../../proto/hetero/v1 $(TYPECHECK_TREE)/hetero/v1
+	@cd $(TYPECHECK_TREE) && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p hetero
 
 check: lint typecheck test  ## everything CI should care about
 

@@ -34,7 +34,9 @@ def main() -> None:
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 1))
-    ctx = ht.init("dynamic", rebalance_interval=10, emulate_slowdown=args.emulate_slowdown)  # hetero
+    ctx = ht.init(
+        "dynamic", rebalance_interval=10, emulate_slowdown=args.emulate_slowdown
+    )  # hetero
     model = ctx.wrap(model)  # hetero
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     loader = ctx.loader(make_data(), global_batch=args.global_batch)  # hetero
@@ -51,7 +53,9 @@ def main() -> None:
 
     if ctx.rank == 0:
         tag = " (emulated slowdown)" if ctx.emulated else ""
-        print(f"done: {ctx.global_step} steps, final plan {list(ctx.plan)}{tag}, loss {loss.item():.4f}")
+        print(
+            f"done: {ctx.global_step} steps, final plan {list(ctx.plan)}{tag}, loss {loss.item():.4f}"
+        )
     ctx.close()
 
 

@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from hetero.coordinator.balancer import RankInterval
-from hetero.trainer.context import Context, PlanRecord
 from torch import nn
 
+from hetero.coordinator.balancer import RankInterval
 from hetero.errors import CheckpointError
+from hetero.trainer.context import Context, PlanRecord
 
 FORMAT = "hetero-checkpoint-v1"
 

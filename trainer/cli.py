@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from hetero.coordinator.balancer import POLICIES
+from hetero.errors import HeteroError
 from hetero.trainer.datasets import DATASETS
 from hetero.trainer.models import MODELS
-
-from hetero.errors import HeteroError
 
 EPILOG = """\
 examples:
@@ -88,7 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=8,
         help="steps per rank for the standalone (ideal) measurement; 0 skips it",
     )
-    out.add_argument("--quiet", action="store_true", help="no progress lines (the summary still prints)")
+    out.add_argument(
+        "--quiet", action="store_true", help="no progress lines (the summary still prints)"
+    )
     out.add_argument(
         "--json", action="store_true", help="print the summary as JSON instead of a table"
     )

@@ -34,12 +34,17 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Dataset, default_collate
+
 from hetero.coordinator.balancer import (
     Constraints,
     DeviceProfile,
     Interval,
     make_policy,
 )
+from hetero.errors import ConfigError, DistributedError
 from hetero.trainer.emulation import Slowdown, emulate_wait, parse_slowdowns
 from hetero.trainer.exchange import (
     EmbeddedPlanner,
@@ -52,11 +57,6 @@ from hetero.trainer.gradients import WeightingState, weighted_allreduce_hook
 from hetero.trainer.metrics import MetricsWriter
 from hetero.trainer.sampler import UnevenBatchSampler
 from hetero.trainer.timing import StepClock, StepTimes
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, Dataset, default_collate
-
-from hetero.errors import ConfigError, DistributedError
 
 log = logging.getLogger("hetero.trainer")
 

@@ -16,6 +16,7 @@ from typing import Protocol
 
 import torch
 import torch.distributed as dist
+
 from hetero.coordinator.balancer import (
     Constraints,
     Decision,

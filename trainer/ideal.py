@@ -16,11 +16,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.utils.data import Dataset, default_collate
+
 from hetero.trainer.context import Context
 from hetero.trainer.emulation import emulate_wait
 from hetero.trainer.sampler import epoch_permutation
-from torch import nn
-from torch.utils.data import Dataset, default_collate
 
 WARMUP_STEPS = 2
 

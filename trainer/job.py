@@ -15,15 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
+
+from hetero.errors import ConfigError, DistributedError
 from hetero.trainer.checkpoint import load_checkpoint, save_checkpoint
 from hetero.trainer.context import Context, init
 from hetero.trainer.datasets import build_dataset
 from hetero.trainer.emulation import format_slowdowns
 from hetero.trainer.ideal import measure_standalone
 from hetero.trainer.models import model_info
-from torch import nn
-
-from hetero.errors import ConfigError, DistributedError
 
 
 @dataclass(frozen=True)

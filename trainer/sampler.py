@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from hetero.coordinator.balancer import Constraints, round_to_plan
 
+from hetero.coordinator.balancer import Constraints, round_to_plan
 from hetero.errors import ConfigError, PlanError
 
 

@@ -20,7 +20,6 @@ from hetero.coordinator.balancer.model import (
 )
 from hetero.coordinator.balancer.plan import Batches, Constraints, equal_batches, round_to_plan
 from hetero.coordinator.balancer.stats import DeviceProfile, History
-
 from hetero.errors import ConfigError
 
 

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from hetero.trainer.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
@@ -16,14 +17,36 @@ TINY = ["--model", "debug", "--num-samples", "960", "--global-batch", "48", "--q
 def test_emulated_three_rank_run_writes_summary_and_metrics(hetero_train, tmp_path: Path):
     out = tmp_path / "run"
     proc = hetero_train(
-        *TINY, "--model", "simple_cnn", "--nproc", "3", "--steps", "40", "--rebalance-interval", "5",
-        "--emulate-slowdown", "1:2,2:4", "--output-dir", str(out),
-        "--summary-json", str(out / "summary.json"), "--ideal-steps", "3",
+        *TINY,
+        "--model",
+        "simple_cnn",
+        "--nproc",
+        "3",
+        "--steps",
+        "40",
+        "--rebalance-interval",
+        "5",
+        "--emulate-slowdown",
+        "1:2,2:4",
+        "--output-dir",
+        str(out),
+        "--summary-json",
+        str(out / "summary.json"),
+        "--ideal-steps",
+        "3",
     )
     assert proc.returncode == 0, proc.stderr
     s = json.loads((out / "summary.json").read_text())
-    for key in ("policy", "steps", "global_batch", "throughput_samples_per_s", "final_plan",
-                "emulated", "ideal_samples_per_s", "ideal_method"):
+    for key in (
+        "policy",
+        "steps",
+        "global_batch",
+        "throughput_samples_per_s",
+        "final_plan",
+        "emulated",
+        "ideal_samples_per_s",
+        "ideal_method",
+    ):
         assert key in s, key
     assert s["emulated"] is True and s["emulated_slowdown"] == "1:2x,2:4x"
     assert s["steps"] == 40 and sum(s["final_plan"]) == 48
@@ -35,9 +58,18 @@ def test_emulated_three_rank_run_writes_summary_and_metrics(hetero_train, tmp_pa
         recs = read_metrics(out / "metrics" / f"rank{rank}.jsonl")
         assert [r["step"] for r in recs] == [5, 10, 15, 20, 25, 30, 35, 40]
         assert all(r["emulated"] for r in recs)
-        assert {"loss", "samples_per_s", "batch", "phases_s", "compute_s", "peak_memory_bytes"} <= set(recs[0])
+        assert {
+            "loss",
+            "samples_per_s",
+            "batch",
+            "phases_s",
+            "compute_s",
+            "peak_memory_bytes",
+        } <= set(recs[0])
     # All ranks saw the same plan at every boundary.
-    plans = [[r["plan"] for r in read_metrics(out / "metrics" / f"rank{k}.jsonl")] for k in range(3)]
+    plans = [
+        [r["plan"] for r in read_metrics(out / "metrics" / f"rank{k}.jsonl")] for k in range(3)
+    ]
     assert plans[0] == plans[1] == plans[2]
 
 
@@ -45,8 +77,21 @@ def test_emulated_three_rank_run_writes_summary_and_metrics(hetero_train, tmp_pa
 def test_resume_gives_the_losses_of_an_uninterrupted_run(
     hetero_train, tmp_path: Path, policy: str, rtol: float
 ):
-    common = [*TINY, "--nproc", "2", "--rebalance-interval", "4", "--policy", policy,
-              "--ideal-steps", "0", "--checkpoint-interval", "8", "--emulate-slowdown", "1:3"]
+    common = [
+        *TINY,
+        "--nproc",
+        "2",
+        "--rebalance-interval",
+        "4",
+        "--policy",
+        policy,
+        "--ideal-steps",
+        "0",
+        "--checkpoint-interval",
+        "8",
+        "--emulate-slowdown",
+        "1:3",
+    ]
     full, part = tmp_path / "full", tmp_path / "part"
     a = hetero_train(*common, "--steps", "24", "--output-dir", str(full))
     assert a.returncode == 0, a.stderr

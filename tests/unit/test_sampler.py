@@ -11,13 +11,19 @@ from hetero.trainer.sampler import UnevenBatchSampler, epoch_permutation
 
 
 def _random_plan(draw: st.DrawFn, world: int, total: int) -> tuple[int, ...]:
-    cuts = sorted(draw(st.lists(st.integers(1, total - 1), min_size=world - 1, max_size=world - 1, unique=True)))
+    cuts = sorted(
+        draw(
+            st.lists(st.integers(1, total - 1), min_size=world - 1, max_size=world - 1, unique=True)
+        )
+    )
     bounds = [0, *cuts, total]
     return tuple(bounds[i + 1] - bounds[i] for i in range(world))
 
 
 @st.composite
-def scenarios(draw: st.DrawFn) -> tuple[int, int, tuple[int, ...], list[tuple[int, tuple[int, ...]]]]:
+def scenarios(
+    draw: st.DrawFn,
+) -> tuple[int, int, tuple[int, ...], list[tuple[int, tuple[int, ...]]]]:
     world = draw(st.integers(1, 5))
     global_batch = draw(st.integers(world, 40))
     num_samples = draw(st.integers(global_batch, 200))
@@ -40,7 +46,9 @@ def _run_epoch(samplers: list[UnevenBatchSampler], changes: list[tuple[int, tupl
 @given(scenarios(), st.booleans())
 def test_every_sample_once_per_epoch_under_any_plan_changes(scenario, drop_last):
     num_samples, world, plan0, changes = scenario
-    samplers = [UnevenBatchSampler(num_samples, plan0, r, seed=7, drop_last=drop_last) for r in range(world)]
+    samplers = [
+        UnevenBatchSampler(num_samples, plan0, r, seed=7, drop_last=drop_last) for r in range(world)
+    ]
     steps = _run_epoch(samplers, changes)
     seen = [i for batch in steps for rank_idx in batch for i in rank_idx]
     assert len(seen) == len(set(seen)), "a sample was duplicated"
@@ -80,7 +88,9 @@ def _take(samplers, n, changes):
 def test_resume_continues_the_same_order(scenario, stop_after, more):
     num_samples, world, plan0, changes = scenario
     total = stop_after + more
-    reference = _take([UnevenBatchSampler(num_samples, plan0, r, seed=3) for r in range(world)], total, changes)
+    reference = _take(
+        [UnevenBatchSampler(num_samples, plan0, r, seed=3) for r in range(world)], total, changes
+    )
     first = [UnevenBatchSampler(num_samples, plan0, r, seed=3) for r in range(world)]
     taken = _take(first, stop_after, [c for c in changes if c[0] < stop_after])
     resumed = [UnevenBatchSampler(num_samples, plan0, r, seed=3) for r in range(world)]

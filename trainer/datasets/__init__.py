@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from hetero.trainer.datasets.folder import image_folder
-from hetero.trainer.datasets.synthetic import SyntheticImages
 from torch.utils.data import Dataset
 
 from hetero.errors import ConfigError
+from hetero.trainer.datasets.folder import image_folder
+from hetero.trainer.datasets.synthetic import SyntheticImages
 
 DATASETS = ("synthetic", "imagefolder")
 

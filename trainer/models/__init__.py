@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hetero.trainer.models.vision import DebugNet, SimpleCNN, resnet
 from torch import nn
 
 from hetero.errors import ConfigError
+from hetero.trainer.models.vision import DebugNet, SimpleCNN, resnet
 
 
 @dataclass(frozen=True)
