@@ -53,9 +53,10 @@ def fit_step_model(
     t_mean = sum(w * t for w, t in zip(weights, ts, strict=True)) / wsum
     var_b = sum(w * (b - b_mean) ** 2 for w, b in zip(weights, bs, strict=True)) / wsum
     if b_mean > 0 and math.sqrt(var_b) / b_mean >= min_spread:
-        cov = sum(
-            w * (b - b_mean) * (t - t_mean) for w, b, t in zip(weights, bs, ts, strict=True)
-        ) / wsum
+        cov = (
+            sum(w * (b - b_mean) * (t - t_mean) for w, b, t in zip(weights, bs, ts, strict=True))
+            / wsum
+        )
         a = cov / var_b
         c = t_mean - a * b_mean
         if a > 0 and c >= 0:
@@ -67,9 +68,14 @@ def fit_step_model(
     return StepModel(max(num / den, 1e-12) if den > 0 else 1e-12, 0.0)
 
 
-def predict_step_s(models: Sequence[StepModel], batches: Sequence[int]) -> float:
-    """Predicted compute-only step time of a plan: the slowest rank's time."""
-    return max(m.time(b) for m, b in zip(models, batches, strict=True))
+def predict_step_s(
+    models: Sequence[StepModel], batches: Sequence[int], *, comm_s: float = 0.0
+) -> float:
+    """Predicted step time of a plan in seconds: the slowest rank's compute plus ``comm_s``.
+
+    With the default ``comm_s = 0`` this is the compute-only step time.
+    """
+    return max(m.time(b) for m, b in zip(models, batches, strict=True)) + comm_s
 
 
 def equal_time_plan(models: Sequence[StepModel], constraints: Constraints) -> Batches:
