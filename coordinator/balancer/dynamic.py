@@ -38,7 +38,7 @@ class Dynamic:
 
     window: int = 8
     recency: float = 0.7
-    dead_band: float = 0.02
+    dead_band: float = 0.01
     history_window: int = 32
     fixed_recency: float = 0.9
     min_spread: float = 0.05
@@ -150,25 +150,30 @@ class Dynamic:
 
 @dataclass(frozen=True)
 class Hybrid(Dynamic):
-    """``dynamic`` with a hardware prior that gives way to measurements.
+    """``dynamic`` with a hardware prior that gives way to measurements as they accumulate.
 
-    Starts from the proportional-to-compute-score split. Each fitted per-sample
-    cost is shrunk toward what the profiles' relative compute scores predict,
-    with weight ``n / (n + prior_intervals)`` on the measurement after ``n``
-    measured intervals. The prior sets only *relative* speed (its scale is the
+    Starts from the proportional-to-compute-score split. Then each rank's
+    per-sample cost is the precision-weighted mean, in log space, of the
+    measured value and the prior: the prior says a rank's speed relative to the
+    others is its compute score's, give or take ``prior_cv`` (relative, one
+    standard deviation); the measurement is known to ``cv/√n_eff`` from the
+    spread of its recent intervals (``measurement_cv`` while fewer than three
+    give a spread). A few clean intervals outweigh the prior; noisy or scarce
+    ones lean on it. The prior sets only *relative* speed (its scale is the
     measurements' geometric mean), and fixed costs are always measured.
     Without usable profiles it is ``dynamic`` with the proportional start.
     """
 
-    prior_intervals: float = 2.0
+    prior_cv: float = 0.25
+    measurement_cv: float = 0.05
     name: str = "hybrid"
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not 0.0 <= self.prior_intervals < math.inf:
-            raise ConfigError(
-                f"hybrid.prior_intervals must be finite and >= 0, got {self.prior_intervals}"
-            )
+        for field_name in ("prior_cv", "measurement_cv"):
+            value = getattr(self, field_name)
+            if not 0.0 < value < math.inf:
+                raise ConfigError(f"hybrid.{field_name} must be finite and > 0, got {value}")
 
     def initial(
         self, constraints: Constraints, profiles: Sequence[DeviceProfile] | None = None
@@ -180,24 +185,22 @@ class Hybrid(Dynamic):
         self, history: History, profiles: Sequence[DeviceProfile] | None
     ) -> tuple[tuple[StepModel, ...], tuple[RankFit, ...]]:
         fits = self.fit_ranks(history)
-        measured = tuple(f.model for f in fits)
         speeds = _speeds(profiles, len(fits))
         if not speeds:
-            return measured, fits
-        n = _same_world_count(history)
-        w = n / (n + self.prior_intervals) if n + self.prior_intervals > 0 else 1.0
-        # Scale of the prior: geometric mean of a_i·speed_i, so the prior only
-        # says how ranks compare, never how fast the model is.
-        logs = [math.log(m.per_sample_s * s) for m, s in zip(measured, speeds, strict=True)]
+            return tuple(f.model for f in fits), fits
+        # The prior's scale: geometric mean of a_i·speed_i, so the prior only
+        # says how ranks compare, never how fast the job is.
+        logs = [math.log(f.model.per_sample_s * s) for f, s in zip(fits, speeds, strict=True)]
         scale = sum(logs) / len(logs)
-        blended = tuple(
-            StepModel(
-                math.exp(w * math.log(m.per_sample_s) + (1.0 - w) * (scale - math.log(s))),
-                m.fixed_s,
-            )
-            for m, s in zip(measured, speeds, strict=True)
-        )
-        return blended, fits
+        prior_var = self.prior_cv**2
+        blended = []
+        for f, s in zip(fits, speeds, strict=True):
+            cv = f.per_sample_cv if f.per_sample_cv is not None else self.measurement_cv
+            measured_var = max(cv, 1e-4) ** 2 / f.n_eff
+            w = prior_var / (prior_var + measured_var)
+            log_a = w * math.log(f.model.per_sample_s) + (1.0 - w) * (scale - math.log(s))
+            blended.append(StepModel(math.exp(log_a), f.model.fixed_s))
+        return tuple(blended), fits
 
 
 def _speeds(profiles: Sequence[DeviceProfile] | None, world: int) -> list[float]:
@@ -220,16 +223,6 @@ def _same_world_tail(history: History, limit: int) -> list[Interval]:
         out.append(iv)
     out.reverse()
     return out
-
-
-def _same_world_count(history: History) -> int:
-    world = len(history[-1])
-    n = 0
-    for iv in reversed(history):
-        if len(iv) != world:
-            break
-        n += 1
-    return n
 
 
 def _fill_unmeasured(fits: Sequence[RankFit | None]) -> tuple[RankFit, ...]:

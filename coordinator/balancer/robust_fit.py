@@ -45,13 +45,19 @@ class RankFit:
 
     ``regime`` indexes into the points that were fitted; ``fixed_from`` says
     which evidence set ``fixed_s``: ``"regime"``, ``"earlier regime"``,
-    ``"prior"`` or ``"none"`` (then ``fixed_s = 0``).
+    ``"prior"`` or ``"none"`` (then ``fixed_s = 0``). ``per_sample_cv`` is the
+    robust relative spread of the per-sample values behind ``per_sample_s``
+    (``None`` from fewer than three points) and ``n_eff`` their effective
+    number under the recency weights, ``(Σw)²/Σw²``: together they say how
+    well ``per_sample_s`` is known.
     """
 
     model: StepModel
     regime: Regime
     n_points: int
     fixed_from: str
+    per_sample_cv: float | None = None
+    n_eff: float = 1.0
 
     @property
     def changed_at_newest(self) -> bool:
@@ -140,7 +146,9 @@ def fit_rank(
     values = [(points[i][1] - c) / points[i][0] for i in recent]
     weights = [recency ** (len(recent) - 1 - k) for k in range(len(recent))]
     a = max(huber_mean(values, weights), MIN_PER_SAMPLE_S)
-    return RankFit(StepModel(a, c), regime, n, fixed_from)
+    cv = robust_scale([v / a - 1.0 for v in values]) if len(values) >= 3 else None
+    n_eff = sum(weights) ** 2 / sum(w * w for w in weights)
+    return RankFit(StepModel(a, c), regime, n, fixed_from, cv, n_eff)
 
 
 def _fixed_cost(
