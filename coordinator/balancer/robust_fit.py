@@ -77,9 +77,10 @@ def robust_scale(values: Sequence[float]) -> float:
 def huber_mean(values: Sequence[float], weights: Sequence[float], iterations: int = 20) -> float:
     """Weighted Huber location of positive ``values``, on relative residuals."""
     loc = _weighted_median(values, weights)
+    # The scale stays the one around the median, for the reason given in huber_line.
+    scale = max(robust_scale([(v - loc) / loc for v in values]), MIN_SCALE)
     for _ in range(iterations):
         rel = [(v - loc) / loc for v in values]
-        scale = max(robust_scale(rel), MIN_SCALE)
         w = [wi * _huber_weight(r, scale) for wi, r in zip(weights, rel, strict=True)]
         new = sum(wi * v for wi, v in zip(w, values, strict=True)) / sum(w)
         if abs(new - loc) <= 1e-12 * loc:
@@ -91,15 +92,21 @@ def huber_mean(values: Sequence[float], weights: Sequence[float], iterations: in
 def huber_line(
     points: Sequence[Point], weights: Sequence[float], iterations: int = 20
 ) -> tuple[float, float]:
-    """Weighted Huber fit of ``t = a·b + c``; returns ``(a, c)``. Needs two distinct b."""
+    """Weighted Huber fit of ``t = a·b + c``; returns ``(a, c)``. Needs two distinct b.
+
+    Starts from Theil-Sen (median of pairwise slopes) and keeps the noise scale
+    of that start fixed while reweighting: least squares as a start, or a scale
+    re-estimated from residuals the outlier has already distorted, lets one
+    gross outlier drag a fit of a handful of points by several percent.
+    """
     bs = [float(b) for b, _ in points]
     ts = [t for _, t in points]
-    w = list(weights)
-    a, c = _weighted_line(bs, ts, w)
+    a, c = _theil_sen(bs, ts)
+    scale = max(
+        robust_scale([(t - (a * b + c)) / t for b, t in zip(bs, ts, strict=True)]), MIN_SCALE
+    )
     for _ in range(iterations):
-        preds = [a * b + c for b in bs]
-        rel = [(t - p) / t for t, p in zip(ts, preds, strict=True)]
-        scale = max(robust_scale(rel), MIN_SCALE)
+        rel = [(t - (a * b + c)) / t for b, t in zip(bs, ts, strict=True)]
         w = [wi * _huber_weight(r, scale) for wi, r in zip(weights, rel, strict=True)]
         a_new, c_new = _weighted_line(bs, ts, w)
         if abs(a_new - a) <= 1e-12 * abs(a) and abs(c_new - c) <= 1e-12 * max(abs(c), 1e-9):
@@ -166,6 +173,19 @@ def _fixed_cost(
     if a <= 0:
         return None  # a slope this wrong is noise or drift, not a measurement of c
     return max(c, 0.0)
+
+
+def _theil_sen(bs: Sequence[float], ts: Sequence[float]) -> tuple[float, float]:
+    slopes = [
+        (ts[j] - ts[i]) / (bs[j] - bs[i])
+        for i in range(len(bs))
+        for j in range(i + 1, len(bs))
+        if bs[j] != bs[i]
+    ]
+    if not slopes:
+        return _weighted_line(bs, ts, [1.0] * len(bs))
+    a = _median(slopes)
+    return a, _median([t - a * b for b, t in zip(bs, ts, strict=True)])
 
 
 def _huber_weight(residual: float, scale: float) -> float:

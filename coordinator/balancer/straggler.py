@@ -198,7 +198,7 @@ def predict_exclusion(
     )
     gain = without_tp / with_tp - 1.0
     worthwhile = gain > min_gain
-    verdict = "would raise" if gain > 0 else "would lower"
+    verdict = "would raise" if gain > 0 else "would lower" if gain < 0 else "would not change"
     return ExclusionForecast(
         rank,
         with_tp,
