@@ -35,7 +35,7 @@ lint: $(STAMP)  ## ruff
 	@$(BIN)/ruff format --check .
 
 typecheck: $(STAMP)  ## mypy --strict on the packages
-	@$(BIN)/mypy hetero coordinator trainer
+	@$(BIN)/mypy hetero coordinator trainer bench
 
 check: lint typecheck test  ## everything CI should care about
 
