@@ -4,6 +4,9 @@ Nothing here imports grpc, torch or sqlalchemy: the trainer embeds this package
 in every training process and the coordinator runs the same code.
 """
 
+from hetero.coordinator.balancer.changepoint import Regime, find_regimes
+from hetero.coordinator.balancer.decision import Decision, Policy
+from hetero.coordinator.balancer.dynamic import Dynamic, Hybrid
 from hetero.coordinator.balancer.model import (
     StepModel,
     equal_time_plan,
@@ -11,16 +14,22 @@ from hetero.coordinator.balancer.model import (
     predict_step_s,
 )
 from hetero.coordinator.balancer.plan import Batches, Constraints, equal_batches, round_to_plan
-from hetero.coordinator.balancer.policies import (
-    POLICIES,
-    Decision,
-    Dynamic,
-    Equal,
-    Policy,
-    Proportional,
-    make_policy,
+from hetero.coordinator.balancer.policies import POLICIES, Equal, Proportional, make_policy
+from hetero.coordinator.balancer.robust_fit import RankFit, fit_rank
+from hetero.coordinator.balancer.stats import (
+    DeviceProfile,
+    History,
+    Interval,
+    RankInterval,
+    estimate_comm_s,
 )
-from hetero.coordinator.balancer.stats import DeviceProfile, History, Interval, RankInterval
+from hetero.coordinator.balancer.straggler import (
+    ExclusionForecast,
+    StragglerDetector,
+    StragglerEvidence,
+    detect_stragglers,
+    predict_exclusion,
+)
 
 __all__ = [
     "POLICIES",
@@ -30,16 +39,27 @@ __all__ = [
     "DeviceProfile",
     "Dynamic",
     "Equal",
+    "ExclusionForecast",
     "History",
+    "Hybrid",
     "Interval",
     "Policy",
     "Proportional",
+    "RankFit",
     "RankInterval",
+    "Regime",
     "StepModel",
+    "StragglerDetector",
+    "StragglerEvidence",
+    "detect_stragglers",
     "equal_batches",
     "equal_time_plan",
+    "estimate_comm_s",
+    "find_regimes",
+    "fit_rank",
     "fit_step_model",
     "make_policy",
+    "predict_exclusion",
     "predict_step_s",
     "round_to_plan",
 ]

@@ -68,9 +68,14 @@ def fit_step_model(
     return StepModel(max(num / den, 1e-12) if den > 0 else 1e-12, 0.0)
 
 
-def predict_step_s(models: Sequence[StepModel], batches: Sequence[int]) -> float:
-    """Predicted compute-only step time of a plan: the slowest rank's time."""
-    return max(m.time(b) for m, b in zip(models, batches, strict=True))
+def predict_step_s(
+    models: Sequence[StepModel], batches: Sequence[int], *, comm_s: float = 0.0
+) -> float:
+    """Predicted step time of a plan in seconds: the slowest rank's compute plus ``comm_s``.
+
+    With the default ``comm_s = 0`` this is the compute-only step time.
+    """
+    return max(m.time(b) for m, b in zip(models, batches, strict=True)) + comm_s
 
 
 def equal_time_plan(models: Sequence[StepModel], constraints: Constraints) -> Batches:

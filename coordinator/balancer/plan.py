@@ -23,14 +23,24 @@ class Constraints:
 
     ``max_batch`` holds one memory cap per rank (``None`` = unbounded); a cap
     comes from measured peak bytes per sample against the device's memory.
+
+    ``comm_s`` is the per-step time, in seconds, that every rank spends after
+    its own compute: the exposed (not overlapped) all-reduce plus anything else
+    the whole job waits for. It delays every rank equally, so it never moves the
+    equal-time split; it does enter predicted step times, throughput, the
+    dead-band's relative threshold and exclusion forecasts. ``0.0`` (the
+    default) leaves predictions compute-only.
     """
 
     global_batch: int
     world_size: int
     min_batch: int = 1
     max_batch: tuple[int | None, ...] | None = None
+    comm_s: float = 0.0
 
     def __post_init__(self) -> None:
+        if not (math.isfinite(self.comm_s) and self.comm_s >= 0.0):
+            raise PlanError(f"comm_s must be a finite number of seconds >= 0, got {self.comm_s}")
         if self.world_size < 1:
             raise PlanError(f"world_size must be >= 1, got {self.world_size}")
         if self.min_batch < 1:

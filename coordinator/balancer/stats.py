@@ -41,3 +41,24 @@ class DeviceProfile:
     compute_score: float
     memory_bytes: int | None = None
     emulated_slowdown: float = 1.0
+
+
+def estimate_comm_s(history: History, window: int = 8) -> float:
+    """Per-step time outside every rank's compute, seconds: a value for ``Constraints.comm_s``.
+
+    Each interval's wall step time minus its slowest rank's compute time is
+    what the whole job waited for after compute (exposed all-reduce, optimizer,
+    data loading). The median over the newest ``window`` intervals that report
+    ``step_s`` resists one slow interval; 0.0 when none reports it.
+    """
+    gaps = []
+    for iv in list(history[-window:]):
+        measured = [ri for ri in iv if ri.steps > 0 and ri.step_s > 0]
+        if measured:
+            step_s = max(ri.step_s for ri in measured)
+            gaps.append(max(step_s - max(ri.compute_s for ri in measured), 0.0))
+    if not gaps:
+        return 0.0
+    gaps.sort()
+    m = len(gaps) // 2
+    return gaps[m] if len(gaps) % 2 else 0.5 * (gaps[m - 1] + gaps[m])

@@ -1,0 +1,46 @@
+"""What every policy returns, and the protocol every policy follows."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from hetero.coordinator.balancer.model import StepModel
+from hetero.coordinator.balancer.plan import Batches, Constraints
+from hetero.coordinator.balancer.stats import DeviceProfile, History
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A policy's answer: the plan for the next interval and why.
+
+    ``predicted_step_s`` is the fitted models' step time for ``batches``, in
+    seconds, including ``Constraints.comm_s``; ``None`` when nothing is fitted.
+    """
+
+    batches: Batches
+    changed: bool
+    reason: str
+    predicted_step_s: float | None = None
+    models: tuple[StepModel, ...] = field(default=(), compare=False)
+
+
+class Policy(Protocol):
+    """A stateless balancer: the caller keeps the history and passes it in whole."""
+
+    # Read-only, so frozen dataclasses (whose fields cannot be set) satisfy it.
+    @property
+    def name(self) -> str: ...
+
+    def initial(
+        self, constraints: Constraints, profiles: Sequence[DeviceProfile] | None = None
+    ) -> Batches: ...
+
+    def next_plan(
+        self,
+        history: History,
+        current: Batches,
+        constraints: Constraints,
+        profiles: Sequence[DeviceProfile] | None = None,
+    ) -> Decision: ...
