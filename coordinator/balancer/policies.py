@@ -22,35 +22,6 @@ from hetero.coordinator.balancer.plan import Batches, Constraints, equal_batches
 from hetero.coordinator.balancer.stats import DeviceProfile, History
 from hetero.errors import ConfigError
 
-<<<<<<< HEAD
-
-@dataclass(frozen=True)
-class Decision:
-    """A policy's answer: the plan for the next interval and why."""
-
-    batches: Batches
-    changed: bool
-    reason: str
-    predicted_step_s: float | None = None
-    models: tuple[StepModel, ...] = field(default=(), compare=False)
-
-
-class Policy(Protocol):
-    @property
-    def name(self) -> str: ...
-
-    def initial(
-        self, constraints: Constraints, profiles: Sequence[DeviceProfile] | None = None
-    ) -> Batches: ...
-
-    def next_plan(
-        self,
-        history: History,
-        current: Batches,
-        constraints: Constraints,
-        profiles: Sequence[DeviceProfile] | None = None,
-    ) -> Decision: ...
-=======
 __all__ = [
     "POLICIES",
     "Decision",
@@ -61,7 +32,6 @@ __all__ = [
     "Proportional",
     "make_policy",
 ]
->>>>>>> balancer
 
 
 def _proportional_to_profiles(
