@@ -121,6 +121,12 @@ def print_summary(summary: dict[str, Any]) -> None:
     t.add_row("ideal", rate(summary["ideal_samples_per_s"]))
     pct = summary["pct_of_ideal"]
     t.add_row("% of ideal", f"{pct:.1f}%" if pct is not None else "n/a")
+    if summary.get("side_by_side_samples_per_s"):
+        t.add_row(
+            "ranks side by side, no sync",
+            f"{rate(summary['side_by_side_samples_per_s'])} "
+            f"(job reaches {summary['pct_of_side_by_side']:.1f}%)",
+        )
     t.add_row("final plan", str(summary["final_plan"]))
     t.add_row("plan changes", str(summary["plan_changes"]))
     t.add_row(
@@ -175,11 +181,24 @@ def _launch(args: argparse.Namespace, argv: list[str]) -> int:
 
     log_dir = Path(args.output_dir) / "logs" if args.output_dir else None
     cmd = [sys.executable, "-m", "hetero.trainer.cli", *argv]
-    code = launch_local(cmd, args.nproc, log_dir=log_dir)
-    if code != 0:
-        print(f"error: hetero-train failed (a rank exited with status {code})", file=sys.stderr)
-    return code
+    return launch_local(cmd, args.nproc, log_dir=log_dir)
+
+
+def _exit_launched(code: int) -> None:
+    """Leave a launched rank without interpreter teardown.
+
+    Everything is written and flushed by now. Tearing down torch.distributed's
+    C++ threads during interpreter finalization occasionally aborts a Gloo rank
+    ("terminate called without an active exception"), which would turn a
+    finished run into a failure; ``os._exit`` skips that teardown.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    if os.environ.get("HETERO_LAUNCHED") == "1" or "TORCHELASTIC_RUN_ID" in os.environ:
+        _exit_launched(status)
+    sys.exit(status)

@@ -22,6 +22,7 @@ every rank at the same step.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import resource
@@ -215,6 +216,8 @@ class Context:
         if self.world_size == 1:
             return model
         if sync_batchnorm:
+            if self.device.type != "cuda":
+                raise ConfigError("sync_batchnorm needs CUDA ranks (PyTorch's SyncBatchNorm)")
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         ddp = DistributedDataParallel(model, device_ids=device_ids, **ddp_kwargs)
@@ -299,9 +302,19 @@ class Context:
 
     # -- the step ---------------------------------------------------------------------
     def backward(self, loss: torch.Tensor) -> None:
-        """``loss.backward()`` with timing; ``loss`` is this rank's mean over its batch."""
+        """``loss.backward()`` with timing; ``loss`` is this rank's mean over its batch.
+
+        The loss is scaled by ``b_i/B`` and the comm hook then only sums, so the
+        objective is the global mean loss even when gradients of one rank
+        depend on other ranks' samples (SyncBatchNorm). A loop that calls
+        ``loss.backward()`` itself still gets exact gradients for models
+        without cross-rank layers: the hook applies ``b_i/B`` instead.
+        """
         self._last_loss = loss.detach()
-        loss.backward()
+        sizes = self._step_sizes
+        share = sizes[self.rank] / sum(sizes) if sizes else 1.0
+        self.weighting.scale = 1.0
+        (loss * share).backward()
         if not self._ddp:
             self._on_grads_ready()
         self.clock.mark("bwd_end")
@@ -459,9 +472,16 @@ class Context:
             dist.barrier()
 
     def close(self) -> None:
-        """Flush metrics and leave the process group."""
+        """Flush metrics and leave the process group.
+
+        The barrier first makes sure no collective is still in flight: Gloo's
+        worker threads holding pending work at teardown can abort the process.
+        """
         self.metrics.close()
         if self.world_size > 1 and dist.is_initialized():
+            # A peer that is already gone makes the barrier fail: just leave.
+            with contextlib.suppress(RuntimeError):
+                dist.barrier()
             dist.destroy_process_group()
 
 

@@ -10,6 +10,12 @@ scales rank ``i``'s bucket by ``b_i / B`` before an all-reduce *sum*:
 which is exactly the gradient of the mean loss over the global batch, for any
 plan. With ``b_i = B/W`` the scale is ``1/W``, the same as plain DDP.
 
+``Context.backward`` scales the loss by ``b_i/B`` instead and sets the hook's
+scale to 1: the same sum for ordinary layers, and still exact for layers that
+mix ranks in backward (SyncBatchNorm all-reduces gradient statistics, so a
+rank's gradient then carries terms of every rank's loss, and those must
+already be weighted).
+
 The hook also marks ``grads_ready`` on the step clock when DDP hands it the
 last bucket (every gradient has been computed by then) and applies an emulated
 slowdown there, so a slow rank delays the all-reduce as a slow device would.

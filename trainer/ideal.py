@@ -83,6 +83,7 @@ def measure_standalone(
     *,
     steps: int,
     seed: int,
+    concurrent: bool = False,
 ) -> list[float]:
     """Every rank's standalone samples/s at its batch in ``plan``, on every rank."""
     mine = 0.0

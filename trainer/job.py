@@ -188,6 +188,7 @@ def _train(ctx: Context, cfg: JobConfig) -> dict[str, Any] | None:
 
     final_plan = ctx.plan
     standalone: list[float] = []
+    side_by_side: list[float] = []
     if cfg.ideal_steps > 0:
 
         def fresh_copy() -> nn.Module:
@@ -205,9 +206,21 @@ def _train(ctx: Context, cfg: JobConfig) -> dict[str, Any] | None:
             steps=cfg.ideal_steps,
             seed=cfg.seed,
         )
+        if ctx.device.type == "cpu" and ctx.world_size > 1:
+            side_by_side = measure_standalone(
+                ctx,
+                fresh_copy,
+                optimizer,
+                dataset,
+                loss_fn,
+                final_plan,
+                steps=cfg.ideal_steps,
+                seed=cfg.seed,
+                concurrent=True,
+            )
     if ctx.rank != 0:
         return None
-    return summarize(ctx, cfg, start_step, train_wall_s, final_plan, standalone)
+    return summarize(ctx, cfg, start_step, train_wall_s, final_plan, standalone, side_by_side)
 
 
 def summarize(
@@ -217,6 +230,7 @@ def summarize(
     train_wall_s: float,
     final_plan: tuple[int, ...],
     standalone: list[float],
+    side_by_side: list[float] | None = None,
 ) -> dict[str, Any]:
     """The run's result: throughput (whole run and steady state), plan, ideal, emulation."""
     intervals = ctx.summaries
@@ -265,6 +279,9 @@ def summarize(
         ),
         "standalone_samples_per_s": standalone,
         "pct_of_ideal": 100.0 * steady / ideal if ideal else None,
+        # CPU only: the ranks measured at the same time, sharing the host's cores.
+        "side_by_side_samples_per_s": sum(side_by_side) if side_by_side else None,
+        "pct_of_side_by_side": 100.0 * steady / sum(side_by_side) if side_by_side else None,
         "loss_first": losses[0] if losses else None,
         "loss_last": losses[-1] if losses else None,
         "interval_losses": losses,

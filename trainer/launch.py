@@ -55,7 +55,10 @@ def launch_local(
     log_dir: Path | None = None,
     timeout_s: float | None = None,
 ) -> int:
-    """Run ``argv`` as ``nproc`` ranks; return 0 if all succeed, else the first failure's code."""
+    """Run ``argv`` as ``nproc`` ranks; return 0 if all succeed, else the first failure's code.
+
+    A failure is reported on standard error as one line naming the rank.
+    """
     port = free_port()
     threads = max(1, (os.cpu_count() or 1) // nproc)
     procs: list[subprocess.Popen[bytes]] = []
@@ -88,11 +91,13 @@ def _wait(procs: list[subprocess.Popen[bytes]], timeout_s: float | None) -> int:
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         codes = [p.poll() for p in procs]
-        failed = [c for c in codes if c not in (None, 0)]
+        failed = [(rank, c) for rank, c in enumerate(codes) if c not in (None, 0)]
         if failed:
             _stop(procs)
-            code = failed[0]
-            return code if code > 0 else 128 - code  # killed by a signal: 128 + signum
+            rank, code = failed[0]
+            code = code if code > 0 else 128 - code  # killed by a signal: 128 + signum
+            print(f"error: rank {rank} exited with status {code}", file=sys.stderr)
+            return code
         if all(c == 0 for c in codes):
             return 0
         if deadline is not None and time.monotonic() > deadline:
