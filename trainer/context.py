@@ -26,6 +26,7 @@ import contextlib
 import logging
 import os
 import resource
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -60,6 +61,8 @@ from hetero.trainer.sampler import UnevenBatchSampler
 from hetero.trainer.timing import StepClock, StepTimes
 
 log = logging.getLogger("hetero.trainer")
+#: HETERO_DEBUG_TIMING=1 logs every step's phase times at each interval boundary.
+_DEBUG_TIMING = os.environ.get("HETERO_DEBUG_TIMING") == "1"
 
 
 @dataclass(frozen=True)
@@ -249,7 +252,7 @@ class Context:
         num_workers: int = 0,
         prefetch_factor: int = 2,
         drop_last: bool = False,
-        pin_memory: bool = False,
+        pin_memory: bool | None = None,
     ) -> HeteroLoader:
         """This rank's share of each global batch of ``global_batch`` samples.
 
@@ -278,7 +281,7 @@ class Context:
             sampler,
             num_workers=num_workers,
             prefetch_factor=prefetch_factor,
-            pin_memory=pin_memory,
+            pin_memory=self.device.type == "cuda" if pin_memory is None else pin_memory,
         )
         return self._loader
 
@@ -374,7 +377,11 @@ class Context:
 
     def _rebalance(self) -> None:
         loader = self._require_loader()
-        mine = self._summarize(self.clock.resolve())
+        times = self.clock.resolve()
+        if _DEBUG_TIMING:
+            for t in times:
+                print(f"rank {self.rank} step timing {t}", file=sys.stderr, flush=True)
+        mine = self._summarize(times)
         try:
             summaries = all_gather_summaries(mine, self.world_size, self.device)
         except RuntimeError as exc:

@@ -105,7 +105,15 @@ class StepClock:
                 StepTimes(
                     step=step,
                     batch=batch,
-                    data_s=max(host["fwd_begin"] - host["prev_end"], 0.0),
+                    # On CUDA the host waits for the GPU in many places, so host
+                    # time before the forward is not input time: use the GPU's
+                    # idle gap between the previous step's end and this forward.
+                    data_s=max(
+                        t["fwd_begin"] - t["prev_end"]
+                        if self.cuda and "prev_end" in events
+                        else host["fwd_begin"] - host["prev_end"],
+                        0.0,
+                    ),
                     forward_s=t["fwd_end"] - t["fwd_begin"],
                     backward_s=t["grads_ready"] - t["fwd_end"],
                     comm_s=t["bwd_end"] - t["grads_ready"],

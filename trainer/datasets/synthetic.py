@@ -47,5 +47,10 @@ class SyntheticImages(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         if key not in self._device_cache:
             self._device_cache[key] = (self.images.to(device), self.bank_labels.to(device))
         images, labels = self._device_cache[key]
-        idx = torch.tensor(indices, dtype=torch.long).remainder_(self.bank_size).to(device)
+        idx = torch.tensor(indices, dtype=torch.long).remainder_(self.bank_size)
+        if device.type == "cuda":
+            # Pinned + non_blocking: a pageable copy would make the host wait for
+            # the previous step's kernels, so it could never run ahead. The
+            # caching host allocator keeps the buffer alive until the copy is done.
+            idx = idx.pin_memory().to(device, non_blocking=True)
         return images.index_select(0, idx), labels.index_select(0, idx)
