@@ -1,6 +1,11 @@
 """Rank worker: K optimizer steps with uneven, changing plans; rank 0 saves the parameters.
 
-Usage: equivalence.py OUT_PATH MODE   (MODE: scripted | dynamic | syncbn | plainbackward)
+Usage: equivalence.py OUT_PATH MODE
+  scripted       plans set by hand: uneven from step 0, changed at steps 5 and 9
+  dynamic        the dynamic policy, rank 2 emulated 4x slower
+  workers        dynamic, through a DataLoader with 2 worker processes (prefetching)
+  plainbackward  scripted, but the loop calls loss.backward() itself
+  syncbn         scripted, with BatchNorm converted to SyncBatchNorm (CUDA ranks)
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ import sys
 
 import torch
 from torch import nn
+from torch.utils.data import Dataset
 
 from hetero import trainer as ht
 from hetero.trainer.datasets import SyntheticImages
@@ -16,6 +22,19 @@ from hetero.trainer.models.vision import DebugNet
 
 STEPS = 12
 GLOBAL_BATCH = 24
+
+
+class ItemsOnly(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """The same samples without ``get_batch``: forces the DataLoader path."""
+
+    def __init__(self, inner: SyntheticImages) -> None:
+        self.inner = inner
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.inner[i]
 
 
 class BNNet(nn.Module):
@@ -41,15 +60,19 @@ def main() -> None:
     out, mode = sys.argv[1], sys.argv[2]
     model = build(mode)
     ctx = ht.init(
-        "dynamic" if mode == "dynamic" else "equal",
+        "dynamic" if mode in ("dynamic", "workers") else "equal",
         rebalance_interval=3,
-        emulate_slowdown="2:4" if mode == "dynamic" else None,
+        emulate_slowdown="2:4" if mode in ("dynamic", "workers") else None,
         warmup_steps=0,
     )
     ddp = ctx.wrap(model, sync_batchnorm=mode == "syncbn")
     opt = torch.optim.SGD(ddp.parameters(), lr=0.5, momentum=0.9)
-    loader = ctx.loader(SyntheticImages(240, 8, 10, seed=1), GLOBAL_BATCH, seed=5)
-    if mode != "dynamic":
+    data = SyntheticImages(240, 8, 10, seed=1)
+    if mode == "workers":
+        loader = ctx.loader(ItemsOnly(data), GLOBAL_BATCH, seed=5, num_workers=2)
+    else:
+        loader = ctx.loader(data, GLOBAL_BATCH, seed=5)
+    if mode not in ("dynamic", "workers"):
         # Identical calls on every rank: uneven from the start, changed mid-run twice.
         ctx.set_plan((14, 7, 3), 0)
         ctx.set_plan((2, 5, 17), 5)
