@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hetero.coordinator.balancer import POLICIES
-from hetero.errors import HeteroError
+from hetero.errors import ConfigError, HeteroError
 from hetero.trainer.datasets import DATASETS
 from hetero.trainer.models import MODELS
 
@@ -181,7 +181,21 @@ def _launch(args: argparse.Namespace, argv: list[str]) -> int:
 
     log_dir = Path(args.output_dir) / "logs" if args.output_dir else None
     cmd = [sys.executable, "-m", "hetero.trainer.cli", *argv]
-    return launch_local(cmd, args.nproc, log_dir=log_dir)
+    return launch_local(
+        cmd, args.nproc, log_dir=log_dir, extra_env={"HETERO_BACKEND": _backend_for(args)}
+    )
+
+
+def _backend_for(args: argparse.Namespace) -> str:
+    """One backend for all local ranks: NCCL only if every rank gets its own GPU."""
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if args.device == "cuda" and gpus < args.nproc:
+        raise HeteroError(
+            f"--device cuda with --nproc {args.nproc} needs {args.nproc} GPUs, found {gpus}"
+        )
+    return "nccl" if args.device != "cpu" and gpus >= args.nproc else "gloo"
 
 
 def _exit_launched(code: int) -> None:

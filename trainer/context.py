@@ -136,6 +136,25 @@ def _pick_device(choice: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def _default_backend(device: torch.device) -> str:
+    """NCCL only when every rank can be on CUDA, else Gloo; all ranks must agree.
+
+    A launcher that knows the whole job (``hetero-train --nproc``, an agent, the
+    coordinator) says so in ``HETERO_BACKEND``. Otherwise this rank infers it
+    from its own node: NCCL if it is on CUDA and the node has a GPU for every
+    local rank, so a node mixing GPU and CPU ranks picks Gloo on every rank.
+    """
+    chosen = os.environ.get("HETERO_BACKEND")
+    if chosen:
+        if chosen not in ("gloo", "nccl"):
+            raise ConfigError(f"HETERO_BACKEND must be gloo or nccl, got {chosen!r}")
+        return chosen
+    local_world = _env_int("LOCAL_WORLD_SIZE", 1)
+    if device.type == "cuda" and torch.cuda.device_count() >= local_world:
+        return "nccl"
+    return "gloo"
+
+
 class Context:
     """One training process's view of a hetero job. Create it with :func:`init`."""
 
@@ -157,7 +176,9 @@ class Context:
             raise ConfigError("emulated slowdown is for CPU ranks; on GPUs use real load")
         self.emulated = bool(self.slowdowns)
         self.profiles = profiles
-        self.backend = config.backend or ("nccl" if self.device.type == "cuda" else "gloo")
+        self.backend = config.backend or _default_backend(self.device)
+        if self.backend == "nccl" and self.device.type != "cuda":
+            raise ConfigError(f"rank {self.rank} has no GPU but the job's backend is NCCL")
         if self.world_size > 1 and not dist.is_initialized():
             try:
                 dist.init_process_group(
