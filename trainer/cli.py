@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config_from_args(args)
         if args.nproc < 1:
-            raise HeteroError(f"--nproc must be >= 1, got {args.nproc}")
+            raise ConfigError(f"--nproc must be >= 1, got {args.nproc}")
         launched = "WORLD_SIZE" in os.environ and "RANK" in os.environ
         if args.nproc > 1 and not launched:
             return _launch(args, argv if argv is not None else sys.argv[1:])
@@ -192,7 +192,7 @@ def _backend_for(args: argparse.Namespace) -> str:
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if args.device == "cuda" and gpus < args.nproc:
-        raise HeteroError(
+        raise ConfigError(
             f"--device cuda with --nproc {args.nproc} needs {args.nproc} GPUs, found {gpus}"
         )
     return "nccl" if args.device != "cpu" and gpus >= args.nproc else "gloo"
