@@ -136,6 +136,7 @@ def _under_control_plane(cluster: LocalCluster, steps: int) -> dict[str, Any]:
 def overhead(steps: int, repeats: int) -> dict[str, Any]:
     alone: list[float] = []
     under: list[float] = []
+    rpc_per_step: list[float] = []
     with tempfile.TemporaryDirectory(prefix="hetero-overhead-") as tmp:
         agents = [AgentSpec("node-a"), AgentSpec("node-b")]
         with LocalCluster(Path(tmp) / "cluster", agents) as cluster:
@@ -144,6 +145,7 @@ def overhead(steps: int, repeats: int) -> dict[str, Any]:
                 alone.append(s["train_wall_s"] / s["steps"])
                 s = _under_control_plane(cluster, steps)
                 under.append(s["train_wall_s"] / s["steps"])
+                rpc_per_step.append(s["control_plane"]["total_s"] / s["steps"])
     a, u = statistics.median(alone), statistics.median(under)
     return {
         "s_per_step_alone": alone,
@@ -151,6 +153,8 @@ def overhead(steps: int, repeats: int) -> dict[str, Any]:
         "median_alone_ms": a * 1e3,
         "median_under_ms": u * 1e3,
         "ratio_under_over_alone": u / a,
+        # Measured inside rank 0: seconds per step spent waiting for the agent's answers.
+        "rank0_plan_calls_ms_per_step": [x * 1e3 for x in rpc_per_step],
     }
 
 

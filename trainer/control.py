@@ -127,6 +127,17 @@ class AgentPlanner:
             self._stub = agent_pb2_grpc.AgentLocalStub(self._channel)  # type: ignore[no-untyped-call, unused-ignore]
         return self._stub
 
+    def stats(self) -> dict[str, float | int]:
+        """Rank 0's time in the control plane: answered calls, their p50/max and total, in s."""
+        lat = sorted(self.latencies_s)
+        return {
+            "calls": len(lat),
+            "failures": self.failures,
+            "p50_s": lat[len(lat) // 2] if lat else 0.0,
+            "max_s": lat[-1] if lat else 0.0,
+            "total_s": sum(lat),
+        }
+
     def close(self) -> None:
         if self._channel is not None:
             self._channel.close()
