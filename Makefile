@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.hetero-installed
 PY     ?= 3.12
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv demo test test-fast lint typecheck check proto wheelhouse clean
+.PHONY: help venv demo demo-embedded test test-fast lint typecheck check proto wheelhouse clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -21,7 +21,10 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)  ## create .venv and install hetero in editable mode
 
-demo: $(STAMP)  ## run the heterogeneous demo job on this machine (CPU, emulated slowdown)
+demo: $(STAMP)  ## coordinator + 3 agents on this machine run equal vs dynamic (CPU, emulated slowdown)
+	@$(BIN)/python -m hetero.demo
+
+demo-embedded: $(STAMP)  ## the same comparison with hetero-train alone (no control plane)
 	@$(BIN)/python -m hetero.trainer.demo
 
 test: $(STAMP)  ## run the whole test suite

@@ -184,6 +184,21 @@ def place(spec: JobSpec, devices: Sequence[DeviceSlot], master_port: int) -> Pla
     )
 
 
+@dataclass(frozen=True)
+class InitialPlan:
+    policy: str
+    batches: Batches
+    reason: str
+
+
+def initial_plan(spec: JobSpec, placement: Placement) -> InitialPlan:
+    """The job's first plan: the proportional split from hardware profiles, except that
+    an ``equal`` job starts (and stays) equal, so it remains the plain-DDP baseline."""
+    if spec.policy == "equal":
+        return InitialPlan("equal", equal_batches(constraints(spec)), "equal split (plain DDP)")
+    return InitialPlan("proportional", placement.plan, "initial plan from hardware profiles")
+
+
 def constraints(spec: JobSpec) -> Constraints:
     return Constraints(spec.global_batch, spec.world_size, spec.min_batch)
 

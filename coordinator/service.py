@@ -37,6 +37,8 @@ Handler = Callable[[Any, Req, grpc.ServicerContext], Resp]
 
 #: Finished jobs stay in WatchCluster snapshots this long, in seconds.
 WATCH_FINISHED_JOBS_S = 3600.0
+#: Largest Probe reply, in bytes: below gRPC's default 4 MiB message limit.
+MAX_PROBE_BYTES = 4 * 1024 * 1024 - 1024
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,15 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
                 now=self.deps.clock(),
             )
             node_id = node.id
-        log.info("node %s registered as %s with %d devices", req.name, node_id, len(indexes))
+        emulated = {d.emulated_slowdown for d in req.devices if d.emulated_slowdown > 1.0}
+        log.info(
+            "node %s registered as %s with %d devices%s%s",
+            req.name,
+            node_id,
+            len(indexes),
+            f", EMULATED slowdown {max(emulated):g}x" if emulated else "",
+            _host_summary(req.host) if req.HasField("host") else "",
+        )
         return pb.RegisterNodeResponse(
             node_id=node_id,
             heartbeat_interval_s=self.deps.heartbeat_interval_s,
@@ -179,6 +189,12 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
             store.append_logs(s, req.job_id, wire.log_rows(req, self.deps.clock()))
         return pb.AppendJobLogsResponse()
 
+    @rpc
+    def Probe(self, req: pb.ProbeRequest, context: grpc.ServicerContext) -> pb.ProbeResponse:
+        if not 0 <= req.reply_bytes <= MAX_PROBE_BYTES:
+            raise _invalid(f"reply_bytes must be in [0, {MAX_PROBE_BYTES}]")
+        return pb.ProbeResponse(payload=bytes(req.reply_bytes))
+
     # ---- trainers (through their agent) -------------------------------------
 
     @rpc
@@ -205,7 +221,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
                 result = rebalance.replan(
                     job.policy,
                     history,
-                    store.plan_batches(plan),
+                    _running_plan(req, job) or store.plan_batches(plan),
                     constraints,
                     profiles,
                     req.end_step,
@@ -346,6 +362,28 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
                 or now - j.finished_at_unix_s < WATCH_FINISHED_JOBS_S
             ]
             return pb.ClusterSnapshot(time_unix_s=now, nodes=self._nodes(s), jobs=jobs)
+
+
+def _running_plan(req: tpb.IntervalReport, job: JobRow) -> tuple[int, ...] | None:
+    """The batches the ranks actually ran in the reported interval, if they form a plan.
+
+    A trainer that lost its agent for a while re-plans on its own; comparing the
+    next plan with what it really runs (not the last stored plan) keeps the two in step.
+    """
+    batches = tuple(r.batch for r in sorted(req.ranks, key=lambda r: r.rank))
+    valid = len(batches) == job.world_size and all(b >= job.min_batch for b in batches)
+    return batches if valid and sum(batches) == job.global_batch else None
+
+
+def _host_summary(host: tpb.HostProfile) -> str:
+    parts = [f"{host.cpu_count} CPUs"] if host.cpu_count else []
+    if host.HasField("cpu_gflops"):
+        parts.append(f"{host.cpu_gflops:.0f} CPU GFLOP/s")
+    if host.HasField("network_rtt_s"):
+        parts.append(f"rtt {host.network_rtt_s * 1e3:.2f} ms")
+    if host.HasField("network_bytes_per_s"):
+        parts.append(f"{host.network_bytes_per_s / 1e6:.0f} MB/s to here")
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def _check_report(req: tpb.IntervalReport, job: JobRow) -> None:

@@ -28,7 +28,7 @@ from hetero.coordinator.models import (
     RankRow,
     TelemetryRow,
 )
-from hetero.coordinator.placement import DeviceSlot, Placement
+from hetero.coordinator.placement import DeviceSlot, Placement, initial_plan
 from hetero.errors import HeteroError
 
 
@@ -210,9 +210,8 @@ def create_job(
     ]
     s.add(job)
     s.flush()
-    add_plan(
-        s, job.id, placement.plan, 0, "proportional", "initial plan from hardware profiles", now=now
-    )
+    first = initial_plan(spec, placement)
+    add_plan(s, job.id, first.batches, 0, first.policy, first.reason, now=now)
     emulated = " (emulated slowdown)" if placement.emulated else ""
     add_event(
         s,
@@ -273,6 +272,10 @@ def set_rank_status(
         job.message = message or job.message
         if job.state in lifecycle.FINISHED:
             job.finished_at_unix_s = now
+        if job.state == lifecycle.FAILED:
+            # The survivors would block in a collective until its timeout: stop them.
+            for other in job.ranks:
+                other.state = lifecycle.rank_state_after_cancel(other.state)
         text = f"job {job.name} {job.state.lower()}" + (f": {message}" if message else "")
         add_event(s, f"job_{job.state.lower()}", text, job_id=job_id, now=now)
     return job

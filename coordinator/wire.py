@@ -196,6 +196,7 @@ def job_message(
 
 def dry_run_job(spec: JobSpec, spec_yaml: str, placed: placement_mod.Placement) -> pb.Job:
     """The job a submit would create, without storing it."""
+    first = placement_mod.initial_plan(spec, placed)
     return pb.Job(
         name=spec.name,
         state=pb.JOB_STATE_UNSPECIFIED,
@@ -223,9 +224,9 @@ def dry_run_job(spec: JobSpec, spec_yaml: str, placed: placement_mod.Placement) 
         plan=tpb.Plan(
             version=1,
             apply_at_step=0,
-            batches=list(placed.plan),
-            policy="proportional",
-            reason="initial plan from hardware profiles",
+            batches=list(first.batches),
+            policy=first.policy,
+            reason=first.reason,
         ),
     )
 

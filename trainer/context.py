@@ -47,6 +47,7 @@ from hetero.coordinator.balancer import (
     make_policy,
 )
 from hetero.errors import ConfigError, DistributedError
+from hetero.trainer import control
 from hetero.trainer.emulation import Slowdown, emulate_wait, parse_slowdowns
 from hetero.trainer.exchange import (
     EmbeddedPlanner,
@@ -166,7 +167,9 @@ class Context:
         if not 0 <= self.rank < self.world_size:
             raise ConfigError(f"RANK={self.rank} outside WORLD_SIZE={self.world_size}")
         self.device = _pick_device(config.device, self.local_rank)
-        self.slowdowns: dict[int, Slowdown] = parse_slowdowns(config.emulate_slowdown)
+        # Under an agent a user script's emulated slowdown arrives in the environment.
+        slowdown_spec = config.emulate_slowdown or control.emulated_slowdown_from_env(self.rank)
+        self.slowdowns: dict[int, Slowdown] = parse_slowdowns(slowdown_spec)
         bad = [r for r in self.slowdowns if r >= self.world_size]
         if bad:
             raise ConfigError(
@@ -284,7 +287,9 @@ class Context:
             global_batch, self.world_size, self.config.min_batch, self.config.max_batch
         )
         policy = make_policy(self.config.policy)
-        initial = policy.initial(constraints, self.profiles)
+        # Under an agent every rank starts on the coordinator's plan (same env on all ranks).
+        launched = control.launch_plan(constraints)
+        initial = launched.batches if launched else policy.initial(constraints, self.profiles)
         sampler = UnevenBatchSampler(
             len(dataset),  # type: ignore[arg-type]
             initial,
@@ -294,7 +299,11 @@ class Context:
             drop_last=drop_last,
         )
         if self.planner is None:
-            self.planner = EmbeddedPlanner(policy, constraints, self.profiles)
+            self.planner = control.planner_from_env(
+                EmbeddedPlanner(policy, constraints, self.profiles),
+                constraints,
+                lambda: (self.global_step, self.summaries[-1] if self.summaries else None),
+            )
         self.plans = [PlanRecord(0, 0, initial, f"initial ({policy.name})")]
         self._loader = HeteroLoader(
             self,
@@ -412,6 +421,8 @@ class Context:
         wall_s = time.perf_counter() - self._interval.started_s
         if all(s.steps > 0 for s in summaries):
             self.history.append(tuple(s.to_interval() for s in summaries))
+        # Before deciding: a planner under an agent reports this interval's summaries.
+        self.summaries.append(summaries)
         current = self.plan
         decision: tuple[bool, int, int, tuple[int, ...]] | None = None
         reason = ""
@@ -428,7 +439,6 @@ class Context:
         if changed:
             loader.sampler.set_plan(plan, apply_at)
             self.plans.append(PlanRecord(version, apply_at, plan, reason))
-        self.summaries.append(summaries)
         self.interval_walls.append(wall_s)
         self._write_metrics(summaries, wall_s, changed, plan, apply_at, reason)
         self._interval = _Interval()
@@ -506,6 +516,9 @@ class Context:
         worker threads holding pending work at teardown can abort the process.
         """
         self.metrics.close()
+        close_planner = getattr(self.planner, "close", None)
+        if close_planner is not None:
+            close_planner()
         if self.world_size > 1 and dist.is_initialized():
             # A peer that is already gone makes the barrier fail: just leave.
             with contextlib.suppress(RuntimeError):

@@ -20,6 +20,7 @@ from torch import nn
 from hetero.errors import ConfigError, DistributedError
 from hetero.trainer.checkpoint import load_checkpoint, save_checkpoint
 from hetero.trainer.context import Context, init
+from hetero.trainer.control import AgentPlanner
 from hetero.trainer.datasets import build_dataset
 from hetero.trainer.emulation import format_slowdowns
 from hetero.trainer.ideal import measure_standalone
@@ -285,4 +286,6 @@ def summarize(
         "loss_first": losses[0] if losses else None,
         "loss_last": losses[-1] if losses else None,
         "interval_losses": losses,
+        # Under an agent: rank 0's seconds spent asking for plans (None when embedded).
+        "control_plane": ctx.planner.stats() if isinstance(ctx.planner, AgentPlanner) else None,
     }

@@ -36,18 +36,20 @@ RANK_STATE_EXITED: RankState
 RANK_STATE_STOPPING: RankState
 
 class RegisterNodeRequest(_message.Message):
-    __slots__ = ("name", "address", "agent_endpoint", "agent_version", "devices")
+    __slots__ = ("name", "address", "agent_endpoint", "agent_version", "devices", "host")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     AGENT_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
     name: str
     address: str
     agent_endpoint: str
     agent_version: str
     devices: _containers.RepeatedCompositeFieldContainer[_types_pb2.DeviceProfile]
-    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., agent_endpoint: _Optional[str] = ..., agent_version: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[_types_pb2.DeviceProfile, _Mapping]]] = ...) -> None: ...
+    host: _types_pb2.HostProfile
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., agent_endpoint: _Optional[str] = ..., agent_version: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[_types_pb2.DeviceProfile, _Mapping]]] = ..., host: _Optional[_Union[_types_pb2.HostProfile, _Mapping]] = ...) -> None: ...
 
 class RegisterNodeResponse(_message.Message):
     __slots__ = ("node_id", "heartbeat_interval_s", "heartbeat_timeout_s")
@@ -72,6 +74,20 @@ class HeartbeatRequest(_message.Message):
 class HeartbeatResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class ProbeRequest(_message.Message):
+    __slots__ = ("payload", "reply_bytes")
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    REPLY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    payload: bytes
+    reply_bytes: int
+    def __init__(self, payload: _Optional[bytes] = ..., reply_bytes: _Optional[int] = ...) -> None: ...
+
+class ProbeResponse(_message.Message):
+    __slots__ = ("payload",)
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    payload: bytes
+    def __init__(self, payload: _Optional[bytes] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
     __slots__ = ()

@@ -60,6 +60,11 @@ class CoordinatorStub(object):
                 request_serializer=hetero_dot_v1_dot_coordinator__pb2.AppendJobLogsRequest.SerializeToString,
                 response_deserializer=hetero_dot_v1_dot_coordinator__pb2.AppendJobLogsResponse.FromString,
                 _registered_method=True)
+        self.Probe = channel.unary_unary(
+                '/hetero.v1.Coordinator/Probe',
+                request_serializer=hetero_dot_v1_dot_coordinator__pb2.ProbeRequest.SerializeToString,
+                response_deserializer=hetero_dot_v1_dot_coordinator__pb2.ProbeResponse.FromString,
+                _registered_method=True)
         self.ReportIntervalStats = channel.unary_unary(
                 '/hetero.v1.Coordinator/ReportIntervalStats',
                 request_serializer=hetero_dot_v1_dot_types__pb2.IntervalReport.SerializeToString,
@@ -139,6 +144,13 @@ class CoordinatorServicer(object):
 
     def AppendJobLogs(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Probe(self, request, context):
+        """Network probe for an agent's profile: answers with reply_bytes zero bytes.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -227,6 +239,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.AppendJobLogs,
                     request_deserializer=hetero_dot_v1_dot_coordinator__pb2.AppendJobLogsRequest.FromString,
                     response_serializer=hetero_dot_v1_dot_coordinator__pb2.AppendJobLogsResponse.SerializeToString,
+            ),
+            'Probe': grpc.unary_unary_rpc_method_handler(
+                    servicer.Probe,
+                    request_deserializer=hetero_dot_v1_dot_coordinator__pb2.ProbeRequest.FromString,
+                    response_serializer=hetero_dot_v1_dot_coordinator__pb2.ProbeResponse.SerializeToString,
             ),
             'ReportIntervalStats': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportIntervalStats,
@@ -409,6 +426,33 @@ class Coordinator(object):
             '/hetero.v1.Coordinator/AppendJobLogs',
             hetero_dot_v1_dot_coordinator__pb2.AppendJobLogsRequest.SerializeToString,
             hetero_dot_v1_dot_coordinator__pb2.AppendJobLogsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Probe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hetero.v1.Coordinator/Probe',
+            hetero_dot_v1_dot_coordinator__pb2.ProbeRequest.SerializeToString,
+            hetero_dot_v1_dot_coordinator__pb2.ProbeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -39,6 +39,26 @@ class DeviceProfile(_message.Message):
     emulated_slowdown: float
     def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., kind: _Optional[_Union[DeviceKind, str]] = ..., matmul_tflops: _Optional[float] = ..., memory_bandwidth_bytes_per_s: _Optional[float] = ..., host_to_device_bytes_per_s: _Optional[float] = ..., device_to_host_bytes_per_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., compute_score: _Optional[float] = ..., emulated_slowdown: _Optional[float] = ...) -> None: ...
 
+class HostProfile(_message.Message):
+    __slots__ = ("cpu_model", "cpu_count", "cpu_gflops", "ram_bytes", "network_rtt_s", "network_bytes_per_s", "emulated_slowdown", "measured_in_s")
+    CPU_MODEL_FIELD_NUMBER: _ClassVar[int]
+    CPU_COUNT_FIELD_NUMBER: _ClassVar[int]
+    CPU_GFLOPS_FIELD_NUMBER: _ClassVar[int]
+    RAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NETWORK_RTT_S_FIELD_NUMBER: _ClassVar[int]
+    NETWORK_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    EMULATED_SLOWDOWN_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_IN_S_FIELD_NUMBER: _ClassVar[int]
+    cpu_model: str
+    cpu_count: int
+    cpu_gflops: float
+    ram_bytes: int
+    network_rtt_s: float
+    network_bytes_per_s: float
+    emulated_slowdown: float
+    measured_in_s: float
+    def __init__(self, cpu_model: _Optional[str] = ..., cpu_count: _Optional[int] = ..., cpu_gflops: _Optional[float] = ..., ram_bytes: _Optional[int] = ..., network_rtt_s: _Optional[float] = ..., network_bytes_per_s: _Optional[float] = ..., emulated_slowdown: _Optional[float] = ..., measured_in_s: _Optional[float] = ...) -> None: ...
+
 class ThrottleReasons(_message.Message):
     __slots__ = ("reasons",)
     REASONS_FIELD_NUMBER: _ClassVar[int]

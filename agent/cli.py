@@ -1,0 +1,209 @@
+"""``hetero-agent``: run the node agent, or print this node's hardware profile.
+
+Errors a user can fix print one ``error: ...`` line on stderr and exit non-zero.
+"""
+
+from __future__ import annotations
+
+import os
+
+# The agent forks rank processes while gRPC threads run; gRPC's fork handlers only
+# print warnings then. Must be set before grpc is imported.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+import argparse
+import json
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from hetero.agent.config import AgentConfig, load_config, with_flags
+from hetero.errors import ConfigError, HeteroError
+
+EPILOG = """\
+examples:
+  hetero-agent run --coordinator 10.0.0.1:7070          # the daemon (systemd runs this)
+  hetero-agent profile --json                           # measure this node, print, exit
+  hetero-agent run --emulate-slowdown 3 --name slow-b   # a CPU node made 3x slower (EMULATED)
+
+Flags override /etc/hetero/agent.yaml (or --config FILE). State (profile cache,
+rank logs) lives in --state-dir: /var/lib/hetero as root, else ~/.local/state/hetero.
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:
+        self.exit(2, f"error: {self.prog}: {message} (see --help)\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="hetero-agent",
+        description="Node agent of hetero: profiles this node's devices, reports telemetry, "
+        "and runs the training ranks the coordinator places here.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    common = _Parser(add_help=False)
+    common.add_argument(
+        "--config", type=Path, help="YAML config (default /etc/hetero/agent.yaml if present)"
+    )
+    common.add_argument("--state-dir", type=Path, help="profile cache and rank logs")
+    common.add_argument("--coordinator", help="coordinator host:port (default 127.0.0.1:7070)")
+    common.add_argument(
+        "--emulate-slowdown",
+        type=float,
+        metavar="FACTOR",
+        help="EMULATED slowdown of this node (demos)",
+    )
+    common.add_argument("--quick", action="store_true", default=None, help="small, fast profile")
+    common.add_argument(
+        "--refresh-profile", action="store_true", help="measure again, ignoring the cache"
+    )
+    common.add_argument(
+        "--log-format", choices=("text", "json"), help="stderr log format (default text)"
+    )
+    run = sub.add_parser("run", parents=[common], help="run the agent daemon (default)")
+    run.add_argument("--name", help="node name (default: the hostname)")
+    run.add_argument("--address", help="address other nodes reach this node at")
+    run.add_argument(
+        "--local-listen", help="host:port for trainers' AgentLocal (default 127.0.0.1:7071)"
+    )
+    run.add_argument("--cpu-threads", type=int, help="threads per CPU rank")
+    run.add_argument(
+        "--stop-grace", type=float, dest="stop_grace_s", help="seconds from SIGTERM to SIGKILL"
+    )
+    profile = sub.add_parser(
+        "profile", parents=[common], help="measure and print this node's profile"
+    )
+    profile.add_argument("--json", action="store_true", help="print JSON")
+    return parser
+
+
+def _configure_logging(log_format: str) -> None:
+    from hetero.coordinator.cli import _JsonFormatter
+
+    handler = logging.StreamHandler(sys.stderr)
+    if log_format == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+
+
+def _config(args: argparse.Namespace) -> AgentConfig:
+    flags = {
+        "coordinator": args.coordinator,
+        "state_dir": args.state_dir,
+        "emulate_slowdown": args.emulate_slowdown,
+        "quick_profile": args.quick,
+        "log_format": args.log_format,
+    }
+    for name in ("name", "address", "local_listen", "cpu_threads", "stop_grace_s"):
+        flags[name] = getattr(args, name, None)
+    return with_flags(load_config(args.config), **flags)
+
+
+def _profile(config: AgentConfig, refresh: bool) -> Any:
+    from hetero.agent.nvml import Nvml
+    from hetero.agent.profile import load_or_measure
+
+    state = config.resolved_state_dir
+    try:
+        state.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot create state directory {state}: {exc.strerror}") from None
+    return load_or_measure(state, Nvml(), quick=config.quick_profile, refresh=refresh)
+
+
+def _print_profile(profile: Any, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(profile.to_json(), indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    emu = (
+        f"  [bold]EMULATED slowdown {profile.emulated_slowdown:g}x[/bold]"
+        if profile.emulated
+        else ""
+    )
+    t = Table(
+        title=f"{profile.cpu_model}, {profile.cpu_count} CPUs, {profile.cpu_gflops:.0f} CPU GFLOP/s{emu}"
+    )
+    for col in (
+        "device",
+        "kind",
+        "matmul TFLOP/s",
+        "memory GB/s",
+        "H2D GB/s",
+        "memory GiB",
+        "score",
+    ):
+        t.add_column(col)
+
+    def gb(x: float | None) -> str:
+        return f"{x / 1e9:.1f}" if x else "n/a"
+
+    for d in profile.devices:
+        t.add_row(
+            f"{d.index}: {d.name}",
+            d.kind,
+            f"{d.matmul_tflops:.3f}",
+            gb(d.memory_bandwidth_bytes_per_s),
+            gb(d.host_to_device_bytes_per_s),
+            f"{d.memory_bytes / 2**30:.1f}" if d.memory_bytes else "n/a",
+            f"{d.compute_score:.3f}",
+        )
+    Console().print(t)
+    took = f"measured in {profile.measured_in_s:.1f} s" if profile.measured_in_s else "from cache"
+    print(f"profile {profile.fingerprint} ({took})")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if not args_list or (args_list[0].startswith("-") and args_list[0] not in ("-h", "--help")):
+        args_list.insert(0, "run")  # `hetero-agent --coordinator X` means `run`
+    args = _parser().parse_args(args_list)
+    try:
+        config = _config(args)
+        _configure_logging(config.log_format)
+        if args.command == "profile":
+            from dataclasses import replace
+
+            profile = replace(
+                _profile(config, args.refresh_profile), emulated_slowdown=config.emulate_slowdown
+            )
+            _print_profile(profile, args.json)
+            return 0
+        return _run(config, args.refresh_profile)
+    except HeteroError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+def _run(config: AgentConfig, refresh: bool) -> int:
+    from hetero.agent.daemon import Agent
+
+    profile = _profile(config, refresh)
+    agent = Agent(config, profile)
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        logging.getLogger("hetero.agent").info("received %s, stopping", signal.Signals(signum).name)
+        agent.stop()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    agent.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""The agent daemon's configuration: ``/etc/hetero/agent.yaml`` overridden by flags.
+
+Every key is optional; unknown keys are errors with a "did you mean" hint.
+The YAML reader is the coordinator's (a pure module shared by both daemons).
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from hetero.coordinator.config import default_state_dir
+from hetero.coordinator.yamlfields import Fields
+from hetero.errors import ConfigError
+
+DEFAULT_CONFIG_PATH = Path("/etc/hetero/agent.yaml")
+DEFAULT_COORDINATOR = "127.0.0.1:7070"
+DEFAULT_LOCAL_LISTEN = "127.0.0.1:7071"
+LOG_FORMATS = ("text", "json")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Seconds for every ``*_s``. ``None`` means "work it out at start"."""
+
+    coordinator: str = DEFAULT_COORDINATOR
+    #: Node name registered with the coordinator (default: the hostname).
+    name: str | None = None
+    #: Address other nodes reach this node at (MASTER_ADDR when rank 0 runs here).
+    address: str | None = None
+    #: Where the agent serves AgentLocal to its trainers.
+    local_listen: str = DEFAULT_LOCAL_LISTEN
+    state_dir: Path | None = None
+    log_format: str = "text"
+    #: Emulated slowdown of every device of this node (1 = none; demos and tests only).
+    emulate_slowdown: float = 1.0
+    #: Threads per CPU rank (default: the node's cores divided among its CPU ranks).
+    cpu_threads: int | None = None
+    #: Small, fast profile (a second or two on CPU) instead of the full one.
+    quick_profile: bool = False
+    #: Seconds a stopped rank gets between SIGTERM and SIGKILL.
+    stop_grace_s: float = 10.0
+    #: Python interpreter for built-in jobs (``hetero-train``).
+    python: str = sys.executable
+
+    def __post_init__(self) -> None:
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(f"log_format must be one of {', '.join(LOG_FORMATS)}")
+        if not 1.0 <= self.emulate_slowdown <= 100.0:
+            raise ConfigError(
+                f"emulate_slowdown must be in [1, 100], got {self.emulate_slowdown:g}"
+            )
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ConfigError(f"cpu_threads must be >= 1, got {self.cpu_threads}")
+        if self.stop_grace_s < 0:
+            raise ConfigError(f"stop_grace_s must be >= 0, got {self.stop_grace_s:g}")
+        for key in ("coordinator", "local_listen"):
+            value = getattr(self, key)
+            if ":" not in value:
+                raise ConfigError(f"{key} must be host:port, got {value!r}")
+
+    @property
+    def resolved_state_dir(self) -> Path:
+        return self.state_dir or default_state_dir()
+
+    @property
+    def node_name(self) -> str:
+        return self.name or socket.gethostname()
+
+
+def load_config(path: Path | None) -> AgentConfig:
+    """The file's settings; defaults if ``path`` is None and the default file is absent."""
+    if path is None:
+        if not DEFAULT_CONFIG_PATH.is_file():
+            return AgentConfig()
+        path = DEFAULT_CONFIG_PATH
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    f = Fields.parse(text, str(path))
+    state_dir = f.string("state_dir")
+    config = AgentConfig(
+        coordinator=f.string("coordinator", DEFAULT_COORDINATOR) or DEFAULT_COORDINATOR,
+        name=f.string("name"),
+        address=f.string("address"),
+        local_listen=f.string("local_listen", DEFAULT_LOCAL_LISTEN) or DEFAULT_LOCAL_LISTEN,
+        state_dir=Path(state_dir).expanduser() if state_dir else None,
+        log_format=f.choice("log_format", LOG_FORMATS, "text") or "text",
+        emulate_slowdown=f.number("emulate_slowdown", 1.0, minimum=1.0) or 1.0,
+        cpu_threads=f.integer("cpu_threads", None, minimum=1),
+        quick_profile=f.boolean("quick_profile", False),
+        stop_grace_s=f.number("stop_grace_s", 10.0, minimum=0.0) or 0.0,
+        python=f.string("python", sys.executable) or sys.executable,
+    )
+    f.finish()
+    return config
+
+
+def with_flags(config: AgentConfig, **flags: object) -> AgentConfig:
+    """``config`` with every flag that was given (not None) applied."""
+    given = {k: v for k, v in flags.items() if v is not None}
+    return replace(config, **given)  # type: ignore[arg-type]
+
+
+def outbound_address(coordinator: str) -> str:
+    """The local IP address this node uses to reach ``coordinator`` (no packet is sent)."""
+    host = coordinator.rsplit(":", 1)[0].strip("[]")
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, 9))
+            return str(s.getsockname()[0])
+    except OSError:
+        return socket.gethostname()

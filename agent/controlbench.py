@@ -1,0 +1,178 @@
+"""Measure the control plane: plan latency over loopback and its overhead on training.
+
+``latency``: a coordinator and one agent as processes; a job is placed on a
+node without an agent (so nothing runs it) and its plan is fetched N times
+directly from the coordinator and N times through the agent's ``AgentLocal``
+(what rank 0 does at a boundary), plus ``ReportIntervalStats`` through the
+agent (stored in SQLite, re-planned). Prints p50/p99 in milliseconds.
+
+``overhead``: the same ``hetero-train`` job (equal policy, so the work is
+identical) run alone and under a coordinator with two agents, alternating;
+prints seconds per step of each and their ratio.
+
+Benchmarks, not tests: numbers go to docs/control-plane.md with the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from hetero.agent.localcluster import AgentSpec, LocalCluster
+from hetero.v1 import agent_pb2_grpc
+from hetero.v1 import coordinator_pb2 as pb
+from hetero.v1 import types_pb2 as tpb
+
+TIMEOUT_S = 5.0
+PARKED_JOB = """\
+name: parked
+model: debug
+global_batch: 64
+steps: 100
+policy: dynamic
+rebalance_interval: 10
+resources:
+  ranks: 2
+  device: cpu
+  nodes: [no-agent]
+"""
+
+
+def _percentiles_ms(samples: list[float]) -> dict[str, float]:
+    q = statistics.quantiles(samples, n=100, method="inclusive")
+    return {"p50_ms": q[49] * 1e3, "p99_ms": q[98] * 1e3, "n": len(samples)}
+
+
+def _time(fn: Callable[[], Any], n: int) -> list[float]:
+    for _ in range(20):  # warm the channel
+        fn()
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def latency(n: int) -> dict[str, Any]:
+    with (
+        tempfile.TemporaryDirectory(prefix="hetero-latency-") as tmp,
+        LocalCluster(Path(tmp), [AgentSpec("agent-node")]) as cluster,
+    ):
+        stub = cluster.stub
+        stub.RegisterNode(
+            pb.RegisterNodeRequest(
+                name="no-agent",
+                address="127.0.0.1",
+                devices=[tpb.DeviceProfile(index=0, kind=tpb.DEVICE_KIND_CPU, compute_score=1.0)],
+            ),
+            timeout=TIMEOUT_S,
+        )
+        job_id = cluster.submit(PARKED_JOB)
+        nodes = stub.ListNodes(pb.ListNodesRequest(), timeout=TIMEOUT_S).nodes
+        endpoint = next(x.agent_endpoint for x in nodes if x.name == "agent-node")
+        req = tpb.GetPlanRequest(job_id=job_id)
+        direct = _time(lambda: stub.GetPlan(req, timeout=TIMEOUT_S), n)
+        with grpc.insecure_channel(endpoint) as channel:
+            local = agent_pb2_grpc.AgentLocalStub(channel)  # type: ignore[no-untyped-call, unused-ignore]
+            via_agent = _time(lambda: local.GetPlan(req, timeout=TIMEOUT_S), n)
+            step = [0]
+
+            def report() -> None:
+                step[0] += 10
+                r = tpb.IntervalReport(job_id=job_id, end_step=step[0], plan_version=1)
+                for rank in range(2):
+                    r.ranks.add(
+                        rank=rank, batch=32, steps=9, compute_s=0.01 * (rank + 1), step_s=0.03
+                    )
+                local.ReportIntervalStats(r, timeout=TIMEOUT_S)
+
+            reports = _time(report, max(n // 5, 50))
+    return {
+        "GetPlan direct": _percentiles_ms(direct),
+        "GetPlan via agent": _percentiles_ms(via_agent),
+        "ReportIntervalStats via agent (stores + re-plans)": _percentiles_ms(reports),
+    }
+
+
+def _train_args(steps: int, out: Path) -> list[str]:
+    return [
+        "--model", "simple_cnn", "--global-batch", "64", "--steps", str(steps),
+        "--policy", "equal", "--rebalance-interval", "10", "--ideal-steps", "0",
+        "--summary-json", str(out), "--quiet", "--json",
+    ]  # fmt: skip
+
+
+def _alone(steps: int, out: Path) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "hetero.trainer.cli", "--nproc", "2", *_train_args(steps, out)]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
+def _under_control_plane(cluster: LocalCluster, steps: int) -> dict[str, Any]:
+    from hetero.demo import summary_from_logs
+
+    spec = (
+        f"name: overhead\nmodel: simple_cnn\nglobal_batch: 64\nsteps: {steps}\npolicy: equal\n"
+        "rebalance_interval: 10\nresources:\n  ranks: 2\n  device: cpu\n"
+    )
+    job = cluster.wait(cluster.submit(spec), timeout_s=600)
+    summary = summary_from_logs(cluster.logs(job.id))
+    assert summary is not None and job.state == pb.JOB_STATE_SUCCEEDED, job.message
+    return summary
+
+
+def overhead(steps: int, repeats: int) -> dict[str, Any]:
+    alone: list[float] = []
+    under: list[float] = []
+    rpc_per_step: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="hetero-overhead-") as tmp:
+        agents = [AgentSpec("node-a"), AgentSpec("node-b")]
+        with LocalCluster(Path(tmp) / "cluster", agents) as cluster:
+            for k in range(repeats):
+                s = _alone(steps, Path(tmp) / f"alone{k}.json")
+                alone.append(s["train_wall_s"] / s["steps"])
+                s = _under_control_plane(cluster, steps)
+                under.append(s["train_wall_s"] / s["steps"])
+                rpc_per_step.append(s["control_plane"]["total_s"] / s["steps"])
+    a, u = statistics.median(alone), statistics.median(under)
+    return {
+        "s_per_step_alone": alone,
+        "s_per_step_under_control_plane": under,
+        "median_alone_ms": a * 1e3,
+        "median_under_ms": u * 1e3,
+        "ratio_under_over_alone": u / a,
+        # Measured inside rank 0: seconds per step spent waiting for the agent's answers.
+        "rank0_plan_calls_ms_per_step": [x * 1e3 for x in rpc_per_step],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m hetero.agent.controlbench", description=__doc__.splitlines()[0]
+    )
+    sub = p.add_subparsers(dest="what", required=True)
+    lat = sub.add_parser("latency")
+    lat.add_argument("-n", type=int, default=1000)
+    ovh = sub.add_parser("overhead")
+    ovh.add_argument("--steps", type=int, default=200)
+    ovh.add_argument("--repeats", type=int, default=2)
+    args = p.parse_args(argv)
+    result = latency(args.n) if args.what == "latency" else overhead(args.steps, args.repeats)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

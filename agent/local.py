@@ -1,0 +1,121 @@
+"""``AgentLocal``: the endpoint the agent serves to its own training processes.
+
+Rank 0 of a job reports each interval's statistics here and gets the plan
+back. The agent forwards to the coordinator with a deadline shorter than the
+trainer's, and if the coordinator is slow or unreachable it answers with the
+last plan it knows for the job, so the trainer never waits on the control
+plane. Errors the coordinator returns for a bad request keep their status code.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent import futures
+
+import grpc
+
+from hetero.agent.network import is_unreachable
+from hetero.errors import ConfigError
+from hetero.v1 import agent_pb2_grpc
+from hetero.v1 import coordinator_pb2_grpc as pb_grpc
+from hetero.v1 import types_pb2 as tpb
+
+log = logging.getLogger("hetero.agent.local")
+
+#: Seconds a forwarded call may take: below the trainer's own deadline (0.5 s by default).
+FORWARD_TIMEOUT_S = 0.4
+
+
+class PlanCache:
+    """The newest plan seen per job (from launch orders and coordinator answers)."""
+
+    def __init__(self) -> None:
+        self._plans: dict[str, tpb.Plan] = {}
+        self._lock = threading.Lock()
+
+    def offer(self, plan: tpb.Plan) -> None:
+        if not plan.job_id:
+            return
+        with self._lock:
+            known = self._plans.get(plan.job_id)
+            if known is None or plan.version >= known.version:
+                self._plans[plan.job_id] = plan
+
+    def get(self, job_id: str) -> tpb.Plan | None:
+        with self._lock:
+            return self._plans.get(job_id)
+
+    def forget(self, job_id: str) -> None:
+        with self._lock:
+            self._plans.pop(job_id, None)
+
+
+class AgentLocalService(agent_pb2_grpc.AgentLocalServicer):  # type: ignore[misc, unused-ignore]
+    def __init__(
+        self,
+        coordinator: pb_grpc.CoordinatorStub,
+        plans: PlanCache,
+        forward_timeout_s: float = FORWARD_TIMEOUT_S,
+    ) -> None:
+        self.coordinator = coordinator
+        self.plans = plans
+        self.forward_timeout_s = forward_timeout_s
+        self._down_logged = False
+
+    def _fallback(self, job_id: str, exc: grpc.RpcError, context: grpc.ServicerContext) -> tpb.Plan:
+        if not is_unreachable(exc):
+            context.abort(exc.code(), exc.details() or "coordinator rejected the request")
+        if not self._down_logged:
+            self._down_logged = True
+            log.warning(
+                "coordinator unreachable (%s); answering trainers with cached plans", exc.code()
+            )
+        plan = self.plans.get(job_id)
+        if plan is None:
+            context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"coordinator unreachable and no plan known for job {job_id}",
+            )
+        assert plan is not None
+        return plan
+
+    def _recovered(self) -> None:
+        if self._down_logged:
+            self._down_logged = False
+            log.info("coordinator reachable again")
+
+    def ReportIntervalStats(
+        self, req: tpb.IntervalReport, context: grpc.ServicerContext
+    ) -> tpb.ReportIntervalStatsResponse:
+        try:
+            resp: tpb.ReportIntervalStatsResponse = self.coordinator.ReportIntervalStats(
+                req, timeout=self.forward_timeout_s
+            )
+        except grpc.RpcError as exc:
+            return tpb.ReportIntervalStatsResponse(plan=self._fallback(req.job_id, exc, context))
+        self._recovered()
+        self.plans.offer(resp.plan)
+        return resp
+
+    def GetPlan(self, req: tpb.GetPlanRequest, context: grpc.ServicerContext) -> tpb.Plan:
+        try:
+            plan: tpb.Plan = self.coordinator.GetPlan(req, timeout=self.forward_timeout_s)
+        except grpc.RpcError as exc:
+            return self._fallback(req.job_id, exc, context)
+        self._recovered()
+        self.plans.offer(plan)
+        return plan
+
+
+def create_local_server(address: str, service: AgentLocalService) -> tuple[grpc.Server, int]:
+    """A server for ``address`` (port 0 = any free port) and its port; not started."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="local"))
+    agent_pb2_grpc.add_AgentLocalServicer_to_server(service, server)  # type: ignore[no-untyped-call, unused-ignore]
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise ConfigError(f"cannot listen on {address}: {exc}") from None
+    if port == 0:
+        raise ConfigError(f"cannot listen on {address}: address in use or invalid")
+    return server, port

@@ -1,0 +1,261 @@
+"""The node's hardware profile: measured once, cached by hardware fingerprint.
+
+Per device: matmul throughput (TFLOP/s), memory bandwidth and size, and for
+CUDA the host<->device copy bandwidth. Per host: CPU matmul GFLOP/s and RAM.
+The network to the coordinator is measured separately (it needs a channel):
+see :func:`hetero.agent.network.measure_network`.
+
+``compute_score`` is the device's matmul TFLOP/s, so CPU and GPU scores share
+one scale. An emulated slowdown is never folded into the measurement: it is
+carried beside it (``emulated_slowdown``) and the coordinator divides.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from hetero.agent.nvml import Nvml
+from hetero.v1 import types_pb2 as tpb
+
+log = logging.getLogger("hetero.agent.profile")
+
+#: Bump when the measurement changes, so old cache files are ignored.
+PROFILE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class DeviceMeasure:
+    """One device. Bandwidths in bytes/s; ``None`` = not measured here."""
+
+    index: int
+    kind: str  # "cpu" or "cuda"
+    name: str
+    matmul_tflops: float
+    memory_bandwidth_bytes_per_s: float | None = None
+    host_to_device_bytes_per_s: float | None = None
+    device_to_host_bytes_per_s: float | None = None
+    memory_bytes: int | None = None
+
+    @property
+    def compute_score(self) -> float:
+        return max(self.matmul_tflops, 1e-6)
+
+
+@dataclass(frozen=True)
+class NodeProfile:
+    """What the agent registers with. ``emulated_slowdown`` > 1 marks a demo node."""
+
+    cpu_model: str
+    cpu_count: int
+    cpu_gflops: float
+    ram_bytes: int
+    devices: tuple[DeviceMeasure, ...]
+    measured_in_s: float = 0.0
+    emulated_slowdown: float = 1.0
+    network_rtt_s: float | None = None
+    network_bytes_per_s: float | None = None
+    fingerprint: str = field(default="", compare=False)
+
+    @property
+    def emulated(self) -> bool:
+        return self.emulated_slowdown > 1.0
+
+    def device_messages(self) -> list[tpb.DeviceProfile]:
+        out = []
+        for d in self.devices:
+            msg = tpb.DeviceProfile(
+                index=d.index,
+                name=d.name,
+                kind=tpb.DEVICE_KIND_CUDA if d.kind == "cuda" else tpb.DEVICE_KIND_CPU,
+                matmul_tflops=d.matmul_tflops,
+                compute_score=d.compute_score,
+                emulated_slowdown=self.emulated_slowdown,
+            )
+            for name in (
+                "memory_bandwidth_bytes_per_s",
+                "host_to_device_bytes_per_s",
+                "device_to_host_bytes_per_s",
+                "memory_bytes",
+            ):
+                value = getattr(d, name)
+                if value is not None:
+                    setattr(msg, name, value)
+            out.append(msg)
+        return out
+
+    def host_message(self) -> tpb.HostProfile:
+        msg = tpb.HostProfile(
+            cpu_model=self.cpu_model,
+            cpu_count=self.cpu_count,
+            cpu_gflops=self.cpu_gflops,
+            ram_bytes=self.ram_bytes,
+            emulated_slowdown=self.emulated_slowdown,
+            measured_in_s=self.measured_in_s,
+        )
+        if self.network_rtt_s is not None:
+            msg.network_rtt_s = self.network_rtt_s
+        if self.network_bytes_per_s is not None:
+            msg.network_bytes_per_s = self.network_bytes_per_s
+        return msg
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["emulated"] = self.emulated
+        d["devices"] = [asdict(x) | {"compute_score": x.compute_score} for x in self.devices]
+        return d
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def fingerprint(nvml: Nvml, quick: bool) -> str:
+    """Stable for the same hardware and software: CPU, RAM, GPUs, torch version."""
+    import torch
+
+    gpus = [(nvml.device_name(i), nvml.memory_total_bytes(i)) for i in range(nvml.device_count())]
+    parts = [
+        PROFILE_VERSION,
+        _cpu_model(),
+        os.cpu_count(),
+        psutil.virtual_memory().total,
+        gpus,
+        torch.__version__,
+        quick,
+    ]
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
+
+
+def _best_s(fn: Any, repeats: int, sync: Any = None) -> float:
+    """The fastest of ``repeats`` timed calls of ``fn``, in seconds (after one warm-up)."""
+    fn()
+    if sync:
+        sync()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        if sync:
+            sync()
+        best = min(best, time.perf_counter() - t0)
+    return max(best, 1e-9)
+
+
+def measure_cpu(quick: bool) -> DeviceMeasure:
+    import torch
+
+    n = 512 if quick else 1024
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    tflops = 2 * n**3 / _best_s(lambda: a @ b, 5) / 1e12
+    # Larger than the last-level cache, or the "memory" bandwidth is the cache's.
+    size = (32 if quick else 128) * 1024 * 1024
+    src = torch.empty(size, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    # A copy reads and writes every byte.
+    bandwidth = 2 * size / _best_s(lambda: dst.copy_(src), 3)
+    return DeviceMeasure(
+        index=0,
+        kind="cpu",
+        name=f"cpu ({os.cpu_count()} cores)",
+        matmul_tflops=tflops,
+        memory_bandwidth_bytes_per_s=bandwidth,
+        memory_bytes=int(psutil.virtual_memory().total),
+    )
+
+
+def measure_cuda(index: int, quick: bool) -> DeviceMeasure:
+    import torch
+
+    dev = torch.device("cuda", index)
+    sync = torch.cuda.synchronize
+    n = 2048 if quick else 8192
+    a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+    tflops = 2 * n**3 / _best_s(lambda: a @ b, 3, sync) / 1e12
+    size = (64 if quick else 512) * 1024 * 1024
+    src = torch.empty(size, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    bandwidth = 2 * size / _best_s(lambda: dst.copy_(src), 3, sync)
+    host = torch.empty(size, dtype=torch.uint8).pin_memory()
+    h2d = size / _best_s(lambda: src.copy_(host, non_blocking=True), 3, sync)
+    d2h = size / _best_s(lambda: host.copy_(src, non_blocking=True), 3, sync)
+    props = torch.cuda.get_device_properties(index)
+    return DeviceMeasure(
+        index=index,
+        kind="cuda",
+        name=props.name,
+        matmul_tflops=tflops,
+        memory_bandwidth_bytes_per_s=bandwidth,
+        host_to_device_bytes_per_s=h2d,
+        device_to_host_bytes_per_s=d2h,
+        memory_bytes=int(props.total_memory),
+    )
+
+
+def measure(nvml: Nvml, quick: bool) -> NodeProfile:
+    """Measure every device now. A few seconds on a CPU box with ``quick``."""
+    import torch
+
+    t0 = time.perf_counter()
+    cpu = measure_cpu(quick)
+    devices: list[DeviceMeasure] = []
+    cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for i in range(cuda_count):
+        try:
+            devices.append(measure_cuda(i, quick))
+            torch.cuda.empty_cache()  # the buffers died with measure_cuda's frame
+        except RuntimeError as exc:  # a busy or broken GPU: leave it out, keep going
+            log.warning("cannot profile cuda:%d (%s); not offered", i, exc)
+    if not devices:
+        devices = [cpu]  # no GPU: the node offers its CPU
+    return NodeProfile(
+        cpu_model=_cpu_model(),
+        cpu_count=os.cpu_count() or 1,
+        cpu_gflops=cpu.matmul_tflops * 1e3,
+        ram_bytes=int(psutil.virtual_memory().total),
+        devices=tuple(devices),
+        measured_in_s=time.perf_counter() - t0,
+    )
+
+
+def load_or_measure(state_dir: Path, nvml: Nvml, *, quick: bool, refresh: bool) -> NodeProfile:
+    """The cached profile for this hardware, else a fresh measurement (then cached)."""
+    fp = fingerprint(nvml, quick)
+    path = state_dir / "profiles" / f"{fp}.json"
+    if path.is_file() and not refresh:
+        try:
+            data = json.loads(path.read_text())
+            devices = tuple(DeviceMeasure(**d) for d in data.pop("devices"))
+            profile = NodeProfile(devices=devices, **data)
+            log.info("hardware profile from cache %s", path)
+            return replace(profile, measured_in_s=0.0, fingerprint=fp)
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            log.warning("ignoring unreadable profile cache %s (%s)", path, exc)
+    profile = replace(measure(nvml, quick), fingerprint=fp)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = asdict(profile)
+        for key in ("fingerprint", "emulated_slowdown", "network_rtt_s", "network_bytes_per_s"):
+            data.pop(key)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=2))
+        tmp.replace(path)
+    except OSError as exc:
+        log.warning("cannot cache the profile in %s (%s)", path, exc.strerror)
+    return profile

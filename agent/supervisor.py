@@ -1,0 +1,197 @@
+"""Worker processes: start ranks from launch orders, capture their output, stop and reap them.
+
+Each rank runs in its own session (process group), so a stop reaches its data
+loader workers too: SIGTERM to the group, SIGKILL after the grace period. On
+Linux each rank also gets ``PR_SET_PDEATHSIG``: if the agent dies without
+cleaning up (SIGKILL, OOM), the kernel kills its ranks, so nothing is orphaned.
+
+Output lines go to ``<state>/jobs/<job>/rank<r>.log`` and to a queue the agent
+ships to the coordinator with ``AppendJobLogs``.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import ctypes
+import ctypes.util
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+log = logging.getLogger("hetero.agent.supervisor")
+
+#: Longest log line shipped, in characters; longer lines are cut.
+MAX_LINE_CHARS = 4096
+#: Lines kept for shipping per job while the coordinator is unreachable.
+MAX_PENDING_LINES = 20_000
+
+_PR_SET_PDEATHSIG = 1
+_libc = (
+    ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    if os.name == "posix"
+    else None
+)
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec: C calls only
+    if _libc is not None and sys.platform.startswith("linux"):
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class Line:
+    job_id: str
+    rank: int
+    stream: str  # "stdout" or "stderr"
+    text: str
+    time_unix_s: float
+
+
+@dataclass(frozen=True)
+class Exit:
+    """A rank that ended. ``code`` follows the shell: 128 + signal number if killed."""
+
+    job_id: str
+    rank: int
+    code: int
+    stopped: bool  # ended because the agent stopped it
+
+
+@dataclass
+class Worker:
+    job_id: str
+    rank: int
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    logfile: IO[bytes]
+    readers: list[threading.Thread] = field(default_factory=list)
+    #: perf_counter deadline after which a stopping worker gets SIGKILL; None = not stopping.
+    kill_at: float | None = None
+
+
+class Supervisor:
+    """Owns the rank processes of one agent. Call methods from one thread (the agent loop)."""
+
+    def __init__(self, state_dir: Path, *, clock: Callable[[], float] = time.time) -> None:
+        self.jobs_dir = state_dir / "jobs"
+        self.clock = clock
+        self.workers: dict[tuple[str, int], Worker] = {}
+        self._lines: collections.deque[Line] = collections.deque(maxlen=MAX_PENDING_LINES)
+        self._lock = threading.Lock()
+
+    def job_dir(self, job_id: str) -> Path:
+        return self.jobs_dir / job_id
+
+    def running(self, job_id: str, rank: int) -> bool:
+        return (job_id, rank) in self.workers
+
+    def launch(
+        self, job_id: str, rank: int, argv: Sequence[str], env: Mapping[str, str], cwd: Path
+    ) -> None:
+        """Start one rank. Raises ``OSError`` if the program cannot be started."""
+        job_dir = self.job_dir(job_id)
+        job_dir.mkdir(parents=True, exist_ok=True)
+        cwd.mkdir(parents=True, exist_ok=True)
+        log_path = job_dir / f"rank{rank}.log"
+        proc = subprocess.Popen(
+            list(argv),
+            env=dict(env),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,  # a prctl() call only: no Python locks
+        )
+        worker = Worker(job_id, rank, proc, log_path, log_path.open("ab", buffering=0))
+        assert proc.stdout is not None and proc.stderr is not None
+        for stream, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
+            t = threading.Thread(
+                target=self._read,
+                args=(worker, stream, pipe),
+                name=f"log-{job_id}-{rank}-{stream}",
+                daemon=True,
+            )
+            t.start()
+            worker.readers.append(t)
+        self.workers[(job_id, rank)] = worker
+        log.info("job %s rank %d started as pid %d: %s", job_id, rank, proc.pid, " ".join(argv))
+
+    def _read(self, worker: Worker, stream: str, pipe: IO[bytes]) -> None:
+        prefix = b"" if stream == "stdout" else b"[stderr] "
+        for raw in iter(pipe.readline, b""):
+            with contextlib.suppress(OSError, ValueError):  # disk full: still ship the line
+                worker.logfile.write(prefix + raw)
+            text = raw.decode("utf-8", errors="replace").rstrip("\n")[:MAX_LINE_CHARS]
+            with self._lock:
+                self._lines.append(Line(worker.job_id, worker.rank, stream, text, self.clock()))
+        pipe.close()
+
+    def take_lines(self) -> list[Line]:
+        """Every line captured since the last call, oldest first."""
+        with self._lock:
+            lines = list(self._lines)
+            self._lines.clear()
+        return lines
+
+    def put_back(self, lines: Sequence[Line]) -> None:
+        """Return unshipped lines to the front of the queue (the oldest are dropped if full)."""
+        with self._lock:
+            self._lines.extendleft(reversed(lines))
+
+    def stop(self, job_id: str, rank: int, grace_s: float) -> bool:
+        """Ask a rank to stop (SIGTERM to its group); False if it is not running here."""
+        worker = self.workers.get((job_id, rank))
+        if worker is None:
+            return False
+        if worker.kill_at is None:
+            worker.kill_at = time.perf_counter() + grace_s
+            _signal_group(worker.proc, signal.SIGTERM)
+            log.info("job %s rank %d: SIGTERM (SIGKILL in %.0f s)", job_id, rank, grace_s)
+        return True
+
+    def poll(self) -> list[Exit]:
+        """Reap ended ranks and SIGKILL those past their grace period."""
+        ended = []
+        now = time.perf_counter()
+        for key, worker in list(self.workers.items()):
+            code = worker.proc.poll()
+            if code is None:
+                if worker.kill_at is not None and now >= worker.kill_at:
+                    _signal_group(worker.proc, signal.SIGKILL)
+                continue
+            # The group may still hold children (data loader workers): end them too.
+            _signal_group(worker.proc, signal.SIGKILL)
+            for t in worker.readers:
+                t.join(timeout=1.0)
+            worker.logfile.close()
+            del self.workers[key]
+            shell_code = code if code >= 0 else 128 - code
+            ended.append(Exit(worker.job_id, worker.rank, shell_code, worker.kill_at is not None))
+            log.info("job %s rank %d exited with %d", worker.job_id, worker.rank, shell_code)
+        return ended
+
+    def stop_all(self, grace_s: float) -> list[Exit]:
+        """Stop every rank and wait for all of them (SIGKILL after ``grace_s``)."""
+        for job_id, rank in list(self.workers):
+            self.stop(job_id, rank, grace_s)
+        ended: list[Exit] = []
+        deadline = time.perf_counter() + grace_s + 5.0
+        while self.workers and time.perf_counter() < deadline:
+            ended.extend(self.poll())
+            time.sleep(0.05)
+        return ended
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)

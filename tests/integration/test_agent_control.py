@@ -1,0 +1,256 @@
+"""Trainer -> agent -> coordinator over real gRPC, and what happens when a hop is down.
+
+The coordinator is the real server on port 0 with SQLite under tmp_path (the
+``coordinator`` fixture); the agent side is the real ``AgentLocal`` server; the
+trainer side is the real ``AgentPlanner``. A trainer whose agent is gone runs as
+real Gloo ranks through ``hetero-train``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import grpc
+import pytest
+
+from hetero.agent.local import AgentLocalService, PlanCache, create_local_server
+from hetero.agent.supervisor import Supervisor
+from hetero.coordinator.balancer import Constraints, RankInterval, make_policy
+from hetero.coordinator.database import open_database, session_factory
+from hetero.coordinator.server import create_server
+from hetero.coordinator.service import Deps
+from hetero.trainer.control import AgentPlanner
+from hetero.trainer.exchange import EmbeddedPlanner, RankSummary
+from hetero.trainer.launch import free_port
+from hetero.v1 import agent_pb2_grpc, coordinator_pb2_grpc
+from hetero.v1 import coordinator_pb2 as pb
+from hetero.v1 import types_pb2 as tpb
+
+DEADLINE_S = 5.0
+JOB = """\
+name: ctl
+model: debug
+global_batch: 48
+steps: 100
+policy: dynamic
+rebalance_interval: 10
+resources:
+  ranks: 2
+  device: cpu
+"""
+
+
+def _summary(rank: int, batch: int, per_sample_s: float) -> RankSummary:
+    compute = per_sample_s * batch + 0.001
+    return RankSummary(
+        rank,
+        batch,
+        9,
+        compute,
+        compute + 0.002,
+        0.0,
+        0.0,
+        0.0,
+        0.001,
+        0.0,
+        0.0,
+        1.0,
+        9 * batch,
+        0,
+        1.0,
+    )
+
+
+@pytest.fixture
+def agent_local(coordinator) -> Iterator[tuple[str, grpc.Server, PlanCache]]:  # type: ignore[no-untyped-def]
+    plans = PlanCache()
+    stub = coordinator_pb2_grpc.CoordinatorStub(coordinator.channel)
+    server, port = create_local_server("127.0.0.1:0", AgentLocalService(stub, plans))
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}", server, plans
+    finally:
+        server.stop(0).wait()
+
+
+def _submit(coordinator) -> str:  # type: ignore[no-untyped-def]
+    for name in ("n1", "n2"):
+        coordinator.stub.RegisterNode(
+            pb.RegisterNodeRequest(
+                name=name,
+                address="127.0.0.1",
+                devices=[tpb.DeviceProfile(index=0, kind=tpb.DEVICE_KIND_CPU, compute_score=1.0)],
+            ),
+            timeout=DEADLINE_S,
+        )
+    resp = coordinator.stub.SubmitJob(pb.SubmitJobRequest(spec_yaml=JOB), timeout=DEADLINE_S)
+    return str(resp.job_id)
+
+
+def test_planner_reports_through_the_agent_and_adopts_the_coordinators_new_plan(
+    coordinator, agent_local
+) -> None:  # type: ignore[no-untyped-def]
+    endpoint, _, plans = agent_local
+    job_id = _submit(coordinator)
+    cons = Constraints(48, 2, 1)
+    summaries = [_summary(0, 24, 0.001), _summary(1, 24, 0.003)]
+    planner = AgentPlanner(
+        endpoint,
+        job_id,
+        EmbeddedPlanner(make_policy("dynamic"), cons),
+        cons,
+        lambda: (10, summaries),
+        plan_version=1,
+    )
+    history = (tuple(s.to_interval() for s in summaries),)
+    decision = planner.decide(history, (24, 24))
+    assert decision.changed and decision.reason.startswith("coordinator plan v2")
+    assert decision.batches[1] < decision.batches[0] and sum(decision.batches) == 48
+    assert planner.seen_version == 2 and plans.get(job_id).version == 2  # type: ignore[union-attr]
+    stored = coordinator.stub.GetJob(pb.GetJobRequest(job_id=job_id), timeout=DEADLINE_S)
+    assert stored.last_step == 10, "the coordinator stored the interval the trainer reported"
+    again = planner.decide(history, tuple(decision.batches))
+    assert not again.changed, "an unchanged coordinator plan changes nothing"
+    planner.close()
+
+
+def test_agent_answers_from_its_cache_when_the_coordinator_is_down(tmp_path: Path) -> None:
+    engine = open_database(f"sqlite:///{tmp_path / 'c.db'}")
+    deps = Deps(sessions=session_factory(engine))
+    server, port = create_server("127.0.0.1:0", deps)
+    server.start()
+    to_coordinator = grpc.insecure_channel(f"127.0.0.1:{port}")
+    coordinator = SimpleNamespace(stub=coordinator_pb2_grpc.CoordinatorStub(to_coordinator))
+    plans = PlanCache()
+    local_server, local_port = create_local_server(
+        "127.0.0.1:0", AgentLocalService(coordinator.stub, plans)
+    )
+    local_server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{local_port}")
+    try:
+        job_id = _submit(coordinator)
+        local = agent_pb2_grpc.AgentLocalStub(channel)
+        first = local.GetPlan(tpb.GetPlanRequest(job_id=job_id), timeout=DEADLINE_S)
+        assert first.version == 1
+        server.stop(0).wait()  # the coordinator goes down
+        t0 = time.perf_counter()
+        cached = local.GetPlan(tpb.GetPlanRequest(job_id=job_id), timeout=DEADLINE_S)
+        assert cached == first and time.perf_counter() - t0 < 1.0
+        with pytest.raises(grpc.RpcError) as info:
+            local.GetPlan(tpb.GetPlanRequest(job_id="unknown"), timeout=DEADLINE_S)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        channel.close()
+        local_server.stop(0).wait()
+        to_coordinator.close()
+        server.stop(0).wait()
+        engine.dispose()
+
+
+def test_planner_falls_back_to_the_embedded_policy_fast_when_the_agent_is_gone() -> None:
+    cons = Constraints(48, 2, 1)
+    now = [100.0]
+    history = tuple(
+        (RankInterval(0, 24, 9, 0.025, 0.08), RankInterval(1, 24, 9, 0.073, 0.08)) for _ in range(3)
+    )
+    planner = AgentPlanner(
+        f"127.0.0.1:{free_port()}",
+        "job",
+        EmbeddedPlanner(make_policy("dynamic"), cons),
+        cons,
+        lambda: (30, None),
+        deadline_s=0.5,
+        clock=lambda: now[0],
+    )
+    t0 = time.perf_counter()
+    decision = planner.decide(history, (24, 24))
+    assert time.perf_counter() - t0 < 1.0, "a dead agent costs at most the deadline"
+    assert decision.changed and decision.batches[0] > decision.batches[1], (
+        "embedded policy answered"
+    )
+    assert planner.failures == 1 and planner.retry_at == 101.0
+    planner.decide(history, (24, 24))
+    assert planner.failures == 1, "within the backoff the agent is not asked again"
+    now[0] = 102.0
+    planner.decide(history, (24, 24))
+    assert planner.failures == 2 and planner.retry_at == 104.0, "the backoff doubles"
+    planner.close()
+
+
+@pytest.mark.slow
+def test_trainer_whose_agent_is_down_keeps_training_on_the_embedded_policy(tmp_path: Path) -> None:
+    env = dict(
+        os.environ,
+        HETERO_AGENT_ENDPOINT=f"127.0.0.1:{free_port()}",
+        HETERO_JOB_ID="lost-agent",
+        HETERO_PLAN="1:24,24",
+        PYTHONUNBUFFERED="1",
+    )
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hetero.trainer.cli",
+            "--nproc",
+            "2",
+            "--model",
+            "debug",
+            "--num-samples",
+            "960",
+            "--global-batch",
+            "48",
+            "--steps",
+            "30",
+            "--rebalance-interval",
+            "5",
+            "--emulate-slowdown",
+            "1:3",
+            "--ideal-steps",
+            "0",
+            "--summary-json",
+            str(out / "summary.json"),
+            "--output-dir",
+            str(out),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "using the embedded policy" in proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 30
+    assert summary["final_plan"][1] < summary["final_plan"][0], "still balanced, on its own"
+
+
+def test_supervisor_escalates_to_sigkill_and_captures_output(tmp_path: Path) -> None:
+    sup = Supervisor(tmp_path)
+    stubborn = (
+        "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('ready', flush=True); print('oops', file=sys.stderr, flush=True); time.sleep(60)"
+    )
+    sup.launch("j", 0, [sys.executable, "-c", stubborn], dict(os.environ), tmp_path / "w")
+    deadline = time.monotonic() + 20
+    lines = []
+    while len(lines) < 2 and time.monotonic() < deadline:
+        lines += sup.take_lines()
+        time.sleep(0.05)
+    assert {(x.stream, x.text) for x in lines} == {("stdout", "ready"), ("stderr", "oops")}
+    assert sup.stop("j", 0, grace_s=0.3)
+    exits = []
+    while not exits and time.monotonic() < deadline:
+        exits = sup.poll()
+        time.sleep(0.05)
+    assert exits and exits[0].code == 128 + signal.SIGKILL and exits[0].stopped
+    assert "ready" in (tmp_path / "jobs" / "j" / "rank0.log").read_text()
