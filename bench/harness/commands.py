@@ -118,6 +118,6 @@ def neighbour_argv(
     assert n is not None
     return (
         python or sys.executable, "-m", "hetero.bench.harness.neighbour",
-        "--device", f"cuda:{n.gpu}", "--size", str(n.matmul_size),
+        "--device", n.torch_device, "--size", str(n.matmul_size),
         "--control", str(control), "--log", str(log), "--ready", str(ready),
     )  # fmt: skip

@@ -44,6 +44,11 @@ class Neighbour:
     matmul_size: int = 8192
     arrive_step: int | None = None
     leave_step: int | None = None
+    device: str | None = None  # torch device; default cuda:<gpu> ("cpu" lets tests exercise it)
+
+    @property
+    def torch_device(self) -> str:
+        return self.device or f"cuda:{self.gpu}"
 
 
 @dataclass(frozen=True)
@@ -73,13 +78,13 @@ class Scenario:
     """Everything one ``hetero-bench run`` needs. ``steps`` and change steps are optimizer steps."""
 
     name: str
-    description: str
     devices: str
     ranks: int
     gpus: int
     model: str
     global_batch: int
     steps: int
+    description: str = ""
     rebalance_interval: int = 10
     ideal_steps: int = 8
     image_size: int | None = None
@@ -261,6 +266,9 @@ def parse_scenario(name: str, text: str) -> Scenario:
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a mapping at the top level")
     _unknown_keys(where, data, _TOP)
+    for key in _REQUIRED:
+        if key not in data:
+            raise ConfigError(f"{where}: missing key {key!r}")
     kw: dict[str, Any] = {k: v for k, v in data.items() if k not in _NESTED}
     try:
         if "policies" in data:
@@ -289,6 +297,7 @@ def parse_scenario(name: str, text: str) -> Scenario:
     return scenario
 
 
+_REQUIRED = ("devices", "ranks", "gpus", "model", "global_batch", "steps")
 _NESTED = {"policies", "neighbour", "slowdowns", "overrides", "quick"}
 
 
