@@ -107,9 +107,10 @@ def run_command(args: argparse.Namespace) -> int:
             runner.progress(f"[{k}/{len(specs)}] {spec.name} ({spec.runner}, {spec.steps} steps)")
             o = runner.execute(spec, scenario, monitor, timeout_s=timeout_s)
             failures += not o.ok
-            runner.progress(
-                f"      {'ok' if o.ok else 'FAILED: ' + str(o.error)} in {o.wall_s:.0f} s"
-            )
+            status = "ok" if o.ok else f"FAILED: {o.error}"
+            if o.warning:
+                status += f" (warning: {o.warning})"
+            runner.progress(f"      {status} in {o.wall_s:.0f} s")
     except KeyboardInterrupt:
         interrupted = True
         runner.progress("interrupted: every process stopped; writing what finished")

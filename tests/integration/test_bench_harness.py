@@ -141,3 +141,26 @@ def test_cpu_emulated_quick_runs_end_to_end_and_writes_its_outputs(tmp_path: Pat
         assert len(list(csv.DictReader(fh))) == len(rows)
     report = (out / "report.md").read_text()
     assert "EMULATED" in report and "| dynamic |" in report
+
+
+def test_gpu_machine_path_imports_nothing_it_lacks(tmp_path: Path) -> None:
+    """The GPU machine has torch, pyyaml, nvidia-ml-py but no rich, textual, sqlalchemy or
+    matplotlib: hetero-train --json, the baseline and hetero-bench report must not need them."""
+    code = f"""
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("rich", "textual", "sqlalchemy", "matplotlib"):
+            raise ImportError("blocked: " + name)
+sys.meta_path.insert(0, Block())
+from hetero.trainer.cli import main as train
+from hetero.bench.baseline_ddp import main as baseline
+from hetero.bench.harness import report, runner  # noqa: F401
+common = ["--model", "debug", "--num-samples", "64", "--global-batch", "8", "--steps", "4",
+          "--rebalance-interval", "2", "--ideal-steps", "1", "--amp", "bf16", "--channels-last"]
+assert train([*common, "--json", "--quiet", "--output-dir", r"{tmp_path}/t"]) == 0
+assert baseline([*common, "--output-dir", r"{tmp_path}/b"]) == 0
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "b" / "metrics" / "rank0.jsonl").exists()
