@@ -16,6 +16,7 @@ import json
 import os
 import platform
 import shlex
+import signal
 import sys
 import time
 from dataclasses import asdict
@@ -93,6 +94,10 @@ def run_command(args: argparse.Namespace) -> int:
     from hetero.bench.harness.gpu_monitor import GpuMonitor
 
     runner.preflight(scenario)
+    # `timeout`, a batch system or the device tool stop the harness with SIGTERM: turn it
+    # into the same path as Ctrl-C, so every run and neighbour (each in its own session)
+    # is stopped before the harness exits.
+    signal.signal(signal.SIGTERM, _interrupt)
     out.mkdir(parents=True, exist_ok=True)
     monitor = GpuMonitor(scenario.gpus)
     manifest = _manifest(
@@ -128,6 +133,10 @@ def run_command(args: argparse.Namespace) -> int:
     if interrupted:
         return 130
     return 1 if failures else 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def print_plan(scenario: Scenario, specs: list[RunSpec], out: Path, timeout_s: float) -> None:
