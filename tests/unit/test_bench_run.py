@@ -119,11 +119,11 @@ def test_dry_run_needs_no_torch_rich_or_matplotlib() -> None:
 
 
 def _write_run(
-    root: Path, name: str, runner: str, rates: list[float], switches: list[dict]
+    root: Path, name: str, runner: str, rates: list[float], switches: list[dict], ranks: int = 2
 ) -> None:
     d = root / "runs" / name
     (d / "metrics").mkdir(parents=True)
-    for rank in range(2):
+    for rank in range(ranks):
         with (d / "metrics" / f"rank{rank}.jsonl").open("w") as fh:
             for k, rate in enumerate(rates):
                 compute = None if runner == "torch-ddp" else (0.1 if rank == 0 else 0.1 + 0.01 * k)
@@ -195,3 +195,20 @@ def test_report_on_a_directory_without_a_manifest_is_one_line(
 ) -> None:
     assert main(["report", str(tmp_path)]) == 2
     assert "not a hetero-bench run directory" in capsys.readouterr().err
+
+
+def test_gpu_cpu_report_sets_the_planners_forecast_beside_the_gpu_alone_run(tmp_path: Path) -> None:
+    scenario = load_scenario("gpu-cpu-hybrid")
+    manifest = {"scenario": asdict(scenario), "runs": ["gpu-only", "dynamic"], "changes": [],
+                "date": "2026-01-01T00:00:00+00:00", "device": "1x Test GPU + 2 CPU ranks"}  # fmt: skip
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    _write_run(tmp_path, "gpu-only", "hetero-train", [3000.0] * 6, [], ranks=1)
+    _write_run(tmp_path, "dynamic", "hetero-train", [1000.0] * 6, [], ranks=3)
+    rows = write_outputs(tmp_path, draw_plots=False)["rows"]
+    dyn = next(r for r in rows if r["policy"] == "dynamic")
+    assert dyn["speedup_vs_gpu_only"] == pytest.approx(1 / 3)
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert [f["rank"] for f in doc["exclusion_forecasts"]["dynamic"]] == [1, 2]
+    report = (tmp_path / "report.md").read_text()
+    assert "dynamic, planner forecast: excluding rank 1 would" in report
+    assert "the GPU alone ran 200% faster (3,000 vs 1,000 samples/s" in report
