@@ -47,7 +47,7 @@ def test_resizing_keeps_change_steps_at_their_fraction_on_interval_boundaries() 
     assert s.neighbour is not None
     assert (s.neighbour.arrive_step, s.neighbour.leave_step) == (50, 100)
     quick = configure(load_scenario("cpu-emulated"), quick=True)
-    assert quick.steps == 30 and quick.policies == ("equal", "dynamic")
+    assert quick.steps == 30 and quick.policies == ("dynamic",)
     assert [c for c, _ in quick.change_steps] == [10, 20]
     with pytest.raises(ConfigError, match="at least two rebalance intervals"):
         configure(load_scenario("gpu-neighbour"), steps=5)
