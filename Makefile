@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.hetero-installed
 PY     ?= 3.12
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv demo demo-embedded test test-fast lint typecheck check proto wheelhouse clean
+.PHONY: help venv demo demo-embedded test test-fast lint typecheck check proto wheelhouse pyroot clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -46,6 +46,17 @@ typecheck: $(STAMP)  ## mypy --strict on the packages, under their installed nam
 	@for d in coordinator agent trainer tui bench; do ln -s ../../../$$d $(TYPECHECK_TREE)/hetero/$$d; done
 	@ln -s ../../../proto/hetero/v1 $(TYPECHECK_TREE)/hetero/v1
 	@cd $(TYPECHECK_TREE) && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p hetero
+
+# A machine with torch but no network (the rented GPU box) cannot pip-install hetero's
+# dependencies; hetero-bench run and hetero-train need none beyond torch, torchvision,
+# pyyaml and (optionally) nvidia-ml-py, so a symlink tree on PYTHONPATH is enough.
+PYROOT := build/pyroot
+pyroot:  ## hetero importable without installing: export PYTHONPATH=$PWD/build/pyroot
+	@rm -rf $(PYROOT) && mkdir -p $(PYROOT)/hetero
+	@for f in hetero/*.py; do ln -s ../../../$$f $(PYROOT)/hetero/; done
+	@for d in coordinator agent trainer tui bench; do ln -s ../../../$$d $(PYROOT)/hetero/$$d; done
+	@ln -s ../../../proto/hetero/v1 $(PYROOT)/hetero/v1
+	@echo "export PYTHONPATH=$(CURDIR)/$(PYROOT)"
 
 check: lint typecheck test  ## everything CI should care about
 

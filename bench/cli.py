@@ -1,8 +1,10 @@
 """``hetero-bench``: the benchmark harness. One subcommand per kind of benchmark.
 
 Each subcommand lives in its own module and registers itself here through an
-``add_parser(subparsers)`` function that sets ``func``; ``sim`` (the cluster
-simulator) is the first. A real-GPU ``run`` subcommand plugs in the same way.
+``add_parser(subparsers)`` function that sets ``func``: ``sim`` (the cluster
+simulator), ``run`` and ``report`` (real runs on this machine's GPUs or CPUs,
+``hetero.bench.harness``). Registering imports no rich or torch: a GPU machine
+without rich still runs ``hetero-bench run``.
 Errors a user can fix (``HeteroError``) print as one line on stderr and exit
 with the error's code (2 for bad arguments or config), never a traceback.
 """
@@ -13,6 +15,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from hetero.bench.harness import cli as harness_cli
 from hetero.bench.sim import report as sim_report
 from hetero.errors import HeteroError
 
@@ -23,11 +26,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sim_report.add_parser(sub)
+    harness_cli.add_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]
     try:
         code: int = args.func(args)
     except HeteroError as exc:

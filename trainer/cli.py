@@ -57,6 +57,15 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--num-classes", type=int, default=10)
     job.add_argument("--num-samples", type=int, default=8192, help="synthetic dataset size")
     job.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes")
+    job.add_argument(
+        "--amp",
+        default="none",
+        choices=("none", "bf16"),
+        help="mixed precision: bf16 autocast around forward and loss (no scaler needed)",
+    )
+    job.add_argument(
+        "--channels-last", action="store_true", help="model and inputs in channels_last layout"
+    )
     bal = p.add_argument_group("balancing")
     bal.add_argument("--policy", default="dynamic", choices=sorted(POLICIES))
     bal.add_argument(
@@ -71,6 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     run = p.add_argument_group("processes")
     run.add_argument("--nproc", type=int, default=1, help="local ranks to start (default 1)")
     run.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    run.add_argument(
+        "--backend",
+        choices=("gloo", "nccl"),
+        help="process-group backend (default: nccl if this rank has a GPU, else gloo); "
+        "a job mixing GPU and CPU ranks needs gloo",
+    )
     out = p.add_argument_group("output")
     out.add_argument("--output-dir", help="metrics (JSON lines per rank), logs and checkpoints")
     out.add_argument("--summary-json", help="write the run's summary here")
@@ -114,7 +129,10 @@ def print_summary(summary: dict[str, Any]) -> None:
     def rate(x: float | None) -> str:
         return f"{x:,.1f} samples/s" if x else "n/a"
 
-    t.add_row("model", f"{summary['model']} ({summary['world_size']} ranks, {summary['backend']})")
+    amp = f", {summary['amp']}" if summary.get("amp", "none") != "none" else ""
+    t.add_row(
+        "model", f"{summary['model']} ({summary['world_size']} ranks, {summary['backend']}{amp})"
+    )
     t.add_row("steps x global batch", f"{summary['steps']} x {summary['global_batch']}")
     t.add_row("throughput (steady)", rate(summary["steady_samples_per_s"]))
     t.add_row("throughput (whole run)", rate(summary["throughput_samples_per_s"]))

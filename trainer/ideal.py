@@ -44,11 +44,14 @@ def standalone_rate(
     slowdown: float,
     device: torch.device,
     seed: int,
+    amp: str = "none",
+    memory_format: torch.memory_format = torch.contiguous_format,
 ) -> float:
     """Samples/s of ``steps`` full training steps at ``batch`` (median step time).
 
     ``make_model`` returns a fresh copy of the trained model on the device, so
-    the measurement leaves the job's model and optimizer untouched.
+    the measurement leaves the job's model and optimizer untouched. ``amp`` and
+    ``memory_format`` must be the job's, so the ideal measures the same kernels.
     """
     model = make_model().train()
     opt = type(optimizer)(model.parameters(), **optimizer.defaults)
@@ -59,7 +62,8 @@ def standalone_rate(
         t0 = time.perf_counter()
         x, y = _batch(dataset, perm[start : start + batch], device)
         t_fwd = time.perf_counter()
-        loss = loss_fn(model(x), y)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp == "bf16"):
+            loss = loss_fn(model(x.contiguous(memory_format=memory_format)), y)
         loss.backward()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -84,23 +88,35 @@ def measure_standalone(
     steps: int,
     seed: int,
     concurrent: bool = False,
+    amp: str = "none",
+    memory_format: torch.memory_format = torch.contiguous_format,
 ) -> list[float]:
-    """Every rank's standalone samples/s at its batch in ``plan``, on every rank."""
+    """Every rank's standalone samples/s at its batch in ``plan``, on every rank.
+
+    With ``concurrent=True`` all ranks measure at once instead of one at a
+    time: still no communication and no waiting for each other, but sharing the
+    host as they do in training. On a CPU box the gap between the two is CPU
+    contention; the gap between the concurrent figure and the job's throughput
+    is what imbalance and communication cost.
+    """
     mine = 0.0
     slowdown = ctx.slowdown_at(max(ctx.global_step - 1, 0))
-    for rank in range(ctx.world_size):
+    turns: list[int | None] = [None] if concurrent else list(range(ctx.world_size))
+    for turn in turns:
         ctx.barrier()
-        if rank == ctx.rank:
+        if turn is None or turn == ctx.rank:
             mine = standalone_rate(
                 make_model,
                 optimizer,
                 dataset,
                 loss_fn,
-                plan[rank],
+                plan[ctx.rank],
                 steps=steps,
                 slowdown=slowdown,
                 device=ctx.device,
                 seed=seed,
+                amp=amp,
+                memory_format=memory_format,
             )
     ctx.barrier()
     if ctx.world_size == 1:

@@ -53,6 +53,9 @@ class JobConfig:
     resume: str | None = None
     ideal_steps: int = 8
     sync_batchnorm: bool = False
+    amp: str = "none"
+    channels_last: bool = False
+    backend: str | None = None
     quiet: bool = False
 
     def __post_init__(self) -> None:
@@ -69,6 +72,8 @@ class JobConfig:
                 )
         if self.lr <= 0:
             raise ConfigError(f"--lr must be > 0, got {self.lr}")
+        if self.amp not in AMP_MODES:
+            raise ConfigError(f"--amp must be one of {', '.join(AMP_MODES)}, got {self.amp!r}")
         if self.checkpoint_interval and not self.checkpoint_path:
             raise ConfigError("--checkpoint-interval needs --checkpoint-dir or --output-dir")
 
@@ -78,6 +83,15 @@ class JobConfig:
             Path(self.output_dir) / "checkpoints" if self.output_dir else None
         )
         return Path(base) / "last.pt" if base else None
+
+
+#: Mixed-precision modes of ``--amp``. bf16 keeps fp32's exponent range, so it needs no scaler.
+AMP_MODES = ("none", "bf16")
+
+
+def autocast(device: torch.device, amp: str) -> torch.autocast:
+    """Autocast for forward and loss: bf16 when ``amp == "bf16"``, a no-op otherwise."""
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp == "bf16")
 
 
 _PEER_FAILURE = ("Connection closed by peer", "Connection reset by peer", "timed out", "Timeout")
@@ -123,6 +137,7 @@ def run_job(cfg: JobConfig) -> dict[str, Any] | None:
         emulate_slowdown=cfg.emulate_slowdown,
         output_dir=cfg.output_dir,
         device=cfg.device,
+        backend=cfg.backend,
     )
     try:
         return _train(ctx, cfg)
@@ -146,6 +161,8 @@ def _train(ctx: Context, cfg: JobConfig) -> dict[str, Any] | None:
         seed=cfg.seed,
     )
     raw = info.build(cfg.num_classes, image_size)
+    memory_format = torch.channels_last if cfg.channels_last else torch.contiguous_format
+    raw = raw.to(memory_format=memory_format)
     model = ctx.wrap(raw, sync_batchnorm=cfg.sync_batchnorm)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
     loader = ctx.loader(dataset, cfg.global_batch, seed=cfg.seed, num_workers=cfg.num_workers)
@@ -171,7 +188,8 @@ def _train(ctx: Context, cfg: JobConfig) -> dict[str, Any] | None:
     model.train()
     while ctx.global_step < cfg.steps:
         for x, y in loader:
-            loss = loss_fn(model(x), y)
+            with autocast(ctx.device, cfg.amp):
+                loss = loss_fn(model(x.contiguous(memory_format=memory_format)), y)
             ctx.backward(loss)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -194,6 +212,7 @@ def _train(ctx: Context, cfg: JobConfig) -> dict[str, Any] | None:
 
         def fresh_copy() -> nn.Module:
             m = info.build(cfg.num_classes, image_size).to(ctx.device)
+            m = m.to(memory_format=memory_format)
             m.load_state_dict(raw.state_dict())
             return m
 
@@ -206,6 +225,8 @@ def _train(ctx: Context, cfg: JobConfig) -> dict[str, Any] | None:
             final_plan,
             steps=cfg.ideal_steps,
             seed=cfg.seed,
+            amp=cfg.amp,
+            memory_format=memory_format,
         )
         if ctx.device.type == "cpu" and ctx.world_size > 1:
             side_by_side = measure_standalone(
@@ -218,6 +239,8 @@ def _train(ctx: Context, cfg: JobConfig) -> dict[str, Any] | None:
                 steps=cfg.ideal_steps,
                 seed=cfg.seed,
                 concurrent=True,
+                amp=cfg.amp,
+                memory_format=memory_format,
             )
     if ctx.rank != 0:
         return None
@@ -261,6 +284,8 @@ def summarize(
         "world_size": ctx.world_size,
         "backend": ctx.backend,
         "device": ctx.device.type,
+        "amp": cfg.amp,
+        "channels_last": cfg.channels_last,
         "throughput_samples_per_s": overall,
         "steady_samples_per_s": steady,
         "train_wall_s": train_wall_s,

@@ -1,6 +1,6 @@
 """``hetero-bench sim``: run scenarios × policies and show the results.
 
-The table goes to stdout (rich), ``--json`` writes one object per row. Every
+The table goes to stdout (rich, imported only when this subcommand runs), ``--json`` writes one object per row. Every
 row and the table title say the numbers are simulated.
 """
 
@@ -11,14 +11,15 @@ import json
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from hetero.bench.sim.engine import simulate
 from hetero.bench.sim.metrics import SimResult, summarize
 from hetero.bench.sim.scenario import Scenario, known_scenarios, load_scenario
 from hetero.coordinator.balancer import Policy, make_policy
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 DEFAULT_POLICIES = ("equal", "proportional", "dynamic", "hybrid")
 
@@ -49,6 +50,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run_command(args: argparse.Namespace) -> int:
+    from rich.console import Console  # lazily: hetero-bench run must work without rich
+
     # A table this wide folds badly at a pipe's default 80 columns.
     console = Console(width=max(Console().width, 132))
     if args.list:
@@ -79,6 +82,8 @@ def run_matrix(scenarios: Sequence[Scenario], policies: Sequence[Policy]) -> lis
 
 
 def render_table(results: Sequence[SimResult]) -> Table:
+    from rich.table import Table
+
     table = Table(
         title="hetero-bench sim: SIMULATED clusters (not measured on hardware)",
         caption="% ideal, % best: steady state, noise-free plan quality; x equal: noisy "

@@ -1,0 +1,328 @@
+"""Plain ``DistributedDataParallel`` with equal batches: the external baseline of ``hetero-bench run``.
+
+Written outside hetero's trainer on purpose: no uneven sampler, no comm hook,
+no plan exchange, DDP's default all-reduce. It shares only what makes the
+comparison fair: the same model (``hetero.trainer.models``), the same
+synthetic data gathered on the device (``SyntheticImages.get_batch``), SGD with
+momentum 0.9, bf16 autocast around forward and loss, channels_last.
+
+Timing: each step is bracketed by CUDA events (host clocks on CPU); every
+``--rebalance-interval`` steps the rank synchronizes its device and writes one
+record to ``OUTPUT_DIR/metrics/rank<R>.jsonl`` (same field names as
+``hetero-train``'s: ``step``, ``samples_per_s`` over the interval's wall time,
+``batch``, ``step_s``, ``forward_s``, ``time_s``, ``interval_wall_s``).
+``compute_s`` is ``null``: under plain DDP the backward pass includes the wait
+for the slowest peer, so no compute-only time exists to report.
+
+Ideal: after training, each rank alone (the others wait at a barrier) runs
+``--ideal-steps`` full steps at its B/W batch on a copy of the model without
+DDP; the median step gives its standalone samples/s; the sum is the ideal.
+
+``--emulate-slowdown`` (CPU only, as in ``hetero-train``) sleeps
+``(factor − 1)`` × the rank's own compute time of a step (forward + backward,
+measured alone before training), between forward and backward.
+
+Run it as ``python -m hetero.bench.baseline_ddp --nproc 2 ...``: with
+``--nproc N`` and no ``RANK`` in the environment it starts N local ranks
+through ``hetero.trainer.launch`` (the same launcher as ``hetero-train``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+WARMUP_STEPS = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="baseline_ddp", description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="simple_cnn")
+    p.add_argument("--image-size", type=int)
+    p.add_argument("--global-batch", type=int, default=96)
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--rebalance-interval", type=int, default=10, help="steps per metrics record")
+    p.add_argument("--num-classes", type=int, default=10)
+    p.add_argument("--num-samples", type=int, default=8192)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--amp", choices=("none", "bf16"), default="none")
+    p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--ideal-steps", type=int, default=8)
+    p.add_argument("--nproc", type=int, default=1)
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--backend", choices=("gloo", "nccl"))
+    p.add_argument("--emulate-slowdown", metavar="RANK:FACTOR[@START-END],...")
+    p.add_argument("--output-dir", type=Path)
+    p.add_argument("--summary-json", type=Path)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.global_batch < args.nproc:
+        print(f"error: --global-batch {args.global_batch} < --nproc {args.nproc}", file=sys.stderr)
+        return 2
+    if args.nproc > 1 and "RANK" not in os.environ:
+        from hetero.trainer.launch import launch_local
+
+        raw = list(argv) if argv is not None else sys.argv[1:]
+        log_dir = args.output_dir / "logs" if args.output_dir else None
+        cmd = [sys.executable, "-m", "hetero.bench.baseline_ddp", *raw]
+        return launch_local(cmd, args.nproc, log_dir=log_dir)
+    summary = train(args)
+    if summary is not None:
+        if args.summary_json:
+            args.summary_json.parent.mkdir(parents=True, exist_ok=True)
+            args.summary_json.write_text(json.dumps(summary, indent=2) + "\n")
+        print(json.dumps(summary, indent=2))
+    return 0
+
+
+def train(args: argparse.Namespace) -> dict[str, Any] | None:
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel
+
+    from hetero.trainer.datasets.synthetic import SyntheticImages
+    from hetero.trainer.emulation import parse_slowdowns
+    from hetero.trainer.models import model_info
+
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    has_gpu = torch.cuda.is_available() and local_rank < torch.cuda.device_count()
+    if args.device == "cuda" and not has_gpu:
+        raise SystemExit(
+            f"error: rank {rank}: --device cuda but no GPU for local rank {local_rank}"
+        )
+    if args.device == "cuda" or (args.device == "auto" and has_gpu):
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    cuda = device.type == "cuda"
+    if args.emulate_slowdown and cuda:
+        raise SystemExit("error: emulated slowdown is for CPU ranks; on GPUs use real load")
+    my_slowdown = parse_slowdowns(args.emulate_slowdown).get(rank)
+
+    def factor_at(step: int) -> float:
+        return my_slowdown.factor_at(step) if my_slowdown else 1.0
+
+    backend = args.backend or ("nccl" if cuda else "gloo")
+    if world > 1:
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(minutes=10))
+    torch.manual_seed(args.seed)
+
+    info = model_info(args.model)
+    image_size = args.image_size or info.default_image_size
+    fmt = torch.channels_last if args.channels_last else torch.contiguous_format
+    data = SyntheticImages(args.num_samples, image_size, args.num_classes, seed=args.seed)
+    model = info.build(args.num_classes, image_size).to(device).to(memory_format=fmt)
+    ddp: nn.Module = (
+        DistributedDataParallel(model, device_ids=[local_rank] if cuda else None)
+        if world > 1
+        else model
+    )
+    opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    gb = args.global_batch
+    sizes = [gb // world + (1 if r < gb % world else 0) for r in range(world)]
+    lo = sum(sizes[:rank])
+    mine = sizes[rank]
+
+    def autocast() -> Any:
+        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp == "bf16")
+
+    perms: dict[int, Any] = {}
+
+    def indices(step: int) -> list[int]:
+        """This rank's slice of global batch ``step``: one seeded permutation per epoch."""
+        epoch, k = divmod(step, max(args.num_samples // gb, 1))
+        if epoch not in perms:
+            perms.clear()
+            g = torch.Generator().manual_seed(args.seed * 100_003 + epoch)
+            perms[epoch] = torch.randperm(args.num_samples, generator=g)
+        return perms[epoch][k * gb + lo : k * gb + lo + mine].tolist()
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    def solo_step_s(net: nn.Module, optimizer: Any, step: int, slowdown: float) -> float:
+        t0 = time.perf_counter()
+        x, y = data.get_batch(indices(step), device)
+        with autocast():
+            loss = loss_fn(net(x.contiguous(memory_format=fmt)), y)
+        loss.backward()
+        sync()
+        if slowdown > 1.0:
+            time.sleep((slowdown - 1.0) * (time.perf_counter() - t0))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        sync()
+        return time.perf_counter() - t0
+
+    def fresh_copy() -> tuple[nn.Module, Any]:
+        m = info.build(args.num_classes, image_size).to(device).to(memory_format=fmt)
+        m.load_state_dict(model.state_dict())
+        return m, torch.optim.SGD(m.parameters(), lr=args.lr, momentum=0.9)
+
+    # The emulated slowdown's unit: this rank's own compute time, measured alone.
+    own_compute_s = 0.0
+    if args.emulate_slowdown:
+        m, o = fresh_copy()
+        own_compute_s = statistics.median(solo_step_s(m, o, k, 1.0) for k in range(3))
+        del m, o
+
+    out_dir: Path | None = args.output_dir
+    metrics = None
+    if out_dir is not None:
+        (out_dir / "metrics").mkdir(parents=True, exist_ok=True)
+        metrics = (out_dir / "metrics" / f"rank{rank}.jsonl").open("w")
+    interval = max(1, args.rebalance_interval)
+    rates: list[float] = []
+    walls: list[float] = []
+    ddp.train()
+    if world > 1:
+        dist.barrier()
+    sync()
+    t_interval = t_start = time.perf_counter()
+    marks: list[tuple[Any, Any, Any]] = []  # (start, after forward, end) per step
+    host_marks: list[tuple[float, float, float]] = []
+    for step in range(args.steps):
+        factor = factor_at(step)
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if cuda else []
+        if cuda:
+            events[0].record()
+        h0 = time.perf_counter()
+        x, y = data.get_batch(indices(step), device)
+        with autocast():
+            loss = loss_fn(ddp(x.contiguous(memory_format=fmt)), y)
+        if cuda:
+            events[1].record()
+        h1 = time.perf_counter()
+        if factor > 1.0:
+            time.sleep((factor - 1.0) * own_compute_s)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if cuda:
+            events[2].record()
+            marks.append((events[0], events[1], events[2]))
+        host_marks.append((h0, h1, time.perf_counter()))
+        if (step + 1) % interval == 0 or step + 1 == args.steps:
+            sync()
+            now = time.perf_counter()
+            wall = now - t_interval
+            n = len(host_marks)
+            if cuda:
+                step_s = [a.elapsed_time(c) / 1e3 for a, _, c in marks]
+                fwd_s = [a.elapsed_time(b) / 1e3 for a, b, _ in marks]
+            else:
+                step_s = [c - a for a, _, c in host_marks]
+                fwd_s = [b - a for a, b, _ in host_marks]
+            rate = gb * n / wall
+            rates.append(rate)
+            walls.append(wall)
+            if metrics is not None:
+                rec = {
+                    "step": step + 1,
+                    "rank": rank,
+                    "time_s": time.time(),
+                    "interval_wall_s": wall,
+                    "samples_per_s": rate,
+                    "loss": float(loss.detach().float().item()),
+                    "batch": mine,
+                    "steps_measured": n,
+                    "compute_s": None,
+                    "forward_s": statistics.mean(fwd_s),
+                    "step_s": statistics.mean(step_s),
+                    "plan": sizes,
+                    "emulated": bool(args.emulate_slowdown),
+                    "slowdown": factor,
+                }
+                metrics.write(json.dumps(rec) + "\n")
+                metrics.flush()
+            marks.clear()
+            host_marks.clear()
+            t_interval = time.perf_counter()
+    train_wall_s = time.perf_counter() - t_start
+    if metrics is not None:
+        metrics.close()
+
+    # Ideal: each rank alone at its B/W batch, one at a time.
+    standalone = [0.0] * world
+    if args.ideal_steps > 0:
+        slowdown = factor_at(args.steps - 1)
+        mine_rate = 0.0
+        for r in range(world):
+            if world > 1:
+                dist.barrier()
+            if r == rank:
+                m, o = fresh_copy()
+                times = [
+                    solo_step_s(m, o, k, slowdown) for k in range(WARMUP_STEPS + args.ideal_steps)
+                ]
+                mine_rate = mine / statistics.median(times[WARMUP_STEPS:])
+                del m, o
+        if world > 1:
+            dist.barrier()
+            t = torch.tensor([mine_rate], dtype=torch.float64)
+            gathered = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
+            if backend == "nccl":
+                t, gathered = t.to(device), [g.to(device) for g in gathered]
+            dist.all_gather(gathered, t)
+            standalone = [float(g.item()) for g in gathered]
+        else:
+            standalone = [mine_rate]
+    if world > 1:
+        dist.destroy_process_group()
+    if rank != 0:
+        return None
+    steady = statistics.median(rates[len(rates) // 2 :]) if rates else 0.0
+    ideal = sum(standalone) if args.ideal_steps > 0 else None
+    after_first = sum(walls[1:])
+    return {
+        "runner": "torch-ddp",
+        "policy": "ddp",
+        "model": args.model,
+        "world_size": world,
+        "backend": backend if world > 1 else None,
+        "device": device.type,
+        "amp": args.amp,
+        "channels_last": args.channels_last,
+        "global_batch": gb,
+        "steps": args.steps,
+        "final_plan": sizes,
+        "plans": [{"version": 0, "apply_at_step": 0, "batches": sizes, "reason": "equal (DDP)"}],
+        "train_wall_s": train_wall_s,
+        "steady_samples_per_s": steady,
+        "throughput_samples_per_s": (
+            sum(r * w for r, w in zip(rates[1:], walls[1:], strict=True)) / after_first
+            if after_first > 0
+            else steady
+        ),
+        "standalone_samples_per_s": standalone if ideal else [],
+        "ideal_samples_per_s": ideal,
+        "ideal_method": "sum over ranks of each rank alone at B/W (no DDP), median of "
+        f"{args.ideal_steps} steps"
+        if ideal
+        else "not measured (--ideal-steps 0)",
+        "pct_of_ideal": 100.0 * steady / ideal if ideal else None,
+        "emulated": bool(args.emulate_slowdown),
+        "emulated_slowdown": args.emulate_slowdown,
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""The exact command line and environment of every run of a scenario (pure, no torch).
+
+``hetero-bench run --dry-run`` prints these; the runner executes them. Every
+run is started with ``sys.executable -m …`` (never a console script), so a GPU
+machine that has hetero only on ``PYTHONPATH`` runs it the same way. Every
+environment carries the NVLink-multicast switches ``rank_env`` sets for ranks
+(the neighbour is a process on a GPU too), and ``CUDA_DEVICE_ORDER=PCI_BUS_ID``
+so CUDA's device indices are NVML's, which the harness samples.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from hetero.bench.harness.scenario import BASELINE, GPU_ONLY, Scenario
+
+#: Set in every process the harness starts (DESIGN: never NVLink multicast on a shared host).
+SAFE_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+    "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One process tree to start: ``argv`` with ``env`` added to the harness's environment."""
+
+    name: str  # "ddp", "gpu-only" or a policy name
+    runner: str  # "torch-ddp" (bench/baseline_ddp.py) or "hetero-train"
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    out_dir: Path
+    ranks: int
+    steps: int
+    ideal_steps: int
+
+    @property
+    def summary_path(self) -> Path:
+        return self.out_dir / "summary.json"
+
+    @property
+    def metrics_dir(self) -> Path:
+        return self.out_dir / "metrics"
+
+    def shell(self) -> str:
+        """The command as one line a person can paste into a shell."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
+        return f"{env} {shlex.join(self.argv)}"
+
+
+def run_specs(scenario: Scenario, out_dir: Path, python: str | None = None) -> list[RunSpec]:
+    """Every run of ``scenario`` in order, writing under ``out_dir/runs/<name>/``."""
+    return [_spec(scenario, name, out_dir / "runs" / name, python) for name in scenario.run_names()]
+
+
+def _spec(s: Scenario, name: str, out: Path, python: str | None) -> RunSpec:
+    py = python or sys.executable
+    ov = s.override(name)
+    steps = ov.steps or s.steps
+    ideal = ov.ideal_steps if ov.ideal_steps is not None else s.ideal_steps
+    ranks = 1 if name == GPU_ONLY else s.ranks
+    env = dict(SAFE_ENV)
+    if s.devices == "mixed":
+        # The first `gpus` ranks see a GPU; later local ranks find none and run on CPU
+        # (--device auto picks cuda:LOCAL_RANK only while LOCAL_RANK < device_count).
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in range(s.gpus))
+    elif s.devices == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    device = (
+        "cpu" if s.devices == "cpu" else "cuda" if s.devices == "cuda" or ranks == 1 else "auto"
+    )
+    common = [
+        "--model", s.model,
+        "--global-batch", str(s.global_batch),
+        "--steps", str(steps),
+        "--rebalance-interval", str(min(s.rebalance_interval, steps)),
+        "--num-classes", str(s.num_classes),
+        "--num-samples", str(s.num_samples),
+        "--lr", str(s.lr),
+        "--amp", s.amp,
+        "--ideal-steps", str(ideal),
+        "--nproc", str(ranks),
+        "--device", device,
+        "--output-dir", str(out),
+        "--summary-json", str(out / "summary.json"),
+    ]  # fmt: skip
+    if s.image_size:
+        common += ["--image-size", str(s.image_size)]
+    if s.channels_last:
+        common.append("--channels-last")
+    if s.devices == "mixed" and ranks > 1:
+        common += ["--backend", "gloo"]
+    if s.emulate_spec and ranks > 1:
+        common += ["--emulate-slowdown", s.emulate_spec]
+    if name == BASELINE:
+        argv = [py, "-m", "hetero.bench.baseline_ddp", *common]
+        return RunSpec(name, "torch-ddp", tuple(argv), env, out, ranks, steps, ideal)
+    policy = "equal" if name == GPU_ONLY else name
+    argv = [
+        py, "-m", "hetero.trainer.cli", *common,
+        "--policy", policy, "--min-batch", str(s.min_batch), "--json", "--quiet",
+    ]  # fmt: skip
+    return RunSpec(name, "hetero-train", tuple(argv), env, out, ranks, steps, ideal)
+
+
+def neighbour_argv(
+    scenario: Scenario, control: Path, log: Path, ready: Path, python: str | None = None
+) -> tuple[str, ...]:
+    """The noisy neighbour's command line (see ``harness.neighbour``)."""
+    n = scenario.neighbour
+    assert n is not None
+    return (
+        python or sys.executable, "-m", "hetero.bench.harness.neighbour",
+        "--device", n.torch_device, "--size", str(n.matmul_size),
+        "--control", str(control), "--log", str(log), "--ready", str(ready),
+    )  # fmt: skip

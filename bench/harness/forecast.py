@@ -1,0 +1,79 @@
+"""Does the planner say a rank should go? Exclusion forecasts from a run's own metrics.
+
+For a GPU + CPU job the question is whether the CPU ranks help at all. hetero's
+balancer can shrink a slow rank's batch to ``min_batch`` but never drops it
+mid-run; its straggler module forecasts whether running *without* a rank
+would raise throughput (``predict_exclusion``). Here that forecast is made
+from the run's metrics exactly as the balancer would see them (fitted
+per-rank step models, exposed communication time estimated from wall versus
+compute), so the report can set the planner's verdict beside the measured
+GPU-alone run. Pure: imports the balancer, never torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hetero.coordinator.balancer import (
+    Constraints,
+    Dynamic,
+    RankInterval,
+    estimate_comm_s,
+    predict_exclusion,
+)
+from hetero.errors import HeteroError
+
+
+def history_from_metrics(ranks: list[list[dict[str, Any]]]) -> list[tuple[RankInterval, ...]]:
+    """The balancer's history (oldest first) from per-rank metrics records aligned by step."""
+    by_step = [{int(r["step"]): r for r in recs} for recs in ranks]
+    steps = sorted(set.intersection(*(set(m) for m in by_step))) if by_step else []
+    history = []
+    for k in steps:
+        recs = [m[k] for m in by_step]
+        if any(not r.get("compute_s") or not r.get("steps_measured") for r in recs):
+            continue
+        history.append(
+            tuple(
+                RankInterval(
+                    rank=rank,
+                    batch=int(r["batch"]),
+                    steps=int(r["steps_measured"]),
+                    compute_s=float(r["compute_s"]),
+                    step_s=float(r.get("step_s") or 0.0),
+                    peak_memory_bytes=int(r.get("peak_memory_bytes") or 0) or None,
+                )
+                for rank, r in enumerate(recs)
+            )
+        )
+    return history
+
+
+def exclusion_forecasts(
+    ranks: list[list[dict[str, Any]]], global_batch: int, candidates: list[int], min_batch: int = 1
+) -> list[dict[str, Any]]:
+    """One forecast per candidate rank: predicted samples/s with and without it, and the verdict."""
+    history = history_from_metrics(ranks)
+    if len(history) < 2:
+        return []
+    try:
+        models = Dynamic().fit(history)
+        comm_s = estimate_comm_s(history)
+        constraints = Constraints(global_batch, len(models), min_batch, comm_s=comm_s)
+        out = []
+        for rank in candidates:
+            f = predict_exclusion(models, constraints, rank)
+            out.append(
+                {
+                    "rank": rank,
+                    "samples_per_s": f.samples_per_s,
+                    "samples_per_s_without": f.samples_per_s_without,
+                    "gain": f.gain,
+                    "worthwhile": f.worthwhile,
+                    "comm_s": comm_s,
+                    "message": f.message,
+                }
+            )
+        return out
+    except HeteroError as exc:
+        return [{"rank": None, "message": f"no forecast: {exc}"}]

@@ -1,0 +1,186 @@
+"""The outputs of a scenario run: results.json, results.csv, report.md and (optionally) PNGs.
+
+:func:`write_outputs` is what both ``hetero-bench run`` (at the end) and
+``hetero-bench report DIR`` (later, on any machine) call: it reads
+``manifest.json`` and the runs' files, recomputes every figure, and rewrites
+the outputs. Emulated scenarios say so in the title, every row and the CSV.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from hetero.bench.harness import plots
+from hetero.bench.harness.forecast import exclusion_forecasts
+from hetero.bench.harness.results import RunData, build_rows, run_changes, write_csv, write_json
+from hetero.errors import ConfigError
+
+FIGURES_HELP = """\
+- **samples/s**: median of the job's per-interval throughput over the steady
+  window (the latter half of the run, or of each phase between changes).
+- **% of ideal**: samples/s over the sum of each rank's standalone throughput at
+  its final planned batch, measured one rank at a time after training in the
+  same run (plain DDP: each rank alone at B/W). Only for the last phase.
+- **vs DDP / vs equal / vs GPU-only**: samples/s over that run's, same window.
+- **imbalance**: median over the window of max/mean per-rank compute-only time
+  − 1 (plain DDP has no compute-only time: from its standalone step times).
+- **adapt**: intervals (× rebalance interval = steps) after a change until the
+  throughput is within 5% of the new phase's steady value for 2 intervals.
+- **GPU util**: mean NVML utilization per GPU over the window (n/a without NVML).
+"""
+
+
+def load_manifest(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "manifest.json"
+    if not path.exists():
+        raise ConfigError(f"{run_dir} is not a hetero-bench run directory (no manifest.json)")
+    manifest: dict[str, Any] = json.loads(path.read_text())
+    return manifest
+
+
+def write_outputs(run_dir: Path, *, draw_plots: bool = True) -> dict[str, Any]:
+    """(Re)write results.json, results.csv, report.md and, if matplotlib is there, the PNGs."""
+    manifest = load_manifest(run_dir)
+    rows, runs = build_rows(run_dir, manifest)
+    sc = manifest["scenario"]
+    forecasts: dict[str, list[dict[str, Any]]] = {}
+    if sc["devices"] == "mixed":
+        cpu_ranks = list(range(int(sc["gpus"]), int(sc["ranks"])))
+        for run in runs:
+            if run.runner_is_ddp or run.name == "gpu-only" or len(run.ranks) < 2:
+                continue
+            forecasts[run.name] = exclusion_forecasts(
+                run.ranks, int(sc["global_batch"]), cpu_ranks, int(sc.get("min_batch", 1))
+            )
+    changes = _changes(runs, manifest)
+    pngs: list[Path] = []
+    if draw_plots:
+        pngs = plots.draw(run_dir, runs, changes, sc["name"])
+    write_json(run_dir / "results.json", manifest, rows, {"exclusion_forecasts": forecasts})
+    write_csv(run_dir / "results.csv", rows)
+    (run_dir / "report.md").write_text(render(manifest, rows, runs, forecasts, pngs))
+    return {"rows": rows, "plots": pngs}
+
+
+def _changes(runs: list[RunData], manifest: dict[str, Any]) -> list[tuple[int, str]]:
+    for run in runs:
+        ch = run_changes(run, manifest)
+        if ch:
+            return ch
+    return [(int(s), str(label)) for s, label in manifest.get("changes", [])]
+
+
+def _steady(rows: list[dict[str, Any]], policy: str) -> float | None:
+    for r in rows:
+        if r["policy"] == policy and r["window"] in ("steady", "whole-run"):
+            return float(r["samples_per_s"]) if r["samples_per_s"] else None
+    return None
+
+
+def _f(v: Any, fmt: str = "{:,.0f}") -> str:
+    return "n/a" if v is None else fmt.format(v)
+
+
+def _util(v: Any) -> str:
+    if not v:
+        return "n/a"
+    return " / ".join("n/a" if u is None else f"{u:.0f}%" for u in v)
+
+
+def render(
+    manifest: dict[str, Any],
+    rows: list[dict[str, Any]],
+    runs: list[RunData],
+    forecasts: dict[str, list[dict[str, Any]]],
+    pngs: list[Path],
+) -> str:
+    sc = manifest["scenario"]
+    emulated = bool(sc.get("slowdowns"))
+    tag = " (EMULATED heterogeneity)" if emulated else ""
+    lines = [
+        f"# hetero-bench: {sc['name']}{tag}",
+        "",
+        f"{sc['description']}",
+        "",
+        f"- date: {manifest.get('date')}; device: {manifest.get('device')}; host: {manifest.get('host')}",
+        f"- model {sc['model']}, global batch {sc['global_batch']}, amp {sc['amp']}, "
+        f"channels_last {sc['channels_last']}, rebalance every {sc['rebalance_interval']} steps, "
+        f"{sc['steps']} steps{' (--quick)' if manifest.get('quick') else ''}",
+        f"- command: `{manifest.get('command')}`",
+        f"- software: {manifest.get('software')}",
+    ]
+    if emulated:
+        lines.append(
+            "- **EMULATED**: slow ranks wait (factor − 1) × their measured compute; "
+            "these are not measurements of slow hardware."
+        )
+    if manifest.get("changes"):
+        lines.append(
+            "- changes: " + ", ".join(f"step {s}: {lab}" for s, lab in manifest["changes"])
+        )
+    lines += [
+        "",
+        "| run | window | samples/s | % of ideal | vs DDP | vs equal | imbalance | adapt (steps) | GPU util | final plan |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
+    ]
+    for r in rows:
+        gpu_only = (
+            f" (vs GPU-only {_f(r.get('speedup_vs_gpu_only'), '{:.2f}x')})"
+            if r.get("speedup_vs_gpu_only") and r["policy"] != "gpu-only"
+            else ""
+        )
+        lines.append(
+            f"| {r['policy']}{'' if r['ok'] else ' FAILED'} | {r['window']} {r['window_label']} | "
+            f"{_f(r['samples_per_s'])} | {_f(r['pct_of_ideal'], '{:.1f}%')} | "
+            f"{_f(r['speedup_vs_ddp'], '{:.2f}x')}{gpu_only} | {_f(r['speedup_vs_equal'], '{:.2f}x')} | "
+            f"{_f(r['imbalance'], '{:.1%}')} | {_f(r.get('adaptation_steps'), '{}')} | "
+            f"{_util(r.get('gpu_util_pct'))} | {r.get('final_plan') or 'n/a'} |"
+        )
+    lines += ["", "## Figures", "", FIGURES_HELP]
+    if forecasts:
+        lines += ["## Does the planner say the CPU ranks should go?", ""]
+        alone = _steady(rows, "gpu-only")
+        for name, fs in forecasts.items():
+            for f in fs:
+                lines.append(f"- {name}, planner forecast: {f['message']}")
+            mine = _steady(rows, name)
+            if alone and mine:
+                verdict = "faster" if alone > mine else "slower"
+                lines.append(
+                    f"- {name}, measured: the GPU alone ran {abs(alone / mine - 1):.0%} {verdict} "
+                    f"({alone:,.0f} vs {mine:,.0f} samples/s with the CPU ranks)"
+                )
+        lines += [
+            "",
+            "The forecast keeps the exposed all-reduce time for the smaller job; without any",
+            "CPU rank the job leaves Gloo entirely, which the measured GPU-alone run shows.",
+            "",
+        ]
+    flagged = [run for run in runs if run.outcome.get("error") or run.outcome.get("warning")]
+    if flagged:
+        lines += ["## Failed runs and warnings", ""]
+        for run in flagged:
+            what = run.outcome.get("error") or f"warning: {run.outcome.get('warning')}"
+            lines.append(f"- {run.name}: {what} (see runs/{run.name}/stderr.log)")
+        lines.append("")
+    lines += ["## Runs", ""]
+    for run in runs:
+        o = run.outcome
+        switches = ", ".join(
+            f"{'on' if s['on'] else 'off'}@{s['step']}" for s in o.get("switches", [])
+        )
+        lines.append(
+            f"- **{run.name}** ({o.get('runner')}), {o.get('wall_s', 0):.0f} s, exit {o.get('returncode')}"
+            + (f", neighbour {switches}" if switches else "")
+            + f": `{o.get('command', '')}`"
+        )
+    if pngs:
+        lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in pngs]
+    else:
+        lines += [
+            "",
+            "Plots: none here (matplotlib missing); run `hetero-bench report DIR` where it is.",
+        ]
+    return "\n".join(lines) + "\n"

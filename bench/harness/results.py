@@ -1,0 +1,247 @@
+"""Rows of ``results.json`` / ``results.csv``, computed from what the runs left on disk.
+
+Inputs per run directory ``runs/<name>/``: ``run.json`` (the harness's record),
+``summary.json`` (the run's own summary, with the ideal), ``metrics/rank*.jsonl``
+and ``gpu_util.jsonl``. ``build_rows`` recomputes every figure from those, so
+``hetero-bench report`` after a change to a figure's definition rewrites the
+numbers from the same raw data.
+
+One row per run for a scenario without changes (``window = "steady"``); with
+changes, one row per phase (``p0``, ``p1``, …) plus ``whole-run``. The ideal is
+measured after training, in the run's final conditions, so ``pct_of_ideal``
+is given only for the last phase.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hetero.bench.harness import figures
+from hetero.bench.harness.gpu_monitor import read_samples
+from hetero.bench.harness.scenario import BASELINE, GPU_ONLY
+
+CSV_COLUMNS = (
+    "scenario", "model", "policy", "runner", "window", "window_label", "samples_per_s",
+    "ideal_samples_per_s", "pct_of_ideal", "speedup_vs_ddp", "speedup_vs_equal",
+    "speedup_vs_gpu_only", "imbalance", "adaptation_intervals", "adaptation_steps",
+    "gpu_util_pct", "final_plan", "plan_changes", "global_batch", "steps", "amp", "device",
+    "emulated", "ok", "date", "note",
+)  # fmt: skip
+
+
+@dataclass
+class RunData:
+    """Everything one run left on disk, loaded."""
+
+    name: str
+    outcome: dict[str, Any]
+    summary: dict[str, Any] | None
+    ranks: list[list[dict[str, Any]]]  # per rank, per interval
+    util: list[tuple[float, list[float | None]]]
+
+    @property
+    def runner_is_ddp(self) -> bool:
+        return bool(self.outcome.get("runner") == "torch-ddp")
+
+    @property
+    def rank0(self) -> list[dict[str, Any]]:
+        return self.ranks[0] if self.ranks else []
+
+    @property
+    def steps(self) -> list[int]:
+        return [int(r["step"]) for r in self.rank0]
+
+    @property
+    def rates(self) -> list[float]:
+        return [float(r["samples_per_s"]) for r in self.rank0]
+
+    def compute_by_interval(self) -> list[list[float | None]]:
+        """Per interval (rank 0's), each rank's compute-only seconds per step, or None."""
+        by_step = [{int(r["step"]): r.get("compute_s") for r in rank} for rank in self.ranks]
+        return [[m.get(k) for m in by_step] for k in self.steps]
+
+    def batches_by_interval(self) -> list[list[int | None]]:
+        by_step = [{int(r["step"]): r.get("batch") for r in rank} for rank in self.ranks]
+        return [[m.get(k) for m in by_step] for k in self.steps]
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    out = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut off by a killed run
+    return out
+
+
+def load_run(run_dir: Path) -> RunData:
+    outcome = (
+        json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else {}
+    )
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+    files = sorted(
+        (run_dir / "metrics").glob("rank*.jsonl"), key=lambda p: int(p.stem.removeprefix("rank"))
+    )
+    ranks = [_read_jsonl(f) for f in files]
+    return RunData(run_dir.name, outcome, summary, ranks, read_samples(run_dir / "gpu_util.jsonl"))
+
+
+def run_changes(run: RunData, manifest: dict[str, Any]) -> list[tuple[int, str]]:
+    """The run's changes: the neighbour switches it really made, or the emulated windows."""
+    switches = [s for s in run.outcome.get("switches", []) if int(s["step"]) > 0]
+    if switches:
+        return [
+            (int(s["step"]), "neighbour arrives" if s["on"] else "neighbour leaves")
+            for s in switches
+        ]
+    return [(int(step), str(label)) for step, label in manifest.get("changes", [])]
+
+
+def _window_span(run: RunData, window: range) -> tuple[float, float] | None:
+    recs = [run.rank0[i] for i in window if i < len(run.rank0)]
+    if not recs:
+        return None
+    return float(recs[0]["time_s"]) - float(recs[0]["interval_wall_s"]), float(recs[-1]["time_s"])
+
+
+def _util(run: RunData, window: range) -> list[float | None] | None:
+    span = _window_span(run, window)
+    if span is None or not run.util:
+        return None
+    return figures.mean_utilization(run.util, *span) or None
+
+
+def rows_for_run(run: RunData, manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """This run's rows (speedups are filled in by :func:`build_rows`)."""
+    sc = manifest["scenario"]
+    s = run.summary or {}
+    interval = int(sc["rebalance_interval"])
+    base = {
+        "scenario": sc["name"],
+        "model": sc["model"],
+        "policy": run.name,
+        "runner": run.outcome.get("runner", "hetero-train"),
+        "final_plan": s.get("final_plan"),
+        "plan_changes": max(len(s.get("plans", [])) - 1, 0) if s else None,
+        "global_batch": sc["global_batch"],
+        "steps": s.get("steps"),
+        "amp": sc["amp"],
+        "device": manifest.get("device", "unknown"),
+        "emulated": bool(sc.get("slowdowns")),
+        "ok": run.outcome.get("returncode") is not None and not run.outcome.get("error"),
+        "date": manifest.get("date"),
+        "note": run.outcome.get("error") or run.outcome.get("warning") or "",
+    }
+    rates = run.rates
+    if not rates:
+        return [
+            base
+            | {"window": "steady", "window_label": "no metrics", "samples_per_s": None}
+            | dict.fromkeys(("ideal_samples_per_s", "pct_of_ideal", "imbalance"))
+        ]
+    phases = figures.phases(run.steps, run_changes(run, manifest), "start")
+    compute = run.compute_by_interval()
+    ideal = s.get("ideal_samples_per_s")
+    standalone = s.get("standalone_samples_per_s") or []
+    rows = []
+    for k, ph in enumerate(phases):
+        last = k == len(phases) - 1
+        rate = figures.median_rate(rates, ph.steady)
+        imb = figures.imbalance(compute, ph.steady)
+        imb_note = ""
+        if (
+            imb is None
+            and last
+            and len(standalone) > 1
+            and run.outcome.get("runner") == "torch-ddp"
+        ):
+            # Plain DDP has no compute-only time: use each rank's standalone step time at B/W.
+            plan = s.get("final_plan") or []
+            times = [b / r for b, r in zip(plan, standalone, strict=False) if r]
+            imb = figures.interval_imbalance(times)
+            imb_note = "imbalance from standalone step times"
+        adapt = figures.adaptation_intervals(rates, ph) if k > 0 else None
+        rows.append(
+            base
+            | {
+                "window": "steady" if len(phases) == 1 else f"p{k}",
+                "window_label": ph.label if len(phases) > 1 else "latter half of the run",
+                "samples_per_s": rate,
+                "ideal_samples_per_s": ideal if last else None,
+                "pct_of_ideal": 100.0 * rate / ideal if (last and ideal and rate) else None,
+                "imbalance": imb,
+                "adaptation_intervals": adapt,
+                "adaptation_steps": adapt * interval if adapt is not None else None,
+                "gpu_util_pct": _util(run, ph.steady),
+                "note": "; ".join(x for x in (base["note"], imb_note) if x),
+            }
+        )
+    if len(phases) > 1:
+        walls = [float(r["interval_wall_s"]) for r in run.rank0]
+        rows.append(
+            base
+            | {
+                "window": "whole-run",
+                "window_label": "all intervals but the first",
+                "samples_per_s": figures.whole_run_rate(rates, walls),
+                "ideal_samples_per_s": None,
+                "pct_of_ideal": None,
+                "imbalance": figures.imbalance(compute, range(1, len(rates))),
+                "gpu_util_pct": _util(run, range(1, len(rates))),
+            }
+        )
+    return rows
+
+
+def build_rows(
+    run_dir: Path, manifest: dict[str, Any]
+) -> tuple[list[dict[str, Any]], list[RunData]]:
+    """All rows of the scenario run in ``run_dir``, with speedups against ddp, equal, gpu-only."""
+    runs = [load_run(run_dir / "runs" / name) for name in manifest["runs"]]
+    runs = [r for r in runs if r.outcome or r.summary]
+    rows = [row for run in runs for row in rows_for_run(run, manifest)]
+    for ref, col in (
+        (BASELINE, "speedup_vs_ddp"),
+        ("equal", "speedup_vs_equal"),
+        (GPU_ONLY, "speedup_vs_gpu_only"),
+    ):
+        by_window = {r["window"]: r["samples_per_s"] for r in rows if r["policy"] == ref}
+        for r in rows:
+            denom = by_window.get(r["window"]) or by_window.get("steady")
+            r[col] = r["samples_per_s"] / denom if (denom and r["samples_per_s"]) else None
+    for r in rows:
+        for col in CSV_COLUMNS:
+            r.setdefault(col, None)
+    return rows, runs
+
+
+def write_json(
+    path: Path, manifest: dict[str, Any], rows: list[dict[str, Any]], extra: dict[str, Any]
+) -> None:
+    doc = {"meta": {k: v for k, v in manifest.items() if k != "specs"}, "rows": rows} | extra
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    if isinstance(v, (list, tuple)):
+        return ";".join(_cell(x) for x in v)
+    return str(v)
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(CSV_COLUMNS)
+        for r in rows:
+            w.writerow([_cell(r.get(c)) for c in CSV_COLUMNS])

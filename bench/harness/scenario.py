@@ -1,0 +1,362 @@
+"""Benchmark scenarios for ``hetero-bench run``: typed, validated, loaded from YAML.
+
+A scenario names the ranks and their devices, the job (model, global batch,
+precision, steps, rebalance interval), which runs to make (the plain-DDP
+baseline, hetero's policies, a GPU-alone reference) and the heterogeneity: a
+noisy neighbour on a GPU (present all run, or arriving and leaving at given
+steps) or emulated slowdowns on CPU ranks. Files live in ``bench/scenarios/``
+(the simulator's are under ``scenarios/sim/``). Parsed once into frozen
+dataclasses; an unknown key or bad value raises ``ConfigError`` naming the
+file and field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from hetero.errors import ConfigError
+
+#: Policies ``hetero-train`` knows (checked here without importing the trainer).
+POLICIES = ("equal", "proportional", "dynamic", "hybrid")
+#: Run names that are not hetero policies: the external baseline and the GPU-alone reference.
+BASELINE = "ddp"
+GPU_ONLY = "gpu-only"
+DEVICES = ("cpu", "cuda", "mixed")
+
+
+@dataclass(frozen=True)
+class Neighbour:
+    """A co-located process of back-to-back ``matmul_size``² bf16 matmuls on ``gpu``.
+
+    Present for the whole run when ``arrive_step`` is ``None``; otherwise it
+    starts idle and the harness switches it on at the first metrics boundary
+    at or after ``arrive_step`` and off at the first at or after ``leave_step``.
+    """
+
+    gpu: int = 1
+    matmul_size: int = 8192
+    arrive_step: int | None = None
+    leave_step: int | None = None
+    device: str | None = None  # torch device; default cuda:<gpu> ("cpu" lets tests exercise it)
+
+    @property
+    def torch_device(self) -> str:
+        return self.device or f"cuda:{self.gpu}"
+
+
+@dataclass(frozen=True)
+class Slowdown:
+    """An emulated CPU slowdown: ``rank`` is ``factor``× slower on steps [start, end)."""
+
+    rank: int
+    factor: float
+    start: int = 0
+    end: int | None = None
+
+    def spec(self) -> str:
+        window = "" if (self.start == 0 and self.end is None) else f"@{self.start}-{self.end or ''}"
+        return f"{self.rank}:{self.factor:g}{window}"
+
+
+@dataclass(frozen=True)
+class RunOverride:
+    """Per-run settings where one run is slow by construction (e.g. equal batches on a CPU)."""
+
+    steps: int | None = None
+    ideal_steps: int | None = None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Everything one ``hetero-bench run`` needs. ``steps`` and change steps are optimizer steps."""
+
+    name: str
+    devices: str
+    ranks: int
+    gpus: int
+    model: str
+    global_batch: int
+    steps: int
+    description: str = ""
+    rebalance_interval: int = 10
+    ideal_steps: int = 8
+    image_size: int | None = None
+    num_classes: int = 10
+    num_samples: int = 8192
+    amp: str = "none"
+    channels_last: bool = False
+    lr: float = 0.05
+    min_batch: int = 1
+    policies: tuple[str, ...] = POLICIES
+    baseline: bool = True
+    gpu_only_reference: bool = False
+    neighbour: Neighbour | None = None
+    slowdowns: tuple[Slowdown, ...] = ()
+    overrides: tuple[tuple[str, RunOverride], ...] = ()
+    quick_steps: int | None = None
+    quick_ideal_steps: int | None = None
+    quick_policies: tuple[str, ...] | None = None
+    run_timeout_s: float = 300.0
+
+    @property
+    def emulated(self) -> bool:
+        return bool(self.slowdowns)
+
+    @property
+    def emulate_spec(self) -> str | None:
+        return ",".join(s.spec() for s in self.slowdowns) or None
+
+    @property
+    def change_steps(self) -> tuple[tuple[int, str], ...]:
+        """(step, label) of every sudden change, ascending: neighbour or slowdown windows."""
+        out: list[tuple[int, str]] = []
+        n = self.neighbour
+        if n is not None and n.arrive_step is not None:
+            out.append((n.arrive_step, f"neighbour arrives on GPU {n.gpu}"))
+            if n.leave_step is not None:
+                out.append((n.leave_step, f"neighbour leaves GPU {n.gpu}"))
+        for s in self.slowdowns:
+            if s.start > 0:
+                out.append((s.start, f"rank {s.rank} slows {s.factor:g}x (emulated)"))
+            if s.end is not None:
+                out.append((s.end, f"rank {s.rank} back to full speed (emulated)"))
+        return tuple(sorted(out))
+
+    def run_names(self) -> tuple[str, ...]:
+        """The runs in order: the baseline first, then the GPU-alone reference, then policies."""
+        names = [BASELINE] if self.baseline else []
+        if self.gpu_only_reference:
+            names.append(GPU_ONLY)
+        return (*names, *self.policies)
+
+    def override(self, run: str) -> RunOverride:
+        return dict(self.overrides).get(run, RunOverride())
+
+
+def _scale_step(step: int | None, factor: float, interval: int) -> int | None:
+    """``step`` scaled by ``factor``, on a rebalance boundary, at least one interval in."""
+    if step is None:
+        return None
+    return max(interval, round(step * factor / interval) * interval)
+
+
+def resize(scenario: Scenario, steps: int) -> Scenario:
+    """The scenario with ``steps`` total steps; change steps keep their fraction of the run."""
+    if steps < 2 * scenario.rebalance_interval:
+        raise ConfigError(
+            f"--steps must be at least two rebalance intervals "
+            f"({2 * scenario.rebalance_interval}) for {scenario.name}, got {steps}"
+        )
+    f = steps / scenario.steps
+    k = scenario.rebalance_interval
+    n = scenario.neighbour
+    if n is not None:
+        n = replace(
+            n,
+            arrive_step=_scale_step(n.arrive_step, f, k),
+            leave_step=_scale_step(n.leave_step, f, k),
+        )
+    slowdowns = tuple(
+        replace(
+            s,
+            start=(_scale_step(s.start, f, k) or 0) if s.start > 0 else 0,
+            end=_scale_step(s.end, f, k),
+        )
+        for s in scenario.slowdowns
+    )
+    overrides = tuple(
+        (name, replace(o, steps=max(2 * k, round(o.steps * f)) if o.steps else None))
+        for name, o in scenario.overrides
+    )
+    out = replace(scenario, steps=steps, neighbour=n, slowdowns=slowdowns, overrides=overrides)
+    _check_changes(out)
+    return out
+
+
+def configure(
+    scenario: Scenario,
+    *,
+    quick: bool = False,
+    steps: int | None = None,
+    ideal_steps: int | None = None,
+    policies: tuple[str, ...] | None = None,
+    baseline: bool | None = None,
+) -> Scenario:
+    """Apply ``--quick`` (the file's ``quick:`` block), then explicit flags, which win."""
+    s = scenario
+    if quick:
+        if s.quick_steps is not None:
+            s = resize(s, s.quick_steps)
+        if s.quick_ideal_steps is not None:
+            s = replace(s, ideal_steps=s.quick_ideal_steps)
+        if s.quick_policies is not None:
+            s = replace(s, policies=s.quick_policies)
+    if steps is not None:
+        s = resize(s, steps)
+    if ideal_steps is not None:
+        if ideal_steps < 0:
+            raise ConfigError(f"--ideal-steps must be >= 0, got {ideal_steps}")
+        s = replace(s, ideal_steps=ideal_steps)
+    if policies is not None:
+        s = replace(s, policies=_policies(policies, "--policies"))
+    if baseline is not None:
+        s = replace(s, baseline=baseline)
+    return s
+
+
+# -- loading ---------------------------------------------------------------------------
+
+
+def known_scenarios() -> list[str]:
+    """Names of the shipped ``run`` scenarios (``bench/scenarios/*.yaml``), sorted."""
+    root = resources.files("hetero.bench").joinpath("scenarios")
+    return sorted(p.name[: -len(".yaml")] for p in root.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_scenario(name: str) -> Scenario:
+    """The shipped scenario called ``name``; ``ConfigError`` naming the known ones if none."""
+    known = known_scenarios()
+    if name not in known:
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"unknown scenario {name!r} (known: {', '.join(known)}){hint}")
+    text = resources.files("hetero.bench").joinpath("scenarios", f"{name}.yaml").read_text()
+    return parse_scenario(name, text)
+
+
+_TOP = {
+    "description", "devices", "ranks", "gpus", "model", "global_batch", "steps",
+    "rebalance_interval", "ideal_steps", "image_size", "num_classes", "num_samples", "amp",
+    "channels_last", "lr", "min_batch", "policies", "baseline", "gpu_only_reference",
+    "neighbour", "slowdowns", "overrides", "quick", "run_timeout_s",
+}  # fmt: skip
+
+
+def _unknown_keys(where: str, data: Mapping[str, Any], allowed: set[str]) -> None:
+    for key in data:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), sorted(allowed), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"{where}: unknown key {key!r}{hint}")
+
+
+def _policies(values: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(values, (list, tuple)) or not values:
+        raise ConfigError(f"{where}: expected a non-empty list of policies")
+    for p in values:
+        if p not in POLICIES:
+            raise ConfigError(f"{where}: unknown policy {p!r} (known: {', '.join(POLICIES)})")
+    return tuple(str(p) for p in values)
+
+
+def parse_scenario(name: str, text: str) -> Scenario:
+    """Parse one scenario file's text; errors name ``name`` and the field."""
+    where = f"scenario {name}"
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: invalid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping at the top level")
+    _unknown_keys(where, data, _TOP)
+    for key in _REQUIRED:
+        if key not in data:
+            raise ConfigError(f"{where}: missing key {key!r}")
+    kw: dict[str, Any] = {k: v for k, v in data.items() if k not in _NESTED}
+    try:
+        if "policies" in data:
+            kw["policies"] = _policies(data["policies"], f"{where}.policies")
+        if data.get("neighbour") is not None:
+            nb = data["neighbour"]
+            kw["neighbour"] = Neighbour(**_checked(nb, Neighbour, f"{where}.neighbour"))
+        kw["slowdowns"] = tuple(
+            Slowdown(**_checked(s, Slowdown, f"{where}.slowdowns"))
+            for s in data.get("slowdowns", [])
+        )
+        kw["overrides"] = tuple(
+            (str(run), RunOverride(**_checked(o, RunOverride, f"{where}.overrides.{run}")))
+            for run, o in (data.get("overrides") or {}).items()
+        )
+        quick = data.get("quick") or {}
+        _unknown_keys(f"{where}.quick", quick, {"steps", "ideal_steps", "policies"})
+        kw["quick_steps"] = quick.get("steps")
+        kw["quick_ideal_steps"] = quick.get("ideal_steps")
+        if "policies" in quick:
+            kw["quick_policies"] = _policies(quick["policies"], f"{where}.quick.policies")
+        scenario = Scenario(name=name, **kw)
+    except TypeError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    _validate(scenario)
+    return scenario
+
+
+_REQUIRED = ("devices", "ranks", "gpus", "model", "global_batch", "steps")
+_NESTED = {"policies", "neighbour", "slowdowns", "overrides", "quick"}
+
+
+def _checked(data: Any, cls: type, where: str) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping")
+    _unknown_keys(where, data, {f.name for f in dataclasses.fields(cls)})
+    return data
+
+
+def _validate(s: Scenario) -> None:
+    where = f"scenario {s.name}"
+    if s.devices not in DEVICES:
+        raise ConfigError(
+            f"{where}.devices: expected one of {', '.join(DEVICES)}, got {s.devices!r}"
+        )
+    for field in ("ranks", "global_batch", "steps", "rebalance_interval", "min_batch"):
+        if int(getattr(s, field)) < 1:
+            raise ConfigError(f"{where}.{field}: must be >= 1, got {getattr(s, field)}")
+    if s.amp not in ("none", "bf16"):
+        raise ConfigError(f"{where}.amp: expected none or bf16, got {s.amp!r}")
+    if s.devices == "cpu" and s.gpus:
+        raise ConfigError(f"{where}.gpus: a cpu scenario uses no GPU, got {s.gpus}")
+    if s.devices != "cpu" and s.gpus < 1:
+        raise ConfigError(f"{where}.gpus: a {s.devices} scenario needs at least one GPU")
+    if s.devices == "cuda" and s.gpus != s.ranks:
+        raise ConfigError(
+            f"{where}: a cuda scenario has one rank per GPU ({s.ranks} ranks, {s.gpus} GPUs)"
+        )
+    if s.devices == "mixed" and s.ranks <= s.gpus:
+        raise ConfigError(f"{where}: a mixed scenario needs CPU ranks beyond its {s.gpus} GPU(s)")
+    if s.slowdowns and s.devices != "cpu":
+        raise ConfigError(f"{where}.slowdowns: emulated slowdowns are for CPU scenarios only")
+    if s.neighbour is not None and not 0 <= s.neighbour.gpu < s.gpus:
+        raise ConfigError(f"{where}.neighbour.gpu: {s.neighbour.gpu} is not one of {s.gpus} GPU(s)")
+    if s.gpu_only_reference and s.devices != "mixed":
+        raise ConfigError(f"{where}.gpu_only_reference: only for mixed GPU+CPU scenarios")
+    for run, _ in s.overrides:
+        if run not in (*POLICIES, BASELINE, GPU_ONLY):
+            raise ConfigError(f"{where}.overrides: unknown run {run!r}")
+    for sd in s.slowdowns:
+        if not 0 <= sd.rank < s.ranks:
+            raise ConfigError(f"{where}.slowdowns: rank {sd.rank} is not in a {s.ranks}-rank job")
+    _check_changes(s)
+
+
+def _check_changes(s: Scenario) -> None:
+    n = s.neighbour
+    if n is None or n.arrive_step is None:
+        if n is not None and n.leave_step is not None:
+            raise ConfigError(f"scenario {s.name}.neighbour: leave_step needs arrive_step")
+        return
+    if not 0 < n.arrive_step < s.steps:
+        raise ConfigError(
+            f"scenario {s.name}.neighbour.arrive_step: must be inside the run (1..{s.steps - 1}), "
+            f"got {n.arrive_step}"
+        )
+    if n.leave_step is not None and not n.arrive_step < n.leave_step < s.steps:
+        raise ConfigError(
+            f"scenario {s.name}.neighbour.leave_step: must be after arrive_step and before "
+            f"step {s.steps}, got {n.leave_step}"
+        )

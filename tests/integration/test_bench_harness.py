@@ -1,0 +1,166 @@
+"""hetero-bench run for real on CPU: the CI scenario end to end, and the neighbour's lifecycle.
+
+The GPU paths differ from these only in the device string: the dynamic
+neighbour test drives the same runner code (metrics tail, control file,
+process-group stop) with the neighbour's matmuls on the CPU.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from hetero.bench.harness.commands import SAFE_ENV, run_specs
+from hetero.bench.harness.gpu_monitor import GpuMonitor
+from hetero.bench.harness.neighbour import NeighbourProcess
+from hetero.bench.harness.runner import execute
+from hetero.bench.harness.scenario import Neighbour, configure, load_scenario
+
+pytestmark = pytest.mark.slow
+
+
+def _neighbour_argv(tmp: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "hetero.bench.harness.neighbour", "--device", "cpu", "--size", "32",
+        "--control", str(tmp / "ctl"), "--log", str(tmp / "log.jsonl"), "--ready", str(tmp / "ready"),
+    ]  # fmt: skip
+
+
+def test_neighbour_starts_switches_and_stops_leaving_no_process(tmp_path: Path) -> None:
+    nb = NeighbourProcess(
+        _neighbour_argv(tmp_path),
+        tmp_path / "ctl",
+        tmp_path / "ready",
+        env=SAFE_ENV,
+        start_on=False,
+    )
+    with nb:
+        assert nb.alive()
+        pid = nb.proc.pid if nb.proc else -1
+        nb.switch(True)
+        time.sleep(0.5)
+        nb.switch(False)
+        time.sleep(0.3)
+    assert not nb.alive()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    events = [
+        json.loads(line)["event"] for line in (tmp_path / "log.jsonl").read_text().splitlines()
+    ]
+    assert events[0] == "ready" and events[-1] == "exit"
+    switches = [e for e in events if e in ("on", "off")]
+    assert switches == ["off", "on", "off"]
+
+
+def test_neighbour_exits_when_its_parent_dies(tmp_path: Path) -> None:
+    # A parent that starts the neighbour, then is killed without cleaning up.
+    code = (
+        "import subprocess, sys, time; "
+        f"p = subprocess.Popen({_neighbour_argv(tmp_path)!r}); "
+        "print(p.pid, flush=True); time.sleep(60)"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "ready").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(child, 9)
+        pytest.fail("the neighbour outlived its parent")
+    assert "parent gone" in (tmp_path / "log.jsonl").read_text()
+
+
+def test_dynamic_neighbour_is_switched_at_the_training_steps(tmp_path: Path) -> None:
+    base = configure(load_scenario("cpu-emulated"), quick=True, ideal_steps=0)
+    scenario = replace(
+        base,
+        model="debug",
+        ranks=2,
+        slowdowns=(),
+        steps=30,
+        policies=("dynamic",),
+        neighbour=Neighbour(gpu=0, matmul_size=32, arrive_step=10, leave_step=20, device="cpu"),
+    )
+    (spec,) = [s for s in run_specs(scenario, tmp_path) if s.name == "dynamic"]
+    outcome = execute(spec, scenario, GpuMonitor(0), timeout_s=120)
+    assert outcome.ok, (outcome.error, (spec.out_dir / "stderr.log").read_text()[-2000:])
+    switched = [(s["step"], s["on"]) for s in outcome.switches]
+    assert switched == [(0, False), (10, True), (20, False)]
+    record = json.loads((spec.out_dir / "run.json").read_text())
+    assert record["switches"][1]["step"] == 10
+    log = (spec.out_dir / "neighbour.jsonl").read_text()
+    assert '"event": "on"' in log and '"event": "exit"' in log
+
+
+def test_cpu_emulated_quick_runs_end_to_end_and_writes_its_outputs(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hetero.bench.cli",
+            "run",
+            "cpu-emulated",
+            "--quick",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((out / "results.json").read_text())
+    rows = doc["rows"]
+    assert {r["policy"] for r in rows} == {"ddp", "dynamic"}
+    for row in rows:
+        assert row["scenario"] == "cpu-emulated" and row["emulated"] is True and row["ok"] is True
+        assert row["samples_per_s"] and row["samples_per_s"] > 0
+        for key in ("model", "pct_of_ideal", "speedup_vs_ddp", "device", "date"):
+            assert key in row
+    assert any(r["pct_of_ideal"] for r in rows)
+    with (out / "results.csv").open() as fh:
+        assert len(list(csv.DictReader(fh))) == len(rows)
+    report = (out / "report.md").read_text()
+    assert "EMULATED" in report and "| dynamic |" in report
+
+
+def test_gpu_machine_path_imports_nothing_it_lacks(tmp_path: Path) -> None:
+    """The GPU machine has torch, pyyaml, nvidia-ml-py but no rich, textual, sqlalchemy or
+    matplotlib: hetero-train --json, the baseline and hetero-bench report must not need them."""
+    code = f"""
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("rich", "textual", "sqlalchemy", "matplotlib"):
+            raise ImportError("blocked: " + name)
+sys.meta_path.insert(0, Block())
+from hetero.trainer.cli import main as train
+from hetero.bench.baseline_ddp import main as baseline
+from hetero.bench.harness import report, runner  # noqa: F401
+common = ["--model", "debug", "--num-samples", "64", "--global-batch", "8", "--steps", "4",
+          "--rebalance-interval", "2", "--ideal-steps", "1", "--amp", "bf16", "--channels-last"]
+assert train([*common, "--json", "--quiet", "--output-dir", r"{tmp_path}/t"]) == 0
+assert baseline([*common, "--output-dir", r"{tmp_path}/b"]) == 0
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "b" / "metrics" / "rank0.jsonl").exists()

@@ -1,0 +1,43 @@
+"""The GPU + CPU question: the balancer's exclusion forecast from a run's own metrics."""
+
+from __future__ import annotations
+
+from hetero.bench.harness.forecast import exclusion_forecasts, history_from_metrics
+
+
+def _ranks(per_sample_s: list[float], batches: list[int], wall_s: float) -> list[list[dict]]:
+    out = []
+    for rank, (a, b) in enumerate(zip(per_sample_s, batches, strict=True)):
+        recs = []
+        for k in range(1, 9):
+            bb = b + (k % 3) if rank else b - 2 * (k % 3)  # some spread for the fit
+            recs.append({"step": 2 * k, "batch": bb, "steps_measured": 2,
+                         "compute_s": 0.005 + a * bb, "step_s": wall_s})  # fmt: skip
+        out.append(recs)
+    return out
+
+
+def test_history_skips_intervals_without_compute_times() -> None:
+    ranks = _ranks([1e-4, 1e-2], [500, 12], 0.3)
+    ranks[1][0]["compute_s"] = None
+    assert len(history_from_metrics(ranks)) == 7
+
+
+def test_each_cpu_rank_gets_the_balancers_forecast_with_the_exposed_comm_time() -> None:
+    # A GPU at 0.1 ms/sample beside two CPUs at 20 ms/sample, 0.3 s wall per step (mostly
+    # the Gloo all-reduce). The balancer keeps comm_s for the smaller job, so dropping one
+    # CPU rank that holds a few samples barely moves its prediction: the report sets this
+    # beside the measured GPU-alone run, which has no all-reduce at all.
+    ranks = _ranks([1e-4, 2e-2, 2e-2], [500, 6, 6], 0.3)
+    out = exclusion_forecasts(ranks, 512, [1, 2])
+    assert [f["rank"] for f in out] == [1, 2]
+    for f in out:
+        assert f["comm_s"] > 0.1
+        assert abs(f["gain"]) < 0.05 and not f["worthwhile"]
+        assert f["gain"] == f["samples_per_s_without"] / f["samples_per_s"] - 1.0
+        assert f["message"].startswith(f"excluding rank {f['rank']} would")
+
+
+def test_too_little_history_gives_no_forecast() -> None:
+    one_interval = [recs[:1] for recs in _ranks([1e-4, 1e-2], [500, 12], 0.3)]
+    assert exclusion_forecasts(one_interval, 512, [1]) == []

@@ -1,0 +1,214 @@
+"""hetero-bench run/report without running anything: scenarios, commands, dry run, outputs."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+import textwrap
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from hetero.bench.cli import main
+from hetero.bench.harness.commands import run_specs
+from hetero.bench.harness.report import write_outputs
+from hetero.bench.harness.scenario import (
+    configure,
+    known_scenarios,
+    load_scenario,
+    parse_scenario,
+)
+from hetero.errors import ConfigError
+
+
+def test_every_shipped_scenario_parses_and_the_issue_7_set_is_there() -> None:
+    names = known_scenarios()
+    for name in (
+        "cpu-emulated",
+        "gpu-neighbour",
+        "gpu-neighbour-dynamic",
+        "gpu-homogeneous",
+        "gpu-cpu-hybrid",
+    ):
+        assert name in names
+    for name in names:
+        s = load_scenario(name)
+        assert s.steps > 0 and s.run_names()
+    assert load_scenario("cpu-emulated").emulated
+    gpu = load_scenario("gpu-neighbour")
+    assert (gpu.model, gpu.image_size, gpu.amp, gpu.global_batch) == ("resnet50", 224, "bf16", 512)
+
+
+def test_resizing_keeps_change_steps_at_their_fraction_on_interval_boundaries() -> None:
+    s = configure(load_scenario("gpu-neighbour-dynamic"), steps=150)
+    assert s.neighbour is not None
+    assert (s.neighbour.arrive_step, s.neighbour.leave_step) == (50, 100)
+    quick = configure(load_scenario("cpu-emulated"), quick=True)
+    assert quick.steps == 30 and quick.policies == ("dynamic",)
+    assert [c for c, _ in quick.change_steps] == [10, 20]
+    with pytest.raises(ConfigError, match="at least two rebalance intervals"):
+        configure(load_scenario("gpu-neighbour"), steps=5)
+
+
+def test_scenario_errors_name_the_field() -> None:
+    base = "devices: cpu\nranks: 2\ngpus: 0\nmodel: debug\nglobal_batch: 8\nsteps: 20\n"
+    with pytest.raises(ConfigError, match=r"scenario x: unknown key 'stpes'; did you mean 'steps'"):
+        parse_scenario("x", base + "stpes: 3\n")
+    with pytest.raises(ConfigError, match=r"x.neighbour.gpu"):
+        parse_scenario("x", base.replace("cpu", "cuda").replace("gpus: 0", "gpus: 2")
+                       + "neighbour: {gpu: 2}\n")  # fmt: skip
+    with pytest.raises(ConfigError, match="unknown policy 'fastest'"):
+        parse_scenario("x", base + "policies: [fastest]\n")
+    with pytest.raises(ConfigError, match="leave_step"):
+        parse_scenario(
+            "x",
+            base.replace("cpu", "cuda").replace("gpus: 0", "gpus: 2")
+            + "neighbour: {gpu: 1, arrive_step: 10, leave_step: 30}\n",
+        )
+
+
+def test_commands_run_as_modules_with_the_multicast_switches_off(tmp_path: Path) -> None:
+    specs = run_specs(load_scenario("gpu-neighbour"), tmp_path, python="py")
+    assert [s.name for s in specs] == ["ddp", "equal", "proportional", "dynamic", "hybrid"]
+    for spec in specs:
+        assert spec.argv[:2] == ("py", "-m")
+        assert spec.env["NCCL_NVLS_ENABLE"] == "0"
+        assert spec.env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
+        assert spec.env["NVSHMEM_DISABLE_NVLS"] == "1"
+        for flag in ("--amp", "--channels-last", "--json"):
+            assert flag in spec.argv or (spec.runner == "torch-ddp" and flag == "--json")
+    hybrid = run_specs(load_scenario("gpu-cpu-hybrid"), tmp_path, python="py")
+    by_name = {s.name: s for s in hybrid}
+    assert by_name["gpu-only"].ranks == 1 and by_name["dynamic"].ranks == 3
+    assert by_name["dynamic"].env["CUDA_VISIBLE_DEVICES"] == "0"
+    assert "gloo" in by_name["dynamic"].argv and by_name["equal"].steps == 4
+
+
+def test_unknown_scenario_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "gpu-neighbor"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("error: unknown scenario 'gpu-neighbor' (known: cpu-emulated, ")
+    assert "did you mean 'gpu-neighbour'" in err
+
+
+def test_dry_run_needs_no_torch_rich_or_matplotlib() -> None:
+    code = textwrap.dedent(
+        """
+        import sys
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in ("rich", "textual", "sqlalchemy", "matplotlib", "torch"):
+                    raise ImportError("blocked: " + name)
+        sys.meta_path.insert(0, Block())
+        from hetero.bench.cli import main
+        assert main(["run", "gpu-neighbour-dynamic", "--dry-run", "--out", "/tmp/x"]) == 0
+        assert main(["run", "gpu-cpu-hybrid", "--dry-run", "--quick"]) == 0
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "hetero.bench.harness.neighbour --device cuda:1 --size 8192" in out
+    assert "switched on at the boundary >= step 100, off at >= step 200" in out
+    assert "-m hetero.bench.baseline_ddp" in out and "--policy dynamic" in out
+    assert "nothing below was run" in out
+
+
+def _write_run(
+    root: Path, name: str, runner: str, rates: list[float], switches: list[dict], ranks: int = 2
+) -> None:
+    d = root / "runs" / name
+    (d / "metrics").mkdir(parents=True)
+    for rank in range(ranks):
+        with (d / "metrics" / f"rank{rank}.jsonl").open("w") as fh:
+            for k, rate in enumerate(rates):
+                compute = None if runner == "torch-ddp" else (0.1 if rank == 0 else 0.1 + 0.01 * k)
+                rec = {"step": 10 * (k + 1), "rank": rank, "time_s": 1000.0 + k,
+                       "interval_wall_s": 1.0, "samples_per_s": rate, "batch": 8,
+                       "steps_measured": 10, "compute_s": compute, "step_s": 0.2}  # fmt: skip
+                fh.write(json.dumps(rec) + "\n")
+    (d / "summary.json").write_text(
+        json.dumps(
+            {
+                "final_plan": [8, 8],
+                "plans": [{}],
+                "steps": 10 * len(rates),
+                "ideal_samples_per_s": 200.0,
+                "standalone_samples_per_s": [100.0, 100.0],
+            }
+        )
+    )
+    (d / "run.json").write_text(
+        json.dumps(
+            {
+                "name": name,
+                "runner": runner,
+                "returncode": 0,
+                "error": None,
+                "switches": switches,
+                "command": "x",
+                "wall_s": 1.0,
+            }
+        )
+    )
+    (d / "gpu_util.jsonl").write_text(
+        "".join(
+            json.dumps({"time_s": 1000.0 + t, "util_pct": [90.0, 50.0]}) + "\n" for t in range(8)
+        )
+    )
+
+
+def test_outputs_from_synthetic_runs_have_phases_speedups_and_adaptation(tmp_path: Path) -> None:
+    scenario = configure(load_scenario("gpu-neighbour-dynamic"), steps=80)
+    manifest = {"scenario": asdict(scenario), "runs": ["ddp", "dynamic"], "changes": [],
+                "date": "2026-01-01T00:00:00+00:00", "device": "2x Test GPU"}  # fmt: skip
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    sw = [{"step": 0, "on": False}, {"step": 30, "on": True}, {"step": 50, "on": False}]
+    _write_run(tmp_path, "ddp", "torch-ddp", [50, 100, 100, 60, 60, 100, 100, 100], sw)
+    _write_run(tmp_path, "dynamic", "hetero-train", [50, 100, 100, 70, 90, 100, 100, 100], sw)
+    rows = write_outputs(tmp_path, draw_plots=False)["rows"]
+    dyn = {r["window"]: r for r in rows if r["policy"] == "dynamic"}
+    assert set(dyn) == {"p0", "p1", "p2", "whole-run"}
+    assert dyn["p1"]["window_label"] == "neighbour arrives"
+    assert dyn["p1"]["samples_per_s"] == 90 and dyn["p1"]["speedup_vs_ddp"] == pytest.approx(1.5)
+    assert dyn["p1"]["adaptation_steps"] == 10
+    assert dyn["p0"]["pct_of_ideal"] is None and dyn["p2"]["pct_of_ideal"] == pytest.approx(50.0)
+    assert dyn["p2"]["gpu_util_pct"] == [90.0, 50.0]
+    assert dyn["p2"]["imbalance"] is not None and dyn["p2"]["device"] == "2x Test GPU"
+    doc = json.loads((tmp_path / "results.json").read_text())
+    for row in doc["rows"]:
+        for key in ("scenario", "model", "policy", "samples_per_s", "pct_of_ideal",
+                    "speedup_vs_ddp", "device", "date"):  # fmt: skip
+            assert key in row
+    with (tmp_path / "results.csv").open() as fh:
+        assert len(list(csv.DictReader(fh))) == len(rows) == 8
+    report = (tmp_path / "report.md").read_text()
+    assert "| dynamic | p1 neighbour arrives | 90 |" in report
+
+
+def test_report_on_a_directory_without_a_manifest_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["report", str(tmp_path)]) == 2
+    assert "not a hetero-bench run directory" in capsys.readouterr().err
+
+
+def test_gpu_cpu_report_sets_the_planners_forecast_beside_the_gpu_alone_run(tmp_path: Path) -> None:
+    scenario = load_scenario("gpu-cpu-hybrid")
+    manifest = {"scenario": asdict(scenario), "runs": ["gpu-only", "dynamic"], "changes": [],
+                "date": "2026-01-01T00:00:00+00:00", "device": "1x Test GPU + 2 CPU ranks"}  # fmt: skip
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    _write_run(tmp_path, "gpu-only", "hetero-train", [3000.0] * 6, [], ranks=1)
+    _write_run(tmp_path, "dynamic", "hetero-train", [1000.0] * 6, [], ranks=3)
+    rows = write_outputs(tmp_path, draw_plots=False)["rows"]
+    dyn = next(r for r in rows if r["policy"] == "dynamic")
+    assert dyn["speedup_vs_gpu_only"] == pytest.approx(1 / 3)
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert [f["rank"] for f in doc["exclusion_forecasts"]["dynamic"]] == [1, 2]
+    report = (tmp_path / "report.md").read_text()
+    assert "dynamic, planner forecast: excluding rank 1 would" in report
+    assert "the GPU alone ran 200% faster (3,000 vs 1,000 samples/s" in report
