@@ -71,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     bal.add_argument(
         "--rebalance-interval", type=int, default=10, help="steps between plan exchanges"
     )
+    bal.add_argument(
+        "--compute-scores",
+        metavar="S0,S1,...",
+        help="relative speed of each rank (e.g. measured solo samples/s) for proportional/hybrid",
+    )
     bal.add_argument("--min-batch", type=int, default=1, help="smallest batch any rank gets")
     bal.add_argument(
         "--emulate-slowdown",

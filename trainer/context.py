@@ -178,6 +178,8 @@ class Context:
         if self.slowdowns and self.device.type == "cuda":
             raise ConfigError("emulated slowdown is for CPU ranks; on GPUs use real load")
         self.emulated = bool(self.slowdowns)
+        if profiles is not None and len(profiles) != self.world_size:
+            raise ConfigError(f"{len(profiles)} device profiles for {self.world_size} ranks")
         self.profiles = profiles
         self.backend = config.backend or _default_backend(self.device)
         if self.backend == "nccl" and self.device.type != "cuda":

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hetero.coordinator.balancer import DeviceProfile
 from hetero.errors import ConfigError, DistributedError
 from hetero.trainer.checkpoint import load_checkpoint, save_checkpoint
 from hetero.trainer.context import Context, init
@@ -56,6 +57,7 @@ class JobConfig:
     amp: str = "none"
     channels_last: bool = False
     backend: str | None = None
+    compute_scores: str | None = None
     quiet: bool = False
 
     def __post_init__(self) -> None:
@@ -74,8 +76,23 @@ class JobConfig:
             raise ConfigError(f"--lr must be > 0, got {self.lr}")
         if self.amp not in AMP_MODES:
             raise ConfigError(f"--amp must be one of {', '.join(AMP_MODES)}, got {self.amp!r}")
+        self.profiles()  # validates --compute-scores
         if self.checkpoint_interval and not self.checkpoint_path:
             raise ConfigError("--checkpoint-interval needs --checkpoint-dir or --output-dir")
+
+    def profiles(self) -> list[DeviceProfile] | None:
+        """Per-rank relative speeds from ``--compute-scores`` (for ``proportional``/``hybrid``)."""
+        if not self.compute_scores:
+            return None
+        try:
+            scores = [float(x) for x in self.compute_scores.split(",")]
+        except ValueError:
+            raise ConfigError(
+                f"--compute-scores must be numbers separated by commas, got {self.compute_scores!r}"
+            ) from None
+        if any(not x > 0 for x in scores):
+            raise ConfigError(f"--compute-scores must all be > 0, got {self.compute_scores!r}")
+        return [DeviceProfile(f"rank{r}", x) for r, x in enumerate(scores)]
 
     @property
     def checkpoint_path(self) -> Path | None:
@@ -138,6 +155,7 @@ def run_job(cfg: JobConfig) -> dict[str, Any] | None:
         output_dir=cfg.output_dir,
         device=cfg.device,
         backend=cfg.backend,
+        profiles=cfg.profiles(),
     )
     try:
         return _train(ctx, cfg)

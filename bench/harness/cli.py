@@ -12,6 +12,7 @@ and torch only once a run really starts.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -26,7 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from hetero.bench.harness.commands import RunSpec, neighbour_argv, run_specs
-from hetero.bench.harness.scenario import Scenario, configure, known_scenarios, load_scenario
+from hetero.bench.harness.scenario import (
+    BASELINE,
+    Scenario,
+    configure,
+    known_scenarios,
+    load_scenario,
+)
 from hetero.errors import ConfigError
 
 
@@ -110,6 +117,7 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         for k, spec in enumerate(specs, 1):
             runner.progress(f"[{k}/{len(specs)}] {spec.name} ({spec.runner}, {spec.steps} steps)")
+            spec = _with_solo_scores(spec, specs)
             o = runner.execute(spec, scenario, monitor, timeout_s=timeout_s)
             failures += not o.ok
             status = "ok" if o.ok else f"FAILED: {o.error}"
@@ -226,3 +234,22 @@ def report_command(args: argparse.Namespace) -> int:
     elif not args.no_plots and not plots.matplotlib_available():
         print("no plots: matplotlib is not installed (pip install 'hetero[bench]')")
     return 0
+
+
+def _with_solo_scores(spec: RunSpec, specs: list[RunSpec]) -> RunSpec:
+    """``proportional`` and ``hybrid`` get each GPU's solo throughput as its score.
+
+    The plain-DDP baseline runs first and measures every rank alone at B/W; a
+    static split by those rates is DESIGN.md's "static split by solo
+    throughput". Without a baseline summary the policies fall back to equal.
+    """
+    if spec.name not in ("proportional", "hybrid"):
+        return spec
+    base = next((s for s in specs if s.name == BASELINE), None)
+    if base is None or not base.summary_path.is_file():
+        return spec
+    rates = json.loads(base.summary_path.read_text()).get("standalone_samples_per_s") or []
+    if len(rates) != spec.ranks or not all(r > 0 for r in rates):
+        return spec
+    scores = ",".join(f"{r:.1f}" for r in rates)
+    return dataclasses.replace(spec, argv=(*spec.argv, "--compute-scores", scores))
