@@ -11,7 +11,7 @@ from __future__ import annotations
 from sqlalchemy import Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-#: 2: nodes.draining; interval_stats phase times, loss and samples.
+#: 2: nodes.draining, jobs.total_steps; interval_stats phase times, loss and samples.
 SCHEMA_VERSION = 2
 
 
@@ -106,6 +106,8 @@ class JobRow(Base):
     message: Mapped[str] = mapped_column(Text, default="")
     restarts: Mapped[int] = mapped_column(Integer, default=0)
     last_step: Mapped[int] = mapped_column(Integer, default=0)
+    #: ``steps`` from the spec; NULL for a job that runs by epochs.
+    total_steps: Mapped[int | None] = mapped_column(Integer)
     ranks: Mapped[list[RankRow]] = relationship(
         back_populates="job", cascade="all, delete-orphan", order_by="RankRow.rank"
     )

@@ -212,6 +212,7 @@ def create_job(
         message="",
         restarts=0,
         last_step=0,
+        total_steps=spec.steps,
     )
     job.ranks = [
         RankRow(

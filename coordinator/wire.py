@@ -196,6 +196,8 @@ def job_message(
         msg.plan.CopyFrom(plan_message(plan))
     if live is not None:
         msg.live.CopyFrom(live)
+    if job.total_steps is not None:
+        msg.total_steps = job.total_steps
     return msg
 
 
