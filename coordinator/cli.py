@@ -8,6 +8,7 @@ every failure prints one ``error: ...`` line on stderr and exits non-zero.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -283,7 +284,7 @@ def _export(args: argparse.Namespace, stub: Any, call: Callable[[Callable[[], An
         request = pb.GetJobDetailRequest(
             job_id=args.job_id, max_intervals=EXPORT_PAGE, after_step=after
         )
-        detail = call(lambda r=request: stub.GetJobDetail(r, timeout=args.timeout))
+        detail = call(functools.partial(stub.GetJobDetail, request, timeout=args.timeout))
         intervals.extend(detail.intervals)
         if not detail.more or not detail.intervals:
             break

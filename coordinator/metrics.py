@@ -155,7 +155,7 @@ _DEVICE_GAUGES: tuple[tuple[str, str, str, float], ...] = (
 
 def _device_telemetry(out: Exposition, labels: Labels, t: tpb.DeviceTelemetry) -> None:
     for field_name, metric, help_text, scale in _DEVICE_GAUGES:
-        if t.HasField(field_name):  # type: ignore[arg-type]
+        if t.HasField(field_name):
             out.add(metric, "gauge", help_text, labels, getattr(t, field_name) * scale)
     if t.HasField("throttle"):
         help_text = "1 if the device reports a clock-throttle reason."
@@ -201,7 +201,7 @@ def _job(out: Exposition, job: pb.Job, node_names: dict[str, str]) -> None:
             ),
             ("loss", "hetero_job_loss", "Mean training loss over the newest interval."),
         ):
-            if live.HasField(field_name):  # type: ignore[arg-type]
+            if live.HasField(field_name):
                 out.add(metric, "gauge", help_text, j, getattr(live, field_name))
     _ranks(out, job, live, node_names)
 

@@ -257,12 +257,12 @@ class HeteroTop(App[None]):
         if self._problem:
             link = "[red]● disconnected[/]"
         elif self._connected_once:
-            link = "[green]● live[/]"
+            link = "[bold #4ebf71]● live[/]"
         else:
             link = "[yellow]● connecting[/]"
         self.main.set_title(
             f"[b]hetero-top[/b]  {self.address}  {link}  nodes {up}/{len(s.nodes)} up  "
-            f"devices {len(s.devices)}  jobs {running}/{len(s.jobs)} running"
+            f"jobs {running}/{len(s.jobs)} running  devices {len(s.devices)}"
         )
 
     # ---- actions ----------------------------------------------------------------------

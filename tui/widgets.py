@@ -76,9 +76,9 @@ class StateTable(DataTable[Cell]):
         return None if row_key.value is None else str(row_key.value)
 
 
-def _status(node: NodeView) -> Text:
+def _status(node: NodeView, wide: bool = True) -> Text:
     style = {"up": "green", "down": "bold red", "draining": "yellow"}[node.status]
-    return Text(node.status, style=style)
+    return Text(node.status if wide or node.status != "draining" else "drain", style=style)
 
 
 def _short_name(name: str) -> str:
@@ -150,7 +150,7 @@ class ClusterTable(StateTable):
                         mem,
                         fmt.celsius(d.temperature_c),
                         fmt.watts(d.power_w),
-                        _status(node),
+                        _status(node, wide=False),
                         hb,
                     ]
                 else:

@@ -98,7 +98,7 @@ def test_cancel_and_drain_ask_first_and_act_through_the_coordinator(
             assert isinstance(app.screen, ConfirmScreen)
             await pilot.press("y")
             await until(pilot, lambda: "node cpu-c drained" in notes)
-            await until(pilot, lambda: "draining" in _cells(cluster))
+            await until(pilot, lambda: "drain" in _cells(cluster))  # "draining", narrow
             nodes = sim.stub.ListNodes(pb.ListNodesRequest(), timeout=5).nodes
             assert {n.name for n in nodes if n.draining} == {"cpu-c"}
 
