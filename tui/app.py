@@ -67,6 +67,8 @@ class Disconnected(Message):
 class MainScreen(Screen[None]):
     """The Cluster and Jobs tabs, with the actions on their selected rows."""
 
+    AUTO_FOCUS = "#cluster-table"
+
     BINDINGS = [
         Binding("1", "tab('cluster')", "cluster"),
         Binding("2", "tab('jobs')", "jobs"),
@@ -101,7 +103,15 @@ class MainScreen(Screen[None]):
 
     def action_tab(self, tab: str) -> None:
         self.query_one(TabbedContent).active = tab
-        self.query_one(ClusterTable if tab == "cluster" else JobsTable).focus()
+
+    @on(TabbedContent.TabActivated)
+    def _focus_table(self, event: TabbedContent.TabActivated) -> None:
+        # Keys and clicks on a tab both land here: arrows then move in that tab's table.
+        # A stale event (keys pressed faster than tabs switch) must not focus a hidden table.
+        if event.pane.id != self._active_tab():
+            return
+        table = ClusterTable if event.pane.id == "cluster" else JobsTable
+        self.query_one(table).focus()
 
     def _active_tab(self) -> str:
         return str(self.query_one(TabbedContent).active)
@@ -220,17 +230,17 @@ class HeteroTop(App[None]):
             self.screen.redraw()  # its alerts read the cluster (device memory)
 
     def on_disconnected(self, message: Disconnected) -> None:
+        # The gRPC reason is long and says little more than "unreachable": log it only.
+        self.log.warning(message.reason)
         self._set_problem(
-            f"DISCONNECTED from the coordinator at {self.address}: {message.reason}. "
-            f"Reconnecting (attempt {message.attempt})…"
+            f"DISCONNECTED from {self.address}: reconnecting (attempt {message.attempt})…"
         )
 
     def _check_stale(self) -> None:
         silent = time.monotonic() - self._last_snapshot
         if self._problem is None and silent > self.stale_after_s:
             self._set_problem(
-                f"DISCONNECTED: no update from the coordinator at {self.address} "
-                f"for {silent:.0f}s. Reconnecting…"
+                f"DISCONNECTED: no update from {self.address} for {silent:.0f}s; reconnecting…"
             )
 
     def _set_problem(self, problem: str | None) -> None:

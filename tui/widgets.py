@@ -31,7 +31,7 @@ def sync_rows(table: DataTable[Cell], rows: Sequence[tuple[str, Sequence[Cell]]]
     if keys == current:
         for key, cells in rows:
             for column, cell in zip(columns, cells, strict=True):
-                table.update_cell(key, column, cell)
+                table.update_cell(key, column, cell, update_width=True)
         return
     selected = current[table.cursor_row] if 0 <= table.cursor_row < len(current) else None
     table.clear()

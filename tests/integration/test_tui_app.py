@@ -71,9 +71,11 @@ def test_cluster_and_jobs_show_the_simulated_cluster_and_detail_opens_by_mouse(
             assert "rank 2 is a straggler" in alerts
             assert "backward" in str(screen.query_one("#p-breakdown", Panel).render())
             await pilot.press("question_mark")
-            assert isinstance(app.screen, HelpScreen)
-            await pilot.press("escape", "escape")
-            assert app.screen is app.main
+            await until(pilot, lambda: isinstance(app.screen, HelpScreen))
+            await pilot.press("escape")
+            await until(pilot, lambda: app.screen is screen)
+            await pilot.press("escape")
+            await until(pilot, lambda: app.screen is app.main)
 
     asyncio.run(drive())
 
@@ -95,7 +97,7 @@ def test_cancel_and_drain_ask_first_and_act_through_the_coordinator(
             await until(pilot, lambda: cluster.row_count == 4)
             cluster.focus()
             await pilot.press("d")  # cursor on cpu-c:0, the first row
-            assert isinstance(app.screen, ConfirmScreen)
+            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
             await pilot.press("y")
             await until(pilot, lambda: "node cpu-c drained" in notes)
             await until(pilot, lambda: "drain" in _cells(cluster))  # "draining", narrow
@@ -109,9 +111,13 @@ def test_cancel_and_drain_ask_first_and_act_through_the_coordinator(
                 r for r in range(2) if jobs.coordinate_to_cell_key((r, 0)).row_key.value == job.id
             )
             jobs.move_cursor(row=row)
-            await pilot.press("x", "n")  # asked, declined: nothing happens
+            await pilot.press("x")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+            await pilot.press("n")  # asked, declined: nothing happens
+            await until(pilot, lambda: app.screen is app.main)
             assert sim.job(job.id).state == pb.JOB_STATE_RUNNING
             await pilot.press("x")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
             await pilot.click("#yes")  # the dialog's button, by mouse
             await until(pilot, lambda: "job resnet-mixed cancelled" in notes)
             assert sim.job(job.id).state == pb.JOB_STATE_CANCELLED
