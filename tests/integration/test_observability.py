@@ -14,8 +14,10 @@ import grpc
 import pytest
 
 from hetero.coordinator import cli
+from hetero.coordinator.config import load_config, with_flags
 from hetero.coordinator.metrics import MetricsServer
 from hetero.coordinator.service import CoordinatorService
+from hetero.errors import ConfigError
 from hetero.v1 import coordinator_pb2 as pb
 
 DEADLINE_S = 5.0
@@ -58,7 +60,7 @@ def test_job_detail_pages_from_the_start_or_returns_the_newest(sim) -> None:  # 
     assert kinds.count("straggler") == 1, "one event per straggler episode, not per interval"
 
 
-def test_a_drained_node_gets_no_new_ranks_until_undrained(sim) -> None:  # type: ignore[no-untyped-def]
+def test_a_drained_node_gets_no_new_ranks_until_undrained(sim, coordinator) -> None:  # type: ignore[no-untyped-def]
     from simcluster import SMALL_JOB_SPEC
 
     sim.register()
@@ -71,11 +73,21 @@ def test_a_drained_node_gets_no_new_ranks_until_undrained(sim) -> None:  # type:
     assert "drained" in info.value.details()
     nodes = sim.stub.ListNodes(pb.ListNodesRequest(), timeout=DEADLINE_S).nodes
     assert {n.name: n.draining for n in nodes} == {"cpu-c": True, "gpu-a": False, "gpu-b": False}
-    sim.stub.DrainNode(pb.DrainNodeRequest(node=node.id, undrain=True), timeout=DEADLINE_S)
+    assert cli.main(["drain", "cpu-c", "--undo", "--coordinator", coordinator.address]) == 0
     assert sim.submit(SMALL_JOB_SPEC).ranks[0].node_name == "cpu-c"
     with pytest.raises(grpc.RpcError) as info:
         sim.stub.DrainNode(pb.DrainNodeRequest(node="nope"), timeout=DEADLINE_S)
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_metrics_listen_comes_from_the_config_file_or_the_flag(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "coordinator.yaml"
+    path.write_text("metrics_listen: 127.0.0.1:9464\n")
+    assert load_config(path).metrics_listen == "127.0.0.1:9464"
+    flagged = with_flags(load_config(path), metrics_listen="0.0.0.0:9100")
+    assert flagged.metrics_listen == "0.0.0.0:9100"
+    with pytest.raises(ConfigError, match="host:port"):
+        MetricsServer("9464", lambda: pb.ClusterSnapshot())
 
 
 @pytest.fixture
