@@ -91,15 +91,23 @@ class MainScreen(Screen[None]):
                 yield JobsTable(id="jobs-table")
         yield Footer()
 
+    _ready = False
+
     def on_mount(self) -> None:
+        # A snapshot can arrive before this screen is composed; show the newest one now.
+        self._ready = True
+        self.show(self.top.state)
+        self.top.sync_banner(self.query_one(Banner))
         self.top.update_title()
 
     def show(self, state: ClusterState) -> None:
-        self.query_one(ClusterTable).show(state)
-        self.query_one(JobsTable).show(state)
+        if self._ready:
+            self.query_one(ClusterTable).show(state)
+            self.query_one(JobsTable).show(state)
 
     def set_title(self, text: str) -> None:
-        self.query_one("#title", Static).update(text)
+        if self._ready:
+            self.query_one("#title", Static).update(text)
 
     def action_tab(self, tab: str) -> None:
         self.query_one(TabbedContent).active = tab
