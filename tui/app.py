@@ -27,7 +27,7 @@ from hetero.errors import HeteroError, UnreachableError
 from hetero.tui.client import CoordinatorClient
 from hetero.tui.screens import ConfirmScreen, HelpScreen, JobDetailScreen
 from hetero.tui.state import ClusterState
-from hetero.tui.widgets import Banner, ClusterTable, JobsTable
+from hetero.tui.widgets import Banner, ClusterTable, JobsTable, StateTable
 
 DEFAULT_COORDINATOR = "127.0.0.1:7070"
 #: Reconnect backoff, seconds.
@@ -91,23 +91,21 @@ class MainScreen(Screen[None]):
                 yield JobsTable(id="jobs-table")
         yield Footer()
 
-    _ready = False
-
     def on_mount(self) -> None:
         # A snapshot can arrive before this screen is composed; show the newest one now.
-        self._ready = True
         self.show(self.top.state)
         self.top.sync_banner(self.query_one(Banner))
         self.top.update_title()
 
+    # Snapshots also arrive before compose and during shutdown, when the widgets are
+    # not (or no longer) there: querying for all of them then finds none, and that is fine.
     def show(self, state: ClusterState) -> None:
-        if self._ready:
-            self.query_one(ClusterTable).show(state)
-            self.query_one(JobsTable).show(state)
+        for table in self.query(StateTable):
+            table.show(state)
 
     def set_title(self, text: str) -> None:
-        if self._ready:
-            self.query_one("#title", Static).update(text)
+        for title in self.query("#title").results(Static):
+            title.update(text)
 
     def action_tab(self, tab: str) -> None:
         self.query_one(TabbedContent).active = tab

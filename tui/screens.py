@@ -125,7 +125,8 @@ class JobDetailScreen(Screen[None]):
 
     def redraw(self) -> None:
         if self.view is not None:
-            self.query_one("#detail-summary", Static).update(panels.summary(self.view.job))
+            for summary in self.query("#detail-summary").results(Static):
+                summary.update(panels.summary(self.view.job))
         for panel in self.query(Panel):
             panel.render_for_width()
 
