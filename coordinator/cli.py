@@ -8,6 +8,7 @@ every failure prints one ``error: ...`` line on stderr and exits non-zero.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -22,8 +23,9 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from rich.console import Console
 
-from hetero.coordinator import render
+from hetero.coordinator import export, render
 from hetero.coordinator.config import CoordinatorConfig, load_config, with_flags
+from hetero.coordinator.export import FORMATS, TABLES
 from hetero.coordinator.jobspec import load_jobspec
 from hetero.errors import HeteroError
 from hetero.v1 import coordinator_pb2 as pb
@@ -46,6 +48,9 @@ examples:
   hetero-coord job 3f2a9c1b7d4e
   hetero-coord nodes
   hetero-coord cancel 3f2a9c1b7d4e
+  hetero-coord drain gpu-node-3                     # no new ranks there; --undo to reverse
+  hetero-coord export 3f2a9c1b7d4e --format csv --out stats.csv
+  hetero-coord serve --metrics-listen 0.0.0.0:9464  # Prometheus /metrics
 
 The coordinator address comes from --coordinator, else $HETERO_COORDINATOR, else 127.0.0.1:7070.
 The job file format is documented in docs/jobspec.md.
@@ -89,6 +94,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--log-format", choices=("text", "json"), help="stderr log format (default text)"
     )
+    serve.add_argument(
+        "--metrics-listen",
+        metavar="ADDR",
+        help="host:port to serve Prometheus /metrics on (default: off)",
+    )
 
     def client(name: str, help_text: str, json_flag: bool = True) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
@@ -125,6 +135,19 @@ def _parser() -> argparse.ArgumentParser:
     client("nodes", "list nodes, their devices and latest telemetry")
     cancel = client("cancel", "cancel a job")
     cancel.add_argument("job_id")
+    drain = client("drain", "drain a node: it keeps its running ranks but gets no new ones")
+    drain.add_argument("node", help="node name or id")
+    drain.add_argument("--undo", action="store_true", help="undrain: the node takes ranks again")
+    exp = client("export", "write a job's interval statistics and plans", json_flag=False)
+    exp.add_argument("job_id")
+    exp.add_argument("--format", choices=FORMATS, default="csv", help="default csv")
+    exp.add_argument(
+        "--table",
+        choices=TABLES,
+        default="intervals",
+        help="CSV only: one row per interval and rank, or one per plan (default intervals)",
+    )
+    exp.add_argument("--out", type=Path, help="file to write (default: stdout)")
     return parser
 
 
@@ -176,6 +199,7 @@ def _serve(args: argparse.Namespace) -> int:
         state_dir=args.state_dir,
         db=args.db,
         log_format=args.log_format,
+        metrics_listen=args.metrics_listen,
     )
     _configure_logging(config.log_format)
     if config.db is None:
@@ -185,7 +209,9 @@ def _serve(args: argparse.Namespace) -> int:
             raise HeteroError(
                 f"cannot create state directory {config.resolved_state_dir}: {exc.strerror}"
             ) from None
-    serve(config.listen, config.db_url, grace_s=config.grace_s)
+    serve(
+        config.listen, config.db_url, grace_s=config.grace_s, metrics_listen=config.metrics_listen
+    )
     return 0
 
 
@@ -236,6 +262,42 @@ def _client_command(args: argparse.Namespace) -> int:
         elif args.command == "cancel":
             job = call(lambda: stub.CancelJob(pb.CancelJobRequest(job_id=args.job_id), timeout=t))
             _emit(args, job, lambda c: c.print(f"job {job.id} {render.state_name(job)}"))
+        elif args.command == "drain":
+            request = pb.DrainNodeRequest(node=args.node, undrain=args.undo)
+            node = call(lambda: stub.DrainNode(request, timeout=t))
+            what = "drained: no new ranks" if node.draining else "undrained: takes new ranks"
+            _emit(args, node, lambda c: c.print(f"node {node.name} {what}"))
+        elif args.command == "export":
+            return _export(args, stub, call)
+    return 0
+
+
+#: Intervals per GetJobDetail page of an export (a page stays far below gRPC's 4 MiB).
+EXPORT_PAGE = 500
+
+
+def _export(args: argparse.Namespace, stub: Any, call: Callable[[Callable[[], Any]], Any]) -> int:
+    """Page through the job's intervals from the start, then write one document."""
+    intervals: list[Any] = []
+    after = -1
+    while True:
+        request = pb.GetJobDetailRequest(
+            job_id=args.job_id, max_intervals=EXPORT_PAGE, after_step=after
+        )
+        detail = call(functools.partial(stub.GetJobDetail, request, timeout=args.timeout))
+        intervals.extend(detail.intervals)
+        if not detail.more or not detail.intervals:
+            break
+        after = detail.intervals[-1].end_step
+    text = export.render(args.format, args.table, detail.job, detail.plans, intervals)
+    if args.out is None:
+        sys.stdout.write(text)
+        return 0
+    try:
+        args.out.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise HeteroError(f"cannot write {args.out}: {exc.strerror}") from None
+    print(f"wrote {len(intervals)} intervals of job {args.job_id} to {args.out}", file=sys.stderr)
     return 0
 
 

@@ -38,6 +38,8 @@ class CoordinatorConfig:
     heartbeat_interval_s: float = 1.0
     heartbeat_timeout_s: float = 10.0
     grace_s: float = 5.0
+    #: host:port for Prometheus /metrics; None = off.
+    metrics_listen: str | None = None
 
     def __post_init__(self) -> None:
         if self.log_format not in LOG_FORMATS:
@@ -77,6 +79,7 @@ def load_config(path: Path | None) -> CoordinatorConfig:
         heartbeat_interval_s=f.number("heartbeat_interval_s", 1.0, positive=True) or 1.0,
         heartbeat_timeout_s=f.number("heartbeat_timeout_s", 10.0, positive=True) or 10.0,
         grace_s=f.number("grace_s", 5.0, minimum=0.0) or 0.0,
+        metrics_listen=f.string("metrics_listen"),
     )
     f.finish()
     return config

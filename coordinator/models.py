@@ -8,10 +8,11 @@ to open a database written with another version instead of misreading it.
 
 from __future__ import annotations
 
-from sqlalchemy import Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-SCHEMA_VERSION = 1
+#: 2: nodes.draining, jobs.total_steps; interval_stats phase times, loss and samples.
+SCHEMA_VERSION = 2
 
 
 class Base(DeclarativeBase):
@@ -34,6 +35,8 @@ class NodeRow(Base):
     agent_version: Mapped[str] = mapped_column(String(64), default="")
     registered_at_unix_s: Mapped[float] = mapped_column(Float)
     last_heartbeat_unix_s: Mapped[float] = mapped_column(Float)
+    #: Set by an operator: placement gives the node no new ranks.
+    draining: Mapped[bool] = mapped_column(Boolean, default=False)
     devices: Mapped[list[DeviceRow]] = relationship(
         back_populates="node", cascade="all, delete-orphan", order_by="DeviceRow.index"
     )
@@ -103,6 +106,8 @@ class JobRow(Base):
     message: Mapped[str] = mapped_column(Text, default="")
     restarts: Mapped[int] = mapped_column(Integer, default=0)
     last_step: Mapped[int] = mapped_column(Integer, default=0)
+    #: ``steps`` from the spec; NULL for a job that runs by epochs.
+    total_steps: Mapped[int | None] = mapped_column(Integer)
     ranks: Mapped[list[RankRow]] = relationship(
         back_populates="job", cascade="all, delete-orphan", order_by="RankRow.rank"
     )
@@ -157,6 +162,11 @@ class IntervalStatRow(Base):
     peak_memory_bytes: Mapped[int | None] = mapped_column(Integer)
     data_s: Mapped[float | None] = mapped_column(Float)
     comm_wait_s: Mapped[float | None] = mapped_column(Float)
+    forward_s: Mapped[float | None] = mapped_column(Float)
+    backward_s: Mapped[float | None] = mapped_column(Float)
+    optimizer_s: Mapped[float | None] = mapped_column(Float)
+    loss_sum: Mapped[float | None] = mapped_column(Float)
+    samples: Mapped[int | None] = mapped_column(Integer)
     received_at_unix_s: Mapped[float] = mapped_column(Float)
 
 

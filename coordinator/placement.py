@@ -3,7 +3,7 @@
 Pure functions over plain dataclasses: the servicer reads the devices from the
 store, calls ``place``, and stores the result. Rules:
 
-- a device is eligible if its node is healthy, is in ``resources.nodes`` (when
+- a device is eligible if its node is healthy and not drained, is in ``resources.nodes`` (when
   given) and its kind is allowed (``device: cuda|cpu|any``, ``allow_cpu``);
 - a CUDA device runs at most one rank of any active job; a CPU device may run
   several ranks (they share its cores), and ranks spread over the least-loaded
@@ -55,6 +55,8 @@ class DeviceSlot:
     memory_bytes: int | None = None
     emulated_slowdown: float = 1.0
     healthy: bool = True
+    #: Drained by an operator: no new ranks.
+    draining: bool = False
     #: Ranks of active jobs already on this device.
     ranks_running: int = 0
 
@@ -119,7 +121,7 @@ class Prediction:
 
 def eligible(spec: JobSpec, device: DeviceSlot) -> bool:
     res = spec.resources
-    if not device.healthy or (res.nodes and device.node_name not in res.nodes):
+    if not device.healthy or device.draining or (res.nodes and device.node_name not in res.nodes):
         return False
     if device.kind == "cuda":
         return res.device in ("cuda", "any") and device.ranks_running == 0
@@ -158,9 +160,11 @@ def _shortage(spec: JobSpec, devices: Sequence[DeviceSlot], found: int) -> str:
         wanted = "free CUDA devices (allow_cpu is false)"
     nodes = f" on nodes {', '.join(res.nodes)}" if res.nodes else ""
     healthy = len({d.node_id for d in devices if d.healthy})
+    drained = len({d.node_id for d in devices if d.healthy and d.draining})
+    drained_note = f", {drained} of them drained" if drained else ""
     return (
         f"job {spec.name!r} needs {spec.world_size} ranks but only {found} {wanted} "
-        f"are available{nodes} ({healthy} healthy nodes)"
+        f"are available{nodes} ({healthy} healthy nodes{drained_note})"
     )
 
 

@@ -19,6 +19,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from hetero.coordinator.database import open_database, session_factory
+from hetero.coordinator.metrics import MetricsServer
 from hetero.coordinator.service import CoordinatorService, Deps
 from hetero.errors import ConfigError
 from hetero.v1 import coordinator_pb2, coordinator_pb2_grpc
@@ -53,13 +54,26 @@ def create_server(address: str, deps: Deps) -> tuple[grpc.Server, int]:
     return server, port
 
 
-def serve(address: str, db_url: str, grace_s: float = 5.0, deps: Deps | None = None) -> None:
-    """Run the coordinator until SIGTERM or SIGINT."""
+def serve(
+    address: str,
+    db_url: str,
+    grace_s: float = 5.0,
+    deps: Deps | None = None,
+    metrics_listen: str | None = None,
+) -> None:
+    """Run the coordinator until SIGTERM or SIGINT; with ``metrics_listen`` (host:port)
+    also serve Prometheus ``/metrics`` there."""
     engine = open_database(db_url)
     deps = deps or Deps(sessions=session_factory(engine))
     server, port = create_server(address, deps)
+    metrics = (
+        MetricsServer(metrics_listen, CoordinatorService(deps).snapshot) if metrics_listen else None
+    )
     server.start()
     log.info("coordinator listening on %s (port %d), database %s", address, port, db_url)
+    if metrics is not None:
+        metrics.start()
+        log.info("metrics on http://%s/metrics", metrics_listen)
     stop = threading.Event()
 
     def _on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -71,6 +85,8 @@ def serve(address: str, db_url: str, grace_s: float = 5.0, deps: Deps | None = N
         stop.wait()
     finally:
         deps.stopping.set()
+        if metrics is not None:
+            metrics.stop()
         server.stop(grace_s).wait()
         engine.dispose()
         for sig, handler in previous.items():

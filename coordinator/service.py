@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import grpc
 from sqlalchemy.orm import Session, sessionmaker
 
-from hetero.coordinator import lifecycle, rebalance, store, wire
+from hetero.coordinator import lifecycle, rebalance, store, views, wire
 from hetero.coordinator.balancer import Constraints, DeviceProfile
 from hetero.coordinator.jobspec import JobSpec, parse_jobspec
 from hetero.coordinator.models import JobRow
@@ -35,8 +35,6 @@ Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 Handler = Callable[[Any, Req, grpc.ServicerContext], Resp]
 
-#: Finished jobs stay in WatchCluster snapshots this long, in seconds.
-WATCH_FINISHED_JOBS_S = 3600.0
 #: Largest Probe reply, in bytes: below gRPC's default 4 MiB message limit.
 MAX_PROBE_BYTES = 4 * 1024 * 1024 - 1024
 
@@ -208,6 +206,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
             store.add_interval(
                 s, job, req.end_step, req.plan_version, wire.interval_rows(req), now=now
             )
+            for flag in views.new_stragglers(s, job):
+                store.add_event(s, "straggler", flag.message, job_id=job.id, now=now)
             plan = store.latest_plan(s, job.id)
             if job.state not in lifecycle.FINISHED and rebalance.is_boundary(
                 req.end_step, job.rebalance_interval
@@ -319,13 +319,35 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
         with self.deps.sessions() as s:
             return pb.ListNodesResponse(nodes=self._nodes(s))
 
+    @rpc
+    def DrainNode(self, req: pb.DrainNodeRequest, context: grpc.ServicerContext) -> pb.Node:
+        if not req.node:
+            raise _invalid("DrainNode needs a node id or name")
+        now = self.deps.clock()
+        with self.deps.sessions.begin() as s:
+            node = store.set_draining(s, req.node, not req.undrain, now=now)
+            healthy = store.is_healthy(node, now, self.deps.heartbeat_timeout_s)
+            msg = wire.node_message(node, store.latest_telemetry(s, node.id), healthy)
+        log.info("node %s %s", msg.name, "drained" if msg.draining else "undrained")
+        return msg
+
+    @rpc
+    def GetJobDetail(
+        self, req: pb.GetJobDetailRequest, context: grpc.ServicerContext
+    ) -> pb.JobDetail:
+        if req.max_intervals < 0:
+            raise _invalid(f"max_intervals must be >= 0, got {req.max_intervals}")
+        after = req.after_step if req.HasField("after_step") else None
+        with self.deps.sessions() as s:
+            return views.job_detail(s, req.job_id, req.max_intervals, after)
+
     def WatchCluster(
         self, req: pb.WatchClusterRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.ClusterSnapshot]:
         period_s = min(max(req.period_s or 1.0, 0.2), 60.0)
         try:
             while context.is_active() and not self.deps.stopping.is_set():
-                yield self._snapshot()
+                yield self.snapshot()
                 self.deps.stopping.wait(period_s)
         except Exception as exc:
             _abort(context, exc, "WatchCluster")
@@ -333,35 +355,17 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
     # ---- shared reads ----------------------------------------------------------
 
     def _job(self, s: Session, job: JobRow, detail: bool = False) -> pb.Job:
-        try:
-            plan = store.latest_plan(s, job.id)
-        except store.NotFoundError:
-            plan = None
-        names = {r.node_id: r.node.name for r in job.ranks}
-        events = store.job_events(s, job.id) if detail else []
-        return wire.job_message(job, plan, names, events, with_spec=detail)
+        return views.job_message(s, job, detail)
 
     def _nodes(self, s: Session) -> list[pb.Node]:
-        now = self.deps.clock()
-        return [
-            wire.node_message(
-                node,
-                store.latest_telemetry(s, node.id),
-                store.is_healthy(node, now, self.deps.heartbeat_timeout_s),
-            )
-            for node in store.list_nodes(s)
-        ]
+        return views.nodes(s, now=self.deps.clock(), timeout_s=self.deps.heartbeat_timeout_s)
 
-    def _snapshot(self) -> pb.ClusterSnapshot:
-        now = self.deps.clock()
+    def snapshot(self) -> pb.ClusterSnapshot:
+        """The cluster now: what WatchCluster streams and the metrics endpoint exports."""
         with self.deps.sessions() as s:
-            jobs = [
-                self._job(s, j)
-                for j in store.list_jobs(s, limit=1000)
-                if j.finished_at_unix_s is None
-                or now - j.finished_at_unix_s < WATCH_FINISHED_JOBS_S
-            ]
-            return pb.ClusterSnapshot(time_unix_s=now, nodes=self._nodes(s), jobs=jobs)
+            return views.cluster_snapshot(
+                s, now=self.deps.clock(), timeout_s=self.deps.heartbeat_timeout_s
+            )
 
 
 def _running_plan(req: tpb.IntervalReport, job: JobRow) -> tuple[int, ...] | None:

@@ -85,6 +85,24 @@ def list_nodes(s: Session) -> list[NodeRow]:
     return list(s.scalars(select(NodeRow).order_by(NodeRow.name)))
 
 
+def find_node(s: Session, ref: str) -> NodeRow:
+    """A node by id, else by name."""
+    node = s.get(NodeRow, ref) or s.scalars(select(NodeRow).where(NodeRow.name == ref)).first()
+    if node is None:
+        raise NotFoundError(f"unknown node {ref!r} (neither an id nor a name)")
+    return node
+
+
+def set_draining(s: Session, ref: str, draining: bool, *, now: float) -> NodeRow:
+    """Drain a node (no new ranks; running ones stay) or undo it. Idempotent."""
+    node = find_node(s, ref)
+    if node.draining != draining:
+        node.draining = draining
+        kind, what = ("node_drained", "drained") if draining else ("node_undrained", "undrained")
+        add_event(s, kind, f"node {node.name} {what}", node_id=node.id, now=now)
+    return node
+
+
 def record_heartbeat(
     s: Session,
     node_id: str,
@@ -157,6 +175,7 @@ def device_slots(s: Session, *, now: float, timeout_s: float) -> list[DeviceSlot
             memory_bytes=d.memory_bytes,
             emulated_slowdown=d.emulated_slowdown,
             healthy=is_healthy(node, now, timeout_s),
+            draining=node.draining,
             ranks_running=busy.get((node.id, d.index), 0),
         )
         for node in list_nodes(s)
@@ -193,6 +212,7 @@ def create_job(
         message="",
         restarts=0,
         last_step=0,
+        total_steps=spec.steps,
     )
     job.ranks = [
         RankRow(
@@ -393,6 +413,70 @@ def interval_history(s: Session, job: JobRow, window: int) -> list[list[RankInte
             RankInterval(r.rank, r.batch, r.steps, r.compute_s, r.step_s, r.peak_memory_bytes),
         )
     return [[by_step[step][rank] for rank in sorted(by_step[step])] for step in sorted(by_step)]
+
+
+def latest_interval(s: Session, job: JobRow) -> list[IntervalStatRow]:
+    """The newest complete interval's rows (one per rank, rank order); [] before any."""
+    step = s.scalar(
+        select(IntervalStatRow.end_step)
+        .where(IntervalStatRow.job_id == job.id)
+        .group_by(IntervalStatRow.end_step)
+        .having(func.count(func.distinct(IntervalStatRow.rank)) == job.world_size)
+        .order_by(IntervalStatRow.end_step.desc())
+        .limit(1)
+    )
+    if step is None:
+        return []
+    return _newest_per_rank(
+        s.scalars(
+            select(IntervalStatRow).where(
+                IntervalStatRow.job_id == job.id, IntervalStatRow.end_step == step
+            )
+        )
+    )
+
+
+def job_intervals(
+    s: Session, job_id: str, limit: int, after_step: int | None = None
+) -> list[list[IntervalStatRow]]:
+    """Intervals oldest first, each its rows in rank order: the newest ``limit``, or
+    with ``after_step`` the oldest ``limit`` whose end_step is greater."""
+    query = (
+        select(IntervalStatRow.end_step)
+        .where(IntervalStatRow.job_id == job_id)
+        .group_by(IntervalStatRow.end_step)
+    )
+    if after_step is None:
+        query = query.order_by(IntervalStatRow.end_step.desc())
+    else:
+        query = query.where(IntervalStatRow.end_step > after_step)
+        query = query.order_by(IntervalStatRow.end_step)
+    steps = sorted(s.scalars(query.limit(limit)))
+    if not steps:
+        return []
+    rows = s.scalars(
+        select(IntervalStatRow).where(
+            IntervalStatRow.job_id == job_id, IntervalStatRow.end_step.in_(steps)
+        )
+    )
+    by_step: dict[int, list[IntervalStatRow]] = {}
+    for row in rows:
+        by_step.setdefault(row.end_step, []).append(row)
+    return [_newest_per_rank(by_step[step]) for step in steps]
+
+
+def _newest_per_rank(rows: Iterable[IntervalStatRow]) -> list[IntervalStatRow]:
+    # A re-sent report leaves duplicates: the newest row (highest id) wins.
+    newest: dict[int, IntervalStatRow] = {}
+    for row in rows:
+        if row.rank not in newest or row.id > newest[row.rank].id:
+            newest[row.rank] = row
+    return [newest[rank] for rank in sorted(newest)]
+
+
+def job_plans(s: Session, job_id: str) -> list[PlanRow]:
+    query = select(PlanRow).where(PlanRow.job_id == job_id).order_by(PlanRow.version)
+    return list(s.scalars(query))
 
 
 # ---- events and logs -------------------------------------------------------------

@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hetero.coordinator import placement as placement_mod
-from hetero.coordinator import store
+from hetero.coordinator import store, throughput
+from hetero.coordinator.balancer import StragglerEvidence
 from hetero.coordinator.jobspec import JobSpec
 from hetero.coordinator.models import (
     DeviceRow,
@@ -109,6 +110,7 @@ def node_message(
         registered_at_unix_s=node.registered_at_unix_s,
         last_heartbeat_unix_s=node.last_heartbeat_unix_s,
         devices=[device_profile(d) for d in node.devices],
+        draining=node.draining,
     )
     host = telemetry.get(None)
     if host is not None:
@@ -165,6 +167,7 @@ def job_message(
     node_names: dict[str, str],
     events: Sequence[EventRow] = (),
     with_spec: bool = False,
+    live: pb.JobLive | None = None,
 ) -> pb.Job:
     msg = pb.Job(
         id=job.id,
@@ -191,6 +194,87 @@ def job_message(
         msg.finished_at_unix_s = job.finished_at_unix_s
     if plan is not None:
         msg.plan.CopyFrom(plan_message(plan))
+    if live is not None:
+        msg.live.CopyFrom(live)
+    if job.total_steps is not None:
+        msg.total_steps = job.total_steps
+    return msg
+
+
+_PHASE_FIELDS = (
+    "peak_memory_bytes",
+    "data_s",
+    "comm_wait_s",
+    "forward_s",
+    "backward_s",
+    "optimizer_s",
+    "loss_sum",
+    "samples",
+)
+
+
+def rank_stats_message(row: IntervalStatRow) -> tpb.RankIntervalStats:
+    msg = tpb.RankIntervalStats(
+        rank=row.rank, batch=row.batch, steps=row.steps, compute_s=row.compute_s, step_s=row.step_s
+    )
+    for field in _PHASE_FIELDS:
+        value = getattr(row, field)
+        if value is not None:
+            setattr(msg, field, value)
+    return msg
+
+
+def interval_message(job_id: str, rows: Sequence[IntervalStatRow]) -> tpb.IntervalReport:
+    """One stored interval (rows of one end_step, rank order) as a report."""
+    msg = tpb.IntervalReport(
+        job_id=job_id,
+        end_step=rows[0].end_step if rows else 0,
+        plan_version=rows[0].plan_version if rows else 0,
+        ranks=[rank_stats_message(r) for r in rows],
+    )
+    if rows:
+        msg.received_at_unix_s = max(r.received_at_unix_s for r in rows)
+    return msg
+
+
+def rank_phases(row: IntervalStatRow) -> throughput.RankPhases:
+    return throughput.RankPhases(
+        rank=row.rank,
+        batch=row.batch,
+        steps=row.steps,
+        compute_s=row.compute_s,
+        step_s=row.step_s,
+        comm_wait_s=row.comm_wait_s,
+        loss_sum=row.loss_sum,
+        samples=row.samples,
+    )
+
+
+def job_live(
+    job: JobRow, rows: Sequence[IntervalStatRow], stragglers: Sequence[StragglerEvidence]
+) -> pb.JobLive | None:
+    """``Job.live`` from the newest complete interval's rows; None before the first."""
+    if not rows:
+        return None
+    est = throughput.estimate([rank_phases(r) for r in rows], job.global_batch)
+    msg = pb.JobLive(
+        end_step=rows[0].end_step,
+        plan_version=rows[0].plan_version,
+        ranks=[rank_stats_message(r) for r in rows],
+        stragglers=[
+            pb.StragglerFlag(rank=e.rank, ratio=e.ratio, intervals=e.intervals, message=e.message)
+            for e in stragglers
+        ],
+        emulated=any(r.emulated_slowdown != 1.0 for r in job.ranks),
+    )
+    for field, value in (
+        ("samples_per_s", est.samples_per_s),
+        ("equal_samples_per_s", est.equal_samples_per_s),
+        ("ideal_samples_per_s", est.ideal_samples_per_s),
+        ("loss", est.loss),
+    ):
+        if value is not None:
+            setattr(msg, field, value)
     return msg
 
 
@@ -252,6 +336,11 @@ def interval_rows(report: tpb.IntervalReport) -> list[IntervalStatRow]:
             peak_memory_bytes=_opt(r, "peak_memory_bytes"),
             data_s=_opt(r, "data_s"),
             comm_wait_s=_opt(r, "comm_wait_s"),
+            forward_s=_opt(r, "forward_s"),
+            backward_s=_opt(r, "backward_s"),
+            optimizer_s=_opt(r, "optimizer_s"),
+            loss_sum=_opt(r, "loss_sum"),
+            samples=_opt(r, "samples"),
         )
         for r in report.ranks
     ]

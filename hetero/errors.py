@@ -41,3 +41,16 @@ class DistributedError(HeteroError):
     """A process-group failure: a dead peer, a timed-out collective."""
 
     grpc_code = "UNAVAILABLE"
+
+
+class RemoteError(HeteroError):
+    """A request the coordinator refused; the message is its one-line reason."""
+
+    grpc_code = "FAILED_PRECONDITION"
+
+
+class UnreachableError(RemoteError):
+    """The coordinator did not answer in time, or is down: retry later."""
+
+    grpc_code = "UNAVAILABLE"
+    exit_code = 3

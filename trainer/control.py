@@ -209,6 +209,11 @@ def _rank_stats(s: RankSummary) -> tpb.RankIntervalStats:
         peak_memory_bytes=s.peak_memory_bytes,
         data_s=s.data_s,
         comm_wait_s=s.comm_s,
+        forward_s=s.forward_s,
+        backward_s=s.backward_s,
+        optimizer_s=s.optimizer_s,
+        loss_sum=s.loss_sum,
+        samples=s.samples,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,10 @@ from hetero.coordinator.database import open_database, session_factory
 from hetero.coordinator.server import create_server
 from hetero.coordinator.service import Deps
 from hetero.v1 import coordinator_pb2_grpc
+
+# simcluster.py sits beside this file; --import-mode=importlib does not put it on sys.path.
+sys.path.insert(0, str(Path(__file__).parent))
+from simcluster import SimCluster
 
 
 class Clock:
@@ -32,6 +37,7 @@ class Coordinator:
     stub: coordinator_pb2_grpc.CoordinatorStub
     channel: grpc.Channel
     clock: Clock
+    deps: Deps
 
 
 @pytest.fixture
@@ -46,10 +52,20 @@ def coordinator(tmp_path: Path) -> Iterator[Coordinator]:
     channel = grpc.insecure_channel(address)
     try:
         yield Coordinator(
-            address, db_path, coordinator_pb2_grpc.CoordinatorStub(channel), channel, clock
+            address, db_path, coordinator_pb2_grpc.CoordinatorStub(channel), channel, clock, deps
         )
     finally:
         channel.close()
         deps.stopping.set()
         server.stop(0).wait()
         engine.dispose()
+
+
+@pytest.fixture
+def sim(coordinator: Coordinator) -> Iterator[SimCluster]:
+    """Simulated agents and trainers talking to ``coordinator`` over real gRPC."""
+    cluster = SimCluster(coordinator.address)
+    try:
+        yield cluster
+    finally:
+        cluster.close()

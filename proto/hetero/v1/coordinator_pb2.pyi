@@ -94,7 +94,7 @@ class ListNodesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Node(_message.Message):
-    __slots__ = ("id", "name", "address", "agent_endpoint", "agent_version", "healthy", "registered_at_unix_s", "last_heartbeat_unix_s", "devices", "host", "telemetry")
+    __slots__ = ("id", "name", "address", "agent_endpoint", "agent_version", "healthy", "registered_at_unix_s", "last_heartbeat_unix_s", "devices", "host", "telemetry", "draining")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -106,6 +106,7 @@ class Node(_message.Message):
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     TELEMETRY_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     address: str
@@ -117,7 +118,16 @@ class Node(_message.Message):
     devices: _containers.RepeatedCompositeFieldContainer[_types_pb2.DeviceProfile]
     host: _types_pb2.HostTelemetry
     telemetry: _containers.RepeatedCompositeFieldContainer[_types_pb2.DeviceTelemetry]
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., address: _Optional[str] = ..., agent_endpoint: _Optional[str] = ..., agent_version: _Optional[str] = ..., healthy: bool = ..., registered_at_unix_s: _Optional[float] = ..., last_heartbeat_unix_s: _Optional[float] = ..., devices: _Optional[_Iterable[_Union[_types_pb2.DeviceProfile, _Mapping]]] = ..., host: _Optional[_Union[_types_pb2.HostTelemetry, _Mapping]] = ..., telemetry: _Optional[_Iterable[_Union[_types_pb2.DeviceTelemetry, _Mapping]]] = ...) -> None: ...
+    draining: bool
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., address: _Optional[str] = ..., agent_endpoint: _Optional[str] = ..., agent_version: _Optional[str] = ..., healthy: bool = ..., registered_at_unix_s: _Optional[float] = ..., last_heartbeat_unix_s: _Optional[float] = ..., devices: _Optional[_Iterable[_Union[_types_pb2.DeviceProfile, _Mapping]]] = ..., host: _Optional[_Union[_types_pb2.HostTelemetry, _Mapping]] = ..., telemetry: _Optional[_Iterable[_Union[_types_pb2.DeviceTelemetry, _Mapping]]] = ..., draining: bool = ...) -> None: ...
+
+class DrainNodeRequest(_message.Message):
+    __slots__ = ("node", "undrain")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    UNDRAIN_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    undrain: bool
+    def __init__(self, node: _Optional[str] = ..., undrain: bool = ...) -> None: ...
 
 class ListNodesResponse(_message.Message):
     __slots__ = ("nodes",)
@@ -162,7 +172,7 @@ class JobEvent(_message.Message):
     def __init__(self, id: _Optional[int] = ..., time_unix_s: _Optional[float] = ..., kind: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "name", "state", "policy", "global_batch", "world_size", "backend", "master_addr", "master_port", "submitted_at_unix_s", "finished_at_unix_s", "message", "restarts", "ranks", "plan", "spec_yaml", "events", "last_step")
+    __slots__ = ("id", "name", "state", "policy", "global_batch", "world_size", "backend", "master_addr", "master_port", "submitted_at_unix_s", "finished_at_unix_s", "message", "restarts", "ranks", "plan", "spec_yaml", "events", "last_step", "live", "total_steps")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -181,6 +191,8 @@ class Job(_message.Message):
     SPEC_YAML_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     LAST_STEP_FIELD_NUMBER: _ClassVar[int]
+    LIVE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     state: JobState
@@ -199,7 +211,65 @@ class Job(_message.Message):
     spec_yaml: str
     events: _containers.RepeatedCompositeFieldContainer[JobEvent]
     last_step: int
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., policy: _Optional[str] = ..., global_batch: _Optional[int] = ..., world_size: _Optional[int] = ..., backend: _Optional[str] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., submitted_at_unix_s: _Optional[float] = ..., finished_at_unix_s: _Optional[float] = ..., message: _Optional[str] = ..., restarts: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankPlacement, _Mapping]]] = ..., plan: _Optional[_Union[_types_pb2.Plan, _Mapping]] = ..., spec_yaml: _Optional[str] = ..., events: _Optional[_Iterable[_Union[JobEvent, _Mapping]]] = ..., last_step: _Optional[int] = ...) -> None: ...
+    live: JobLive
+    total_steps: int
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., policy: _Optional[str] = ..., global_batch: _Optional[int] = ..., world_size: _Optional[int] = ..., backend: _Optional[str] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., submitted_at_unix_s: _Optional[float] = ..., finished_at_unix_s: _Optional[float] = ..., message: _Optional[str] = ..., restarts: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankPlacement, _Mapping]]] = ..., plan: _Optional[_Union[_types_pb2.Plan, _Mapping]] = ..., spec_yaml: _Optional[str] = ..., events: _Optional[_Iterable[_Union[JobEvent, _Mapping]]] = ..., last_step: _Optional[int] = ..., live: _Optional[_Union[JobLive, _Mapping]] = ..., total_steps: _Optional[int] = ...) -> None: ...
+
+class StragglerFlag(_message.Message):
+    __slots__ = ("rank", "ratio", "intervals", "message")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    RATIO_FIELD_NUMBER: _ClassVar[int]
+    INTERVALS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    ratio: float
+    intervals: int
+    message: str
+    def __init__(self, rank: _Optional[int] = ..., ratio: _Optional[float] = ..., intervals: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class JobLive(_message.Message):
+    __slots__ = ("end_step", "plan_version", "samples_per_s", "equal_samples_per_s", "ideal_samples_per_s", "loss", "ranks", "stragglers", "emulated")
+    END_STEP_FIELD_NUMBER: _ClassVar[int]
+    PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    EQUAL_SAMPLES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    IDEAL_SAMPLES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    STRAGGLERS_FIELD_NUMBER: _ClassVar[int]
+    EMULATED_FIELD_NUMBER: _ClassVar[int]
+    end_step: int
+    plan_version: int
+    samples_per_s: float
+    equal_samples_per_s: float
+    ideal_samples_per_s: float
+    loss: float
+    ranks: _containers.RepeatedCompositeFieldContainer[_types_pb2.RankIntervalStats]
+    stragglers: _containers.RepeatedCompositeFieldContainer[StragglerFlag]
+    emulated: bool
+    def __init__(self, end_step: _Optional[int] = ..., plan_version: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., equal_samples_per_s: _Optional[float] = ..., ideal_samples_per_s: _Optional[float] = ..., loss: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[_types_pb2.RankIntervalStats, _Mapping]]] = ..., stragglers: _Optional[_Iterable[_Union[StragglerFlag, _Mapping]]] = ..., emulated: bool = ...) -> None: ...
+
+class GetJobDetailRequest(_message.Message):
+    __slots__ = ("job_id", "max_intervals", "after_step")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_INTERVALS_FIELD_NUMBER: _ClassVar[int]
+    AFTER_STEP_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    max_intervals: int
+    after_step: int
+    def __init__(self, job_id: _Optional[str] = ..., max_intervals: _Optional[int] = ..., after_step: _Optional[int] = ...) -> None: ...
+
+class JobDetail(_message.Message):
+    __slots__ = ("job", "intervals", "plans", "more")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    INTERVALS_FIELD_NUMBER: _ClassVar[int]
+    PLANS_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    job: Job
+    intervals: _containers.RepeatedCompositeFieldContainer[_types_pb2.IntervalReport]
+    plans: _containers.RepeatedCompositeFieldContainer[_types_pb2.Plan]
+    more: bool
+    def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ..., intervals: _Optional[_Iterable[_Union[_types_pb2.IntervalReport, _Mapping]]] = ..., plans: _Optional[_Iterable[_Union[_types_pb2.Plan, _Mapping]]] = ..., more: bool = ...) -> None: ...
 
 class SubmitJobRequest(_message.Message):
     __slots__ = ("spec_yaml", "source_name", "dry_run")

@@ -105,6 +105,16 @@ class CoordinatorStub(object):
                 request_serializer=hetero_dot_v1_dot_coordinator__pb2.ListNodesRequest.SerializeToString,
                 response_deserializer=hetero_dot_v1_dot_coordinator__pb2.ListNodesResponse.FromString,
                 _registered_method=True)
+        self.DrainNode = channel.unary_unary(
+                '/hetero.v1.Coordinator/DrainNode',
+                request_serializer=hetero_dot_v1_dot_coordinator__pb2.DrainNodeRequest.SerializeToString,
+                response_deserializer=hetero_dot_v1_dot_coordinator__pb2.Node.FromString,
+                _registered_method=True)
+        self.GetJobDetail = channel.unary_unary(
+                '/hetero.v1.Coordinator/GetJobDetail',
+                request_serializer=hetero_dot_v1_dot_coordinator__pb2.GetJobDetailRequest.SerializeToString,
+                response_deserializer=hetero_dot_v1_dot_coordinator__pb2.JobDetail.FromString,
+                _registered_method=True)
         self.WatchCluster = channel.unary_stream(
                 '/hetero.v1.Coordinator/WatchCluster',
                 request_serializer=hetero_dot_v1_dot_coordinator__pb2.WatchClusterRequest.SerializeToString,
@@ -205,6 +215,21 @@ class CoordinatorServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DrainNode(self, request, context):
+        """A drained node keeps its running ranks but gets no new ones. Returns the node.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetJobDetail(self, request, context):
+        """A job with its interval statistics, plans and straggler flags (hetero-top's
+        job view, `hetero-coord export`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def WatchCluster(self, request, context):
         """The TUI: a snapshot of nodes and jobs every `period_s` until the client leaves.
         """
@@ -284,6 +309,16 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.ListNodes,
                     request_deserializer=hetero_dot_v1_dot_coordinator__pb2.ListNodesRequest.FromString,
                     response_serializer=hetero_dot_v1_dot_coordinator__pb2.ListNodesResponse.SerializeToString,
+            ),
+            'DrainNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainNode,
+                    request_deserializer=hetero_dot_v1_dot_coordinator__pb2.DrainNodeRequest.FromString,
+                    response_serializer=hetero_dot_v1_dot_coordinator__pb2.Node.SerializeToString,
+            ),
+            'GetJobDetail': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetJobDetail,
+                    request_deserializer=hetero_dot_v1_dot_coordinator__pb2.GetJobDetailRequest.FromString,
+                    response_serializer=hetero_dot_v1_dot_coordinator__pb2.JobDetail.SerializeToString,
             ),
             'WatchCluster': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchCluster,
@@ -669,6 +704,60 @@ class Coordinator(object):
             '/hetero.v1.Coordinator/ListNodes',
             hetero_dot_v1_dot_coordinator__pb2.ListNodesRequest.SerializeToString,
             hetero_dot_v1_dot_coordinator__pb2.ListNodesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hetero.v1.Coordinator/DrainNode',
+            hetero_dot_v1_dot_coordinator__pb2.DrainNodeRequest.SerializeToString,
+            hetero_dot_v1_dot_coordinator__pb2.Node.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetJobDetail(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hetero.v1.Coordinator/GetJobDetail',
+            hetero_dot_v1_dot_coordinator__pb2.GetJobDetailRequest.SerializeToString,
+            hetero_dot_v1_dot_coordinator__pb2.JobDetail.FromString,
             options,
             channel_credentials,
             insecure,

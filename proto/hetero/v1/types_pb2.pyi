@@ -114,7 +114,7 @@ class Plan(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., version: _Optional[int] = ..., apply_at_step: _Optional[int] = ..., batches: _Optional[_Iterable[int]] = ..., policy: _Optional[str] = ..., reason: _Optional[str] = ..., predicted_step_s: _Optional[float] = ...) -> None: ...
 
 class RankIntervalStats(_message.Message):
-    __slots__ = ("rank", "batch", "steps", "compute_s", "step_s", "peak_memory_bytes", "data_s", "comm_wait_s")
+    __slots__ = ("rank", "batch", "steps", "compute_s", "step_s", "peak_memory_bytes", "data_s", "comm_wait_s", "forward_s", "backward_s", "optimizer_s", "loss_sum", "samples")
     RANK_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -123,6 +123,11 @@ class RankIntervalStats(_message.Message):
     PEAK_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     DATA_S_FIELD_NUMBER: _ClassVar[int]
     COMM_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_S_FIELD_NUMBER: _ClassVar[int]
+    BACKWARD_S_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_S_FIELD_NUMBER: _ClassVar[int]
+    LOSS_SUM_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
     rank: int
     batch: int
     steps: int
@@ -131,19 +136,26 @@ class RankIntervalStats(_message.Message):
     peak_memory_bytes: int
     data_s: float
     comm_wait_s: float
-    def __init__(self, rank: _Optional[int] = ..., batch: _Optional[int] = ..., steps: _Optional[int] = ..., compute_s: _Optional[float] = ..., step_s: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., data_s: _Optional[float] = ..., comm_wait_s: _Optional[float] = ...) -> None: ...
+    forward_s: float
+    backward_s: float
+    optimizer_s: float
+    loss_sum: float
+    samples: int
+    def __init__(self, rank: _Optional[int] = ..., batch: _Optional[int] = ..., steps: _Optional[int] = ..., compute_s: _Optional[float] = ..., step_s: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., data_s: _Optional[float] = ..., comm_wait_s: _Optional[float] = ..., forward_s: _Optional[float] = ..., backward_s: _Optional[float] = ..., optimizer_s: _Optional[float] = ..., loss_sum: _Optional[float] = ..., samples: _Optional[int] = ...) -> None: ...
 
 class IntervalReport(_message.Message):
-    __slots__ = ("job_id", "end_step", "plan_version", "ranks")
+    __slots__ = ("job_id", "end_step", "plan_version", "ranks", "received_at_unix_s")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     END_STEP_FIELD_NUMBER: _ClassVar[int]
     PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     end_step: int
     plan_version: int
     ranks: _containers.RepeatedCompositeFieldContainer[RankIntervalStats]
-    def __init__(self, job_id: _Optional[str] = ..., end_step: _Optional[int] = ..., plan_version: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankIntervalStats, _Mapping]]] = ...) -> None: ...
+    received_at_unix_s: float
+    def __init__(self, job_id: _Optional[str] = ..., end_step: _Optional[int] = ..., plan_version: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankIntervalStats, _Mapping]]] = ..., received_at_unix_s: _Optional[float] = ...) -> None: ...
 
 class GetPlanRequest(_message.Message):
     __slots__ = ("job_id",)

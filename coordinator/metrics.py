@@ -1,0 +1,296 @@
+"""Prometheus ``/metrics`` for the coordinator: device telemetry, job throughput,
+per-rank batch sizes and straggler flags, in the text exposition format (0.0.4).
+
+Written with the standard library on purpose: the format is a few lines of
+text, the coordinator already builds the numbers for ``WatchCluster``, and
+one fewer dependency matters on air-gapped clusters installed from a
+wheelhouse. ``render`` is pure (a ``ClusterSnapshot`` in, text out);
+``MetricsServer`` serves it from a thread, reading a fresh snapshot per scrape.
+
+Conventions: base units (seconds, bytes, watts, hertz, ratios 0–1), ``_total``
+for counters, ``_info`` gauges of 1 carrying descriptive labels; ``node`` is
+the node name, ``device`` the device index on its node, ``job`` the job id,
+``rank`` the rank. A value a device cannot report is left out, not zero.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from hetero.errors import ConfigError
+from hetero.v1 import coordinator_pb2 as pb
+from hetero.v1 import types_pb2 as tpb
+
+log = logging.getLogger("hetero.coordinator.metrics")
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+Labels = tuple[tuple[str, str], ...]
+
+
+@dataclass
+class Family:
+    """One metric family: its samples in the order added."""
+
+    name: str
+    kind: str  # "gauge" or "counter"
+    help: str
+    samples: list[tuple[Labels, float]] = field(default_factory=list)
+
+
+class Exposition:
+    """Collects families, then writes them; families without samples are left out."""
+
+    def __init__(self) -> None:
+        self._families: dict[str, Family] = {}
+
+    def add(self, name: str, kind: str, help_text: str, labels: Labels, value: float) -> None:
+        family = self._families.setdefault(name, Family(name, kind, help_text))
+        family.samples.append((labels, value))
+
+    def text(self) -> str:
+        lines: list[str] = []
+        for f in self._families.values():
+            lines.append(f"# HELP {f.name} {_escape_help(f.help)}")
+            lines.append(f"# TYPE {f.name} {f.kind}")
+            for labels, value in f.samples:
+                body = ",".join(f'{k}="{_escape_label(v)}"' for k, v in labels)
+                lines.append(f"{f.name}{{{body}}} {_number(value)}")
+        return "\n".join(lines) + "\n"
+
+
+def _escape_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _escape_label(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _number(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value)) if not float(value).is_integer() else str(int(value))
+
+
+def render(snapshot: pb.ClusterSnapshot) -> str:
+    """The exposition text of ``snapshot``."""
+    out = Exposition()
+    node_names = {n.id: n.name for n in snapshot.nodes}
+    for node in snapshot.nodes:
+        _node(out, node)
+    for job in snapshot.jobs:
+        _job(out, job, node_names)
+    return out.text()
+
+
+def _node(out: Exposition, node: pb.Node) -> None:
+    n: Labels = (("node", node.name),)
+    out.add("hetero_node_up", "gauge", "1 if the node's heartbeats are on time.", n, node.healthy)
+    out.add(
+        "hetero_node_draining",
+        "gauge",
+        "1 if drained: the node gets no new ranks.",
+        n,
+        node.draining,
+    )
+    out.add(
+        "hetero_node_last_heartbeat_timestamp_seconds",
+        "gauge",
+        "Unix time of the node's last heartbeat.",
+        n,
+        node.last_heartbeat_unix_s,
+    )
+    host = node.host
+    if host.HasField("cpu_percent"):
+        help_text = "Host CPU utilization, 0-1."
+        out.add("hetero_host_cpu_utilization_ratio", "gauge", help_text, n, host.cpu_percent / 100)
+    if host.HasField("ram_used_bytes"):
+        out.add(
+            "hetero_host_memory_used_bytes", "gauge", "Host RAM in use.", n, host.ram_used_bytes
+        )
+    if host.HasField("ram_total_bytes"):
+        out.add("hetero_host_memory_total_bytes", "gauge", "Host RAM.", n, host.ram_total_bytes)
+    telemetry = {t.device_index: t for t in node.telemetry}
+    for d in node.devices:
+        labels: Labels = (("node", node.name), ("device", str(d.index)))
+        kind = str(tpb.DeviceKind.Name(d.kind)).removeprefix("DEVICE_KIND_").lower()
+        info = (*labels, ("name", d.name), ("kind", kind))
+        out.add("hetero_device_info", "gauge", "A device; its name and kind as labels.", info, 1)
+        out.add(
+            "hetero_device_compute_score",
+            "gauge",
+            "Relative speed from the device's hardware profile (larger = faster).",
+            labels,
+            d.compute_score,
+        )
+        out.add(
+            "hetero_device_emulated_slowdown",
+            "gauge",
+            "Emulated slowdown factor applied to the device (1 = none).",
+            labels,
+            d.emulated_slowdown or 1.0,
+        )
+        t = telemetry.get(d.index)
+        if t is not None:
+            _device_telemetry(out, labels, t)
+
+
+_DEVICE_GAUGES: tuple[tuple[str, str, str, float], ...] = (
+    ("utilization_percent", "hetero_device_utilization_ratio", "Device utilization, 0-1.", 0.01),
+    ("memory_used_bytes", "hetero_device_memory_used_bytes", "Device memory in use.", 1.0),
+    ("memory_total_bytes", "hetero_device_memory_total_bytes", "Device memory.", 1.0),
+    ("temperature_c", "hetero_device_temperature_celsius", "Device temperature.", 1.0),
+    ("power_w", "hetero_device_power_watts", "Device power draw.", 1.0),
+    ("sm_clock_mhz", "hetero_device_sm_clock_hertz", "Device SM clock.", 1e6),
+)
+
+
+def _device_telemetry(out: Exposition, labels: Labels, t: tpb.DeviceTelemetry) -> None:
+    for field_name, metric, help_text, scale in _DEVICE_GAUGES:
+        if t.HasField(field_name):
+            out.add(metric, "gauge", help_text, labels, getattr(t, field_name) * scale)
+    if t.HasField("throttle"):
+        help_text = "1 if the device reports a clock-throttle reason."
+        out.add("hetero_device_throttled", "gauge", help_text, labels, bool(t.throttle.reasons))
+
+
+def _job(out: Exposition, job: pb.Job, node_names: dict[str, str]) -> None:
+    j: Labels = (("job", job.id),)
+    state = str(pb.JobState.Name(job.state)).removeprefix("JOB_STATE_").lower()
+    info = (*j, ("name", job.name), ("policy", job.policy), ("backend", job.backend))
+    out.add("hetero_job_info", "gauge", "A job; name, policy and backend as labels.", info, 1)
+    out.add(
+        "hetero_job_state", "gauge", "1 for the job's current state.", (*j, ("state", state)), 1
+    )
+    out.add("hetero_job_global_batch_size", "gauge", "Global batch, samples.", j, job.global_batch)
+    out.add("hetero_job_world_size", "gauge", "Number of ranks.", j, job.world_size)
+    out.add("hetero_job_step", "gauge", "Highest global step reported.", j, job.last_step)
+    out.add("hetero_job_restarts_total", "counter", "Restarts of the job.", j, job.restarts)
+    if job.HasField("plan"):
+        out.add(
+            "hetero_job_plan_version", "gauge", "Version of the job's plan.", j, job.plan.version
+        )
+    live = job.live if job.HasField("live") else None
+    if live is not None:
+        out.add(
+            "hetero_job_emulated",
+            "gauge",
+            "1 if a rank runs with an emulated slowdown (the numbers come from emulation).",
+            j,
+            live.emulated,
+        )
+        for field_name, metric, help_text in (
+            ("samples_per_s", "hetero_job_samples_per_second", "Measured throughput."),
+            (
+                "equal_samples_per_s",
+                "hetero_job_equal_estimate_samples_per_second",
+                "Estimated throughput of equal batches (plain DDP) on the same ranks.",
+            ),
+            (
+                "ideal_samples_per_s",
+                "hetero_job_ideal_samples_per_second",
+                "Sum of the ranks' standalone throughputs at their batches.",
+            ),
+            ("loss", "hetero_job_loss", "Mean training loss over the newest interval."),
+        ):
+            if live.HasField(field_name):
+                out.add(metric, "gauge", help_text, j, getattr(live, field_name))
+    _ranks(out, job, live, node_names)
+
+
+def _ranks(
+    out: Exposition, job: pb.Job, live: pb.JobLive | None, node_names: dict[str, str]
+) -> None:
+    stats = {r.rank: r for r in live.ranks} if live is not None else {}
+    flagged = {f.rank for f in live.stragglers} if live is not None else set()
+    for r in job.ranks:
+        labels: Labels = (
+            ("job", job.id),
+            ("rank", str(r.rank)),
+            ("node", r.node_name or node_names.get(r.node_id, r.node_id)),
+            ("device", str(r.device_index)),
+        )
+        if r.rank < len(job.plan.batches):
+            help_text = "The rank's batch in the job's current plan, samples."
+            out.add("hetero_rank_batch_size", "gauge", help_text, labels, job.plan.batches[r.rank])
+        s = stats.get(r.rank)
+        if s is not None and s.steps > 0:
+            help_text = "Mean compute-only seconds per step over the newest interval."
+            out.add("hetero_rank_compute_seconds", "gauge", help_text, labels, s.compute_s)
+            help_text = "Mean wall seconds per step over the newest interval."
+            out.add("hetero_rank_step_seconds", "gauge", help_text, labels, s.step_s)
+            if s.batch > 0:
+                out.add(
+                    "hetero_rank_compute_seconds_per_sample",
+                    "gauge",
+                    "Compute-only seconds per sample over the newest interval.",
+                    labels,
+                    s.compute_s / s.batch,
+                )
+        if live is not None:
+            help_text = "1 if the rank is flagged as a straggler."
+            out.add("hetero_rank_straggler", "gauge", help_text, labels, r.rank in flagged)
+
+
+class MetricsServer:
+    """``/metrics`` over HTTP from a daemon thread; each scrape calls ``snapshot``."""
+
+    def __init__(self, address: str, snapshot: Callable[[], pb.ClusterSnapshot]) -> None:
+        host, sep, port = address.rpartition(":")
+        if not sep or not port.isdigit():
+            raise ConfigError(f"metrics_listen must be host:port, got {address!r}")
+        handler = _handler(snapshot)
+        try:
+            self._httpd = ThreadingHTTPServer((host.strip("[]") or "0.0.0.0", int(port)), handler)
+        except OSError as exc:
+            raise ConfigError(f"cannot listen for metrics on {address}: {exc.strerror}") from None
+        self._httpd.daemon_threads = True
+        self.port: int = self._httpd.server_address[1]
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, name="metrics", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5.0)
+
+
+def _handler(snapshot: Callable[[], pb.ClusterSnapshot]) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.split("?", 1)[0] != "/metrics":
+                self._reply(404, "text/plain; charset=utf-8", "not found: try /metrics\n")
+                return
+            try:
+                body = render(snapshot())
+            except Exception:
+                log.exception("metrics scrape failed")
+                self._reply(500, "text/plain; charset=utf-8", "scrape failed, see the log\n")
+                return
+            self._reply(200, CONTENT_TYPE, body)
+
+        def _reply(self, code: int, content_type: str, body: str) -> None:
+            data = body.encode()
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: object) -> None:
+            # Scrapes every few seconds would flood journald at INFO.
+            log.debug("%s " + format, self.address_string(), *args)
+
+    return Handler

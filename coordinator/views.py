@@ -1,0 +1,90 @@
+"""Read views: API messages assembled from the store, shared by the gRPC servicer and
+the metrics endpoint, so ``hetero-top`` and Prometheus see the same numbers.
+
+Each function takes an open session and the current time; none writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy.orm import Session
+
+from hetero.coordinator import store, wire
+from hetero.coordinator.balancer import StragglerEvidence, detect_stragglers
+from hetero.coordinator.balancer.straggler import LOOKBACK
+from hetero.coordinator.models import JobRow
+from hetero.v1 import coordinator_pb2 as pb
+
+#: Finished jobs stay in cluster snapshots this long, in seconds.
+WATCH_FINISHED_JOBS_S = 3600.0
+#: Events a job's detail carries, newest last.
+DETAIL_EVENTS = 50
+#: Default and largest number of intervals in one GetJobDetail reply.
+DEFAULT_INTERVALS = 120
+MAX_INTERVALS = 2000
+
+
+def stragglers(s: Session, job: JobRow) -> tuple[StragglerEvidence, ...]:
+    """Ranks flagged at the newest complete interval (the balancer's default rule)."""
+    return detect_stragglers(store.interval_history(s, job, LOOKBACK))
+
+
+def job_message(s: Session, job: JobRow, detail: bool = False) -> pb.Job:
+    """The API's view of a job; ``detail`` adds the spec and recent events."""
+    try:
+        plan = store.latest_plan(s, job.id)
+    except store.NotFoundError:
+        plan = None
+    names = {r.node_id: r.node.name for r in job.ranks}
+    events = store.job_events(s, job.id, DETAIL_EVENTS) if detail else []
+    latest = store.latest_interval(s, job)
+    live = wire.job_live(job, latest, stragglers(s, job)) if latest else None
+    return wire.job_message(job, plan, names, events, with_spec=detail, live=live)
+
+
+def nodes(s: Session, *, now: float, timeout_s: float) -> list[pb.Node]:
+    return [
+        wire.node_message(
+            node, store.latest_telemetry(s, node.id), store.is_healthy(node, now, timeout_s)
+        )
+        for node in store.list_nodes(s)
+    ]
+
+
+def cluster_snapshot(s: Session, *, now: float, timeout_s: float) -> pb.ClusterSnapshot:
+    """Every node, and the jobs not finished or finished within ``WATCH_FINISHED_JOBS_S``."""
+    jobs = [
+        job_message(s, j)
+        for j in store.list_jobs(s, limit=1000)
+        if j.finished_at_unix_s is None or now - j.finished_at_unix_s < WATCH_FINISHED_JOBS_S
+    ]
+    return pb.ClusterSnapshot(
+        time_unix_s=now, nodes=nodes(s, now=now, timeout_s=timeout_s), jobs=jobs
+    )
+
+
+def job_detail(s: Session, job_id: str, max_intervals: int, after_step: int | None) -> pb.JobDetail:
+    """A job with its intervals (see ``GetJobDetailRequest``) and every plan."""
+    job = store.get_job(s, job_id)
+    limit = min(max_intervals or DEFAULT_INTERVALS, MAX_INTERVALS)
+    # One more than asked tells whether a next page exists.
+    intervals = store.job_intervals(s, job.id, limit + 1, after_step)
+    more = len(intervals) > limit
+    if more:
+        intervals = intervals[:limit] if after_step is not None else intervals[1:]
+    return pb.JobDetail(
+        job=job_message(s, job, detail=True),
+        intervals=[wire.interval_message(job.id, rows) for rows in intervals],
+        plans=[wire.plan_message(p) for p in store.job_plans(s, job.id)],
+        more=more and after_step is not None,
+    )
+
+
+def new_stragglers(s: Session, job: JobRow) -> Sequence[StragglerEvidence]:
+    """Ranks flagged at the newest interval that were not flagged one interval before:
+    the servicer records an event for each, once per episode."""
+    history = store.interval_history(s, job, LOOKBACK + 1)
+    now_flagged = detect_stragglers(history)
+    before = {e.rank for e in detect_stragglers(history[:-1])}
+    return [e for e in now_flagged if e.rank not in before]
