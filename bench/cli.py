@@ -13,6 +13,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from hetero.bench import simulate_nodes
 from hetero.bench.sim import report as sim_report
 from hetero.errors import HeteroError
 
@@ -23,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sim_report.add_parser(sub)
+    simulate_nodes.add_parser(sub)
     return parser
 
 

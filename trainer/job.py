@@ -21,7 +21,7 @@ from torch import nn
 from hetero.errors import ConfigError, DistributedError, HeteroError
 from hetero.trainer.checkpoint import load_checkpoint, save_checkpoint
 from hetero.trainer.context import Context, init
-from hetero.trainer.datasets import build_dataset
+from hetero.trainer.datasets import TEXT_DATASETS, build_dataset
 from hetero.trainer.emulation import format_slowdowns
 from hetero.trainer.ideal import measure_standalone
 from hetero.trainer.memory import MemoryMonitor, describe, parse_max_batch
@@ -92,7 +92,11 @@ class JobConfig:
             raise ConfigError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}")
         if self.seq_len is not None and self.seq_len < 1:
             raise ConfigError(f"--seq-len must be >= 1, got {self.seq_len}")
-        if self.activation_checkpointing and not model_info(self.model).task.endswith("-lm"):
+        text_model = model_info(self.model).task != "classification"
+        if text_model != (self.dataset in TEXT_DATASETS):
+            kinds = "a text dataset (synthetic-text, text)" if text_model else "an image dataset"
+            raise ConfigError(f"model {self.model} needs {kinds}, not {self.dataset!r}")
+        if self.activation_checkpointing and not text_model:
             raise ConfigError(
                 "--activation-checkpointing is implemented for the transformer models"
             )
@@ -125,6 +129,7 @@ def make_optimizer(
     """
     kind = cfg.optimizer if cfg.optimizer != "auto" else ("adamw" if task.text else "sgd")
     cls: type[torch.optim.Optimizer]
+    kwargs: dict[str, Any]
     if kind == "sgd":
         cls, kwargs = torch.optim.SGD, {"lr": cfg.lr or 0.05, "momentum": 0.9}
     else:
@@ -134,7 +139,7 @@ def make_optimizer(
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         return ZeroRedundancyOptimizer(model.parameters(), optimizer_class=cls, **kwargs)
-    return cls(model.parameters(), **kwargs)  # type: ignore[arg-type]
+    return cls(model.parameters(), **kwargs)
 
 
 def _local_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
@@ -219,7 +224,8 @@ def _build(ctx: Context, cfg: JobConfig) -> tuple[Task, nn.Module, Any, Callable
             return info.build(0, seq_len)
 
         raw = fresh()
-        max_len = raw.config.max_seq_len  # type: ignore[union-attr]
+        lm: Any = raw
+        max_len = int(lm.config.max_seq_len)
         if seq_len > max_len:
             raise ConfigError(f"--seq-len {seq_len} exceeds {cfg.model}'s {max_len} positions")
         data = build_dataset(
@@ -250,20 +256,21 @@ def _build(ctx: Context, cfg: JobConfig) -> tuple[Task, nn.Module, Any, Callable
         raw = fresh()
 
     def configured() -> nn.Module:
-        m = fresh()
+        m: Any = fresh()
         if cfg.activation_checkpointing:
-            m.activation_checkpointing = True  # the transformers' switch (validated in JobConfig)
+            m.activation_checkpointing = True  # the transformers' switch (JobConfig checks)
         return m
 
     if cfg.activation_checkpointing:
-        raw.activation_checkpointing = True
+        checkpointed: Any = raw
+        checkpointed.activation_checkpointing = True
     return task, raw, task.prepare(data, raw, seed=cfg.seed), configured
 
 
 def _train(ctx: Context, cfg: JobConfig) -> dict[str, Any] | None:
     fraction = apply_memory_fraction(ctx, parse_fractions(cfg.memory_fraction, ctx.world_size))
-    if fraction is None and cfg.memory_fraction and ctx.rank == 0 and not cfg.quiet:
-        print("hetero-train: --memory-fraction ignored on CPU ranks (CUDA only)", flush=True)
+    if fraction is None and cfg.memory_fraction and ctx.rank == 0:
+        print("hetero-train: --memory-fraction ignored on CPU ranks (CUDA only)", file=sys.stderr)
     caps = parse_max_batch(cfg.max_batch, ctx.world_size)
     if caps is not None:
         ctx.set_max_batch(caps)

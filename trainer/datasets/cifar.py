@@ -32,7 +32,7 @@ FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
 def _existence_checked(cls: Any) -> Any:
     """A torchvision CIFAR class whose files are checked for existence, not md5."""
 
-    class Checked(cls):  # type: ignore[misc,valid-type]
+    class Checked(cls):  # type: ignore[misc]
         train_list = [(name, None) for name, _ in cls.train_list]
         test_list = [(name, None) for name, _ in cls.test_list]
         meta = {**cls.meta, "md5": None}
