@@ -407,6 +407,7 @@ def _train(ctx: Context, cfg: JobConfig) -> dict[str, Any] | None:
                 "step": e.step,
                 "failed": {str(r): b for r, b in e.failed.items()},
                 "plan": list(e.plan),
+                "injected": e.injected,
             }
             for e in (guard.events if guard is not None else [])
         ],

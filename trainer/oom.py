@@ -115,6 +115,7 @@ class OomGuard:
         self.max_retries = max_retries
         self.events: list[OomEvent] = []
         spec = inject if inject is not None else os.environ.get(INJECT_ENV)
+        self.injecting = bool(spec)  # any rank of the job injects: its retries are not real
         self._injections = [i for i in parse_injections(spec) if i.rank == ctx.rank]
         self._armed: str | None = None
         self._forward_done = False
@@ -236,7 +237,7 @@ class OomGuard:
                 f"others cannot take their share: {exc} (lower --global-batch)"
             ) from None
         self.monitor.update("out of memory on rank(s) " + ",".join(map(str, sorted(failed))))
-        self.events.append(OomEvent(ctx.global_step, dict(failed), plan, bool(self._injections)))
+        self.events.append(OomEvent(ctx.global_step, dict(failed), plan, self.injecting))
         if ctx.rank == 0:
             lost = ", ".join(f"rank {r} at batch {b}" for r, b in sorted(failed.items()))
             print(
