@@ -19,6 +19,7 @@ from hetero.coordinator.balancer import POLICIES
 from hetero.errors import ConfigError, HeteroError
 from hetero.trainer.datasets import DATASETS
 from hetero.trainer.models import MODELS
+from hetero.trainer.simulate import check_args, launch_simulated
 
 EPILOG = """\
 examples:
@@ -43,7 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--model", default="simple_cnn", choices=sorted(MODELS))
     job.add_argument("--dataset", default="synthetic", choices=DATASETS)
     job.add_argument(
-        "--data-dir", help="root of an ImageFolder-style directory (--dataset imagefolder)"
+        "--data-dir",
+        help="imagefolder: its root; cifar10/cifar100: the folder holding the python batches; "
+        "text: a text file or a folder of *.txt",
     )
     job.add_argument(
         "--global-batch", type=int, default=96, help="samples per step over all ranks (default 96)"
@@ -51,19 +54,60 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument(
         "--steps", type=int, default=100, help="optimizer steps in total (default 100)"
     )
-    job.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default 0.05)")
+    job.add_argument(
+        "--lr", type=float, help="learning rate (default 0.05 for SGD, 6e-4 for AdamW)"
+    )
     job.add_argument("--seed", type=int, default=0)
     job.add_argument("--image-size", type=int, help="pixels per side (default: the model's)")
     job.add_argument("--num-classes", type=int, default=10)
     job.add_argument("--num-samples", type=int, default=8192, help="synthetic dataset size")
     job.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes")
     job.add_argument(
+        "--seq-len", type=int, help="tokens per sample for language models (default: the model's)"
+    )
+    job.add_argument("--eval-samples", type=int, default=512, help="samples scored after training")
+    perf = p.add_argument_group("precision and memory")
+    perf.add_argument(
         "--amp",
         default="none",
-        choices=("none", "bf16"),
-        help="mixed precision: bf16 autocast around forward and loss (no scaler needed)",
+        choices=("none", "bf16", "fp16"),
+        help="mixed precision: bf16 or fp16 autocast (fp16 with a gradient scaler)",
     )
-    job.add_argument(
+    perf.add_argument("--optimizer", default="auto", choices=("auto", "sgd", "adamw"))
+    perf.add_argument("--zero", action="store_true", help="shard optimizer state (ZeRO-1)")
+    perf.add_argument(
+        "--activation-checkpointing",
+        action="store_true",
+        help="recompute transformer blocks in backward instead of storing activations",
+    )
+    perf.add_argument("--max-batch", metavar="N|N,N,...", help="per-rank batch caps ('-' for none)")
+    perf.add_argument(
+        "--no-memory-caps",
+        dest="memory_caps",
+        action="store_false",
+        help="do not measure per-rank memory caps",
+    )
+    perf.add_argument(
+        "--memory-margin", type=float, default=0.1, help="memory left free under a cap (0.1)"
+    )
+    perf.add_argument(
+        "--oom-retry",
+        action="store_true",
+        help="survive out-of-memory errors: shrink that rank's batch and retry the step "
+        "(one small all-reduce per step)",
+    )
+    perf.add_argument(
+        "--simulate-nodes",
+        type=int,
+        default=0,
+        help="N ranks on one GPU (Gloo), see docs/models.md",
+    )
+    perf.add_argument(
+        "--memory-fraction",
+        metavar="F|F,F,...",
+        help="cap each rank's CUDA allocator at this fraction of the device",
+    )
+    perf.add_argument(
         "--channels-last", action="store_true", help="model and inputs in channels_last layout"
     )
     bal = p.add_argument_group("balancing")
@@ -94,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     out = p.add_argument_group("output")
     out.add_argument("--output-dir", help="metrics (JSON lines per rank), logs and checkpoints")
     out.add_argument("--summary-json", help="write the run's summary here")
+    out.add_argument("--tensorboard", metavar="DIR", help="per-rank TensorBoard scalars")
     out.add_argument("--checkpoint-dir", help="default: OUTPUT_DIR/checkpoints")
     out.add_argument(
         "--checkpoint-interval", type=int, default=0, help="steps between checkpoints (0: off)"
@@ -151,6 +196,17 @@ def print_summary(summary: dict[str, Any]) -> None:
             f"(job reaches {summary['pct_of_side_by_side']:.1f}%)",
         )
     t.add_row("final plan", str(summary["final_plan"]))
+    if any(c is not None for c in summary.get("memory_caps") or []):
+        t.add_row("memory caps (samples)", summary["memory_caps_text"])
+    if summary.get("oom_retries"):
+        t.add_row("steps retried after OOM", str(len(summary["oom_retries"])))
+    if summary.get("eval_accuracy") is not None:
+        t.add_row(
+            f"eval ({summary['eval_split']}, {summary['eval_samples']:.0f})",
+            f"loss {summary['eval_loss']:.4f}, accuracy {100 * summary['eval_accuracy']:.1f}%",
+        )
+    if summary.get("simulated_nodes"):
+        t.add_row("simulation", f"SIMULATED {summary['simulated_nodes']} nodes on one device")
     t.add_row("plan changes", str(summary["plan_changes"]))
     t.add_row(
         "loss first -> last",
@@ -171,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.nproc < 1:
             raise ConfigError(f"--nproc must be >= 1, got {args.nproc}")
         launched = "WORLD_SIZE" in os.environ and "RANK" in os.environ
+        check_args(args)
+        if args.simulate_nodes and not launched:
+            return launch_simulated(args, argv if argv is not None else sys.argv[1:])
         if args.nproc > 1 and not launched:
             return _launch(args, argv if argv is not None else sys.argv[1:])
         from hetero.trainer.job import run_job

@@ -29,7 +29,7 @@ import resource
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -207,6 +207,7 @@ class Context:
         self.global_step = 0
         self.stats_from_step = config.warmup_steps
         self.planner: Planner | None = None
+        self.max_batch: tuple[int | None, ...] | None = config.max_batch
         self._loader: HeteroLoader | None = None
         self._model: nn.Module | None = None
         self._ddp = False
@@ -286,7 +287,7 @@ class Context:
         exchange schedules, the same on every rank.
         """
         constraints = Constraints(
-            global_batch, self.world_size, self.config.min_batch, self.config.max_batch
+            global_batch, self.world_size, self.config.min_batch, self.max_batch
         )
         policy = make_policy(self.config.policy)
         # Under an agent every rank starts on the coordinator's plan (same env on all ranks).
@@ -325,6 +326,18 @@ class Context:
         plan = tuple(int(b) for b in batches)
         loader.sampler.set_plan(plan, apply_at_step)
         self.plans.append(PlanRecord(self.plans[-1].version + 1, apply_at_step, plan, reason))
+
+    def set_max_batch(self, caps: Sequence[int | None]) -> None:
+        """Per-rank batch caps (samples) for every plan from now on (memory caps).
+
+        Collective in effect: call it identically on every rank. The embedded
+        planner's constraints take the caps; a plan already scheduled is not
+        changed here (``hetero.trainer.memory.apply_caps`` does that).
+        """
+        self.max_batch = tuple(caps)
+        if isinstance(self.planner, EmbeddedPlanner):
+            constraints = replace(self.planner.constraints, max_batch=self.max_batch)
+            self.planner = replace(self.planner, constraints=constraints)
 
     def _require_loader(self) -> HeteroLoader:
         if self._loader is None:
@@ -599,6 +612,22 @@ class HeteroLoader:
             gstep += 1
             self._consumed = (epoch, step_in_epoch, gstep)
             yield _to_device(batch, self.ctx.device)
+
+    def redraw(self, plan: Sequence[int]) -> Any:
+        """This rank's share of the step last yielded, cut again by ``plan``.
+
+        For retrying a step (a rank ran out of memory): the step's global
+        samples stay the same and only the cut between ranks moves, so nothing
+        is dropped or seen twice. Call it identically on every rank.
+        """
+        s = self.sampler
+        epoch, step_in_epoch, _ = self._consumed
+        step_in_epoch -= 1
+        sizes = s.cut(tuple(plan), step_in_epoch)
+        start = step_in_epoch * s.global_batch + sum(sizes[: self.ctx.rank])
+        indices = s._permutation(epoch)[start : start + sizes[self.ctx.rank]]
+        self.ctx._begin_step(sizes)
+        return _to_device(self._fetch(indices), self.ctx.device)
 
     def state_dict(self) -> dict[str, Any]:
         state = self.sampler.state_dict()

@@ -9,6 +9,7 @@ to itself, so a balanced job's ratio to it includes contention between ranks.
 
 from __future__ import annotations
 
+import inspect
 import statistics
 import time
 from collections.abc import Callable
@@ -54,7 +55,7 @@ def standalone_rate(
     ``memory_format`` must be the job's, so the ideal measures the same kernels.
     """
     model = make_model().train()
-    opt = type(optimizer)(model.parameters(), **optimizer.defaults)
+    opt = _like(optimizer, model)
     perm = epoch_permutation(len(dataset), seed, 10_000)  # type: ignore[arg-type]
     times = []
     for k in range(WARMUP_STEPS + steps):
@@ -125,3 +126,14 @@ def measure_standalone(
     out = [torch.empty_like(local) for _ in range(ctx.world_size)]
     dist.all_gather(out, local)
     return [float(t.item()) for t in out]
+
+
+def _like(optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
+    """A fresh optimizer of ``optimizer``'s class and settings over ``model``'s parameters.
+
+    Only the settings its constructor takes: AdamW's ``defaults`` carries
+    ``decoupled_weight_decay``, which ``AdamW.__init__`` does not accept.
+    """
+    accepted = inspect.signature(type(optimizer).__init__).parameters
+    settings = {k: v for k, v in optimizer.defaults.items() if k in accepted}
+    return type(optimizer)(model.parameters(), **settings)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -18,14 +19,19 @@ import torch
 from torch import nn
 
 from hetero.coordinator.balancer import DeviceProfile
-from hetero.errors import ConfigError, DistributedError
+from hetero.errors import ConfigError, DistributedError, HeteroError
 from hetero.trainer.checkpoint import load_checkpoint, save_checkpoint
 from hetero.trainer.context import Context, init
 from hetero.trainer.control import AgentPlanner
-from hetero.trainer.datasets import build_dataset
+from hetero.trainer.datasets import TEXT_DATASETS, build_dataset
 from hetero.trainer.emulation import format_slowdowns
 from hetero.trainer.ideal import measure_standalone
+from hetero.trainer.memory import MemoryMonitor, describe, parse_max_batch
 from hetero.trainer.models import model_info
+from hetero.trainer.oom import OomGuard
+from hetero.trainer.precision import Autocast, autocast, check_amp, grad_scaler
+from hetero.trainer.simulate import apply_memory_fraction, parse_fractions
+from hetero.trainer.tasks import Task, evaluate, make_task
 
 
 @dataclass(frozen=True)
@@ -40,7 +46,7 @@ class JobConfig:
     policy: str = "dynamic"
     rebalance_interval: int = 10
     min_batch: int = 1
-    lr: float = 0.05
+    lr: float | None = None  # None: 0.05 for SGD, 6e-4 for AdamW
     seed: int = 0
     image_size: int | None = None
     num_classes: int = 10
@@ -55,6 +61,18 @@ class JobConfig:
     ideal_steps: int = 8
     sync_batchnorm: bool = False
     amp: str = "none"
+    seq_len: int | None = None
+    optimizer: str = "auto"
+    zero: bool = False
+    activation_checkpointing: bool = False
+    max_batch: str | None = None
+    memory_caps: bool = True
+    memory_margin: float = 0.1
+    oom_retry: bool = False
+    simulate_nodes: int = 0
+    memory_fraction: str | None = None
+    tensorboard: str | None = None
+    eval_samples: int = 512
     channels_last: bool = False
     backend: str | None = None
     compute_scores: str | None = None
@@ -67,15 +85,31 @@ class JobConfig:
                 raise ConfigError(
                     f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}"
                 )
-        for name in ("checkpoint_interval", "ideal_steps", "num_workers", "seed"):
+        for name in ("checkpoint_interval", "ideal_steps", "num_workers", "seed", "eval_samples"):
             if getattr(self, name) < 0:
                 raise ConfigError(
                     f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}"
                 )
-        if self.lr <= 0:
+        if self.lr is not None and self.lr <= 0:
             raise ConfigError(f"--lr must be > 0, got {self.lr}")
-        if self.amp not in AMP_MODES:
-            raise ConfigError(f"--amp must be one of {', '.join(AMP_MODES)}, got {self.amp!r}")
+        check_amp(self.amp)
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}")
+        if self.seq_len is not None and self.seq_len < 1:
+            raise ConfigError(f"--seq-len must be >= 1, got {self.seq_len}")
+        text_model = model_info(self.model).task != "classification"
+        if text_model != (self.dataset in TEXT_DATASETS):
+            kinds = "a text dataset (synthetic-text, text)" if text_model else "an image dataset"
+            raise ConfigError(f"model {self.model} needs {kinds}, not {self.dataset!r}")
+        if self.activation_checkpointing and not text_model:
+            raise ConfigError(
+                "--activation-checkpointing is implemented for the transformer models"
+            )
+        if not 0.0 <= self.memory_margin < 1.0:
+            raise ConfigError(f"--memory-margin must be in [0, 1), got {self.memory_margin}")
+        if self.simulate_nodes < 0:
+            raise ConfigError(f"--simulate-nodes must be >= 0, got {self.simulate_nodes}")
+        parse_fractions(self.memory_fraction, 1)
         self.profiles()  # validates --compute-scores
         if self.checkpoint_interval and not self.checkpoint_path:
             raise ConfigError("--checkpoint-interval needs --checkpoint-dir or --output-dir")
@@ -95,6 +129,10 @@ class JobConfig:
         return [DeviceProfile(f"rank{r}", x) for r, x in enumerate(scores)]
 
     @property
+    def memory_format(self) -> torch.memory_format:
+        return torch.channels_last if self.channels_last else torch.contiguous_format
+
+    @property
     def checkpoint_path(self) -> Path | None:
         base = self.checkpoint_dir or (
             Path(self.output_dir) / "checkpoints" if self.output_dir else None
@@ -102,13 +140,35 @@ class JobConfig:
         return Path(base) / "last.pt" if base else None
 
 
-#: Mixed-precision modes of ``--amp``. bf16 keeps fp32's exponent range, so it needs no scaler.
-AMP_MODES = ("none", "bf16")
+OPTIMIZERS = ("auto", "sgd", "adamw")
 
 
-def autocast(device: torch.device, amp: str) -> torch.autocast:
-    """Autocast for forward and loss: bf16 when ``amp == "bf16"``, a no-op otherwise."""
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp == "bf16")
+def make_optimizer(
+    cfg: JobConfig, task: Task, model: nn.Module, world_size: int
+) -> torch.optim.Optimizer:
+    """SGD with momentum for image models, AdamW for language models (``auto``); ZeRO on request.
+
+    ``--zero`` shards the optimizer state over the ranks
+    (``ZeroRedundancyOptimizer``); alone, a rank keeps the plain optimizer.
+    """
+    kind = cfg.optimizer if cfg.optimizer != "auto" else ("adamw" if task.text else "sgd")
+    cls: type[torch.optim.Optimizer]
+    kwargs: dict[str, Any]
+    if kind == "sgd":
+        cls, kwargs = torch.optim.SGD, {"lr": cfg.lr or 0.05, "momentum": 0.9}
+    else:
+        cls = torch.optim.AdamW
+        kwargs = {"lr": cfg.lr or 6e-4, "betas": (0.9, 0.95), "weight_decay": 0.01}
+    if cfg.zero and world_size > 1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(model.parameters(), optimizer_class=cls, **kwargs)
+    return cls(model.parameters(), **kwargs)
+
+
+def _local_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer a single process would use (ZeRO's local one), for the ideal."""
+    return getattr(optimizer, "optim", optimizer)
 
 
 _PEER_FAILURE = ("Connection closed by peer", "Connection reset by peer", "timed out", "Timeout")
@@ -154,11 +214,17 @@ def run_job(cfg: JobConfig) -> dict[str, Any] | None:
         emulate_slowdown=cfg.emulate_slowdown,
         output_dir=cfg.output_dir,
         device=cfg.device,
-        backend=cfg.backend,
+        # Simulated nodes share one GPU, which NCCL refuses; Gloo moves CUDA tensors.
+        backend=cfg.backend or ("gloo" if cfg.simulate_nodes else None),
         profiles=cfg.profiles(),
     )
     try:
         return _train(ctx, cfg)
+    except torch.OutOfMemoryError:
+        raise HeteroError(
+            f"out of memory at step {ctx.global_step} (batch {_my_batch(ctx)}); retry such steps "
+            f"with --oom-retry, or cap batches with --max-batch"
+        ) from None
     except RuntimeError as exc:
         # A peer that died or hung surfaces as a backend RuntimeError on the
         # survivors: report it in one line (the failing rank reports its own cause).
@@ -167,24 +233,79 @@ def run_job(cfg: JobConfig) -> dict[str, Any] | None:
         ctx.close()
 
 
-def _train(ctx: Context, cfg: JobConfig) -> dict[str, Any] | None:
+def _my_batch(ctx: Context) -> int | str:
+    sizes = ctx._step_sizes
+    return sizes[ctx.rank] if sizes else "?"
+
+
+def _build(ctx: Context, cfg: JobConfig) -> tuple[Task, nn.Module, Any, Callable[[], nn.Module]]:
+    """The task, the model (on no device yet), the training dataset, a factory of fresh models."""
     info = model_info(cfg.model)
-    image_size = cfg.image_size or info.default_image_size
-    dataset = build_dataset(
-        cfg.dataset,
-        image_size=image_size,
-        num_classes=cfg.num_classes,
-        num_samples=cfg.num_samples,
-        data_dir=cfg.data_dir,
-        seed=cfg.seed,
-    )
-    raw = info.build(cfg.num_classes, image_size)
-    memory_format = torch.channels_last if cfg.channels_last else torch.contiguous_format
+    task = make_task(info.task)
+    if task.text:
+        seq_len = cfg.seq_len or info.default_image_size
+
+        def fresh() -> nn.Module:
+            return info.build(0, seq_len)
+
+        raw = fresh()
+        lm: Any = raw
+        max_len = int(lm.config.max_seq_len)
+        if seq_len > max_len:
+            raise ConfigError(f"--seq-len {seq_len} exceeds {cfg.model}'s {max_len} positions")
+        data = build_dataset(
+            cfg.dataset,
+            image_size=0,
+            num_classes=0,
+            num_samples=cfg.num_samples,
+            data_dir=cfg.data_dir,
+            seed=cfg.seed,
+            seq_len=seq_len,
+            vocab_size=task.data_vocab(raw),
+        )
+    else:
+        image_size = cfg.image_size or info.default_image_size
+        data = build_dataset(
+            cfg.dataset,
+            image_size=image_size,
+            num_classes=cfg.num_classes,
+            num_samples=cfg.num_samples,
+            data_dir=cfg.data_dir,
+            seed=cfg.seed,
+        )
+        num_classes = getattr(data, "num_classes", cfg.num_classes)
+
+        def fresh() -> nn.Module:
+            return info.build(num_classes, image_size)
+
+        raw = fresh()
+
+    def configured() -> nn.Module:
+        m: Any = fresh()
+        if cfg.activation_checkpointing:
+            m.activation_checkpointing = True  # the transformers' switch (JobConfig checks)
+        return m
+
+    if cfg.activation_checkpointing:
+        checkpointed: Any = raw
+        checkpointed.activation_checkpointing = True
+    return task, raw, task.prepare(data, raw, seed=cfg.seed), configured
+
+
+def _train(ctx: Context, cfg: JobConfig) -> dict[str, Any] | None:
+    fraction = apply_memory_fraction(ctx, parse_fractions(cfg.memory_fraction, ctx.world_size))
+    if fraction is None and cfg.memory_fraction and ctx.rank == 0:
+        print("hetero-train: --memory-fraction ignored on CPU ranks (CUDA only)", file=sys.stderr)
+    caps = parse_max_batch(cfg.max_batch, ctx.world_size)
+    if caps is not None:
+        ctx.set_max_batch(caps)
+    task, raw, dataset, fresh = _build(ctx, cfg)
+    memory_format = cfg.memory_format if not task.text else torch.contiguous_format
     raw = raw.to(memory_format=memory_format)
     model = ctx.wrap(raw, sync_batchnorm=cfg.sync_batchnorm)
-    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
+    optimizer = make_optimizer(cfg, task, model, ctx.world_size)
+    zero = optimizer is not _local_optimizer(optimizer)
     loader = ctx.loader(dataset, cfg.global_batch, seed=cfg.seed, num_workers=cfg.num_workers)
-    loss_fn = nn.CrossEntropyLoss()
     if cfg.resume:
         path = Path(cfg.resume) if cfg.resume != "auto" else cfg.checkpoint_path
         if path is None:
@@ -193,76 +314,161 @@ def _train(ctx: Context, cfg: JobConfig) -> dict[str, Any] | None:
         if ctx.rank == 0 and not cfg.quiet:
             print(f"resumed from {path} at step {ctx.global_step}", flush=True)
     start_step = ctx.global_step
+    monitor = MemoryMonitor(
+        ctx,
+        margin=cfg.memory_margin,
+        configured=caps,
+        fraction=fraction,
+        measure=cfg.memory_caps,
+    )
+    guard = OomGuard(ctx, model, monitor) if cfg.oom_retry else None
+    scaler = grad_scaler(ctx.device, cfg.amp)
+    board = None
+    if cfg.tensorboard:
+        from hetero.trainer.tensorboard import TensorBoardWriter
+
+        board = TensorBoardWriter(cfg.tensorboard, ctx.rank)
     if ctx.rank == 0 and not cfg.quiet:
         emu = f", EMULATED slowdown {format_slowdowns(ctx.slowdowns)}" if ctx.emulated else ""
+        sim = f", SIMULATED {cfg.simulate_nodes} nodes on one device" if cfg.simulate_nodes else ""
         print(
-            f"hetero-train: {cfg.model} on {cfg.dataset}, {ctx.world_size} rank(s) "
+            f"hetero-train: {cfg.model} ({task.name}) on {cfg.dataset}, {ctx.world_size} rank(s) "
             f"[{ctx.backend}/{ctx.device.type}], global batch {cfg.global_batch}, policy "
-            f"{cfg.policy}, rebalance every {cfg.rebalance_interval} steps{emu}",
+            f"{cfg.policy}, rebalance every {cfg.rebalance_interval} steps{emu}{sim}",
             file=sys.stdout,
             flush=True,
         )
+
+    def compute(batch: Any) -> torch.Tensor:
+        x, y = batch
+        if memory_format is not torch.contiguous_format:
+            x = x.contiguous(memory_format=memory_format)
+        with autocast(ctx.device, cfg.amp):
+            loss = task.loss(model(x), y)
+        ctx.backward(scaler.scale(loss) if scaler is not None else loss)
+        return loss
+
+    def checkpoint() -> None:
+        assert cfg.checkpoint_path is not None
+        if zero:
+            optimizer.consolidate_state_dict(to=0)  # type: ignore[attr-defined]
+        save_checkpoint(cfg.checkpoint_path, ctx, model, optimizer)
+
     t0 = time.perf_counter()
     model.train()
     while ctx.global_step < cfg.steps:
-        for x, y in loader:
-            with autocast(ctx.device, cfg.amp):
-                loss = loss_fn(model(x.contiguous(memory_format=memory_format)), y)
-            ctx.backward(loss)
-            optimizer.step()
+        for batch in loader:
+            if guard is not None:
+                batch, loss = guard.run(batch, compute)
+            else:
+                loss = compute(batch)
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            ctx.step()
+            ctx.step(loss)
+            monitor.after_step(int(batch[0].shape[0]))
+            if board is not None:
+                board.after_step(ctx, monitor.caps[ctx.rank] if monitor.caps else None)
             if ctx.global_step % cfg.rebalance_interval == 0:
                 _progress(ctx, cfg, t0)
             if cfg.checkpoint_interval and ctx.global_step % cfg.checkpoint_interval == 0:
-                assert cfg.checkpoint_path is not None
-                save_checkpoint(cfg.checkpoint_path, ctx, model, optimizer)
+                checkpoint()
             if ctx.global_step >= cfg.steps:
                 break
     train_wall_s = time.perf_counter() - t0
+    if board is not None:
+        board.close()
     if cfg.checkpoint_path and cfg.checkpoint_interval:
-        save_checkpoint(cfg.checkpoint_path, ctx, model, optimizer)
+        checkpoint()
 
+    evaluation: dict[str, Any] = {}
+    if cfg.eval_samples and ctx.rank == 0:
+        evaluation = _evaluate(ctx, cfg, task, raw, dataset, max(ctx.plan))
     final_plan = ctx.plan
     standalone: list[float] = []
     side_by_side: list[float] = []
     if cfg.ideal_steps > 0:
 
         def fresh_copy() -> nn.Module:
-            m = info.build(cfg.num_classes, image_size).to(ctx.device)
-            m = m.to(memory_format=memory_format)
+            m = fresh().to(ctx.device).to(memory_format=memory_format)
             m.load_state_dict(raw.state_dict())
-            return m
+            return Autocast(m, ctx.device, cfg.amp) if cfg.amp != "none" else m
 
-        standalone = measure_standalone(
-            ctx,
-            fresh_copy,
-            optimizer,
-            dataset,
-            loss_fn,
-            final_plan,
-            steps=cfg.ideal_steps,
-            seed=cfg.seed,
-            amp=cfg.amp,
-            memory_format=memory_format,
-        )
-        if ctx.device.type == "cpu" and ctx.world_size > 1:
-            side_by_side = measure_standalone(
+        for concurrent in (
+            (False, True) if ctx.device.type == "cpu" and ctx.world_size > 1 else (False,)
+        ):
+            rates = measure_standalone(
                 ctx,
                 fresh_copy,
-                optimizer,
+                _local_optimizer(optimizer),
                 dataset,
-                loss_fn,
+                task.loss,
                 final_plan,
                 steps=cfg.ideal_steps,
                 seed=cfg.seed,
-                concurrent=True,
-                amp=cfg.amp,
+                concurrent=concurrent,
                 memory_format=memory_format,
             )
+            (side_by_side if concurrent else standalone).extend(rates)
     if ctx.rank != 0:
         return None
-    return summarize(ctx, cfg, start_step, train_wall_s, final_plan, standalone, side_by_side)
+    summary = summarize(ctx, cfg, start_step, train_wall_s, final_plan, standalone, side_by_side)
+    summary.update(evaluation)
+    summary.update(
+        task=task.name,
+        seq_len=(cfg.seq_len or model_info(cfg.model).default_image_size) if task.text else None,
+        amp=cfg.amp,
+        zero=zero,
+        activation_checkpointing=cfg.activation_checkpointing,
+        optimizer=type(_local_optimizer(optimizer)).__name__,
+        parameters=sum(p.numel() for p in raw.parameters()),
+        memory_caps=list(monitor.caps) if monitor.caps else None,
+        memory_caps_text=describe(monitor.caps),
+        per_rank_peak_memory_bytes=[
+            max(iv[r].peak_memory_bytes for iv in ctx.summaries) for r in range(ctx.world_size)
+        ]
+        if ctx.summaries
+        else None,
+        oom_retries=[
+            {
+                "step": e.step,
+                "failed": {str(r): b for r, b in e.failed.items()},
+                "plan": list(e.plan),
+                "injected": e.injected,
+            }
+            for e in (guard.events if guard is not None else [])
+        ],
+        simulated_nodes=cfg.simulate_nodes or None,
+        memory_fraction=parse_fractions(cfg.memory_fraction, ctx.world_size),
+        samples_per_epoch=len(dataset),
+        time_per_epoch_s=train_wall_s
+        * len(dataset)
+        / max((ctx.global_step - start_step) * cfg.global_batch, 1),
+    )
+    return summary
+
+
+def _evaluate(
+    ctx: Context, cfg: JobConfig, task: Task, raw: nn.Module, train_set: Any, batch: int
+) -> dict[str, Any]:
+    """Rank 0 only, on the unwrapped model (no collectives): CIFAR's test split, else training data."""
+    split = "train"
+    data = train_set
+    if cfg.dataset in ("cifar10", "cifar100"):
+        test = build_dataset(
+            cfg.dataset, image_size=0, num_classes=0, data_dir=cfg.data_dir, train=False
+        )
+        if len(test):  # type: ignore[arg-type]
+            data, split = task.prepare(test, raw, seed=cfg.seed), "test"
+    model = Autocast(raw, ctx.device, cfg.amp) if cfg.amp != "none" else raw
+    result: dict[str, Any] = evaluate(
+        model, data, task, ctx.device, samples=cfg.eval_samples, batch=batch
+    )
+    result["eval_split"] = split
+    return result
 
 
 def summarize(
@@ -302,8 +508,6 @@ def summarize(
         "world_size": ctx.world_size,
         "backend": ctx.backend,
         "device": ctx.device.type,
-        "amp": cfg.amp,
-        "channels_last": cfg.channels_last,
         "throughput_samples_per_s": overall,
         "steady_samples_per_s": steady,
         "train_wall_s": train_wall_s,
@@ -312,6 +516,8 @@ def summarize(
         "plans": [asdict(p) | {"batches": list(p.batches)} for p in ctx.plans],
         "per_rank_compute_s": [r.compute_s for r in last],
         "per_rank_per_sample_ms": [r.compute_s / r.batch * 1e3 if r.batch else None for r in last],
+        "channels_last": cfg.channels_last,
+        "control_plane": ctx.planner.stats() if isinstance(ctx.planner, AgentPlanner) else None,
         "emulated": ctx.emulated,
         "emulated_slowdown": format_slowdowns(ctx.slowdowns) or None,
         "ideal_samples_per_s": ideal,
@@ -329,6 +535,4 @@ def summarize(
         "loss_first": losses[0] if losses else None,
         "loss_last": losses[-1] if losses else None,
         "interval_losses": losses,
-        # Under an agent: rank 0's seconds spent asking for plans (None when embedded).
-        "control_plane": ctx.planner.stats() if isinstance(ctx.planner, AgentPlanner) else None,
     }

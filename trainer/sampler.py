@@ -121,7 +121,10 @@ class UnevenBatchSampler:
 
     def batches_at(self, step_in_epoch: int, global_step: int) -> tuple[int, ...]:
         """Per-rank batch sizes of a step: the plan, or its cut of the short final step."""
-        plan = self.schedule.at(global_step)
+        return self.cut(self.schedule.at(global_step), step_in_epoch)
+
+    def cut(self, plan: tuple[int, ...], step_in_epoch: int) -> tuple[int, ...]:
+        """Per-rank sizes of step ``step_in_epoch`` under ``plan`` (the tail step's share)."""
         if step_in_epoch < self.num_samples // self.global_batch:
             return plan
         constraints = Constraints(self.tail, len(plan), min_batch=self.min_batch)

@@ -87,6 +87,12 @@ class StepClock:
         self._events.clear()
         self.injected_s = 0.0
 
+    def discard(self) -> None:
+        """Forget the marks of the step in progress (an attempt that is being retried)."""
+        self._host.clear()
+        self._events.clear()
+        self.injected_s = 0.0
+
     def restart(self) -> None:
         """Forget the gap since the last step (after a checkpoint, an evaluation, …)."""
         self._last_end_host = time.perf_counter()

@@ -1,17 +1,25 @@
-"""Built-in datasets, by name."""
+"""Built-in datasets, by name.
+
+Image datasets yield ``(image, label)``; the text datasets (``TEXT_DATASETS``)
+yield windows of token ids that a language-model task turns into
+``(input, target)`` pairs (``hetero.trainer.tasks``).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-import torch
 from torch.utils.data import Dataset
 
 from hetero.errors import ConfigError
+from hetero.trainer.datasets.cifar import CifarTensors
 from hetero.trainer.datasets.folder import image_folder
 from hetero.trainer.datasets.synthetic import SyntheticImages
+from hetero.trainer.datasets.text import ByteText, SyntheticText
 
-DATASETS = ("synthetic", "imagefolder")
+DATASETS = ("synthetic", "imagefolder", "cifar10", "cifar100", "synthetic-text", "text")
+TEXT_DATASETS = ("synthetic-text", "text")
 
 
 def build_dataset(
@@ -22,14 +30,33 @@ def build_dataset(
     num_samples: int = 4096,
     data_dir: str | Path | None = None,
     seed: int = 0,
-) -> Dataset[tuple[torch.Tensor, torch.Tensor]] | Dataset[tuple[torch.Tensor, int]]:
+    seq_len: int = 64,
+    vocab_size: int = 256,
+    train: bool = True,
+) -> Dataset[Any]:
+    """``seq_len`` and ``vocab_size`` concern the text datasets; ``train`` picks CIFAR's split."""
     if name == "synthetic":
         return SyntheticImages(num_samples, image_size, num_classes, seed=seed)
+    if name not in DATASETS:
+        raise ConfigError(f"unknown dataset {name!r} (known: {', '.join(DATASETS)})")
+    if name == "synthetic-text":
+        return SyntheticText(num_samples, seq_len, vocab_size, seed=seed)
+    if data_dir is None:
+        raise ConfigError(f"dataset {name!r} needs --data-dir")
     if name == "imagefolder":
-        if data_dir is None:
-            raise ConfigError("dataset 'imagefolder' needs --data-dir")
         return image_folder(data_dir, image_size)
-    raise ConfigError(f"unknown dataset {name!r} (known: {', '.join(DATASETS)})")
+    if name == "text":
+        return ByteText(data_dir, seq_len)
+    return CifarTensors(name, data_dir, train=train)
 
 
-__all__ = ["DATASETS", "SyntheticImages", "build_dataset", "image_folder"]
+__all__ = [
+    "DATASETS",
+    "TEXT_DATASETS",
+    "ByteText",
+    "CifarTensors",
+    "SyntheticImages",
+    "SyntheticText",
+    "build_dataset",
+    "image_folder",
+]

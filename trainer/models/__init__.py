@@ -8,16 +8,24 @@ from dataclasses import dataclass
 from torch import nn
 
 from hetero.errors import ConfigError
+from hetero.trainer.models.transformer import CONFIGS, build_transformer
 from hetero.trainer.models.vision import DebugNet, SimpleCNN, resnet
 
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """What a built-in job needs to know about a model."""
+    """What a built-in job needs to know about a model.
 
-    build: Callable[[int, int], nn.Module]  # (num_classes, image_size) -> module
-    default_image_size: int
+    ``build(num_classes, size)``: ``size`` is pixels per side for image models
+    and tokens per sample for language models (whose vocabulary is their own,
+    so ``num_classes`` is ignored). ``task`` names how the loss is computed
+    (``hetero.trainer.tasks``).
+    """
+
+    build: Callable[[int, int], nn.Module]
+    default_image_size: int  # language models: default tokens per sample
     has_batchnorm: bool
+    task: str = "classification"
 
 
 MODELS: dict[str, ModelInfo] = {
@@ -26,6 +34,15 @@ MODELS: dict[str, ModelInfo] = {
     "resnet18": ModelInfo(lambda n, s: resnet(18, n), 224, True),
     "resnet50": ModelInfo(lambda n, s: resnet(50, n), 224, True),
 }
+
+
+def _language_model(name: str) -> ModelInfo:
+    cfg = CONFIGS[name]
+    task = "causal-lm" if cfg.causal else "masked-lm"
+    return ModelInfo(lambda n, s: build_transformer(name), cfg.seq_len, False, task)
+
+
+MODELS.update({name: _language_model(name) for name in CONFIGS})
 
 
 def model_info(name: str) -> ModelInfo:

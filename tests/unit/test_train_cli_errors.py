@@ -1,0 +1,44 @@
+"""hetero-train's new options: a user's mistake is one line on stderr and a non-zero exit."""
+
+from __future__ import annotations
+
+import pytest
+
+from hetero.trainer.cli import main
+
+LM = ["--model", "gpt2-tiny", "--dataset", "synthetic-text", "--seq-len", "8", "--quiet"]
+FAST = ["--num-samples", "64", "--global-batch", "8", "--steps", "4", "--ideal-steps", "0"]
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--dataset", "synthetic"], "needs a text dataset"),
+        (["--model", "debug", "--dataset", "synthetic-text"], "needs an image dataset"),
+        (["--seq-len", "500"], "exceeds gpt2-tiny's 64 positions"),
+        (
+            ["--model", "debug", "--dataset", "synthetic", "--activation-checkpointing"],
+            "transformer",
+        ),
+        (["--model", "debug", "--dataset", "cifar10", "--data-dir", "/nope"], "/nope/cifar-10"),
+        (["--dataset", "text", "--data-dir", "/nope.txt"], "does not exist"),
+        (["--simulate-nodes", "2", "--nproc", "3"], "leave out --nproc"),
+        (["--memory-fraction", "2"], "must be in (0, 1]"),
+        (["--max-batch", "4,4"], "2 caps for 1 ranks"),
+        (["--memory-margin", "1.5"], "--memory-margin"),
+    ],
+)
+def test_bad_input_is_a_one_line_error(capsys, args: list[str], message: str):
+    code = main([*LM, *FAST, *args])
+    err = capsys.readouterr().err
+    assert code != 0
+    assert any(message in line for line in err.splitlines()), err
+    assert "Traceback" not in err
+
+
+def test_out_of_memory_with_a_single_rank_is_a_one_line_error(capsys, monkeypatch):
+    """One rank's batch is the global batch: there is nothing to shrink it into."""
+    monkeypatch.setenv("HETERO_INJECT_OOM", "0:2:backward")
+    code = main([*LM, *FAST, "--oom-retry", "--eval-samples", "0"])
+    err = capsys.readouterr().err
+    assert code != 0 and "out of memory at step 2 with batch 8 on the only rank" in err, err
