@@ -130,4 +130,28 @@ def _best_rounding(
             break
         plan[slow] -= 1
         plan[fast] += 1
-    return tuple(plan)
+    return _faster_gets_more(plan, models, constraints)
+
+
+def _faster_gets_more(
+    plan: list[int], models: Sequence[StepModel], constraints: Constraints
+) -> Batches:
+    """Among ranks with the same fixed cost, hand the larger batches to the faster ranks.
+
+    Rounding breaks near-ties by rank order, which can give a rank that is
+    slower by a rounding error one sample more than a faster one. Swapping
+    such pairs keeps the sum and the predicted step time (the pair's times
+    only move toward each other) and makes the plan monotone in speed.
+    """
+    out = list(plan)
+    swapped = True
+    while swapped:  # each swap removes at least one inversion: at most W² rounds
+        swapped = False
+        for i in range(len(out)):
+            for j in range(len(out)):
+                faster = models[i].per_sample_s < models[j].per_sample_s
+                same_fixed = models[i].fixed_s == models[j].fixed_s
+                if faster and same_fixed and out[i] < out[j] <= constraints.upper(i):
+                    out[i], out[j] = out[j], out[i]
+                    swapped = True
+    return tuple(out)

@@ -100,3 +100,11 @@ def test_dynamic_policy_returns_a_valid_plan_for_any_measured_history(
         history.append(interval)
         plan = policy.next_plan(history, plan, constraints).batches
         constraints.check(plan)
+
+
+def test_near_tie_in_speed_does_not_give_the_slower_rank_more():
+    # Found by hypothesis: rank 1 is slower than ranks 2 and 3 by a rounding error.
+    rates = [0.0078125, 1.0000000000000003e-05, 1e-05, 1e-05]
+    models = [StepModel(a, 0.015625) for a in rates]
+    plan = equal_time_plan(models, Constraints(359, 4))
+    assert plan[1] <= plan[2] and plan[1] <= plan[3] and sum(plan) == 359
