@@ -398,7 +398,8 @@ def _train(ctx: Context, cfg: JobConfig) -> dict[str, Any] | None:
             return Autocast(m, ctx.device, cfg.amp) if cfg.amp != "none" else m
 
         for concurrent in (
-            (False, True) if ctx.device.type == "cpu" and ctx.world_size > 1 else (False,)
+            # The same on every rank (a collective): Gloo jobs share a host CPU somewhere.
+            (False, True) if ctx.backend == "gloo" and ctx.world_size > 1 else (False,)
         ):
             rates = measure_standalone(
                 ctx,
