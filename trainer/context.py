@@ -26,6 +26,7 @@ import contextlib
 import logging
 import os
 import resource
+import statistics
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -79,6 +80,7 @@ class TrainerConfig:
     device: str = "auto"
     backend: str | None = None
     warmup_steps: int = 1
+    settle_steps: int = 1
     history_intervals: int = 32
     collective_timeout_s: float = 600.0
 
@@ -90,6 +92,8 @@ class TrainerConfig:
             raise ConfigError(f"min_batch must be >= 1, got {self.min_batch}")
         if self.warmup_steps < 0:
             raise ConfigError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.settle_steps < 0:
+            raise ConfigError(f"settle_steps must be >= 0, got {self.settle_steps}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.backend not in (None, "gloo", "nccl"):
@@ -212,6 +216,8 @@ class Context:
         self._model: nn.Module | None = None
         self._ddp = False
         self._step_sizes: tuple[int, ...] = ()
+        self._last_batch = -1
+        self._batch_since = 0  # global step from which this rank ran its current batch size
         self._last_loss: torch.Tensor | None = None
         self._interval = _Interval()
 
@@ -372,6 +378,8 @@ class Context:
         if not self._step_sizes:
             raise ConfigError("ctx.step() called before a batch was drawn from ctx.loader()")
         mine = self._step_sizes[self.rank]
+        if mine != self._last_batch:
+            self._last_batch, self._batch_since = mine, self.global_step
         self.clock.end_step(self.global_step, mine)
         loss = loss.detach() if loss is not None else self._last_loss
         if loss is not None:
@@ -386,13 +394,26 @@ class Context:
             self._rebalance()
 
     def _summarize(self, times: list[StepTimes]) -> RankSummary:
+        """This rank's interval: steps at the current batch, after it has settled.
+
+        The first ``settle_steps`` steps at a new batch size are left out: new
+        shapes cost allocator and kernel-selection work once, and on GPUs that
+        made every rank look ~15% slower for the interval right after each plan
+        change. Compute and step time are medians, robust to a stray slow step
+        (a page fault, a collector pause); phases are means.
+        """
         valid = [t for t in times if t.step >= self.stats_from_step]
         current = self._step_sizes[self.rank]
         sel = [t for t in valid if t.batch == current]
+        settled = [t for t in sel if t.step >= self._batch_since + self.config.settle_steps]
+        sel = settled or sel
         n = len(sel)
 
         def mean(attr: str) -> float:
             return sum(getattr(t, attr) for t in sel) / n if n else 0.0
+
+        def median(attr: str) -> float:
+            return statistics.median(getattr(t, attr) for t in sel) if n else 0.0
 
         loss_sum = (
             float(self._interval.loss_sum.item()) if self._interval.loss_sum is not None else 0.0
@@ -406,8 +427,8 @@ class Context:
             rank=self.rank,
             batch=current,
             steps=n,
-            compute_s=mean("compute_s"),
-            step_s=mean("step_s"),
+            compute_s=median("compute_s"),
+            step_s=median("step_s"),
             data_s=mean("data_s"),
             forward_s=mean("forward_s"),
             backward_s=mean("backward_s"),
@@ -508,7 +529,7 @@ class Context:
             },
             "step_s": me.step_s,
             "peak_memory_bytes": me.peak_memory_bytes,
-            "plan": list(self.plan),
+            "plan": list(self._step_sizes),  # the plan that ran in this interval
             "plan_changed": changed,
             "next_plan": list(plan) if changed else None,
             "apply_at_step": apply_at if changed else None,
