@@ -138,6 +138,12 @@ def _parser() -> argparse.ArgumentParser:
     drain = client("drain", "drain a node: it keeps its running ranks but gets no new ones")
     drain.add_argument("node", help="node name or id")
     drain.add_argument("--undo", action="store_true", help="undrain: the node takes ranks again")
+    logs = client("logs", "print a job's rank output, as its agents shipped it")
+    logs.add_argument("job_id")
+    logs.add_argument("--rank", type=int, help="only this rank's lines")
+    logs.add_argument(
+        "--follow", action="store_true", help="keep printing new lines until the job ends"
+    )
     exp = client("export", "write a job's interval statistics and plans", json_flag=False)
     exp.add_argument("job_id")
     exp.add_argument("--format", choices=FORMATS, default="csv", help="default csv")
@@ -269,7 +275,52 @@ def _client_command(args: argparse.Namespace) -> int:
             _emit(args, node, lambda c: c.print(f"node {node.name} {what}"))
         elif args.command == "export":
             return _export(args, stub, call)
+        elif args.command == "logs":
+            return _logs(args, stub, call)
     return 0
+
+
+#: Seconds between polls of ``logs --follow`` when nothing new arrived.
+FOLLOW_POLL_S = 1.0
+
+
+def _logs(args: argparse.Namespace, stub: Any, call: Callable[[Callable[[], Any]], Any]) -> int:
+    """Page through GetJobLogs; with ``--follow`` poll until the job ends, then drain."""
+    t = args.timeout
+
+    def page(after_seq: int) -> Any:
+        request = pb.GetJobLogsRequest(job_id=args.job_id, after_seq=after_seq)
+        return call(lambda: stub.GetJobLogs(request, timeout=t))
+
+    after = 0
+    finished = False
+    while True:
+        resp = page(after)
+        for line in resp.lines:
+            if args.rank is not None and line.rank != args.rank:
+                continue
+            if args.json:
+                entry = MessageToDict(
+                    line,
+                    preserving_proto_field_name=True,
+                    always_print_fields_with_no_presence=True,  # rank 0 is a rank
+                )
+                print(json.dumps(entry))
+            else:
+                print(f"[rank {line.rank} {line.stream}] {line.text.rstrip()}")
+        after = max(after, resp.next_seq)
+        if resp.lines:
+            continue  # more pages may be waiting
+        if not args.follow or finished:
+            return 0
+        job = call(lambda: stub.GetJob(pb.GetJobRequest(job_id=args.job_id), timeout=t))
+        # One more pass after the job ends: agents ship the last lines as ranks exit.
+        finished = job.state in (
+            pb.JOB_STATE_SUCCEEDED,
+            pb.JOB_STATE_FAILED,
+            pb.JOB_STATE_CANCELLED,
+        )
+        time.sleep(FOLLOW_POLL_S)
 
 
 #: Intervals per GetJobDetail page of an export (a page stays far below gRPC's 4 MiB).

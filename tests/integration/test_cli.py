@@ -90,3 +90,31 @@ def test_serve_refuses_a_database_of_another_schema_version(tmp_path: Path) -> N
     result = _cli("serve", "--db", f"sqlite:///{db}", "--listen", "127.0.0.1:0")
     assert result.returncode == 3
     assert "has schema version 999, this coordinator needs" in _one_error_line(result)
+
+
+def test_logs_filters_by_rank_prints_json_and_follow_ends_with_the_job(coordinator) -> None:  # type: ignore[no-untyped-def]
+    coordinator.stub.RegisterNode(
+        pb.RegisterNodeRequest(
+            name="laptop",
+            address="127.0.0.1",
+            devices=[
+                tpb.DeviceProfile(index=0, name="cpu", kind=tpb.DEVICE_KIND_CPU, compute_score=1.0)
+            ],
+        ),
+        timeout=5,
+    )
+    job_id = _cli("submit", str(DEMO), "--coordinator", coordinator.address).stdout.strip()
+    lines = [pb.LogLine(rank=r, stream="stdout", text=f"hello from {r}") for r in (0, 1, 1)]
+    coordinator.stub.AppendJobLogs(pb.AppendJobLogsRequest(job_id=job_id, lines=lines), timeout=5)
+
+    one = _cli("logs", job_id, "--rank", "1", "--coordinator", coordinator.address)
+    assert one.returncode == 0, one.stderr
+    assert one.stdout.splitlines() == ["[rank 1 stdout] hello from 1"] * 2
+    as_json = _cli("logs", job_id, "--json", "--coordinator", coordinator.address)
+    assert [json.loads(x)["rank"] for x in as_json.stdout.splitlines()] == [0, 1, 1]
+
+    coordinator.stub.CancelJob(pb.CancelJobRequest(job_id=job_id), timeout=5)
+    followed = _cli("logs", job_id, "--follow", "--coordinator", coordinator.address)
+    assert followed.returncode == 0 and len(followed.stdout.splitlines()) == 3
+    unknown = _cli("logs", "nope", "--coordinator", coordinator.address)
+    assert unknown.returncode != 0 and "nope" in _one_error_line(unknown)
