@@ -88,7 +88,8 @@ class Agent:
         )
         self.supervisor = Supervisor(self.state_dir, clock=clock)
         gpus = [d.index for d in self.profile.devices if d.kind == "cuda"]
-        self.telemetry = TelemetrySampler(nvml or Nvml(), gpus, clock=clock)
+        cpus = [d.index for d in self.profile.devices if d.kind != "cuda"]
+        self.telemetry = TelemetrySampler(nvml or Nvml(), gpus, cpu_indexes=cpus, clock=clock)
         self.node_id: str | None = None
         self.heartbeat_interval_s = 1.0
         self.backoff = Backoff()

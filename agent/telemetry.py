@@ -37,6 +37,8 @@ class Snapshot:
     time_unix_s: float
     host: HostSample
     gpus: tuple[GpuSample, ...]
+    #: Indexes of the node's CPU devices: their utilization and memory are the host's.
+    cpu_indexes: tuple[int, ...] = ()
 
     def heartbeat(self, node_id: str) -> pb.HeartbeatRequest:
         req = pb.HeartbeatRequest(node_id=node_id)
@@ -57,6 +59,11 @@ class Snapshot:
                 _set(d, field, getattr(g, field))
             if g.throttle_reasons is not None:
                 d.throttle.CopyFrom(tpb.ThrottleReasons(reasons=list(g.throttle_reasons)))
+        for index in self.cpu_indexes:
+            d = req.devices.add(device_index=index)
+            _set(d, "utilization_percent", self.host.cpu_percent)
+            _set(d, "memory_used_bytes", self.host.ram_used_bytes)
+            _set(d, "memory_total_bytes", self.host.ram_total_bytes)
         return req
 
 
@@ -86,11 +93,13 @@ class TelemetrySampler:
         nvml: Nvml,
         gpu_indexes: Sequence[int],
         *,
+        cpu_indexes: Sequence[int] = (),
         period_s: float = 1.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.nvml = nvml
         self.gpu_indexes = tuple(gpu_indexes)
+        self.cpu_indexes = tuple(cpu_indexes)
         self.period_s = period_s
         self.clock = clock
         self._stop = threading.Event()
@@ -99,7 +108,7 @@ class TelemetrySampler:
 
     def sample(self) -> Snapshot:
         gpus = tuple(self.nvml.sample(i) for i in self.gpu_indexes)
-        return Snapshot(self.clock(), sample_host(), gpus)
+        return Snapshot(self.clock(), sample_host(), gpus, self.cpu_indexes)
 
     def latest(self) -> Snapshot:
         return self._latest  # replaced whole, never mutated: safe to read from any thread

@@ -103,3 +103,12 @@ def test_heartbeat_leaves_na_fields_unset_and_uses_the_injected_clock() -> None:
 def test_throttle_names_of_an_idle_mask() -> None:
     assert throttle_names(0) == ()
     assert throttle_names(0x1) == ("gpu_idle",)
+
+
+def test_cpu_devices_report_the_hosts_utilization_and_memory() -> None:
+    sampler = TelemetrySampler(Nvml(FakeNvml()), [], cpu_indexes=[0], clock=lambda: 1.0)
+    req = sampler.latest().heartbeat("node")
+    (cpu,) = req.devices
+    assert cpu.device_index == 0
+    assert cpu.memory_total_bytes == req.host.ram_total_bytes > 0
+    assert cpu.HasField("utilization_percent") == req.host.HasField("cpu_percent")
