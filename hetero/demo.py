@@ -23,10 +23,10 @@ from typing import Any
 
 import yaml
 from rich.console import Console
-from rich.table import Table
 
 from hetero.agent.localcluster import AgentSpec, ClusterError, LocalCluster
 from hetero.errors import HeteroError
+from hetero.trainer.demo import print_comparison
 from hetero.v1 import coordinator_pb2 as pb
 
 AGENTS = (AgentSpec("node-a"), AgentSpec("node-b", 2.0), AgentSpec("node-c", 3.0))
@@ -81,30 +81,15 @@ def run_policy(
 
 
 def print_results(console: Console, eq: dict[str, Any], dyn: dict[str, Any]) -> None:
-    t = Table(title="equal vs dynamic through coordinator + 3 agents (heterogeneity EMULATED)")
-    t.add_column("")
-    t.add_column("equal", justify="right")
-    t.add_column("dynamic", justify="right")
-
-    def rate(x: float | None) -> str:
-        return f"{x:,.0f}" if x else "n/a"
-
-    def pct(x: float | None) -> str:
-        return f"{x:.0f}%" if x is not None else "n/a"
-
-    t.add_row(
-        "samples/s (steady)", rate(eq["steady_samples_per_s"]), rate(dyn["steady_samples_per_s"])
+    print_comparison(
+        console,
+        "equal vs dynamic through coordinator + 3 agents (heterogeneity EMULATED)",
+        eq,
+        dyn,
+        extra_rows=[
+            ("coordinator plan versions", str(eq["plan_version"]), str(dyn["plan_version"]))
+        ],
     )
-    t.add_row("ideal samples/s", rate(eq["ideal_samples_per_s"]), rate(dyn["ideal_samples_per_s"]))
-    t.add_row("% of ideal", pct(eq["pct_of_ideal"]), pct(dyn["pct_of_ideal"]))
-    t.add_row("final plan", str(eq["final_plan"]), str(dyn["final_plan"]))
-    t.add_row("coordinator plan versions", str(eq["plan_version"]), str(dyn["plan_version"]))
-    console.print(t)
-    if eq["steady_samples_per_s"]:
-        speedup = dyn["steady_samples_per_s"] / eq["steady_samples_per_s"]
-        console.print(
-            f"dynamic is [bold]{speedup:.2f}x[/bold] equal's throughput (emulated heterogeneity)."
-        )
 
 
 def main(argv: list[str] | None = None) -> int:
