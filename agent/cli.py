@@ -23,6 +23,7 @@ from typing import Any
 
 from hetero.agent.config import AgentConfig, load_config, with_flags
 from hetero.errors import ConfigError, HeteroError
+from hetero.logs import configure_logging
 
 EPILOG = """\
 examples:
@@ -83,17 +84,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     profile.add_argument("--json", action="store_true", help="print JSON")
     return parser
-
-
-def _configure_logging(log_format: str) -> None:
-    from hetero.coordinator.cli import _JsonFormatter
-
-    handler = logging.StreamHandler(sys.stderr)
-    if log_format == "json":
-        handler.setFormatter(_JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
 
 
 def _config(args: argparse.Namespace) -> AgentConfig:
@@ -172,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(args_list)
     try:
         config = _config(args)
-        _configure_logging(config.log_format)
+        configure_logging(config.log_format)
         if args.command == "profile":
             from dataclasses import replace
 

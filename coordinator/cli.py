@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import logging
 import os
 import sys
 import time
@@ -28,6 +27,7 @@ from hetero.coordinator.config import CoordinatorConfig, load_config, with_flags
 from hetero.coordinator.export import FORMATS, TABLES
 from hetero.coordinator.jobspec import load_jobspec
 from hetero.errors import HeteroError
+from hetero.logs import configure_logging
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 
@@ -173,29 +173,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 # ---- serve --------------------------------------------------------------------------
 
 
-class _JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "time_unix_s": round(record.created, 3),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry)
-
-
-def _configure_logging(log_format: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if log_format == "json":
-        handler.setFormatter(_JsonFormatter())
-    else:
-        # journald adds its own timestamps; keep text lines short.
-        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
-
-
 def _serve(args: argparse.Namespace) -> int:
     from hetero.coordinator.server import serve
 
@@ -207,7 +184,7 @@ def _serve(args: argparse.Namespace) -> int:
         log_format=args.log_format,
         metrics_listen=args.metrics_listen,
     )
-    _configure_logging(config.log_format)
+    configure_logging(config.log_format)
     if config.db is None:
         try:
             config.resolved_state_dir.mkdir(parents=True, exist_ok=True)
