@@ -72,15 +72,9 @@ class AgentConfig:
 
 def load_config(path: Path | None) -> AgentConfig:
     """The file's settings; defaults if ``path`` is None and the default file is absent."""
-    if path is None:
-        if not DEFAULT_CONFIG_PATH.is_file():
-            return AgentConfig()
-        path = DEFAULT_CONFIG_PATH
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
-    f = Fields.parse(text, str(path))
+    f = Fields.read_config(path, DEFAULT_CONFIG_PATH)
+    if f is None:
+        return AgentConfig()
     state_dir = f.string("state_dir")
     config = AgentConfig(
         coordinator=f.string("coordinator", DEFAULT_COORDINATOR) or DEFAULT_COORDINATOR,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -60,6 +61,19 @@ class Fields:
         if node is None:
             raise ConfigError(f"{source}: empty document")
         return cls(node, source)
+
+    @classmethod
+    def read_config(cls, path: Path | None, default: Path) -> Fields | None:
+        """A daemon's config file: ``path``, else ``default`` if it exists, else None."""
+        if path is None:
+            if not default.is_file():
+                return None
+            path = default
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+        return cls.parse(text, str(path))
 
     def error(self, node: yaml.Node, message: str) -> ConfigError:
         return ConfigError(f"{self.source}:{_line(node)}: {message}")
