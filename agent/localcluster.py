@@ -90,11 +90,16 @@ class LocalCluster:
         self._spawn(spec.name, argv)
 
     def start(self, timeout_s: float = 60.0) -> None:
-        """Start the coordinator and every agent; return once all nodes are registered."""
+        """Start the coordinator and every agent; return once all nodes are registered.
+
+        Agents start one after another: each profiles its devices before it
+        registers, and on one host concurrent profiles would measure each other
+        (the compute scores, and so the initial plans, came out random).
+        """
         self.start_coordinator()
         for spec in self.agents:
             self.start_agent(spec)
-        self.wait_for_nodes({a.name for a in self.agents}, timeout_s)
+            self.wait_for_nodes({spec.name}, timeout_s)
 
     def wait_for_nodes(self, names: set[str], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
