@@ -47,6 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="baseline_ddp", description=__doc__.split("\n")[0])
     p.add_argument("--model", default="simple_cnn")
     p.add_argument("--image-size", type=int)
+    p.add_argument(
+        "--dataset",
+        choices=("synthetic", "synthetic-text"),
+        help="default: synthetic images, or synthetic text for a language model",
+    )
+    p.add_argument("--seq-len", type=int, help="language models: tokens per sample")
     p.add_argument("--global-batch", type=int, default=96)
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--rebalance-interval", type=int, default=10, help="steps per metrics record")
@@ -94,8 +100,10 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
     from torch.nn.parallel import DistributedDataParallel
 
     from hetero.trainer.datasets.synthetic import SyntheticImages
+    from hetero.trainer.datasets.text import SyntheticText
     from hetero.trainer.emulation import parse_slowdowns
     from hetero.trainer.models import model_info
+    from hetero.trainer.tasks import make_task
 
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -124,17 +132,34 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
     torch.manual_seed(args.seed)
 
     info = model_info(args.model)
-    image_size = args.image_size or info.default_image_size
-    fmt = torch.channels_last if args.channels_last else torch.contiguous_format
-    data = SyntheticImages(args.num_samples, image_size, args.num_classes, seed=args.seed)
+    task = make_task(info.task)
+    # Language models: tokens per sample in place of pixels; no memory format; AdamW,
+    # as hetero-train picks for them (SGD with momentum for image models).
+    image_size = args.seq_len if task.text else args.image_size
+    image_size = image_size or info.default_image_size
+    fmt = torch.channels_last if args.channels_last and not task.text else torch.contiguous_format
     model = info.build(args.num_classes, image_size).to(device).to(memory_format=fmt)
+    data: Any
+    if task.text:
+        windows = SyntheticText(
+            args.num_samples, image_size, task.data_vocab(model), seed=args.seed
+        )
+        data = task.prepare(windows, model, seed=args.seed)
+    else:
+        data = SyntheticImages(args.num_samples, image_size, args.num_classes, seed=args.seed)
     ddp: nn.Module = (
         DistributedDataParallel(model, device_ids=[local_rank] if cuda else None)
         if world > 1
         else model
     )
-    opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
+
+    def make_optimizer(params: Any) -> Any:
+        if task.text:
+            return torch.optim.AdamW(params, lr=args.lr)
+        return torch.optim.SGD(params, lr=args.lr, momentum=0.9)
+
+    opt = make_optimizer(ddp.parameters())
+    loss_fn = task.loss
     gb = args.global_batch
     sizes = [gb // world + (1 if r < gb % world else 0) for r in range(world)]
     lo = sum(sizes[:rank])
@@ -175,7 +200,7 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
     def fresh_copy() -> tuple[nn.Module, Any]:
         m = info.build(args.num_classes, image_size).to(device).to(memory_format=fmt)
         m.load_state_dict(model.state_dict())
-        return m, torch.optim.SGD(m.parameters(), lr=args.lr, momentum=0.9)
+        return m, make_optimizer(m.parameters())
 
     # The emulated slowdown's unit: this rank's own compute time, measured alone.
     own_compute_s = 0.0

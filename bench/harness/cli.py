@@ -26,7 +26,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from hetero.bench.harness.commands import RunSpec, neighbour_argv, run_specs
+from hetero.bench.harness.commands import RunSpec, neighbour_argv, neighbour_stem, run_specs
 from hetero.bench.harness.scenario import (
     BASELINE,
     Scenario,
@@ -155,21 +155,18 @@ def print_plan(scenario: Scenario, specs: list[RunSpec], out: Path, timeout_s: f
     print(f"# each run is stopped after {timeout_s:.0f} s; nothing below was run (--dry-run)")
     for s, label in scenario.change_steps:
         print(f"# change at step {s}: {label}")
-    if scenario.neighbour is not None:
-        n = scenario.neighbour
+    for n in scenario.neighbours:
         when = (
             "for the whole run"
             if n.arrive_step is None
             else f"idle, switched on at the boundary >= step {n.arrive_step}"
             + (f", off at >= step {n.leave_step}" if n.leave_step else "")
         )
+        stem = "RUN/" + neighbour_stem(scenario, n)
         argv = neighbour_argv(
-            scenario,
-            Path("RUN/neighbour.control"),
-            Path("RUN/neighbour.jsonl"),
-            Path("RUN/neighbour.ready"),
+            n, Path(f"{stem}.control"), Path(f"{stem}.jsonl"), Path(f"{stem}.ready")
         )
-        print(f"# neighbour around every run ({when}), RUN = {out}/runs/<name>:")
+        print(f"# {n.weight} neighbour on GPU {n.gpu} ({when}), RUN = {out}/runs/<name>:")
         print(shlex.join(argv))
     for spec in specs:
         print(

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from hetero.bench.harness.scenario import BASELINE, GPU_ONLY, Scenario
+from hetero.bench.harness.scenario import BASELINE, GPU_ONLY, Neighbour, Scenario
 
 #: Set in every process the harness starts (DESIGN: never NVLink multicast on a shared host).
 SAFE_ENV = {
@@ -93,6 +93,10 @@ def _spec(s: Scenario, name: str, out: Path, python: str | None) -> RunSpec:
     ]  # fmt: skip
     if s.image_size:
         common += ["--image-size", str(s.image_size)]
+    if s.dataset:
+        common += ["--dataset", s.dataset]
+    if s.seq_len:
+        common += ["--seq-len", str(s.seq_len)]
     if s.channels_last:
         common.append("--channels-last")
     if s.devices == "mixed" and ranks > 1:
@@ -110,14 +114,17 @@ def _spec(s: Scenario, name: str, out: Path, python: str | None) -> RunSpec:
     return RunSpec(name, "hetero-train", tuple(argv), env, out, ranks, steps, ideal)
 
 
+def neighbour_stem(scenario: Scenario, n: Neighbour) -> str:
+    """File stem of one neighbour's control/log/ready files in a run directory."""
+    return "neighbour" if len(scenario.neighbours) == 1 else f"neighbour-gpu{n.gpu}"
+
+
 def neighbour_argv(
-    scenario: Scenario, control: Path, log: Path, ready: Path, python: str | None = None
+    n: Neighbour, control: Path, log: Path, ready: Path, python: str | None = None
 ) -> tuple[str, ...]:
-    """The noisy neighbour's command line (see ``harness.neighbour``)."""
-    n = scenario.neighbour
-    assert n is not None
+    """One noisy neighbour's command line (see ``harness.neighbour``)."""
     return (
         python or sys.executable, "-m", "hetero.bench.harness.neighbour",
-        "--device", n.torch_device, "--size", str(n.matmul_size),
+        "--device", n.torch_device, "--size", str(n.matmul_size), "--duty", f"{n.duty:g}",
         "--control", str(control), "--log", str(log), "--ready", str(ready),
     )  # fmt: skip

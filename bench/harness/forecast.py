@@ -20,6 +20,7 @@ from hetero.coordinator.balancer import (
     RankInterval,
     estimate_comm_s,
     predict_exclusion,
+    predict_step_s,
 )
 from hetero.errors import HeteroError
 
@@ -77,3 +78,26 @@ def exclusion_forecasts(
         return out
     except HeteroError as exc:
         return [{"rank": None, "message": f"no forecast: {exc}"}]
+
+
+def predicted_rate(
+    ranks: list[list[dict[str, Any]]], global_batch: int, plan: list[int], upto_step: int
+) -> float | None:
+    """The planner's predicted samples/s for ``plan``, from what it knew at ``upto_step``.
+
+    The per-rank step models are fitted, as the dynamic policy fits them, on the
+    intervals that ended at or before ``upto_step`` (so the prediction is made
+    before the window it is compared with); the exposed communication time is
+    estimated from the same intervals. ``None`` without enough compute-timed
+    intervals (plain DDP reports none).
+    """
+    cut = [[r for r in recs if int(r["step"]) <= upto_step] for recs in ranks]
+    history = history_from_metrics(cut)
+    if len(history) < 2 or len(plan) != len(history[-1]):
+        return None
+    try:
+        models = Dynamic().fit(history)
+        step_s = predict_step_s(models, plan, comm_s=estimate_comm_s(history))
+    except HeteroError:
+        return None
+    return global_batch / step_s if step_s > 0 else None

@@ -5,7 +5,8 @@ It allocates two ``size``² matrices, multiplies once, writes the ``--ready``
 file, then loops: while the control file says ``on`` it keeps about one burst
 of matmuls queued behind the one running (the GPU never idles between bursts,
 and switching off takes effect within one burst, a few ms); while ``off`` it
-sleeps. It re-reads the control file every ``poll_s`` and exits on SIGTERM or
+sleeps. With ``--duty D`` below 1 (a light neighbour) it instead waits for
+each burst to finish and idles ``burst time × (1/D − 1)`` before the next. It re-reads the control file every ``poll_s`` and exits on SIGTERM or
 SIGINT, or when its parent process is gone, so a killed harness leaves no
 orphan burning a GPU. ``--log`` gets JSON lines: ready, every switch, and
 once a second the matmul rate (TFLOP/s) it achieved.
@@ -151,11 +152,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--device", default="cuda:0", help="torch device, e.g. cuda:1 (cpu for tests)")
     p.add_argument("--size", type=int, default=8192, help="matrix side (elements)")
     p.add_argument("--burst", type=int, default=4, help="matmuls queued per burst")
+    p.add_argument(
+        "--duty",
+        type=float,
+        default=1.0,
+        help="fraction of time busy: below 1 it waits for each burst and then idles "
+        "burst time x (1/duty - 1) (a light neighbour); 1 = back to back (heavy)",
+    )
     p.add_argument("--control", type=Path, help="file holding on/off (absent: always on)")
     p.add_argument("--poll-s", type=float, default=0.02, help="seconds between control reads")
     p.add_argument("--log", type=Path)
     p.add_argument("--ready", type=Path, help="created once the first matmul has finished")
     args = p.parse_args(argv)
+    if not 0.0 < args.duty <= 1.0:
+        p.error(f"--duty must be in (0, 1], got {args.duty}")
 
     import torch
 
@@ -204,9 +214,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not on:
             time.sleep(args.poll_s / 2)
             continue
+        burst_start = time.perf_counter()
         for _ in range(args.burst):
             torch.matmul(a, b, out=c)
         done += args.burst
+        if args.duty < 1.0:
+            if cuda:
+                torch.cuda.synchronize(device)
+            busy = time.perf_counter() - burst_start
+            time.sleep(busy * (1.0 / args.duty - 1.0))
+            continue
         if cuda:
             event = torch.cuda.Event()
             event.record()

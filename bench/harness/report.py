@@ -28,8 +28,20 @@ FIGURES_HELP = """\
   − 1 (plain DDP has no compute-only time: from its standalone step times).
 - **adapt**: intervals (× rebalance interval = steps) after a change until the
   throughput is within 5% of the new phase's steady value for 2 intervals.
+- **scaling eff.**: samples/s over (ranks × one GPU's throughput); one GPU's
+  throughput is the fastest rank of plain DDP's standalone runs (an unshared
+  GPU at B/W).
+- **predicted (err)**: the samples/s the dynamic fit predicts for the final
+  plan from the intervals before the steady window (what the planner knew when
+  it chose the plan), and its error against the measured samples/s.
 - **GPU util**: mean NVML utilization per GPU over the window (n/a without NVML).
 """
+
+
+def _predicted(r: dict[str, Any]) -> str:
+    if not r.get("predicted_samples_per_s"):
+        return "n/a"
+    return f"{_f(r['predicted_samples_per_s'])} ({r['prediction_error']:+.1%})"
 
 
 def load_manifest(run_dir: Path) -> dict[str, Any]:
@@ -122,8 +134,8 @@ def render(
         )
     lines += [
         "",
-        "| run | window | samples/s | % of ideal | vs DDP | vs equal | imbalance | adapt (steps) | GPU util | final plan |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
+        "| run | window | samples/s | % of ideal | vs DDP | vs equal | scaling eff. | predicted (err) | imbalance | adapt (steps) | GPU util | final plan |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
     ]
     for r in rows:
         gpu_only = (
@@ -135,6 +147,7 @@ def render(
             f"| {r['policy']}{'' if r['ok'] else ' FAILED'} | {r['window']} {r['window_label']} | "
             f"{_f(r['samples_per_s'])} | {_f(r['pct_of_ideal'], '{:.1f}%')} | "
             f"{_f(r['speedup_vs_ddp'], '{:.2f}x')}{gpu_only} | {_f(r['speedup_vs_equal'], '{:.2f}x')} | "
+            f"{_f(r.get('scaling_efficiency'), '{:.1%}')} | {_predicted(r)} | "
             f"{_f(r['imbalance'], '{:.1%}')} | {_f(r.get('adaptation_steps'), '{}')} | "
             f"{_util(r.get('gpu_util_pct'))} | {r.get('final_plan') or 'n/a'} |"
         )

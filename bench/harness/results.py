@@ -21,13 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from hetero.bench.harness import figures
+from hetero.bench.harness.forecast import predicted_rate
 from hetero.bench.harness.gpu_monitor import read_samples
 from hetero.bench.harness.scenario import BASELINE, GPU_ONLY
 
 CSV_COLUMNS = (
     "scenario", "model", "policy", "runner", "window", "window_label", "samples_per_s",
     "ideal_samples_per_s", "pct_of_ideal", "speedup_vs_ddp", "speedup_vs_equal",
-    "speedup_vs_gpu_only", "imbalance", "adaptation_intervals", "adaptation_steps",
+    "speedup_vs_gpu_only", "scaling_efficiency", "predicted_samples_per_s",
+    "prediction_error", "imbalance", "adaptation_intervals", "adaptation_steps",
     "gpu_util_pct", "final_plan", "plan_changes", "global_batch", "steps", "amp", "device",
     "emulated", "ok", "date", "note",
 )  # fmt: skip
@@ -131,6 +133,7 @@ def rows_for_run(run: RunData, manifest: dict[str, Any]) -> list[dict[str, Any]]
         "final_plan": s.get("final_plan"),
         "plan_changes": max(len(s.get("plans", [])) - 1, 0) if s else None,
         "global_batch": sc["global_batch"],
+        "world_size": s.get("world_size") or len(run.ranks) or None,
         "steps": s.get("steps"),
         "amp": sc["amp"],
         "device": manifest.get("device", "unknown"),
@@ -168,6 +171,13 @@ def rows_for_run(run: RunData, manifest: dict[str, Any]) -> list[dict[str, Any]]
             imb = figures.interval_imbalance(times)
             imb_note = "imbalance from standalone step times"
         adapt = figures.adaptation_intervals(rates, ph) if k > 0 else None
+        predicted = None
+        plan = s.get("final_plan") or []
+        if last and not run.runner_is_ddp and len(ph.steady) and plan:
+            # What the planner expected of the final plan, from the intervals before the
+            # steady window (the ones it decided on).
+            before = run.steps[ph.steady.start - 1] if ph.steady.start > 0 else 0
+            predicted = predicted_rate(run.ranks, int(sc["global_batch"]), plan, before)
         rows.append(
             base
             | {
@@ -179,6 +189,8 @@ def rows_for_run(run: RunData, manifest: dict[str, Any]) -> list[dict[str, Any]]
                 "imbalance": imb,
                 "adaptation_intervals": adapt,
                 "adaptation_steps": adapt * interval if adapt is not None else None,
+                "predicted_samples_per_s": predicted,
+                "prediction_error": predicted / rate - 1.0 if (predicted and rate) else None,
                 "gpu_util_pct": _util(run, ph.steady),
                 "note": "; ".join(x for x in (base["note"], imb_note) if x),
             }
@@ -216,10 +228,29 @@ def build_rows(
         for r in rows:
             denom = by_window.get(r["window"]) or by_window.get("steady")
             r[col] = r["samples_per_s"] / denom if (denom and r["samples_per_s"]) else None
+    single = single_gpu_rate(runs)
+    for r in rows:
+        world = r.get("world_size")
+        r["scaling_efficiency"] = (
+            r["samples_per_s"] / (world * single)
+            if (single and world and r["samples_per_s"] and r["policy"] != GPU_ONLY)
+            else None
+        )
     for r in rows:
         for col in CSV_COLUMNS:
             r.setdefault(col, None)
     return rows, runs
+
+
+def single_gpu_rate(runs: list[RunData]) -> float | None:
+    """One GPU's throughput for scaling efficiency: the fastest standalone rank of the
+    plain-DDP run (each rank alone at B/W, the per-GPU share of plain data parallelism),
+    i.e. an unshared GPU; ``None`` without that run's ideal."""
+    for run in runs:
+        if run.runner_is_ddp and run.summary:
+            rates = [float(x) for x in run.summary.get("standalone_samples_per_s") or [] if x]
+            return max(rates) if rates else None
+    return None
 
 
 def write_json(

@@ -27,10 +27,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hetero.bench.harness.commands import SAFE_ENV, RunSpec, neighbour_argv
+from hetero.bench.harness.commands import SAFE_ENV, RunSpec, neighbour_argv, neighbour_stem
 from hetero.bench.harness.gpu_monitor import GpuMonitor, write_samples
 from hetero.bench.harness.neighbour import NeighbourProcess
-from hetero.bench.harness.scenario import Scenario
+from hetero.bench.harness.scenario import Neighbour, Scenario
 from hetero.errors import ConfigError
 
 POLL_S = 0.02
@@ -103,33 +103,32 @@ def preflight(scenario: Scenario) -> None:
 def execute(
     spec: RunSpec, scenario: Scenario, monitor: GpuMonitor, *, timeout_s: float
 ) -> RunOutcome:
-    """Run ``spec`` to completion (or ``timeout_s``), with the scenario's neighbour around it."""
+    """Run ``spec`` to completion (or ``timeout_s``), with the scenario's neighbours around it."""
     out = spec.out_dir
     out.mkdir(parents=True, exist_ok=True)
     for old in (out / "metrics").glob("rank*.jsonl"):
         old.unlink()  # a re-run must not read the previous run's records
     outcome = RunOutcome(spec.name, spec.runner, spec.shell(), started_time_s=time.time())
-    nb = scenario.neighbour
-    neighbour: NeighbourProcess | None = None
+    neighbours: list[tuple[Neighbour, NeighbourProcess]] = []
     proc: subprocess.Popen[bytes] | None = None
     t0 = time.perf_counter()
     try:
-        if nb is not None:
-            neighbour = NeighbourProcess(
-                neighbour_argv(
-                    scenario,
-                    out / "neighbour.control",
-                    out / "neighbour.jsonl",
-                    out / "neighbour.ready",
-                ),
-                out / "neighbour.control",
-                out / "neighbour.ready",
+        for nb in scenario.neighbours:
+            stem = out / neighbour_stem(scenario, nb)
+            control, ready = stem.with_suffix(".control"), stem.with_suffix(".ready")
+            process = NeighbourProcess(
+                neighbour_argv(nb, control, stem.with_suffix(".jsonl"), ready),
+                control,
+                ready,
                 env=SAFE_ENV,
                 start_on=nb.arrive_step is None,
-                stderr_path=out / "neighbour.stderr.log",
+                stderr_path=stem.with_suffix(".stderr.log"),
             )
-            neighbour.start()
-            outcome.switches.append({"step": 0, "on": neighbour.on, "time_s": time.time()})
+            neighbours.append((nb, process))
+            process.start()
+            outcome.switches.append(
+                {"step": 0, "on": process.on, "gpu": nb.gpu, "time_s": time.time()}
+            )
         monitor.start()
         with (out / "stdout.log").open("wb") as so, (out / "stderr.log").open("wb") as se:
             proc = subprocess.Popen(
@@ -142,11 +141,13 @@ def execute(
             tail = MetricsTail(spec.metrics_dir / "rank0.jsonl")
             deadline = time.monotonic() + timeout_s
             while proc.poll() is None:
-                if neighbour is not None and nb is not None and nb.arrive_step is not None:
-                    _follow(tail.read(), neighbour, nb.arrive_step, nb.leave_step, outcome)
-                    if not neighbour.alive():
-                        outcome.error = "the neighbour process died during the run"
-                        break
+                records = tail.read()
+                for nb, process in neighbours:
+                    if nb.arrive_step is not None:
+                        _follow(records, nb, process, outcome)
+                if any(not process.alive() for _, process in neighbours):
+                    outcome.error = "a neighbour process died during the run"
+                    break
                 if time.monotonic() > deadline:
                     outcome.timed_out = True
                     outcome.error = f"still running after {timeout_s:.0f} s; stopped"
@@ -158,8 +159,8 @@ def execute(
         if proc is not None:
             _stop_group(proc)
             outcome.returncode = proc.returncode
-        if neighbour is not None:
-            neighbour.stop()
+        for _, process in neighbours:
+            process.stop()
         write_samples(out / "gpu_util.jsonl", monitor.stop())
         outcome.wall_s = time.perf_counter() - t0
         (out / "run.json").write_text(json.dumps(asdict(outcome), indent=2) + "\n")
@@ -183,18 +184,17 @@ def _finished(spec: RunSpec, started_time_s: float) -> bool:
 
 
 def _follow(
-    records: list[dict[str, Any]],
-    neighbour: NeighbourProcess,
-    arrive: int,
-    leave: int | None,
-    outcome: RunOutcome,
+    records: list[dict[str, Any]], nb: Neighbour, neighbour: NeighbourProcess, outcome: RunOutcome
 ) -> None:
+    assert nb.arrive_step is not None
     for rec in records:
         step = int(rec.get("step", 0))
-        want = step >= arrive and (leave is None or step < leave)
+        want = step >= nb.arrive_step and (nb.leave_step is None or step < nb.leave_step)
         if want != neighbour.on:
             neighbour.switch(want)
-            outcome.switches.append({"step": step, "on": want, "time_s": time.time()})
+            outcome.switches.append(
+                {"step": step, "on": want, "gpu": nb.gpu, "time_s": time.time()}
+            )
 
 
 def _stop_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:

@@ -45,10 +45,17 @@ class Neighbour:
     arrive_step: int | None = None
     leave_step: int | None = None
     device: str | None = None  # torch device; default cuda:<gpu> ("cpu" lets tests exercise it)
+    #: Fraction of wall time it keeps the GPU busy: 1.0 = back to back ("heavy"); less
+    #: = it idles after each burst for burst time × (1/duty − 1) ("light").
+    duty: float = 1.0
 
     @property
     def torch_device(self) -> str:
         return self.device or f"cuda:{self.gpu}"
+
+    @property
+    def weight(self) -> str:
+        return "heavy" if self.duty >= 1.0 else f"light ({self.duty:.0%} duty)"
 
 
 @dataclass(frozen=True)
@@ -94,10 +101,12 @@ class Scenario:
     channels_last: bool = False
     lr: float = 0.05
     min_batch: int = 1
+    dataset: str | None = None  # default: synthetic (images) or synthetic-text (language models)
+    seq_len: int | None = None  # language models: tokens per sample (default: the model's)
     policies: tuple[str, ...] = POLICIES
     baseline: bool = True
     gpu_only_reference: bool = False
-    neighbour: Neighbour | None = None
+    neighbours: tuple[Neighbour, ...] = ()
     slowdowns: tuple[Slowdown, ...] = ()
     overrides: tuple[tuple[str, RunOverride], ...] = ()
     quick_steps: int | None = None
@@ -110,6 +119,11 @@ class Scenario:
         return bool(self.slowdowns)
 
     @property
+    def neighbour(self) -> Neighbour | None:
+        """The first neighbour (most scenarios have at most one)."""
+        return self.neighbours[0] if self.neighbours else None
+
+    @property
     def emulate_spec(self) -> str | None:
         return ",".join(s.spec() for s in self.slowdowns) or None
 
@@ -117,8 +131,9 @@ class Scenario:
     def change_steps(self) -> tuple[tuple[int, str], ...]:
         """(step, label) of every sudden change, ascending: neighbour or slowdown windows."""
         out: list[tuple[int, str]] = []
-        n = self.neighbour
-        if n is not None and n.arrive_step is not None:
+        for n in self.neighbours:
+            if n.arrive_step is None:
+                continue
             out.append((n.arrive_step, f"neighbour arrives on GPU {n.gpu}"))
             if n.leave_step is not None:
                 out.append((n.leave_step, f"neighbour leaves GPU {n.gpu}"))
@@ -156,13 +171,14 @@ def resize(scenario: Scenario, steps: int) -> Scenario:
         )
     f = steps / scenario.steps
     k = scenario.rebalance_interval
-    n = scenario.neighbour
-    if n is not None:
-        n = replace(
+    neighbours = tuple(
+        replace(
             n,
             arrive_step=_scale_step(n.arrive_step, f, k),
             leave_step=_scale_step(n.leave_step, f, k),
         )
+        for n in scenario.neighbours
+    )
     slowdowns = tuple(
         replace(
             s,
@@ -175,7 +191,9 @@ def resize(scenario: Scenario, steps: int) -> Scenario:
         (name, replace(o, steps=max(2 * k, round(o.steps * f)) if o.steps else None))
         for name, o in scenario.overrides
     )
-    out = replace(scenario, steps=steps, neighbour=n, slowdowns=slowdowns, overrides=overrides)
+    out = replace(
+        scenario, steps=steps, neighbours=neighbours, slowdowns=slowdowns, overrides=overrides
+    )
     _check_changes(out)
     return out
 
@@ -234,8 +252,9 @@ def load_scenario(name: str) -> Scenario:
 _TOP = {
     "description", "devices", "ranks", "gpus", "model", "global_batch", "steps",
     "rebalance_interval", "ideal_steps", "image_size", "num_classes", "num_samples", "amp",
-    "channels_last", "lr", "min_batch", "policies", "baseline", "gpu_only_reference",
-    "neighbour", "slowdowns", "overrides", "quick", "run_timeout_s",
+    "channels_last", "lr", "min_batch", "dataset", "seq_len", "policies", "baseline",
+    "gpu_only_reference", "neighbour", "neighbours", "slowdowns", "overrides", "quick",
+    "run_timeout_s",
 }  # fmt: skip
 
 
@@ -273,9 +292,18 @@ def parse_scenario(name: str, text: str) -> Scenario:
     try:
         if "policies" in data:
             kw["policies"] = _policies(data["policies"], f"{where}.policies")
+        if data.get("neighbour") is not None and data.get("neighbours") is not None:
+            raise ConfigError(f"{where}: give either neighbour or neighbours, not both")
         if data.get("neighbour") is not None:
             nb = data["neighbour"]
-            kw["neighbour"] = Neighbour(**_checked(nb, Neighbour, f"{where}.neighbour"))
+            kw["neighbours"] = (Neighbour(**_checked(nb, Neighbour, f"{where}.neighbour")),)
+        elif data.get("neighbours") is not None:
+            if not isinstance(data["neighbours"], list):
+                raise ConfigError(f"{where}.neighbours: expected a list of neighbours")
+            kw["neighbours"] = tuple(
+                Neighbour(**_checked(nb, Neighbour, f"{where}.neighbours[{i}]"))
+                for i, nb in enumerate(data["neighbours"])
+            )
         kw["slowdowns"] = tuple(
             Slowdown(**_checked(s, Slowdown, f"{where}.slowdowns"))
             for s in data.get("slowdowns", [])
@@ -298,7 +326,7 @@ def parse_scenario(name: str, text: str) -> Scenario:
 
 
 _REQUIRED = ("devices", "ranks", "gpus", "model", "global_batch", "steps")
-_NESTED = {"policies", "neighbour", "slowdowns", "overrides", "quick"}
+_NESTED = {"policies", "neighbour", "neighbours", "slowdowns", "overrides", "quick"}
 
 
 def _checked(data: Any, cls: type, where: str) -> dict[str, Any]:
@@ -331,8 +359,13 @@ def _validate(s: Scenario) -> None:
         raise ConfigError(f"{where}: a mixed scenario needs CPU ranks beyond its {s.gpus} GPU(s)")
     if s.slowdowns and s.devices != "cpu":
         raise ConfigError(f"{where}.slowdowns: emulated slowdowns are for CPU scenarios only")
-    if s.neighbour is not None and not 0 <= s.neighbour.gpu < s.gpus:
-        raise ConfigError(f"{where}.neighbour.gpu: {s.neighbour.gpu} is not one of {s.gpus} GPU(s)")
+    for n in s.neighbours:
+        if not 0 <= n.gpu < s.gpus:
+            raise ConfigError(f"{where}.neighbour.gpu: {n.gpu} is not one of {s.gpus} GPU(s)")
+        if not 0.0 < n.duty <= 1.0:
+            raise ConfigError(f"{where}.neighbour.duty: must be in (0, 1], got {n.duty}")
+    if len({n.gpu for n in s.neighbours}) < len(s.neighbours):
+        raise ConfigError(f"{where}.neighbours: at most one neighbour per GPU")
     if s.gpu_only_reference and s.devices != "mixed":
         raise ConfigError(f"{where}.gpu_only_reference: only for mixed GPU+CPU scenarios")
     for run, _ in s.overrides:
@@ -345,9 +378,13 @@ def _validate(s: Scenario) -> None:
 
 
 def _check_changes(s: Scenario) -> None:
-    n = s.neighbour
-    if n is None or n.arrive_step is None:
-        if n is not None and n.leave_step is not None:
+    for n in s.neighbours:
+        _check_neighbour_changes(s, n)
+
+
+def _check_neighbour_changes(s: Scenario, n: Neighbour) -> None:
+    if n.arrive_step is None:
+        if n.leave_step is not None:
             raise ConfigError(f"scenario {s.name}.neighbour: leave_step needs arrive_step")
         return
     if not 0 < n.arrive_step < s.steps:

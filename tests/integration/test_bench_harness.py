@@ -88,7 +88,9 @@ def test_neighbour_exits_when_its_parent_dies(tmp_path: Path) -> None:
     assert "parent gone" in (tmp_path / "log.jsonl").read_text()
 
 
-def test_dynamic_neighbour_is_switched_at_the_training_steps(tmp_path: Path) -> None:
+def test_dynamic_neighbour_is_switched_at_the_training_steps_beside_a_light_one(
+    tmp_path: Path,
+) -> None:
     base = configure(load_scenario("cpu-emulated"), quick=True, ideal_steps=0)
     scenario = replace(
         base,
@@ -97,17 +99,24 @@ def test_dynamic_neighbour_is_switched_at_the_training_steps(tmp_path: Path) -> 
         slowdowns=(),
         steps=30,
         policies=("dynamic",),
-        neighbour=Neighbour(gpu=0, matmul_size=32, arrive_step=10, leave_step=20, device="cpu"),
+        neighbours=(
+            Neighbour(gpu=0, matmul_size=32, arrive_step=10, leave_step=20, device="cpu"),
+            Neighbour(gpu=1, matmul_size=32, duty=0.2, device="cpu"),
+        ),
     )
     (spec,) = [s for s in run_specs(scenario, tmp_path) if s.name == "dynamic"]
     outcome = execute(spec, scenario, GpuMonitor(0), timeout_s=120)
     assert outcome.ok, (outcome.error, (spec.out_dir / "stderr.log").read_text()[-2000:])
-    switched = [(s["step"], s["on"]) for s in outcome.switches]
-    assert switched == [(0, False), (10, True), (20, False)]
+    switched = [(s["gpu"], s["step"], s["on"]) for s in outcome.switches]
+    assert switched == [(0, 0, False), (1, 0, True), (0, 10, True), (0, 20, False)]
     record = json.loads((spec.out_dir / "run.json").read_text())
-    assert record["switches"][1]["step"] == 10
-    log = (spec.out_dir / "neighbour.jsonl").read_text()
+    assert record["switches"][2]["step"] == 10
+    log = (spec.out_dir / "neighbour-gpu0.jsonl").read_text()
     assert '"event": "on"' in log and '"event": "exit"' in log
+    light = [
+        json.loads(x) for x in (spec.out_dir / "neighbour-gpu1.jsonl").read_text().splitlines()
+    ]
+    assert [r["event"] for r in light][:2] == ["ready", "on"] and light[-1]["event"] == "exit"
 
 
 def test_cpu_emulated_quick_runs_end_to_end_and_writes_its_outputs(tmp_path: Path) -> None:
@@ -164,3 +173,20 @@ assert baseline([*common, "--output-dir", r"{tmp_path}/b"]) == 0
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "b" / "metrics" / "rank0.jsonl").exists()
+
+
+def test_plain_ddp_baseline_trains_a_language_model_on_token_windows(tmp_path: Path) -> None:
+    """The external baseline of the GPT-2 scenarios: causal LM on synthetic text, AdamW."""
+    from hetero.bench.baseline_ddp import main as baseline
+
+    out = tmp_path / "b"
+    args = ["--model", "gpt2-tiny", "--dataset", "synthetic-text", "--seq-len", "32",
+            "--global-batch", "8", "--steps", "12", "--rebalance-interval", "3",
+            "--nproc", "2", "--device", "cpu", "--ideal-steps", "1", "--lr", "0.003",
+            "--output-dir", str(out), "--summary-json", str(out / "summary.json")]  # fmt: skip
+    assert baseline(args) == 0
+    records = [json.loads(x) for x in (out / "metrics" / "rank0.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [3, 6, 9, 12]
+    assert records[-1]["loss"] < records[0]["loss"]  # it learns the token chain
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["model"] == "gpt2-tiny" and len(summary["standalone_samples_per_s"]) == 2

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from hetero.bench.harness.forecast import exclusion_forecasts, history_from_metrics
+from hetero.bench.harness.forecast import (
+    exclusion_forecasts,
+    history_from_metrics,
+    predicted_rate,
+)
+from hetero.coordinator.balancer import estimate_comm_s
 
 
 def _ranks(per_sample_s: list[float], batches: list[int], wall_s: float) -> list[list[dict]]:
@@ -41,3 +46,20 @@ def test_each_cpu_rank_gets_the_balancers_forecast_with_the_exposed_comm_time() 
 def test_too_little_history_gives_no_forecast() -> None:
     one_interval = [recs[:1] for recs in _ranks([1e-4, 1e-2], [500, 12], 0.3)]
     assert exclusion_forecasts(one_interval, 512, [1]) == []
+
+
+def test_predicted_rate_is_the_fitted_step_of_the_plan_from_intervals_up_to_the_cut() -> None:
+    # Rank 0 at 1 ms/sample, rank 1 at 2 ms/sample (both + 5 ms fixed), 10 ms exposed
+    # communication per step. Records after the cut (step > 16) are ignored.
+    ranks = _ranks([1e-3, 2e-3], [60, 30], 0.0)
+    for rank in ranks:
+        for r in rank:
+            r["step_s"] = max(0.005 + 1e-3 * 60, 0.005 + 2e-3 * 33) + 0.010
+    ranks[0].append({"step": 18, "batch": 60, "steps_measured": 2, "compute_s": 9.0, "step_s": 9.0})
+    ranks[1].append({"step": 18, "batch": 30, "steps_measured": 2, "compute_s": 9.0, "step_s": 9.0})
+    predicted = predicted_rate(ranks, 90, [60, 30], upto_step=16)
+    assert predicted is not None
+    # step = max(5 + 60, 5 + 60) ms + the median exposed comm time of the intervals
+    expected_step = 0.065 + estimate_comm_s(history_from_metrics(ranks)[:8])
+    assert abs(predicted - 90 / expected_step) / predicted < 0.02
+    assert predicted_rate([[{"step": 10, "compute_s": None}]], 90, [90], upto_step=10) is None

@@ -53,6 +53,25 @@ def test_resizing_keeps_change_steps_at_their_fraction_on_interval_boundaries() 
         configure(load_scenario("gpu-neighbour"), steps=5)
 
 
+def test_several_neighbours_of_different_weights() -> None:
+    s = load_scenario("gpu-neighbour-4")
+    assert [(n.gpu, n.weight) for n in s.neighbours] == [
+        (1, "light (35% duty)"), (2, "heavy"), (3, "heavy"),
+    ]  # fmt: skip
+    assert s.ranks == s.gpus == 4 and s.change_steps == ()
+    lm = load_scenario("gpu-neighbour-4-gpt2")
+    assert (lm.model, lm.dataset, lm.seq_len) == ("gpt2-small", "synthetic-text", 1024)
+    base = "devices: cuda\nranks: 2\ngpus: 2\nmodel: debug\nglobal_batch: 8\nsteps: 20\n"
+    with pytest.raises(ConfigError, match="at most one neighbour per GPU"):
+        parse_scenario("x", base + "neighbours: [{gpu: 1}, {gpu: 1}]\n")
+    with pytest.raises(ConfigError, match=r"x.neighbour.duty: must be in \(0, 1\]"):
+        parse_scenario("x", base + "neighbours: [{gpu: 1, duty: 0}]\n")
+    with pytest.raises(ConfigError, match="either neighbour or neighbours"):
+        parse_scenario("x", base + "neighbour: {gpu: 1}\nneighbours: [{gpu: 0}]\n")
+    with pytest.raises(ConfigError, match=r"x.neighbours\[0\]: unknown key 'dutty'"):
+        parse_scenario("x", base + "neighbours: [{gpu: 1, dutty: 0.5}]\n")
+
+
 def test_scenario_errors_name_the_field() -> None:
     base = "devices: cpu\nranks: 2\ngpus: 0\nmodel: debug\nglobal_batch: 8\nsteps: 20\n"
     with pytest.raises(ConfigError, match=r"scenario x: unknown key 'stpes'; did you mean 'steps'"):
@@ -179,6 +198,14 @@ def test_outputs_from_synthetic_runs_have_phases_speedups_and_adaptation(tmp_pat
     assert dyn["p0"]["pct_of_ideal"] is None and dyn["p2"]["pct_of_ideal"] == pytest.approx(50.0)
     assert dyn["p2"]["gpu_util_pct"] == [90.0, 50.0]
     assert dyn["p2"]["imbalance"] is not None and dyn["p2"]["device"] == "2x Test GPU"
+    # one GPU = plain DDP's fastest standalone rank (100/s): 100 / (2 x 100)
+    assert dyn["p2"]["scaling_efficiency"] == pytest.approx(0.5)
+    assert dyn["p2"]["predicted_samples_per_s"] is not None
+    assert dyn["p2"]["prediction_error"] == pytest.approx(
+        dyn["p2"]["predicted_samples_per_s"] / 100 - 1.0
+    )
+    ddp_rows = [r for r in rows if r["policy"] == "ddp"]
+    assert all(r["predicted_samples_per_s"] is None for r in ddp_rows)
     doc = json.loads((tmp_path / "results.json").read_text())
     for row in doc["rows"]:
         for key in ("scenario", "model", "policy", "samples_per_s", "pct_of_ideal",
