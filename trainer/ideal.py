@@ -9,7 +9,9 @@ to itself, so a balanced job's ratio to it includes contention between ranks.
 
 from __future__ import annotations
 
+import gc
 import inspect
+import logging
 import statistics
 import time
 from collections.abc import Callable
@@ -23,6 +25,8 @@ from torch.utils.data import Dataset, default_collate
 from hetero.trainer.context import Context
 from hetero.trainer.emulation import emulate_wait
 from hetero.trainer.sampler import epoch_permutation
+
+log = logging.getLogger("hetero.trainer.ideal")
 
 WARMUP_STEPS = 2
 
@@ -106,19 +110,30 @@ def measure_standalone(
     for turn in turns:
         ctx.barrier()
         if turn is None or turn == ctx.rank:
-            mine = standalone_rate(
-                make_model,
-                optimizer,
-                dataset,
-                loss_fn,
-                plan[ctx.rank],
-                steps=steps,
-                slowdown=slowdown,
-                device=ctx.device,
-                seed=seed,
-                amp=amp,
-                memory_format=memory_format,
-            )
+            try:
+                mine = standalone_rate(
+                    make_model,
+                    optimizer,
+                    dataset,
+                    loss_fn,
+                    plan[ctx.rank],
+                    steps=steps,
+                    slowdown=slowdown,
+                    device=ctx.device,
+                    seed=seed,
+                    amp=amp,
+                    memory_format=memory_format,
+                )
+            except torch.OutOfMemoryError:
+                # A second model and optimizer beside the trained ones do not fit a rank
+                # held to its memory cap: no ideal, but the peers' barriers still meet.
+                mine = 0.0
+                gc.collect()
+                if ctx.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                log.warning(
+                    "rank %d: the standalone measurement ran out of memory; no ideal", ctx.rank
+                )
     ctx.barrier()
     if ctx.world_size == 1:
         return [mine]

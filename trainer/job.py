@@ -386,7 +386,8 @@ def _train(ctx: Context, cfg: JobConfig) -> dict[str, Any] | None:
 
     evaluation: dict[str, Any] = {}
     if cfg.eval_samples and ctx.rank == 0:
-        evaluation = _evaluate(ctx, cfg, task, raw, dataset, max(ctx.plan))
+        # Rank 0's own batch: it trained at that size, so it fits its memory (cap).
+        evaluation = _evaluate(ctx, cfg, task, raw, dataset, ctx.plan[ctx.rank])
     final_plan = ctx.plan
     standalone: list[float] = []
     side_by_side: list[float] = []
@@ -496,7 +497,8 @@ def summarize(
     steady_window = rates[len(rates) // 2 :] or rates
     steady = statistics.median(steady_window) if steady_window else 0.0
     overall = samples_after_first / wall_after_first if wall_after_first > 0 else steady
-    ideal = sum(standalone) if standalone else None
+    # A rank whose standalone measurement ran out of memory reports 0: no ideal then.
+    ideal = sum(standalone) if standalone and all(r > 0 for r in standalone) else None
     last = intervals[-1] if intervals else []
     losses = [sum(r.loss_sum for r in iv) / max(sum(r.samples for r in iv), 1) for iv in intervals]
     return {
