@@ -52,6 +52,9 @@ class Deps:
     master_port_span: int = 1000
     #: Set on shutdown: ends WatchCluster streams so a graceful stop does not wait for them.
     stopping: threading.Event = field(default_factory=threading.Event)
+    #: Directories jobs' checkpoint.dir and data_dir must lie under (coordinator.roots);
+    #: None = only "absolute".
+    allowed_roots: tuple[str, ...] | None = None
 
 
 def _abort(context: grpc.ServicerContext, exc: BaseException, method: str) -> None:
@@ -258,7 +261,11 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
         self, req: pb.SubmitJobRequest, context: grpc.ServicerContext
     ) -> pb.SubmitJobResponse:
         # Parse before touching the database: a bad spec stores nothing.
-        spec = parse_jobspec(req.spec_yaml, source=req.source_name or "job.yaml")
+        spec = parse_jobspec(
+            req.spec_yaml,
+            source=_source_name(req.source_name),
+            allowed_roots=self.deps.allowed_roots,
+        )
         now = self.deps.clock()
         with self.deps.sessions() as s:
             devices = store.device_slots(s, now=now, timeout_s=self.deps.heartbeat_timeout_s)
@@ -377,6 +384,12 @@ def _running_plan(req: tpb.IntervalReport, job: JobRow) -> tuple[int, ...] | Non
     batches = tuple(r.batch for r in sorted(req.ranks, key=lambda r: r.rank))
     valid = len(batches) == job.world_size and all(b >= job.min_batch for b in batches)
     return batches if valid and sum(batches) == job.global_batch else None
+
+
+def _source_name(name: str) -> str:
+    """The client's name for the spec file, as errors show it (one line, short)."""
+    clean = " ".join(name.split())[:200]
+    return clean or "job.yaml"
 
 
 def _host_summary(host: tpb.HostProfile) -> str:
