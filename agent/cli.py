@@ -24,7 +24,7 @@ from typing import Any
 from hetero.agent.config import AgentConfig, load_config, with_flags
 from hetero.errors import ConfigError, HeteroError
 from hetero.logs import configure_logging
-from hetero.transport import add_client_arguments, client_security
+from hetero.transport import ServerSecurity, add_client_arguments, check_listen, client_security
 
 EPILOG = """\
 examples:
@@ -193,6 +193,8 @@ def _run(config: AgentConfig, refresh: bool) -> int:
 
     # Credentials first: a bad token file fails in a second, not after the profile.
     security = client_security(config.token_file, config.tls_ca, config.tls_cert, config.tls_key)
+    if not security.secured and not config.insecure:  # the listen rule, before the profile
+        check_listen(config.local_listen, ServerSecurity(), "agent endpoint")
     profile = _profile(config, refresh)
     agent = Agent(config, profile, security=security)
 
