@@ -55,9 +55,9 @@ class Fields:
         except yaml.MarkedYAMLError as exc:
             mark = exc.problem_mark or exc.context_mark
             line = f":{mark.line + 1}" if mark is not None else ""
-            raise ConfigError(f"{source}{line}: not valid YAML: {exc.problem}") from None
+            raise ConfigError(_cap(f"{source}{line}: not valid YAML: {exc.problem}")) from None
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+            raise ConfigError(_cap(f"{source}: not valid YAML: {exc}")) from None
         except RecursionError:
             raise ConfigError(f"{source}: not valid YAML: nested too deeply") from None
         if node is None:
