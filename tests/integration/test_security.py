@@ -284,6 +284,33 @@ def test_submit_outside_the_allowed_roots_names_the_field_and_stores_nothing(ser
         assert stub.ListJobs(pb.ListJobsRequest(), timeout=DEADLINE_S).jobs == []
 
 
+def test_values_outside_the_schema_are_invalid_argument_naming_the_field(serve) -> None:  # type: ignore[no-untyped-def]
+    s = serve(ServerSecurity())
+    with client_channel(s.address) as channel:
+        stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+        cases = [
+            (stub.ListJobs, pb.ListJobsRequest(limit=-1), "limit must be >= 0, got -1"),
+            (stub.ListJobs, pb.ListJobsRequest(states=[99]), "states: unknown value 99"),
+            (
+                stub.ReportRankStatus,
+                pb.ReportRankStatusRequest(job_id="j", state=-3),
+                "state: unknown value -3",
+            ),
+            (
+                stub.RegisterNode,
+                pb.RegisterNodeRequest(
+                    name="n",
+                    address="a",
+                    devices=[tpb.DeviceProfile(compute_score=1, emulated_slowdown=float("nan"))],
+                ),
+                "node n device 0: emulated_slowdown must be in [1, 100] (or unset), got nan",
+            ),
+        ]
+        for method, request, message in cases:
+            err = _error(lambda m=method, r=request: m(r, timeout=DEADLINE_S))  # type: ignore[misc]
+            assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and err.details() == message
+
+
 # ---- the daemons and CLIs as a user runs them ---------------------------------------------
 
 
@@ -355,3 +382,48 @@ def test_hetero_coord_with_a_token_and_a_wrong_token_file(tmp_path: Path) -> Non
     log_text = log_path.read_text()
     assert "token" in log_text and TOKEN not in log_text
     assert "without TLS the token crosses the network in clear" in log_text
+
+
+E2E_JOB = """\
+name: secured
+model: debug
+global_batch: 32
+steps: 30
+policy: dynamic
+rebalance_interval: 5
+resources:
+  ranks: 2
+  device: cpu
+"""
+
+
+@pytest.mark.slow
+def test_a_job_runs_with_tokens_end_to_end_and_the_token_is_nowhere_on_disk(tmp_path: Path) -> None:
+    """Coordinator and agents as processes with --token-file: the job succeeds, rank 0
+    talked to its agent (with the agent's own token) without a failure, and the
+    coordinator's token is in no database file, no daemon or rank log, no argv."""
+    import psutil
+
+    from hetero.agent.localcluster import AgentSpec, LocalCluster
+    from hetero.demo import summary_from_logs
+
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    token_file.chmod(0o600)
+    root = tmp_path / "cluster"
+    with LocalCluster(root, [AgentSpec("a"), AgentSpec("b")], token_file=token_file) as cluster:
+        argv = " ".join(" ".join(psutil.Process(p.pid).cmdline()) for p in cluster.procs.values())
+        assert TOKEN not in argv and "--token-file" in argv
+        job = cluster.wait(cluster.submit(E2E_JOB), timeout_s=180)
+        assert job.state == pb.JOB_STATE_SUCCEEDED, job.message
+        summary = summary_from_logs(cluster.logs(job.id))
+        assert summary is not None
+        control = summary["control_plane"]
+        assert control["calls"] >= 2 and control["failures"] == 0, control
+        denied = _error(lambda: _nodes(cluster.address))
+        assert denied.code() == grpc.StatusCode.UNAUTHENTICATED
+    files = [p for p in root.rglob("*") if p.is_file()]
+    assert any(p.name.startswith("coordinator.db") for p in files)
+    assert any(p.name == "rank0.log" for p in files)
+    leaks = [p for p in files if TOKEN.encode() in p.read_bytes()]
+    assert leaks == [], f"the token leaked into {leaks}"
