@@ -24,6 +24,7 @@ from typing import Any
 from hetero.agent.config import AgentConfig, load_config, with_flags
 from hetero.errors import ConfigError, HeteroError
 from hetero.logs import configure_logging
+from hetero.transport import ServerSecurity, add_client_arguments, check_listen, client_security
 
 EPILOG = """\
 examples:
@@ -70,6 +71,13 @@ def _parser() -> argparse.ArgumentParser:
         "--log-format", choices=("text", "json"), help="stderr log format (default text)"
     )
     run = sub.add_parser("run", parents=[common], help="run the agent daemon (default)")
+    add_client_arguments(run)
+    run.add_argument(
+        "--insecure",
+        action="store_true",
+        default=None,
+        help="allow a non-loopback --local-listen without authentication",
+    )
     run.add_argument("--name", help="node name (default: the hostname)")
     run.add_argument("--address", help="address other nodes reach this node at")
     run.add_argument(
@@ -94,7 +102,8 @@ def _config(args: argparse.Namespace) -> AgentConfig:
         "quick_profile": args.quick,
         "log_format": args.log_format,
     }
-    for name in ("name", "address", "local_listen", "cpu_threads", "stop_grace_s"):
+    names = ("name", "address", "local_listen", "cpu_threads", "stop_grace_s", "insecure")
+    for name in (*names, "token_file", "tls_ca", "tls_cert", "tls_key"):
         flags[name] = getattr(args, name, None)
     return with_flags(load_config(args.config), **flags)
 
@@ -182,8 +191,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(config: AgentConfig, refresh: bool) -> int:
     from hetero.agent.daemon import Agent
 
+    # Credentials first: a bad token file fails in a second, not after the profile.
+    security = client_security(config.token_file, config.tls_ca, config.tls_cert, config.tls_key)
+    if not security.secured and not config.insecure:  # the listen rule, before the profile
+        check_listen(config.local_listen, ServerSecurity(), "agent endpoint")
     profile = _profile(config, refresh)
-    agent = Agent(config, profile)
+    agent = Agent(config, profile, security=security)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         logging.getLogger("hetero.agent").info("received %s, stopping", signal.Signals(signum).name)

@@ -44,6 +44,13 @@ class AgentConfig:
     stop_grace_s: float = 10.0
     #: Python interpreter for built-in jobs (``hetero-train``).
     python: str = sys.executable
+    #: Authentication and TLS toward the coordinator (docs/security.md).
+    token_file: Path | None = None
+    tls_ca: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    #: Allow a non-loopback local_listen without authentication.
+    insecure: bool = False
 
     def __post_init__(self) -> None:
         if self.log_format not in LOG_FORMATS:
@@ -88,6 +95,11 @@ def load_config(path: Path | None) -> AgentConfig:
         quick_profile=f.boolean("quick_profile", False),
         stop_grace_s=f.number("stop_grace_s", 10.0, minimum=0.0) or 0.0,
         python=f.string("python", sys.executable) or sys.executable,
+        token_file=f.path("token_file"),
+        tls_ca=f.path("tls_ca"),
+        tls_cert=f.path("tls_cert"),
+        tls_key=f.path("tls_key"),
+        insecure=f.boolean("insecure", False),
     )
     f.finish()
     return config

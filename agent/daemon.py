@@ -29,6 +29,8 @@ from hetero.agent.orders import rank_command, rank_environment
 from hetero.agent.profile import NodeProfile
 from hetero.agent.supervisor import Exit, Line, Supervisor
 from hetero.agent.telemetry import TelemetrySampler
+from hetero.auth import new_token
+from hetero.transport import ClientSecurity, client_channel, warn_unverified_coordinator
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 from hetero.v1 import types_pb2 as tpb
@@ -71,16 +73,24 @@ class Agent:
         *,
         nvml: Nvml | None = None,
         clock: Callable[[], float] = time.time,
+        security: ClientSecurity | None = None,
     ) -> None:
         self.config = config
         self.profile = replace(profile, emulated_slowdown=config.emulate_slowdown)
         self.clock = clock
         self.state_dir = config.resolved_state_dir
-        self.channel = grpc.insecure_channel(config.coordinator)
+        self.security = security or ClientSecurity()
+        self.channel = client_channel(config.coordinator, self.security)
         self.stub = pb_grpc.CoordinatorStub(self.channel)  # type: ignore[no-untyped-call, unused-ignore]
         self.plans = PlanCache()
+        # A secured agent guards AgentLocal with a token of its own, made here and given
+        # to its ranks: the coordinator's token never reaches job code.
+        self.local_token = new_token() if self.security.secured else None
         self.local_server, self.local_port = create_local_server(
-            config.local_listen, AgentLocalService(self.stub, self.plans)
+            config.local_listen,
+            AgentLocalService(self.stub, self.plans),
+            self.local_token,
+            insecure=config.insecure,
         )
         host = config.local_listen.rsplit(":", 1)[0]
         self.endpoint = (
@@ -119,6 +129,7 @@ class Agent:
             self.state_dir,
             emu,
         )
+        warn_unverified_coordinator(self.config.coordinator, self.security)
         try:
             while not self._stop.is_set():
                 now = time.perf_counter()
@@ -249,6 +260,7 @@ class Agent:
             agent_endpoint=self.endpoint,
             threads=self._threads(order),
             local_world_size=local_world_size,
+            agent_token=self.local_token,
         )
         emu = (
             f" (EMULATED slowdown {order.emulated_slowdown:g}x)"

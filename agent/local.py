@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from concurrent import futures
 
 import grpc
 
 from hetero.agent.network import is_unreachable
-from hetero.errors import ConfigError
+from hetero.auth import AGENT_TOKEN_ENV, Secret
+from hetero.transport import ServerSecurity, bind, new_server
 from hetero.v1 import agent_pb2_grpc
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 from hetero.v1 import types_pb2 as tpb
@@ -108,14 +108,24 @@ class AgentLocalService(agent_pb2_grpc.AgentLocalServicer):  # type: ignore[misc
         return plan
 
 
-def create_local_server(address: str, service: AgentLocalService) -> tuple[grpc.Server, int]:
-    """A server for ``address`` (port 0 = any free port) and its port; not started."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="local"))
+def create_local_server(
+    address: str,
+    service: AgentLocalService,
+    token: Secret | None = None,
+    *,
+    insecure: bool = False,
+) -> tuple[grpc.Server, int]:
+    """A server for ``address`` (port 0 = any free port) and its port; not started.
+
+    With ``token`` every call needs it (the ranks get it as ``$HETERO_AGENT_TOKEN``);
+    a non-loopback ``address`` needs a token unless ``insecure``."""
+    security = ServerSecurity(token=token, insecure=insecure)
+    server = new_server(
+        security,
+        what="agent endpoint",
+        hint=f"the agent gives its ranks ${AGENT_TOKEN_ENV}",
+        max_workers=8,
+        thread_name_prefix="local",
+    )
     agent_pb2_grpc.add_AgentLocalServicer_to_server(service, server)  # type: ignore[no-untyped-call, unused-ignore]
-    try:
-        port = server.add_insecure_port(address)
-    except RuntimeError as exc:
-        raise ConfigError(f"cannot listen on {address}: {exc}") from None
-    if port == 0:
-        raise ConfigError(f"cannot listen on {address}: address in use or invalid")
-    return server, port
+    return server, bind(server, address, security, "agent endpoint")

@@ -21,8 +21,10 @@ from typing import IO
 
 import grpc
 
+from hetero.auth import load_token, scrub_environment
 from hetero.errors import HeteroError
 from hetero.trainer.launch import free_port
+from hetero.transport import ClientSecurity, client_channel
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 
@@ -50,6 +52,8 @@ class LocalCluster:
     agents: Sequence[AgentSpec]
     heartbeat_timeout_s: float = 10.0
     python: str = sys.executable
+    #: Token file every daemon and this client use; None = no authentication (loopback).
+    token_file: Path | None = None
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     address: str = ""
     _logs: list[IO[bytes]] = field(default_factory=list)
@@ -58,14 +62,18 @@ class LocalCluster:
     @property
     def stub(self) -> pb_grpc.CoordinatorStub:
         if self._channel is None:
-            self._channel = grpc.insecure_channel(self.address)
+            security = ClientSecurity(load_token(self.token_file) if self.token_file else None)
+            self._channel = client_channel(self.address, security)
         return pb_grpc.CoordinatorStub(self._channel)  # type: ignore[no-untyped-call, unused-ignore]
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         log = (self.root / f"{name}.log").open("wb")
         self._logs.append(log)
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        # Credentials only as given here: none inherited from the caller's environment.
+        env = dict(scrub_environment(os.environ), PYTHONUNBUFFERED="1")
+        if self.token_file is not None:
+            argv = [*argv, "--token-file", str(self.token_file)]
         self.procs[name] = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env
         )

@@ -14,6 +14,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from hetero.auth import AGENT_TOKEN_ENV, Secret, scrub_environment
 from hetero.trainer.launch import rank_env
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
@@ -77,13 +78,16 @@ def rank_environment(
     threads: int,
     local_world_size: int,
     base: Mapping[str, str] | None = None,
+    agent_token: Secret | None = None,
 ) -> dict[str, str]:
+    """The rank's environment: ``base`` (the agent's) without its credentials, plus the
+    job's variables and, if the agent has one, its endpoint token (never in argv)."""
     env = rank_env(
         order.rank,
         order.world_size,
         order.master_port,
         threads=threads,
-        base=os.environ if base is None else base,
+        base=scrub_environment(os.environ if base is None else base),
     )
     env.update(order.env)  # the coordinator's RANK, MASTER_ADDR, HETERO_JOB_ID, ...
     plan = order.plan
@@ -95,4 +99,6 @@ def rank_environment(
         HETERO_PLAN=f"{plan.version}:{','.join(str(b) for b in plan.batches)}",
         PYTHONUNBUFFERED="1",
     )
+    if agent_token is not None:
+        env[AGENT_TOKEN_ENV] = agent_token.reveal()
     return env

@@ -28,6 +28,12 @@ from hetero.coordinator.export import FORMATS, TABLES
 from hetero.coordinator.jobspec import load_jobspec
 from hetero.errors import HeteroError
 from hetero.logs import configure_logging
+from hetero.transport import (
+    add_client_arguments,
+    client_channel,
+    client_security_from_args,
+    server_security,
+)
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 
@@ -99,6 +105,24 @@ def _parser() -> argparse.ArgumentParser:
         metavar="ADDR",
         help="host:port to serve Prometheus /metrics on (default: off)",
     )
+    auth = serve.add_argument_group("authentication (see docs/security.md)")
+    auth.add_argument(
+        "--token-file",
+        type=Path,
+        metavar="FILE",
+        help="require this token on every call (else $HETERO_TOKEN_FILE, $HETERO_TOKEN)",
+    )
+    auth.add_argument("--tls-cert", type=Path, metavar="PEM", help="server certificate: TLS")
+    auth.add_argument("--tls-key", type=Path, metavar="PEM", help="server certificate's key")
+    auth.add_argument(
+        "--tls-ca", type=Path, metavar="PEM", help="require client certificates from this CA"
+    )
+    auth.add_argument(
+        "--insecure",
+        action="store_true",
+        default=None,
+        help="allow a non-loopback --listen without authentication (trusted networks only)",
+    )
 
     def client(name: str, help_text: str, json_flag: bool = True) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
@@ -115,6 +139,7 @@ def _parser() -> argparse.ArgumentParser:
         )
         if json_flag:
             p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+        add_client_arguments(p)
         return p
 
     submit = client("submit", "submit a job file; prints the job id")
@@ -183,8 +208,16 @@ def _serve(args: argparse.Namespace) -> int:
         db=args.db,
         log_format=args.log_format,
         metrics_listen=args.metrics_listen,
+        token_file=args.token_file,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_ca=args.tls_ca,
+        insecure=args.insecure,
     )
     configure_logging(config.log_format)
+    security = server_security(
+        config.token_file, config.tls_cert, config.tls_key, config.tls_ca, config.insecure
+    )
     if config.db is None:
         try:
             config.resolved_state_dir.mkdir(parents=True, exist_ok=True)
@@ -193,7 +226,12 @@ def _serve(args: argparse.Namespace) -> int:
                 f"cannot create state directory {config.resolved_state_dir}: {exc.strerror}"
             ) from None
     serve(
-        config.listen, config.db_url, grace_s=config.grace_s, metrics_listen=config.metrics_listen
+        config.listen,
+        config.db_url,
+        grace_s=config.grace_s,
+        metrics_listen=config.metrics_listen,
+        security=security,
+        allowed_roots=config.resolved_allowed_roots,
     )
     return 0
 
@@ -227,7 +265,7 @@ def _client_command(args: argparse.Namespace) -> int:
     if args.command == "submit":
         # Parse locally first: precise errors without a round trip, and nothing is sent.
         load_jobspec(args.job_file)
-    with grpc.insecure_channel(args.coordinator) as channel:
+    with client_channel(args.coordinator, client_security_from_args(args)) as channel:
         stub = pb_grpc.CoordinatorStub(channel)  # type: ignore[no-untyped-call, unused-ignore]
         t = args.timeout
         call: Callable[[Callable[[], Any]], Any] = lambda fn: _call(args.coordinator, fn)  # noqa: E731

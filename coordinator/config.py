@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hetero.coordinator.database import sqlite_url
+from hetero.coordinator.roots import default_roots, normalize_root
 from hetero.coordinator.yamlfields import Fields
 from hetero.errors import ConfigError
 
@@ -40,6 +41,15 @@ class CoordinatorConfig:
     grace_s: float = 5.0
     #: host:port for Prometheus /metrics; None = off.
     metrics_listen: str | None = None
+    #: Authentication and TLS (docs/security.md); the token itself is never in the config.
+    token_file: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_ca: Path | None = None
+    insecure: bool = False
+    #: Directories a job's checkpoint.dir and data_dir must lie under; None = the defaults
+    #: of ``coordinator.roots.default_roots``.
+    allowed_roots: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.log_format not in LOG_FORMATS:
@@ -50,9 +60,19 @@ class CoordinatorConfig:
                 f"heartbeat_interval_s ({self.heartbeat_interval_s:g})"
             )
 
+        for root in self.allowed_roots or ():
+            if not Path(root).expanduser().is_absolute():
+                raise ConfigError(f"allowed_roots: {root!r} must be an absolute path")
+
     @property
     def resolved_state_dir(self) -> Path:
         return self.state_dir or default_state_dir()
+
+    @property
+    def resolved_allowed_roots(self) -> tuple[str, ...]:
+        if self.allowed_roots is None:
+            return default_roots(self.resolved_state_dir)
+        return tuple(normalize_root(r) for r in self.allowed_roots)
 
     @property
     def db_url(self) -> str:
@@ -74,6 +94,12 @@ def load_config(path: Path | None) -> CoordinatorConfig:
         heartbeat_timeout_s=f.number("heartbeat_timeout_s", 10.0, positive=True) or 10.0,
         grace_s=f.number("grace_s", 5.0, minimum=0.0) or 0.0,
         metrics_listen=f.string("metrics_listen"),
+        token_file=f.path("token_file"),
+        tls_cert=f.path("tls_cert"),
+        tls_key=f.path("tls_key"),
+        tls_ca=f.path("tls_ca"),
+        insecure=f.boolean("insecure", False),
+        allowed_roots=f.strings("allowed_roots"),
     )
     f.finish()
     return config

@@ -11,17 +11,17 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from concurrent import futures
 from types import FrameType
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from sqlalchemy.engine import make_url
 
 from hetero.coordinator.database import open_database, session_factory
 from hetero.coordinator.metrics import MetricsServer
 from hetero.coordinator.service import CoordinatorService, Deps
-from hetero.errors import ConfigError
+from hetero.transport import ServerSecurity, bind, describe, new_server
 from hetero.v1 import coordinator_pb2, coordinator_pb2_grpc
 
 log = logging.getLogger("hetero.coordinator")
@@ -31,10 +31,20 @@ SERVICE_NAME = coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"].full_n
 MAX_WORKERS = 32
 
 
-def create_server(address: str, deps: Deps) -> tuple[grpc.Server, int]:
-    """A server for ``address`` (``host:port``; port 0 = any free port) and the bound port."""
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="rpc")
+def create_server(
+    address: str, deps: Deps, security: ServerSecurity | None = None
+) -> tuple[grpc.Server, int]:
+    """A server for ``address`` (``host:port``; port 0 = any free port) and the bound port.
+
+    ``security`` (default: loopback only, no token, no TLS) is applied by
+    ``hetero.transport``: token check, TLS, message limit, and no UNKNOWN status."""
+    security = security or ServerSecurity()
+    server = new_server(
+        security,
+        what="coordinator",
+        hint="--token-file or $HETERO_TOKEN_FILE",
+        max_workers=MAX_WORKERS,
+        thread_name_prefix="rpc",
     )
     add_servicer = coordinator_pb2_grpc.add_CoordinatorServicer_to_server
     add_servicer(CoordinatorService(deps), server)  # type: ignore[no-untyped-call, unused-ignore]
@@ -45,13 +55,7 @@ def create_server(address: str, deps: Deps) -> tuple[grpc.Server, int]:
     reflection.enable_server_reflection(
         (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    try:
-        port = server.add_insecure_port(address)
-    except RuntimeError as exc:
-        raise ConfigError(f"cannot listen on {address}: {exc}") from None
-    if port == 0:
-        raise ConfigError(f"cannot listen on {address}: address in use or invalid")
-    return server, port
+    return server, bind(server, address, security, "coordinator")
 
 
 def serve(
@@ -60,17 +64,25 @@ def serve(
     grace_s: float = 5.0,
     deps: Deps | None = None,
     metrics_listen: str | None = None,
+    security: ServerSecurity | None = None,
+    allowed_roots: tuple[str, ...] | None = None,
 ) -> None:
     """Run the coordinator until SIGTERM or SIGINT; with ``metrics_listen`` (host:port)
     also serve Prometheus ``/metrics`` there."""
     engine = open_database(db_url)
-    deps = deps or Deps(sessions=session_factory(engine))
-    server, port = create_server(address, deps)
+    deps = deps or Deps(sessions=session_factory(engine), allowed_roots=allowed_roots)
+    server, port = create_server(address, deps, security)
     metrics = (
         MetricsServer(metrics_listen, CoordinatorService(deps).snapshot) if metrics_listen else None
     )
     server.start()
-    log.info("coordinator listening on %s (port %d), database %s", address, port, db_url)
+    log.info(
+        "coordinator listening on %s (port %d, %s), database %s",
+        address,
+        port,
+        describe(security),
+        make_url(db_url).render_as_string(hide_password=True),
+    )
     if metrics is not None:
         metrics.start()
         log.info("metrics on http://%s/metrics", metrics_listen)

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import grpc
 from sqlalchemy.orm import Session, sessionmaker
 
-from hetero.coordinator import lifecycle, rebalance, store, views, wire
+from hetero.coordinator import lifecycle, rebalance, store, validate, views, wire
 from hetero.coordinator.balancer import Constraints, DeviceProfile
 from hetero.coordinator.jobspec import JobSpec, parse_jobspec
 from hetero.coordinator.models import JobRow
@@ -52,6 +52,9 @@ class Deps:
     master_port_span: int = 1000
     #: Set on shutdown: ends WatchCluster streams so a graceful stop does not wait for them.
     stopping: threading.Event = field(default_factory=threading.Event)
+    #: Directories jobs' checkpoint.dir and data_dir must lie under (coordinator.roots);
+    #: None = only "absolute".
+    allowed_roots: tuple[str, ...] | None = None
 
 
 def _abort(context: grpc.ServicerContext, exc: BaseException, method: str) -> None:
@@ -98,6 +101,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
         for d in req.devices:
             if not (d.compute_score > 0 and math.isfinite(d.compute_score)):
                 raise _invalid(f"node {req.name} device {d.index}: compute_score must be > 0")
+        validate.register_node(req)
         with self.deps.sessions.begin() as s:
             node = store.register_node(
                 s,
@@ -160,7 +164,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
     def ReportRankStatus(
         self, req: pb.ReportRankStatusRequest, context: grpc.ServicerContext
     ) -> pb.ReportRankStatusResponse:
-        state = pb.RankState.Name(req.state).removeprefix("RANK_STATE_")
+        state = _enum_name(pb.RankState, req.state, "state")
         if state not in (lifecycle.RUNNING, lifecycle.EXITED):
             raise _invalid(f"rank state must be RUNNING or EXITED, got {state}")
         if state == lifecycle.EXITED and not req.HasField("exit_code"):
@@ -258,7 +262,11 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
         self, req: pb.SubmitJobRequest, context: grpc.ServicerContext
     ) -> pb.SubmitJobResponse:
         # Parse before touching the database: a bad spec stores nothing.
-        spec = parse_jobspec(req.spec_yaml, source=req.source_name or "job.yaml")
+        spec = parse_jobspec(
+            req.spec_yaml,
+            source=_source_name(req.source_name),
+            allowed_roots=self.deps.allowed_roots,
+        )
         now = self.deps.clock()
         with self.deps.sessions() as s:
             devices = store.device_slots(s, now=now, timeout_s=self.deps.heartbeat_timeout_s)
@@ -284,7 +292,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
     def ListJobs(
         self, req: pb.ListJobsRequest, context: grpc.ServicerContext
     ) -> pb.ListJobsResponse:
-        states = [pb.JobState.Name(st).removeprefix("JOB_STATE_") for st in req.states]
+        states = [_enum_name(pb.JobState, st, "states") for st in req.states]
+        if req.limit < 0:
+            raise _invalid(f"limit must be >= 0, got {req.limit}")
         limit = min(req.limit or 100, 1000)
         with self.deps.sessions() as s:
             jobs = store.list_jobs(s, states, limit)
@@ -377,6 +387,21 @@ def _running_plan(req: tpb.IntervalReport, job: JobRow) -> tuple[int, ...] | Non
     batches = tuple(r.batch for r in sorted(req.ranks, key=lambda r: r.rank))
     valid = len(batches) == job.world_size and all(b >= job.min_batch for b in batches)
     return batches if valid and sum(batches) == job.global_batch else None
+
+
+def _enum_name(enum: Any, value: int, field: str) -> str:
+    """``JOB_STATE_RUNNING`` -> ``RUNNING``; a number the enum lacks is INVALID_ARGUMENT."""
+    try:
+        name: str = enum.Name(value)
+    except ValueError:
+        raise _invalid(f"{field}: unknown value {value}") from None
+    return name.split("_STATE_", 1)[-1]
+
+
+def _source_name(name: str) -> str:
+    """The client's name for the spec file, as errors show it (one line, short)."""
+    clean = " ".join(name.split())[:200]
+    return clean or "job.yaml"
 
 
 def _host_summary(host: tpb.HostProfile) -> str:

@@ -6,6 +6,7 @@ The one place that knows both shapes; unset optional proto fields become NULL
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from hetero.coordinator import placement as placement_mod
@@ -346,16 +347,25 @@ def interval_rows(report: tpb.IntervalReport) -> list[IntervalStatRow]:
     ]
 
 
+#: Longest stored log line, in characters (the agent cuts lines there too).
+MAX_LOG_LINE_CHARS = 4096
+
+
 def log_rows(req: pb.AppendJobLogsRequest, now: float) -> list[LogLineRow]:
+    """Rows for shipped lines; a time that is missing or not a finite number becomes ``now``."""
     return [
         LogLineRow(
             rank=line.rank,
-            stream=line.stream or "stdout",
-            text=line.text,
-            time_unix_s=line.time_unix_s or now,
+            stream=line.stream[:16] or "stdout",
+            text=line.text[:MAX_LOG_LINE_CHARS],
+            time_unix_s=line.time_unix_s if _positive(line.time_unix_s) else now,
         )
         for line in req.lines
     ]
+
+
+def _positive(x: float) -> bool:
+    return math.isfinite(x) and x > 0
 
 
 def log_message(row: LogLineRow) -> pb.LogLine:

@@ -55,9 +55,11 @@ class Fields:
         except yaml.MarkedYAMLError as exc:
             mark = exc.problem_mark or exc.context_mark
             line = f":{mark.line + 1}" if mark is not None else ""
-            raise ConfigError(f"{source}{line}: not valid YAML: {exc.problem}") from None
+            raise ConfigError(_cap(f"{source}{line}: not valid YAML: {exc.problem}")) from None
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+            raise ConfigError(_cap(f"{source}: not valid YAML: {exc}")) from None
+        except RecursionError:
+            raise ConfigError(f"{source}: not valid YAML: nested too deeply") from None
         if node is None:
             raise ConfigError(f"{source}: empty document")
         return cls(node, source)
@@ -76,7 +78,7 @@ class Fields:
         return cls.parse(text, str(path))
 
     def error(self, node: yaml.Node, message: str) -> ConfigError:
-        return ConfigError(f"{self.source}:{_line(node)}: {message}")
+        return ConfigError(_cap(f"{self.source}:{_line(node)}: {message}"))
 
     def line_of(self, key: str) -> int:
         """Line of ``key`` in the source, or of the mapping itself if absent."""
@@ -87,7 +89,7 @@ class Fields:
     def fail(self, key: str, message: str, node: yaml.Node | None = None) -> ConfigError:
         """A ``ConfigError`` for field ``key``, at ``node``'s line or else the key's."""
         line = _line(node) if node is not None else self.line_of(key)
-        return ConfigError(f"{self.source}:{line}: {self.prefix}{key}: {message}")
+        return ConfigError(_cap(f"{self.source}:{line}: {self.prefix}{key}: {message}"))
 
     def fail_near(self, anchor: str, key: str, message: str) -> ConfigError:
         """A ``ConfigError`` for a missing ``key`` that ``anchor``'s value makes necessary."""
@@ -106,34 +108,69 @@ class Fields:
         _, node = self._items[key]
         if not isinstance(node, yaml.ScalarNode):
             raise self.fail(key, "must be a single value, not a list or mapping")
-        value = yaml.SafeLoader("").construct_object(node)
-        return node, value
+        return node, self._construct(key, node)
+
+    def _construct(self, key: str, node: yaml.Node) -> Any:
+        """The Python value of a scalar; a tag it cannot carry (``!!int abc``, ``!foo``)
+        is an error naming ``key``, not an exception from deep inside PyYAML."""
+        try:
+            return yaml.SafeLoader("").construct_object(node)
+        except (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionError):
+            raise self.fail(key, f"cannot read the value tagged {node.tag}", node) from None
 
     def string(self, key: str, default: str | None = None) -> str | None:
         if not self._present(key):
             return default
         _, value = self._scalar(key)
         if not isinstance(value, str) or not value.strip():
-            raise self.fail(key, f"must be a non-empty string, got {value!r}")
+            raise self.fail(key, f"must be a non-empty string, got {_short(value)}")
         return value
+
+    def path(self, key: str) -> Path | None:
+        """A file or directory name (``~`` expanded), or None if absent."""
+        value = self.string(key)
+        return Path(value).expanduser() if value is not None else None
+
+    def strings(self, key: str) -> tuple[str, ...] | None:
+        """A list of non-empty strings, or None if absent."""
+        node = self.raw(key)
+        if node is None:
+            return None
+        values = (
+            [self.value_of(n) if isinstance(n, yaml.ScalarNode) else None for n in node.value]
+            if isinstance(node, yaml.SequenceNode)
+            else [None]
+        )
+        if any(not isinstance(v, str) or not v.strip() for v in values):
+            raise self.fail(key, "must be a list of strings")
+        return tuple(str(v) for v in values)
 
     def choice(self, key: str, choices: Sequence[str], default: str | None = None) -> str | None:
         value = self.string(key, default)
         if value is not None and value not in choices:
             hint = _did_you_mean(value, choices)
-            raise self.fail(key, f"unknown value {value!r}{hint} (known: {', '.join(choices)})")
+            raise self.fail(
+                key, f"unknown value {_short(value)}{hint} (known: {', '.join(choices)})"
+            )
         return value
 
     def integer(
-        self, key: str, default: int | None = None, *, minimum: int | None = None
+        self,
+        key: str,
+        default: int | None = None,
+        *,
+        minimum: int | None = None,
+        maximum: int | None = None,
     ) -> int | None:
         if not self._present(key):
             return default
         _, value = self._scalar(key)
         if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(key, f"must be a whole number, got {value!r}")
+            raise self.fail(key, f"must be a whole number, got {_short(value)}")
         if minimum is not None and value < minimum:
-            raise self.fail(key, f"must be >= {minimum}, got {value}")
+            raise self.fail(key, f"must be >= {minimum}, got {_short(value)}")
+        if maximum is not None and value > maximum:
+            raise self.fail(key, f"must be <= {maximum:,}, got {_short(value)}")
         return value
 
     def number(
@@ -159,14 +196,17 @@ class Fields:
         node: yaml.Node | None = None,
     ) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise self.fail(key, f"must be a number, got {value!r}", node)
-        out = float(value)
+            raise self.fail(key, f"must be a number, got {_short(value)}", node)
+        try:
+            out = float(value)
+        except OverflowError:
+            out = math.inf
         if not math.isfinite(out):
-            raise self.fail(key, f"must be finite, got {value!r}", node)
+            raise self.fail(key, f"must be finite, got {_short(value)}", node)
         if positive and out <= 0:
-            raise self.fail(key, f"must be > 0, got {value!r}", node)
+            raise self.fail(key, f"must be > 0, got {_short(value)}", node)
         if minimum is not None and out < minimum:
-            raise self.fail(key, f"must be >= {minimum:g}, got {value!r}", node)
+            raise self.fail(key, f"must be >= {minimum:g}, got {_short(value)}", node)
         return out
 
     def boolean(self, key: str, default: bool) -> bool:
@@ -174,7 +214,7 @@ class Fields:
             return default
         _, value = self._scalar(key)
         if not isinstance(value, bool):
-            raise self.fail(key, f"must be true or false, got {value!r}")
+            raise self.fail(key, f"must be true or false, got {_short(value)}")
         return value
 
     def mapping(self, key: str) -> Fields | None:
@@ -191,9 +231,9 @@ class Fields:
         self._read.add(key)
         return self._items[key][1]
 
-    def value_of(self, node: yaml.Node) -> Any:
-        """The plain Python value of a scalar node."""
-        return yaml.SafeLoader("").construct_object(node)
+    def value_of(self, node: yaml.Node, key: str = "value") -> Any:
+        """The plain Python value of a scalar node (``key`` names it in errors)."""
+        return self._construct(key, node)
 
     def finish(self) -> None:
         """Raise for the first key no getter read: a typo must not become a silent default."""
@@ -202,6 +242,29 @@ class Fields:
             if key not in self._read:
                 hint = _did_you_mean(key, known)
                 raise self.error(key_node, f"{self.prefix}{key}: unknown field{hint}")
+
+
+#: Longest error message, in characters: a key or value from a hostile file must not
+#: make a page-long message (or one too big for a gRPC status).
+MAX_MESSAGE_CHARS = 500
+
+
+def _cap(message: str) -> str:
+    one_line = " ".join(message.split("\n"))
+    return (
+        one_line
+        if len(one_line) <= MAX_MESSAGE_CHARS
+        else one_line[: MAX_MESSAGE_CHARS - 3] + "..."
+    )
+
+
+def _short(value: object, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters: an error names the value, not a page of it."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int too long for repr (Python's 4300-digit limit)
+        text = "a number too large to show"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _did_you_mean(word: str, known: Sequence[str]) -> str:

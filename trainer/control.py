@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from hetero.auth import agent_token_from_env, with_token
 from hetero.coordinator.balancer import Constraints, Decision, History
 from hetero.trainer.exchange import Planner, RankSummary
 from hetero.v1 import agent_pb2_grpc
@@ -123,7 +124,7 @@ class AgentPlanner:
 
     def _connect(self) -> agent_pb2_grpc.AgentLocalStub:
         if self._stub is None:
-            self._channel = grpc.insecure_channel(self.endpoint)
+            self._channel = with_token(grpc.insecure_channel(self.endpoint), agent_token_from_env())
             self._stub = agent_pb2_grpc.AgentLocalStub(self._channel)  # type: ignore[no-untyped-call, unused-ignore]
         return self._stub
 

@@ -24,6 +24,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static, TabbedContent, TabPane
 
 from hetero.errors import HeteroError, UnreachableError
+from hetero.transport import ClientSecurity, add_client_arguments, client_security_from_args
 from hetero.tui.client import CoordinatorClient
 from hetero.tui.screens import ConfirmScreen, HelpScreen, JobDetailScreen
 from hetero.tui.state import ClusterState
@@ -180,6 +181,7 @@ class HeteroTop(App[None]):
         period_s: float = 1.0,
         stale_after_s: float | None = None,
         watch: bool = True,
+        security: ClientSecurity | None = None,
     ) -> None:
         """``watch=False`` starts no worker and polls nothing: states then arrive as
         ``SnapshotReceived`` messages posted by the caller (the snapshot tests do that)."""
@@ -187,7 +189,7 @@ class HeteroTop(App[None]):
         self.address = address
         self.period_s = period_s
         self.stale_after_s = stale_after_s or max(5.0, 3 * period_s)
-        self.client = CoordinatorClient(address)
+        self.client = CoordinatorClient(address, security=security)
         self.state = ClusterState()
         self.main = MainScreen()
         self._watch = watch
@@ -324,8 +326,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--period", type=float, default=1.0, help="seconds between updates (default 1)"
     )
+    add_client_arguments(parser)
     args = parser.parse_args(argv)
     if not 0.2 <= args.period <= 60:
         parser.exit(2, "error: hetero-top: --period must be between 0.2 and 60 seconds\n")
-    HeteroTop(args.coordinator, period_s=args.period).run()
+    try:
+        security = client_security_from_args(args)
+    except HeteroError as exc:
+        parser.exit(exc.exit_code, f"error: hetero-top: {exc}\n")
+    HeteroTop(args.coordinator, period_s=args.period, security=security).run()
     return 0

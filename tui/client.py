@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import grpc
 
 from hetero.errors import RemoteError, UnreachableError
+from hetero.transport import ClientSecurity, client_channel
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 
@@ -39,10 +40,16 @@ def translate(exc: grpc.RpcError, address: str) -> RemoteError:
 class CoordinatorClient:
     """Requests to one coordinator. Thread-safe: each call may come from another worker."""
 
-    def __init__(self, address: str, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        address: str,
+        timeout_s: float = REQUEST_TIMEOUT_S,
+        security: ClientSecurity | None = None,
+    ) -> None:
         self.address = address
         self.timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(address)
+        self.security = security
+        self._channel = client_channel(address, security)
         self._stub = pb_grpc.CoordinatorStub(self._channel)  # type: ignore[no-untyped-call, unused-ignore]
         self._lock = threading.Lock()
         self._stream: Any = None  # the open WatchCluster call, cancelled by close()
@@ -74,7 +81,7 @@ class CoordinatorClient:
     def watch(self, period_s: float) -> Iterator[pb.ClusterSnapshot]:
         """Snapshots until the stream ends. Raises ``UnreachableError`` if the coordinator
         cannot be reached or goes away; returns quietly at the stream's own deadline."""
-        channel = grpc.insecure_channel(self.address)
+        channel = client_channel(self.address, self.security)
         stub = pb_grpc.CoordinatorStub(channel)  # type: ignore[no-untyped-call, unused-ignore]
         try:
             call = stub.WatchCluster(

@@ -1,0 +1,69 @@
+"""Checks of agents' requests beyond their shape: values the store and the balancer can use.
+
+Protobuf guarantees types, not sense: a double may be NaN (stored as NULL,
+breaking NOT NULL columns), an int64 may be negative, an enum may carry a
+number the schema lacks. Each check raises ``ConfigError`` (INVALID_ARGUMENT)
+naming the field, before the handler opens a transaction.
+"""
+
+from __future__ import annotations
+
+import math
+
+from hetero.errors import ConfigError
+from hetero.v1 import coordinator_pb2 as pb
+from hetero.v1 import types_pb2 as tpb
+
+#: Longest node name, address or endpoint, in characters.
+MAX_NAME_CHARS = 255
+#: Devices one node may register.
+MAX_DEVICES = 1024
+MAX_EMULATED_SLOWDOWN = 100.0
+_OPTIONAL_RATES = (
+    "matmul_tflops",
+    "memory_bandwidth_bytes_per_s",
+    "host_to_device_bytes_per_s",
+    "device_to_host_bytes_per_s",
+)
+
+
+def _finite_non_negative(msg: object, field: str, where: str) -> None:
+    value = getattr(msg, field)
+    if not (math.isfinite(value) and value >= 0):
+        raise ConfigError(f"{where}: {field} must be a finite number >= 0, got {value}")
+
+
+def register_node(req: pb.RegisterNodeRequest) -> None:
+    """A registration the store and placement can take as it is."""
+    for field in ("name", "address", "agent_endpoint", "agent_version"):
+        value = getattr(req, field)
+        if len(value) > MAX_NAME_CHARS or any(c in value for c in "\x00\n\r"):
+            raise ConfigError(
+                f"RegisterNode: {field} must be one line of at most {MAX_NAME_CHARS} characters"
+            )
+    if len(req.devices) > MAX_DEVICES:
+        raise ConfigError(f"RegisterNode: {len(req.devices)} devices, limit {MAX_DEVICES}")
+    for d in req.devices:
+        where = f"node {req.name} device {d.index}"
+        if d.index < 0:
+            raise ConfigError(f"{where}: index must be >= 0")
+        if d.kind not in tpb.DeviceKind.values():
+            raise ConfigError(f"{where}: kind: unknown value {d.kind}")
+        for field in _OPTIONAL_RATES:
+            if d.HasField(field):
+                _finite_non_negative(d, field, where)
+        if d.HasField("memory_bytes") and d.memory_bytes < 0:
+            raise ConfigError(f"{where}: memory_bytes must be >= 0, got {d.memory_bytes}")
+        slowdown = d.emulated_slowdown
+        if slowdown != 0.0 and not 1.0 <= slowdown <= MAX_EMULATED_SLOWDOWN:
+            raise ConfigError(
+                f"{where}: emulated_slowdown must be in [1, {MAX_EMULATED_SLOWDOWN:g}] "
+                f"(or unset), got {slowdown}"
+            )
+    if req.HasField("host"):
+        h = req.host
+        for field in ("cpu_gflops", "network_rtt_s", "network_bytes_per_s"):
+            if h.HasField(field):
+                _finite_non_negative(h, field, f"node {req.name} host")
+        for field in ("emulated_slowdown", "measured_in_s"):
+            _finite_non_negative(h, field, f"node {req.name} host")

@@ -1,0 +1,276 @@
+"""Bearer-token authentication for hetero's gRPC services, server and client side.
+
+Every RPC of the coordinator and of the agent's ``AgentLocal`` endpoint carries
+``authorization: Bearer <token>`` metadata when the daemon has a token; the
+server interceptor compares it in constant time (``hmac.compare_digest``) and
+answers UNAUTHENTICATED with a one-line reason otherwise. The standard health
+service stays open (liveness probes and load balancers carry no credentials;
+it reveals only "serving"); reflection and every hetero RPC need the token.
+
+Where a token comes from, first match wins: a file named by ``--token-file`` or
+the config key ``token_file``; the file named by ``$HETERO_TOKEN_FILE`` (what
+the systemd units set, pointing into ``$CREDENTIALS_DIRECTORY``); the value of
+``$HETERO_TOKEN`` (an ``EnvironmentFile``). The token is held in a
+:class:`Secret`, whose ``repr`` and ``str`` are masked, so it cannot reach a
+log line, an error message or the database by accident.
+
+The agent never hands the coordinator's token to the ranks it launches: it
+makes a fresh token for its own ``AgentLocal`` endpoint at start and passes
+that one to its ranks as ``$HETERO_AGENT_TOKEN`` (environment, not argv).
+"""
+
+from __future__ import annotations
+
+import collections
+import hmac
+import logging
+import os
+import secrets
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, NoReturn
+
+import grpc
+
+from hetero.errors import ConfigError
+
+log = logging.getLogger("hetero.auth")
+
+TOKEN_ENV = "HETERO_TOKEN"
+TOKEN_FILE_ENV = "HETERO_TOKEN_FILE"
+#: The agent's own endpoint token, given to the ranks it launches.
+AGENT_TOKEN_ENV = "HETERO_AGENT_TOKEN"
+#: Variables a launched rank must not inherit from its agent (credentials and their paths).
+CREDENTIAL_ENV = (
+    TOKEN_ENV,
+    TOKEN_FILE_ENV,
+    "CREDENTIALS_DIRECTORY",
+    "HETERO_TLS_CA",
+    "HETERO_TLS_CERT",
+    "HETERO_TLS_KEY",
+)
+#: Shortest token accepted: 16 characters of a random token are ~96 bits.
+MIN_TOKEN_CHARS = 16
+METADATA_KEY = "authorization"
+SCHEME = "Bearer"
+#: Methods served without a token (gRPC's standard health checks).
+OPEN_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
+#: Seconds between two log lines about rejected calls (a scanner must not flood the journal).
+REJECTION_LOG_PERIOD_S = 60.0
+
+
+class Secret:
+    """A credential whose ``repr``/``str`` never show it; ``reveal()`` is the one way out."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def matches(self, presented: str) -> bool:
+        """Constant-time comparison (for equal lengths) with a presented token."""
+        return hmac.compare_digest(presented.encode("utf-8"), self._value.encode("utf-8"))
+
+    def __repr__(self) -> str:
+        return "Secret('********')"
+
+    __str__ = __repr__
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("a Secret is not pickled")
+
+
+def new_token() -> Secret:
+    """A fresh random token (256 bits, URL-safe)."""
+    return Secret(secrets.token_urlsafe(32))
+
+
+def check_token(value: str, where: str) -> Secret:
+    """``value`` stripped of surrounding whitespace, as a :class:`Secret`; ``where`` names
+    its source in errors, which never contain the token itself."""
+    token = value.strip()
+    if len(token) < MIN_TOKEN_CHARS:
+        raise ConfigError(
+            f"{where}: token has {len(token)} characters, need at least {MIN_TOKEN_CHARS} "
+            "(make one with: openssl rand -hex 32)"
+        )
+    if not all(0x21 <= ord(c) <= 0x7E for c in token):
+        raise ConfigError(f"{where}: token must be printable ASCII without spaces")
+    return Secret(token)
+
+
+def read_token_file(path: Path) -> Secret:
+    """The token in ``path``; a file other users can read is logged once as a warning."""
+    try:
+        mode = path.stat().st_mode
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read token file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"token file {path}: not UTF-8 text") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        log.warning("token file %s is readable by other users (chmod 600 it)", path)
+    return check_token(text, f"token file {path}")
+
+
+def load_token(path: Path | None, environ: Mapping[str, str] | None = None) -> Secret | None:
+    """The token from ``path``, else ``$HETERO_TOKEN_FILE``, else ``$HETERO_TOKEN``, else None."""
+    env = os.environ if environ is None else environ
+    if path is not None:
+        return read_token_file(path)
+    if env.get(TOKEN_FILE_ENV):
+        return read_token_file(Path(env[TOKEN_FILE_ENV]))
+    if env.get(TOKEN_ENV):
+        return check_token(env[TOKEN_ENV], f"${TOKEN_ENV}")
+    return None
+
+
+def agent_token_from_env(environ: Mapping[str, str] | None = None) -> Secret | None:
+    """The agent endpoint's token a rank was launched with (``$HETERO_AGENT_TOKEN``)."""
+    value = (os.environ if environ is None else environ).get(AGENT_TOKEN_ENV, "").strip()
+    return Secret(value) if value else None
+
+
+def scrub_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without hetero's credential variables: what a launched rank inherits."""
+    return {k: v for k, v in environ.items() if k not in CREDENTIAL_ENV}
+
+
+# ---- server side ------------------------------------------------------------------------
+
+
+def _presented(metadata: Iterable[tuple[str, Any]] | None) -> str | None:
+    for key, value in metadata or ():
+        if key == METADATA_KEY:
+            return value.decode("latin-1") if isinstance(value, bytes) else str(value)
+    return None
+
+
+def _denied(handler: grpc.RpcMethodHandler | None, message: str) -> grpc.RpcMethodHandler:
+    """A handler of ``handler``'s shape that fails with UNAUTHENTICATED before reading
+    the request (no deserializer: an unauthenticated message is never parsed)."""
+
+    def deny(_request: Any, context: grpc.ServicerContext) -> Any:
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    if handler is not None and handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(deny)
+    if handler is not None and handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(deny)
+    if handler is not None and handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(deny)
+    return grpc.unary_unary_rpc_method_handler(deny)
+
+
+class TokenAuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc, unused-ignore]
+    """Require ``authorization: Bearer <token>`` on every method but the health checks.
+
+    ``what`` names the service in messages ("coordinator", "agent endpoint");
+    ``hint`` tells the caller where its token comes from.
+    """
+
+    def __init__(
+        self,
+        token: Secret,
+        what: str,
+        hint: str,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._token = token
+        self.missing = f"unauthenticated: the {what} requires a token ({hint})"
+        self.wrong = f"unauthenticated: the {what} did not accept the token ({hint})"
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._last_logged = -REJECTION_LOG_PERIOD_S
+        self._unlogged: collections.Counter[str] = collections.Counter()
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        if details.method in OPEN_METHODS:
+            return continuation(details)
+        presented = _presented(details.invocation_metadata)
+        if presented is not None:
+            scheme, _, value = presented.partition(" ")
+            if scheme.lower() == SCHEME.lower() and self._token.matches(value.strip()):
+                return continuation(details)
+        reason = self.missing if presented is None else self.wrong
+        self._log_rejection(details.method, "no token" if presented is None else "wrong token")
+        return _denied(continuation(details), reason)
+
+    def _log_rejection(self, method: str, why: str) -> None:
+        with self._lock:
+            self._unlogged[f"{method} ({why})"] += 1
+            now = self._clock()
+            if now - self._last_logged < REJECTION_LOG_PERIOD_S:
+                return
+            self._last_logged = now
+            summary = ", ".join(f"{n}x {k}" for k, n in self._unlogged.most_common(5))
+            self._unlogged.clear()
+        log.warning("rejected unauthenticated calls: %s", summary)
+
+
+# ---- client side ------------------------------------------------------------------------
+
+
+class _CallDetails(
+    collections.namedtuple(
+        "_CallDetails",
+        ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression"),
+    ),
+    grpc.ClientCallDetails,  # type: ignore[misc, unused-ignore]
+):
+    pass
+
+
+class _BearerToken(
+    grpc.UnaryUnaryClientInterceptor,  # type: ignore[misc, unused-ignore]
+    grpc.UnaryStreamClientInterceptor,  # type: ignore[misc, unused-ignore]
+    grpc.StreamUnaryClientInterceptor,  # type: ignore[misc, unused-ignore]
+    grpc.StreamStreamClientInterceptor,  # type: ignore[misc, unused-ignore]
+):
+    """Adds the bearer token to every call's metadata (plain or TLS channels alike:
+    gRPC's call credentials refuse plaintext channels, and loopback is plaintext)."""
+
+    def __init__(self, token: Secret) -> None:
+        self._token = token
+
+    def _with_token(self, d: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
+        metadata = [m for m in (d.metadata or ()) if m[0] != METADATA_KEY]
+        metadata.append((METADATA_KEY, f"{SCHEME} {self._token.reveal()}"))
+        return _CallDetails(
+            d.method,
+            d.timeout,
+            metadata,
+            d.credentials,
+            getattr(d, "wait_for_ready", None),
+            getattr(d, "compression", None),
+        )
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._with_token(details), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._with_token(details), request)
+
+    def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(self._with_token(details), requests)
+
+    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(self._with_token(details), requests)
+
+
+def with_token(channel: grpc.Channel, token: Secret | None) -> grpc.Channel:
+    """``channel`` sending ``token`` on every call (``channel`` itself if no token)."""
+    if token is None:
+        return channel
+    return grpc.intercept_channel(channel, _BearerToken(token))
