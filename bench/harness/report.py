@@ -38,6 +38,11 @@ FIGURES_HELP = """\
 """
 
 
+def _switch(s: dict[str, Any]) -> str:
+    gpu = f"GPU {s['gpu']} " if "gpu" in s else ""
+    return f"{gpu}{'on' if s['on'] else 'off'}@{s['step']}"
+
+
 def _predicted(r: dict[str, Any]) -> str:
     if not r.get("predicted_samples_per_s"):
         return "n/a"
@@ -182,7 +187,7 @@ def render(
     for run in runs:
         o = run.outcome
         switches = ", ".join(
-            f"{'on' if s['on'] else 'off'}@{s['step']}" for s in o.get("switches", [])
+            _switch(s) for s in o.get("switches", [])
         )
         lines.append(
             f"- **{run.name}** ({o.get('runner')}), {o.get('wall_s', 0):.0f} s, exit {o.get('returncode')}"
