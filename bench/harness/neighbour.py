@@ -222,7 +222,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if cuda:
                 torch.cuda.synchronize(device)
             busy = time.perf_counter() - burst_start
-            time.sleep(busy * (1.0 / args.duty - 1.0))
+            # At least 1 ms: GPU bursts take tens of ms, toy sizes in tests would spin.
+            time.sleep(max(busy * (1.0 / args.duty - 1.0), 1e-3))
             continue
         if cuda:
             event = torch.cuda.Event()

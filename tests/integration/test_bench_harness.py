@@ -97,10 +97,10 @@ def test_dynamic_neighbour_is_switched_at_the_training_steps_beside_a_light_one(
         model="debug",
         ranks=2,
         slowdowns=(),
-        steps=30,
+        steps=40,
         policies=("dynamic",),
         neighbours=(
-            Neighbour(gpu=0, matmul_size=32, arrive_step=10, leave_step=20, device="cpu"),
+            Neighbour(gpu=0, matmul_size=32, arrive_step=10, leave_step=30, device="cpu"),
             Neighbour(gpu=1, matmul_size=32, duty=0.2, device="cpu"),
         ),
     )
@@ -108,7 +108,7 @@ def test_dynamic_neighbour_is_switched_at_the_training_steps_beside_a_light_one(
     outcome = execute(spec, scenario, GpuMonitor(0), timeout_s=120)
     assert outcome.ok, (outcome.error, (spec.out_dir / "stderr.log").read_text()[-2000:])
     switched = [(s["gpu"], s["step"], s["on"]) for s in outcome.switches]
-    assert switched == [(0, 0, False), (1, 0, True), (0, 10, True), (0, 20, False)]
+    assert switched == [(0, 0, False), (1, 0, True), (0, 10, True), (0, 30, False)]
     record = json.loads((spec.out_dir / "run.json").read_text())
     assert record["switches"][2]["step"] == 10
     log = (spec.out_dir / "neighbour-gpu0.jsonl").read_text()
