@@ -125,30 +125,34 @@ def _alone(steps: int, out: Path) -> dict[str, Any]:
     return result
 
 
-def _daemon_cpu_s(cluster: LocalCluster) -> float:
-    """CPU seconds used so far by the coordinator and agent processes themselves
+def _daemon_cpu_s(cluster: LocalCluster) -> dict[str, float]:
+    """CPU seconds used so far by the coordinator and each agent process itself
     (not the ranks the agents launched)."""
-    total = 0.0
-    for proc in cluster.procs.values():
+    out = {}
+    for name, proc in cluster.procs.items():
         times = psutil.Process(proc.pid).cpu_times()
-        total += times.user + times.system
-    return total
+        out[name] = times.user + times.system
+    return out
 
 
-def _under_control_plane(cluster: LocalCluster, steps: int) -> tuple[dict[str, Any], float]:
-    """The job's summary and the daemons' CPU seconds from submit to finish."""
+def _under_control_plane(
+    cluster: LocalCluster, steps: int
+) -> tuple[dict[str, Any], dict[str, float], float]:
+    """The job's summary, each daemon's CPU seconds and the wall seconds from submit
+    to finish."""
     from hetero.demo import summary_from_logs
 
     spec = (
         f"name: overhead\nmodel: simple_cnn\nglobal_batch: 64\nsteps: {steps}\npolicy: equal\n"
         "rebalance_interval: 10\nresources:\n  ranks: 2\n  device: cpu\n"
     )
-    cpu0 = _daemon_cpu_s(cluster)
+    cpu0, t0 = _daemon_cpu_s(cluster), time.perf_counter()
     job = cluster.wait(cluster.submit(spec), timeout_s=600)
-    daemon_cpu_s = _daemon_cpu_s(cluster) - cpu0
+    wall_s = time.perf_counter() - t0
+    cpu = {name: used - cpu0[name] for name, used in _daemon_cpu_s(cluster).items()}
     summary = summary_from_logs(cluster.logs(job.id))
     assert summary is not None and job.state == pb.JOB_STATE_SUCCEEDED, job.message
-    return summary, daemon_cpu_s
+    return summary, cpu, wall_s
 
 
 def _spread(xs: list[float]) -> dict[str, float]:
@@ -159,23 +163,28 @@ def overhead(steps: int, repeats: int) -> dict[str, Any]:
     alone: list[float] = []
     under: list[float] = []
     blocked: list[float] = []
+    blocked_p50: list[float] = []
     rpc: list[float] = []
     daemon_cpu: list[float] = []
+    busy: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="hetero-overhead-") as tmp:
         agents = [AgentSpec("node-a"), AgentSpec("node-b")]
         with LocalCluster(Path(tmp) / "cluster", agents) as cluster:
             for k in range(repeats):
                 s = _alone(steps, Path(tmp) / f"alone{k}.json")
                 alone.append(s["train_wall_s"] / s["steps"])
-                s, cpu_s = _under_control_plane(cluster, steps)
+                s, cpu, wall_s = _under_control_plane(cluster, steps)
                 under.append(s["train_wall_s"] / s["steps"])
                 plane = s["control_plane"]
                 # Before the worker thread, the round trip itself was on the step path.
                 blocked.append(plane.get("blocked_s", plane["total_s"]) / s["steps"])
+                blocked_p50.append(plane.get("blocked_p50_s", plane["p50_s"]))
                 rpc.append(plane["total_s"] / s["steps"])
-                daemon_cpu.append(cpu_s / s["steps"])
+                daemon_cpu.append(sum(cpu.values()) / s["steps"])
+                for name, used in cpu.items():
+                    busy.setdefault(name, []).append(100 * used / wall_s)
     a, u = statistics.median(alone), statistics.median(under)
-    ms = [[x * 1e3 for x in xs] for xs in (alone, under, blocked, rpc, daemon_cpu)]
+    ms = [[x * 1e3 for x in xs] for xs in (alone, under, blocked, blocked_p50, rpc, daemon_cpu)]
     return {
         "ms_per_step_alone": ms[0],
         "ms_per_step_under_control_plane": ms[1],
@@ -184,14 +193,16 @@ def overhead(steps: int, repeats: int) -> dict[str, Any]:
         "ratio_of_medians": u / a,
         # Alone and under run back to back: each pair shares the box's load at the time.
         "ratio_per_pair": _spread([x / y for x, y in zip(under, alone, strict=True)]),
-        # Inside rank 0: the planner's time on the step path, per step (before the
-        # report moved to a worker thread this was the whole round trip).
+        # Inside rank 0: the planner's time on the step path, per step and per boundary
+        # (before the report moved to a worker thread this was the whole round trip).
         "rank0_on_step_path_ms_per_step": _spread(ms[2]),
+        "rank0_on_step_path_p50_ms_per_boundary": _spread(ms[3]),
         # Inside rank 0: round trips of its requests to the agent, per step (off the path).
-        "rank0_request_round_trips_ms_per_step": _spread(ms[3]),
-        # CPU time of the coordinator and both agents while the job ran, per step:
-        # on this box they share its cores with the ranks.
-        "daemons_cpu_ms_per_step": _spread(ms[4]),
+        "rank0_request_round_trips_ms_per_step": _spread(ms[4]),
+        # CPU time of the coordinator and both agents while the job ran: per step, and
+        # each as % of one core. On this box they share its cores with the ranks.
+        "daemons_cpu_ms_per_step": _spread(ms[5]),
+        "daemon_cpu_percent_of_one_core": {name: _spread(xs) for name, xs in busy.items()},
     }
 
 

@@ -176,6 +176,7 @@ class AgentPlanner:
         (inside :meth:`decide`); ``p50_s``/``max_s``/``total_s`` are the answered
         requests' round trips, which run on the worker thread."""
         lat = sorted(self.latencies_s)
+        blocked = sorted(self.blocked_s)
         return {
             "calls": len(lat),
             "failures": self.failures,
@@ -183,8 +184,9 @@ class AgentPlanner:
             "p50_s": lat[len(lat) // 2] if lat else 0.0,
             "max_s": lat[-1] if lat else 0.0,
             "total_s": sum(lat),
-            "blocked_s": sum(self.blocked_s),
-            "blocked_max_s": max(self.blocked_s, default=0.0),
+            "blocked_s": sum(blocked),
+            "blocked_p50_s": blocked[len(blocked) // 2] if blocked else 0.0,
+            "blocked_max_s": blocked[-1] if blocked else 0.0,
         }
 
     def flush(self, timeout_s: float | None = None) -> bool:
