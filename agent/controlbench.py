@@ -2,13 +2,17 @@
 
 ``latency``: a coordinator and one agent as processes; a job is placed on a
 node without an agent (so nothing runs it) and its plan is fetched N times
-directly from the coordinator and N times through the agent's ``AgentLocal``
-(what rank 0 does at a boundary), plus ``ReportIntervalStats`` through the
-agent (stored in SQLite, re-planned). Prints p50/p99 in milliseconds.
+directly from the coordinator and N times through the agent's ``AgentLocal``,
+plus ``ReportIntervalStats`` through the agent (what rank 0's worker thread
+sends at a boundary: stored in SQLite, re-planned; each report names the plan
+version of the previous answer, as from a trainer that ran every plan, so the
+coordinator re-plans on every one). Prints p50/p99 in milliseconds.
 
 ``overhead``: the same ``hetero-train`` job (equal policy, so the work is
 identical) run alone and under a coordinator with two agents, alternating;
-prints seconds per step of each and their ratio.
+prints seconds per step of each, their ratio (medians, and per alternating
+pair), rank 0's time in the planner on the step path and its requests' round
+trips (on the worker thread), and the CPU time the daemons used while the job ran.
 
 Benchmarks, not tests: numbers go to docs/control-plane.md with the machine.
 """
@@ -27,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import psutil
 
 from hetero.agent.localcluster import AgentSpec, LocalCluster
 from hetero.v1 import agent_pb2_grpc
@@ -86,16 +91,16 @@ def latency(n: int) -> dict[str, Any]:
         with grpc.insecure_channel(endpoint) as channel:
             local = agent_pb2_grpc.AgentLocalStub(channel)  # type: ignore[no-untyped-call, unused-ignore]
             via_agent = _time(lambda: local.GetPlan(req, timeout=TIMEOUT_S), n)
-            step = [0]
+            step, version = [0], [1]
 
             def report() -> None:
                 step[0] += 10
-                r = tpb.IntervalReport(job_id=job_id, end_step=step[0], plan_version=1)
+                r = tpb.IntervalReport(job_id=job_id, end_step=step[0], plan_version=version[0])
                 for rank in range(2):
                     r.ranks.add(
                         rank=rank, batch=32, steps=9, compute_s=0.01 * (rank + 1), step_s=0.03
                     )
-                local.ReportIntervalStats(r, timeout=TIMEOUT_S)
+                version[0] = local.ReportIntervalStats(r, timeout=TIMEOUT_S).plan.version
 
             reports = _time(report, max(n // 5, 50))
     return {
@@ -120,41 +125,84 @@ def _alone(steps: int, out: Path) -> dict[str, Any]:
     return result
 
 
-def _under_control_plane(cluster: LocalCluster, steps: int) -> dict[str, Any]:
+def _daemon_cpu_s(cluster: LocalCluster) -> dict[str, float]:
+    """CPU seconds used so far by the coordinator and each agent process itself
+    (not the ranks the agents launched)."""
+    out = {}
+    for name, proc in cluster.procs.items():
+        times = psutil.Process(proc.pid).cpu_times()
+        out[name] = times.user + times.system
+    return out
+
+
+def _under_control_plane(
+    cluster: LocalCluster, steps: int
+) -> tuple[dict[str, Any], dict[str, float], float]:
+    """The job's summary, each daemon's CPU seconds and the wall seconds from submit
+    to finish."""
     from hetero.demo import summary_from_logs
 
     spec = (
         f"name: overhead\nmodel: simple_cnn\nglobal_batch: 64\nsteps: {steps}\npolicy: equal\n"
         "rebalance_interval: 10\nresources:\n  ranks: 2\n  device: cpu\n"
     )
+    cpu0, t0 = _daemon_cpu_s(cluster), time.perf_counter()
     job = cluster.wait(cluster.submit(spec), timeout_s=600)
+    wall_s = time.perf_counter() - t0
+    cpu = {name: used - cpu0[name] for name, used in _daemon_cpu_s(cluster).items()}
     summary = summary_from_logs(cluster.logs(job.id))
     assert summary is not None and job.state == pb.JOB_STATE_SUCCEEDED, job.message
-    return summary
+    return summary, cpu, wall_s
+
+
+def _spread(xs: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
 
 
 def overhead(steps: int, repeats: int) -> dict[str, Any]:
     alone: list[float] = []
     under: list[float] = []
-    rpc_per_step: list[float] = []
+    blocked: list[float] = []
+    blocked_p50: list[float] = []
+    rpc: list[float] = []
+    daemon_cpu: list[float] = []
+    busy: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="hetero-overhead-") as tmp:
         agents = [AgentSpec("node-a"), AgentSpec("node-b")]
         with LocalCluster(Path(tmp) / "cluster", agents) as cluster:
             for k in range(repeats):
                 s = _alone(steps, Path(tmp) / f"alone{k}.json")
                 alone.append(s["train_wall_s"] / s["steps"])
-                s = _under_control_plane(cluster, steps)
+                s, cpu, wall_s = _under_control_plane(cluster, steps)
                 under.append(s["train_wall_s"] / s["steps"])
-                rpc_per_step.append(s["control_plane"]["total_s"] / s["steps"])
+                plane = s["control_plane"]
+                # Before the worker thread, the round trip itself was on the step path.
+                blocked.append(plane.get("blocked_s", plane["total_s"]) / s["steps"])
+                blocked_p50.append(plane.get("blocked_p50_s", plane["p50_s"]))
+                rpc.append(plane["total_s"] / s["steps"])
+                daemon_cpu.append(sum(cpu.values()) / s["steps"])
+                for name, used in cpu.items():
+                    busy.setdefault(name, []).append(100 * used / wall_s)
     a, u = statistics.median(alone), statistics.median(under)
+    ms = [[x * 1e3 for x in xs] for xs in (alone, under, blocked, blocked_p50, rpc, daemon_cpu)]
     return {
-        "s_per_step_alone": alone,
-        "s_per_step_under_control_plane": under,
+        "ms_per_step_alone": ms[0],
+        "ms_per_step_under_control_plane": ms[1],
         "median_alone_ms": a * 1e3,
         "median_under_ms": u * 1e3,
-        "ratio_under_over_alone": u / a,
-        # Measured inside rank 0: seconds per step spent waiting for the agent's answers.
-        "rank0_plan_calls_ms_per_step": [x * 1e3 for x in rpc_per_step],
+        "ratio_of_medians": u / a,
+        # Alone and under run back to back: each pair shares the box's load at the time.
+        "ratio_per_pair": _spread([x / y for x, y in zip(under, alone, strict=True)]),
+        # Inside rank 0: the planner's time on the step path, per step and per boundary
+        # (before the report moved to a worker thread this was the whole round trip).
+        "rank0_on_step_path_ms_per_step": _spread(ms[2]),
+        "rank0_on_step_path_p50_ms_per_boundary": _spread(ms[3]),
+        # Inside rank 0: round trips of its requests to the agent, per step (off the path).
+        "rank0_request_round_trips_ms_per_step": _spread(ms[4]),
+        # CPU time of the coordinator and both agents while the job ran: per step, and
+        # each as % of one core. On this box they share its cores with the ranks.
+        "daemons_cpu_ms_per_step": _spread(ms[5]),
+        "daemon_cpu_percent_of_one_core": {name: _spread(xs) for name, xs in busy.items()},
     }
 
 
@@ -167,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     lat.add_argument("-n", type=int, default=1000)
     ovh = sub.add_parser("overhead")
     ovh.add_argument("--steps", type=int, default=200)
-    ovh.add_argument("--repeats", type=int, default=2)
+    ovh.add_argument("--repeats", type=int, default=5)
     args = p.parse_args(argv)
     result = latency(args.n) if args.what == "latency" else overhead(args.steps, args.repeats)
     print(json.dumps(result, indent=2))

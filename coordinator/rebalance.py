@@ -25,8 +25,10 @@ HISTORY_WINDOW = 16
 @dataclass(frozen=True)
 class Replan:
     decision: Decision
-    #: First global step that runs with the new plan: the step right after the
-    #: reported boundary. Rank 0 broadcasts plan and step, so all ranks agree.
+    #: The reported boundary: the earliest step the new plan could run from. Rank 0
+    #: of a job under an agent picks the answer up at its next boundary and schedules
+    #: it after the loader's prefetch depth (trainer/control.py), broadcasting plan and
+    #: step so all ranks agree; the trainer's metrics record the step it ran from.
     apply_at_step: int
 
 

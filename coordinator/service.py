@@ -210,13 +210,20 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
             store.add_interval(
                 s, job, req.end_step, req.plan_version, wire.interval_rows(req), now=now
             )
-            for flag in views.new_stragglers(s, job):
+            # One history read serves straggler detection and the balancer.
+            history = store.interval_history(s, job, views.HISTORY_FOR_REPORT)
+            for flag in views.new_stragglers(history):
                 store.add_event(s, "straggler", flag.message, job_id=job.id, now=now)
             plan = store.latest_plan(s, job.id)
-            if job.state not in lifecycle.FINISHED and rebalance.is_boundary(
-                req.end_step, job.rebalance_interval
+            # Re-plan only from an interval that ran the newest plan: a trainer applies
+            # an answer one interval late (trainer/control.py), and an interval of the
+            # plan before says nothing new; re-planning on it would store a duplicate.
+            if (
+                job.state not in lifecycle.FINISHED
+                and req.plan_version >= plan.version
+                and rebalance.is_boundary(req.end_step, job.rebalance_interval)
             ):
-                history = store.interval_history(s, job, rebalance.HISTORY_WINDOW)
+                history = history[-rebalance.HISTORY_WINDOW :]
                 profiles = [
                     DeviceProfile(r.device_name, r.effective_score, None, r.emulated_slowdown)
                     for r in job.ranks

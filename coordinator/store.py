@@ -400,17 +400,19 @@ def interval_history(s: Session, job: JobRow, window: int) -> list[list[RankInte
     )
     if not steps:
         return []
-    rows = s.scalars(
-        select(IntervalStatRow)
-        .where(IntervalStatRow.job_id == job.id, IntervalStatRow.end_step.in_(steps))
-        .order_by(IntervalStatRow.end_step, IntervalStatRow.rank, IntervalStatRow.id.desc())
+    # Columns, not ORM rows: this runs on every stats report, and building a full
+    # row object per row was about a third of its time (1.6 -> 1.1 ms for 33 intervals).
+    t = IntervalStatRow
+    rows = s.execute(
+        select(t.end_step, t.rank, t.batch, t.steps, t.compute_s, t.step_s, t.peak_memory_bytes)
+        .where(t.job_id == job.id, t.end_step.in_(steps))
+        .order_by(t.end_step, t.rank, t.id.desc())
     )
     by_step: dict[int, dict[int, RankInterval]] = {}
-    for r in rows:
+    for end_step, rank, batch, n, compute_s, step_s, peak_bytes in rows:
         # A re-sent report leaves duplicates: the newest row (highest id) wins.
-        by_step.setdefault(r.end_step, {}).setdefault(
-            r.rank,
-            RankInterval(r.rank, r.batch, r.steps, r.compute_s, r.step_s, r.peak_memory_bytes),
+        by_step.setdefault(end_step, {}).setdefault(
+            rank, RankInterval(rank, batch, n, compute_s, step_s, peak_bytes)
         )
     return [[by_step[step][rank] for rank in sorted(by_step[step])] for step in sorted(by_step)]
 

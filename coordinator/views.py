@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 from sqlalchemy.orm import Session
 
-from hetero.coordinator import store, wire
-from hetero.coordinator.balancer import StragglerEvidence, detect_stragglers
+from hetero.coordinator import rebalance, store, wire
+from hetero.coordinator.balancer import RankInterval, StragglerEvidence, detect_stragglers
 from hetero.coordinator.balancer.straggler import LOOKBACK
 from hetero.coordinator.models import JobRow
 from hetero.v1 import coordinator_pb2 as pb
@@ -81,10 +81,14 @@ def job_detail(s: Session, job_id: str, max_intervals: int, after_step: int | No
     )
 
 
-def new_stragglers(s: Session, job: JobRow) -> Sequence[StragglerEvidence]:
-    """Ranks flagged at the newest interval that were not flagged one interval before:
-    the servicer records an event for each, once per episode."""
-    history = store.interval_history(s, job, LOOKBACK + 1)
+#: Intervals a stats report reads: enough for :func:`new_stragglers` and the balancer.
+HISTORY_FOR_REPORT = max(LOOKBACK + 1, rebalance.HISTORY_WINDOW)
+
+
+def new_stragglers(history: Sequence[Sequence[RankInterval]]) -> Sequence[StragglerEvidence]:
+    """Ranks flagged at the newest interval of ``history`` (oldest first, at least
+    ``LOOKBACK + 1`` intervals when there are that many) that were not flagged one
+    interval before: the servicer records an event for each, once per episode."""
     now_flagged = detect_stragglers(history)
     before = {e.rank for e in detect_stragglers(history[:-1])}
     return [e for e in now_flagged if e.rank not in before]

@@ -4,13 +4,15 @@ An agent launches each rank with ``HETERO_AGENT_ENDPOINT`` (its ``AgentLocal``
 service), ``HETERO_JOB_ID`` and ``HETERO_PLAN`` (the coordinator's initial plan,
 ``VERSION:B0,B1,...``, identical on every rank so all ranks start on the same
 plan without talking). At each rebalance boundary rank 0's :class:`AgentPlanner`
-reports every rank's interval summary to the agent and gets the coordinator's
-latest plan back within ``deadline_s``; the existing broadcast then gives all
-ranks rank 0's answer at the same step.
+sends every rank's interval summary to the agent on a worker thread and answers
+with the coordinator's reply to the *previous* boundary's report, so the round
+trip never sits on the step path; the existing broadcast then gives all ranks
+rank 0's answer at the same step.
 
 The control plane never stalls training: if the agent or the coordinator is
-slow or down, the planner answers from the embedded policy instead, and does
-not try the agent again for a backoff period that doubles with each failure.
+slow or down, the planner keeps the current plan while an answer is out and
+uses the embedded policy once a request fails or misses ``deadline_s``, and
+does not try the agent again for a backoff period that doubles with each failure.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 
 import grpc
@@ -35,7 +39,8 @@ ENDPOINT_ENV = "HETERO_AGENT_ENDPOINT"
 JOB_ENV = "HETERO_JOB_ID"
 PLAN_ENV = "HETERO_PLAN"
 SLOWDOWN_ENV = "HETERO_EMULATE_SLOWDOWN"
-#: Seconds rank 0 waits for the agent at a boundary before using the embedded policy.
+#: Seconds a request to the agent may take (on the worker thread, not the step path)
+#: before it counts as failed and the embedded policy answers.
 DEFAULT_DEADLINE_S = 0.5
 
 #: ``() -> (global step, every rank's summary of the interval just ended)``.
@@ -91,8 +96,41 @@ def emulated_slowdown_from_env(rank: int) -> str | None:
     return f"{rank}:{factor:g}" if factor > 1.0 else None
 
 
+@dataclass(frozen=True)
+class _Answer:
+    """The agent's reply to one request, handed from the worker thread to rank 0."""
+
+    plan: tpb.Plan
+    latency_s: float
+
+
 class AgentPlanner:
-    """Rank 0's planner under an agent; ``fallback`` answers whenever the agent cannot."""
+    """Rank 0's planner under an agent: reports in the background, never waits for it.
+
+    At each boundary :meth:`decide`
+
+    1. takes the coordinator's answer to the request sent at the previous boundary,
+       if it has arrived (it never waits for it);
+    2. hands this boundary's report to a single worker thread (at most one request
+       in flight: if the previous one is still out, this interval goes unreported);
+    3. answers with the plan from (1) if its version is newer than the one adopted,
+       else with the current plan.
+
+    A coordinator plan computed from the interval ending at boundary k is therefore
+    scheduled at boundary k+1 (and runs after the loader's prefetch depth), one
+    interval later than a blocking call would; in exchange rank 0 spends
+    microseconds per boundary instead of a round trip. The plan reaches the other
+    ranks only through the context's broadcast, so all ranks apply rank 0's plan
+    at the same step.
+
+    Each report carries the coordinator plan version the interval *ran* (the one
+    adopted at the boundary before), which the coordinator stores with the stats
+    and re-plans only against its newest plan (``coordinator/service.py``).
+
+    ``fallback`` (the embedded policy) answers while the agent fails: an error or a
+    missed deadline starts a backoff (1 s, doubling up to 30 s) during which
+    nothing is sent.
+    """
 
     def __init__(
         self,
@@ -117,10 +155,16 @@ class AgentPlanner:
         self.seen_version = plan_version
         self.failures = 0
         self.retry_at = 0.0
-        #: Seconds each answered request took (for measurements and logs).
+        #: Seconds each answered request took on the worker thread (off the step path).
         self.latencies_s: list[float] = []
+        #: Seconds rank 0 spent in each :meth:`decide` (on the step path).
+        self.blocked_s: list[float] = []
+        #: Boundaries not reported because the previous request was still out.
+        self.skipped = 0
         self._channel: grpc.Channel | None = None
         self._stub: agent_pb2_grpc.AgentLocalStub | None = None
+        self._worker: ThreadPoolExecutor | None = None
+        self._pending: Future[_Answer] | None = None
 
     def _connect(self) -> agent_pb2_grpc.AgentLocalStub:
         if self._stub is None:
@@ -129,34 +173,91 @@ class AgentPlanner:
         return self._stub
 
     def stats(self) -> dict[str, float | int]:
-        """Rank 0's time in the control plane: answered calls, their p50/max and total, in s."""
+        """Rank 0's control plane, in s: ``blocked_s`` is the time on the step path
+        (inside :meth:`decide`); ``p50_s``/``max_s``/``total_s`` are the answered
+        requests' round trips, which run on the worker thread."""
         lat = sorted(self.latencies_s)
+        blocked = sorted(self.blocked_s)
         return {
             "calls": len(lat),
             "failures": self.failures,
+            "skipped": self.skipped,
             "p50_s": lat[len(lat) // 2] if lat else 0.0,
             "max_s": lat[-1] if lat else 0.0,
             "total_s": sum(lat),
+            "blocked_s": sum(blocked),
+            "blocked_p50_s": blocked[len(blocked) // 2] if blocked else 0.0,
+            "blocked_max_s": blocked[-1] if blocked else 0.0,
         }
 
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait up to ``timeout_s`` (default: the deadline) for the request in flight.
+
+        The answer is kept for the next :meth:`decide`. True if nothing is out any more.
+        """
+        pending = self._pending
+        if pending is None:
+            return True
+        try:
+            pending.exception(timeout=self.deadline_s if timeout_s is None else timeout_s)
+        except FutureTimeout:
+            return False
+        return True
+
     def close(self) -> None:
+        """Let the last report reach the agent (at most the deadline), then disconnect.
+
+        The last answer cannot be applied any more; only its round trip is counted.
+        """
+        self.flush()
+        pending, self._pending = self._pending, None
+        if pending is not None and pending.done() and pending.exception() is None:
+            self.latencies_s.append(pending.result().latency_s)
+        if self._worker is not None:
+            self._worker.shutdown(wait=False, cancel_futures=True)
+            self._worker = None
         if self._channel is not None:
             self._channel.close()
             self._channel, self._stub = None, None
 
     def decide(self, history: History, current: tuple[int, ...]) -> Decision:
-        if self.clock() < self.retry_at:
-            return self.fallback.decide(history, current)
         t0 = time.perf_counter()
         try:
-            plan = self._ask()
+            return self._decide(history, current)
+        finally:
+            self.blocked_s.append(time.perf_counter() - t0)
+
+    def _decide(self, history: History, current: tuple[int, ...]) -> Decision:
+        ran_version = self.seen_version  # the plan the interval just ended ran with
+        answer = self._take_answer()
+        if self.clock() < self.retry_at:
+            return self.fallback.decide(history, current)
+        if self._pending is None:
+            self._send(ran_version)
+        else:
+            self.skipped += 1
+        if answer is None:
+            return Decision(current, False, "coordinator's answer not in yet; plan kept")
+        return self._adopt(answer.plan, current)
+
+    def _take_answer(self) -> _Answer | None:
+        """The finished request's answer; None if none finished or it failed."""
+        pending = self._pending
+        if pending is None or not pending.done():
+            return None
+        self._pending = None
+        try:
+            answer = pending.result()
         except grpc.RpcError as exc:
             self._failed(exc)
-            return self.fallback.decide(history, current)
-        self.latencies_s.append(time.perf_counter() - t0)
+            return None
+        self.latencies_s.append(answer.latency_s)
         if self.failures:
             log.info("agent %s answering again; following the coordinator's plans", self.endpoint)
             self.failures = 0
+        return answer
+
+    def _adopt(self, plan: tpb.Plan, current: tuple[int, ...]) -> Decision:
         if plan.version <= self.seen_version:
             return Decision(current, False, f"coordinator plan v{plan.version} is current")
         self.seen_version = plan.version
@@ -172,19 +273,36 @@ class AgentPlanner:
         reason = f"coordinator plan v{plan.version}: {plan.reason}"
         return Decision(batches, batches != current, reason, predicted)
 
-    def _ask(self) -> tpb.Plan:
-        stub = self._connect()
+    def _send(self, ran_version: int) -> None:
+        """Hand this boundary's report (or, without complete stats, a plan query) to
+        the worker thread. The message is built here, so the worker shares nothing."""
         step, summaries = self.progress()
+        request: tpb.IntervalReport | tpb.GetPlanRequest
         if summaries and all(s.steps > 0 for s in summaries):
-            report = tpb.IntervalReport(
+            request = tpb.IntervalReport(
                 job_id=self.job_id,
                 end_step=step,
-                plan_version=self.seen_version,
+                plan_version=ran_version,
                 ranks=[_rank_stats(s) for s in summaries],
             )
-            resp = stub.ReportIntervalStats(report, timeout=self.deadline_s)
-            return resp.plan
-        return stub.GetPlan(tpb.GetPlanRequest(job_id=self.job_id), timeout=self.deadline_s)
+        else:
+            request = tpb.GetPlanRequest(job_id=self.job_id)
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hetero-control")
+        self._pending = self._worker.submit(self._ask, self._connect(), request)
+
+    def _ask(
+        self,
+        stub: agent_pb2_grpc.AgentLocalStub,
+        request: tpb.IntervalReport | tpb.GetPlanRequest,
+    ) -> _Answer:
+        """On the worker thread: one blocking call with the deadline."""
+        t0 = time.perf_counter()
+        if isinstance(request, tpb.IntervalReport):
+            plan = stub.ReportIntervalStats(request, timeout=self.deadline_s).plan
+        else:
+            plan = stub.GetPlan(request, timeout=self.deadline_s)
+        return _Answer(plan, time.perf_counter() - t0)
 
     def _failed(self, exc: grpc.RpcError) -> None:
         self.failures += 1

@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from hetero.agent.localcluster import AgentSpec, LocalCluster
+from hetero.demo import summary_from_logs
 from hetero.trainer.launch import free_port
 
 pytestmark = pytest.mark.slow
@@ -83,6 +84,8 @@ def test_job_runs_through_coordinator_and_agents_and_rebalances_toward_the_fast_
         assert "succeeded" in submit.stderr
         job_id = submit.stdout.split()[0]
         logs = cluster.logs(job_id)
+        summary = summary_from_logs(logs)
+        assert summary is not None, "rank 0 printed its summary"
         assert any(line.rank == 1 and "EMULATED" in line.text for line in logs) or any(
             "emulated" in line.text.lower() for line in logs
         ), "the emulated rank says so in its output"
@@ -127,6 +130,13 @@ def test_job_runs_through_coordinator_and_agents_and_rebalances_toward_the_fast_
     slow = next(r for r, name in ranks.items() if name == "node-slow")
     assert last[slow] < last[fast], f"last plan {last} gives the slow node the smaller batch"
     assert sum(last) == 32, "the global batch never changes"
+    # What the ranks ran: rank 0 adopts coordinator plans (one interval after they are
+    # made) and broadcasts them, so every plan change it applied is a stored plan.
+    stored = {tuple(int(b) for b in batches.split(",")) for _, batches, _ in plans}
+    applied = [tuple(p["batches"]) for p in summary["plans"][1:]]
+    assert applied and set(applied) <= stored, f"applied {applied}, stored {plans}"
+    final = summary["final_plan"]
+    assert final[slow] < final[fast], f"the ranks ended on {final}: smaller batch on the slow node"
 
 
 def test_agent_started_before_the_coordinator_retries_until_it_can_register(
