@@ -79,6 +79,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--stop-grace", type=float, dest="stop_grace_s", help="seconds from SIGTERM to SIGKILL"
     )
+    run.add_argument(
+        "--watchdog",
+        type=float,
+        dest="watchdog_s",
+        metavar="S",
+        help="kill and report a rank that shows no progress for S seconds (default 300)",
+    )
     profile = sub.add_parser(
         "profile", parents=[common], help="measure and print this node's profile"
     )
@@ -94,7 +101,7 @@ def _config(args: argparse.Namespace) -> AgentConfig:
         "quick_profile": args.quick,
         "log_format": args.log_format,
     }
-    for name in ("name", "address", "local_listen", "cpu_threads", "stop_grace_s"):
+    for name in ("name", "address", "local_listen", "cpu_threads", "stop_grace_s", "watchdog_s"):
         flags[name] = getattr(args, name, None)
     return with_flags(load_config(args.config), **flags)
 

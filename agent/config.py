@@ -44,6 +44,10 @@ class AgentConfig:
     stop_grace_s: float = 10.0
     #: Python interpreter for built-in jobs (``hetero-train``).
     python: str = sys.executable
+    #: Seconds a rank may go without progress (a step, an output line) before the
+    #: agent kills it and reports it failed. Generous: loading data or a checkpoint,
+    #: or the ideal measurement after training, shows no step progress.
+    watchdog_s: float = 300.0
 
     def __post_init__(self) -> None:
         if self.log_format not in LOG_FORMATS:
@@ -54,6 +58,8 @@ class AgentConfig:
             )
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ConfigError(f"cpu_threads must be >= 1, got {self.cpu_threads}")
+        if not self.watchdog_s > 0:
+            raise ConfigError(f"watchdog_s must be > 0, got {self.watchdog_s:g}")
         if self.stop_grace_s < 0:
             raise ConfigError(f"stop_grace_s must be >= 0, got {self.stop_grace_s:g}")
         for key in ("coordinator", "local_listen"):
@@ -88,6 +94,7 @@ def load_config(path: Path | None) -> AgentConfig:
         quick_profile=f.boolean("quick_profile", False),
         stop_grace_s=f.number("stop_grace_s", 10.0, minimum=0.0) or 0.0,
         python=f.string("python", sys.executable) or sys.executable,
+        watchdog_s=f.number("watchdog_s", 300.0, positive=True) or 300.0,
     )
     f.finish()
     return config

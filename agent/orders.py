@@ -65,6 +65,8 @@ def rank_command(order: pb.RankLaunch, python: str, output_dir: Path) -> list[st
     if a.checkpoint_dir:
         argv += ["--checkpoint-dir", a.checkpoint_dir]
         argv += ["--checkpoint-interval", str(a.checkpoint_interval_steps)]
+        if a.resume:  # a restarted job: continue from the last checkpoint, if one was written
+            argv += ["--resume", "auto"]
     if order.emulated_slowdown > 1.0:
         argv += ["--emulate-slowdown", f"{order.rank}:{order.emulated_slowdown:g}"]
     return argv
@@ -77,7 +79,10 @@ def rank_environment(
     threads: int,
     local_world_size: int,
     base: Mapping[str, str] | None = None,
+    progress_file: Path | None = None,
 ) -> dict[str, str]:
+    """The rank's environment; ``progress_file`` is the file the trainer touches as it
+    steps (``HETERO_PROGRESS_FILE``), which the agent's watchdog reads."""
     env = rank_env(
         order.rank,
         order.world_size,
@@ -95,4 +100,6 @@ def rank_environment(
         HETERO_PLAN=f"{plan.version}:{','.join(str(b) for b in plan.batches)}",
         PYTHONUNBUFFERED="1",
     )
+    if progress_file is not None:
+        env["HETERO_PROGRESS_FILE"] = str(progress_file)
     return env

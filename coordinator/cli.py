@@ -99,6 +99,20 @@ def _parser() -> argparse.ArgumentParser:
         metavar="ADDR",
         help="host:port to serve Prometheus /metrics on (default: off)",
     )
+    serve.add_argument(
+        "--heartbeat-interval",
+        type=float,
+        dest="heartbeat_interval_s",
+        metavar="S",
+        help="seconds between agents' heartbeats, told to them at registration (default 2)",
+    )
+    serve.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        dest="heartbeat_timeout_s",
+        metavar="S",
+        help="a node silent this long is down and its jobs restart (default 10)",
+    )
 
     def client(name: str, help_text: str, json_flag: bool = True) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
@@ -183,6 +197,8 @@ def _serve(args: argparse.Namespace) -> int:
         db=args.db,
         log_format=args.log_format,
         metrics_listen=args.metrics_listen,
+        heartbeat_interval_s=args.heartbeat_interval_s,
+        heartbeat_timeout_s=args.heartbeat_timeout_s,
     )
     configure_logging(config.log_format)
     if config.db is None:
@@ -193,7 +209,12 @@ def _serve(args: argparse.Namespace) -> int:
                 f"cannot create state directory {config.resolved_state_dir}: {exc.strerror}"
             ) from None
     serve(
-        config.listen, config.db_url, grace_s=config.grace_s, metrics_listen=config.metrics_listen
+        config.listen,
+        config.db_url,
+        grace_s=config.grace_s,
+        metrics_listen=config.metrics_listen,
+        heartbeat_interval_s=config.heartbeat_interval_s,
+        heartbeat_timeout_s=config.heartbeat_timeout_s,
     )
     return 0
 

@@ -35,7 +35,7 @@ class CoordinatorConfig:
     state_dir: Path | None = None
     db: str | None = None
     log_format: str = "text"
-    heartbeat_interval_s: float = 1.0
+    heartbeat_interval_s: float = 2.0
     heartbeat_timeout_s: float = 10.0
     grace_s: float = 5.0
     #: host:port for Prometheus /metrics; None = off.
@@ -70,7 +70,7 @@ def load_config(path: Path | None) -> CoordinatorConfig:
         state_dir=Path(state_dir).expanduser() if state_dir else None,
         db=f.string("db"),
         log_format=f.choice("log_format", LOG_FORMATS, "text") or "text",
-        heartbeat_interval_s=f.number("heartbeat_interval_s", 1.0, positive=True) or 1.0,
+        heartbeat_interval_s=f.number("heartbeat_interval_s", 2.0, positive=True) or 2.0,
         heartbeat_timeout_s=f.number("heartbeat_timeout_s", 10.0, positive=True) or 10.0,
         grace_s=f.number("grace_s", 5.0, minimum=0.0) or 0.0,
         metrics_listen=f.string("metrics_listen"),

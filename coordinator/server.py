@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection
 
 from hetero.coordinator.database import open_database, session_factory
 from hetero.coordinator.metrics import MetricsServer
+from hetero.coordinator.recovery import Sweeper
 from hetero.coordinator.service import CoordinatorService, Deps
 from hetero.errors import ConfigError
 from hetero.v1 import coordinator_pb2, coordinator_pb2_grpc
@@ -60,16 +61,25 @@ def serve(
     grace_s: float = 5.0,
     deps: Deps | None = None,
     metrics_listen: str | None = None,
+    heartbeat_interval_s: float = 2.0,
+    heartbeat_timeout_s: float = 10.0,
 ) -> None:
     """Run the coordinator until SIGTERM or SIGINT; with ``metrics_listen`` (host:port)
-    also serve Prometheus ``/metrics`` there."""
+    also serve Prometheus ``/metrics`` there. A sweeper thread marks silent nodes down
+    and restarts their jobs (``recovery``)."""
     engine = open_database(db_url)
-    deps = deps or Deps(sessions=session_factory(engine))
+    deps = deps or Deps(
+        sessions=session_factory(engine),
+        heartbeat_interval_s=heartbeat_interval_s,
+        heartbeat_timeout_s=heartbeat_timeout_s,
+    )
+    sweeper = Sweeper(deps.sessions, deps.sweep_config(), period_s=deps.heartbeat_interval_s / 2)
     server, port = create_server(address, deps)
     metrics = (
         MetricsServer(metrics_listen, CoordinatorService(deps).snapshot) if metrics_listen else None
     )
     server.start()
+    sweeper.start()
     log.info("coordinator listening on %s (port %d), database %s", address, port, db_url)
     if metrics is not None:
         metrics.start()
@@ -85,6 +95,7 @@ def serve(
         stop.wait()
     finally:
         deps.stopping.set()
+        sweeper.stop()
         if metrics is not None:
             metrics.stop()
         server.stop(grace_s).wait()
