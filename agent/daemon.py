@@ -28,7 +28,7 @@ import grpc
 from hetero import __version__
 from hetero.agent.config import AgentConfig, outbound_address
 from hetero.agent.local import AgentLocalService, PlanCache, create_local_server
-from hetero.agent.network import is_unreachable, measure_network
+from hetero.agent.network import CHANNEL_OPTIONS, is_unreachable, measure_network
 from hetero.agent.nvml import Nvml
 from hetero.agent.orders import rank_command, rank_environment
 from hetero.agent.outbox import Outbox
@@ -82,7 +82,7 @@ class Agent:
         self.profile = replace(profile, emulated_slowdown=config.emulate_slowdown)
         self.clock = clock
         self.state_dir = config.resolved_state_dir
-        self.channel = grpc.insecure_channel(config.coordinator)
+        self.channel = grpc.insecure_channel(config.coordinator, options=CHANNEL_OPTIONS)
         self.stub = pb_grpc.CoordinatorStub(self.channel)  # type: ignore[no-untyped-call, unused-ignore]
         self.plans = PlanCache()
         self.outbox = Outbox()
@@ -134,7 +134,12 @@ class Agent:
                     self._contact()
                 self.supervisor.watchdog(self.config.watchdog_s)
                 self._reap()
-                self._flush_statuses()
+                # The outbox first, once the coordinator answers again: a job's
+                # statistics arrive before the news that it ended.
+                if self.backoff.failures == 0:
+                    self._deliver_outbox()
+                if not self.outbox.pending:
+                    self._flush_statuses()
                 self._ship_logs()
                 self._stop.wait(TICK_S)
         finally:
@@ -168,7 +173,6 @@ class Agent:
             log.info("coordinator %s reachable again", self.config.coordinator)
             self._unreachable_logged = False
         self.backoff.succeeded()
-        self._deliver_outbox()
         self._next_contact = time.perf_counter() + self.heartbeat_interval_s
 
     def _failed(self, exc: grpc.RpcError) -> None:
@@ -381,8 +385,7 @@ class Agent:
         """Send what waited in the outbox during an outage, oldest first; stop at the
         first sign the coordinator is gone again."""
         box = self.outbox
-        pending = len(box.reports) + len(box.telemetry)
-        if not pending:
+        if not box.pending or self.node_id is None:
             return
         while (beat := box.telemetry.peek()) is not None:
             beat.node_id = self.node_id or beat.node_id

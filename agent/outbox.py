@@ -74,6 +74,10 @@ class Outbox:
         self.rejected = 0
         self._last_sample_s = float("-inf")
 
+    @property
+    def pending(self) -> int:
+        return len(self.reports) + len(self.telemetry)
+
     def keep_report(self, report: tpb.IntervalReport) -> None:
         copy = tpb.IntervalReport()
         copy.CopyFrom(report)

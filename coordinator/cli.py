@@ -215,6 +215,7 @@ def _serve(args: argparse.Namespace) -> int:
         metrics_listen=config.metrics_listen,
         heartbeat_interval_s=config.heartbeat_interval_s,
         heartbeat_timeout_s=config.heartbeat_timeout_s,
+        master_port_base=config.master_port_base,
     )
     return 0
 

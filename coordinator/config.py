@@ -40,6 +40,8 @@ class CoordinatorConfig:
     grace_s: float = 5.0
     #: host:port for Prometheus /metrics; None = off.
     metrics_listen: str | None = None
+    #: First rendezvous port (MASTER_PORT) handed to jobs; each job and restart takes the next.
+    master_port_base: int = 29500
 
     def __post_init__(self) -> None:
         if self.log_format not in LOG_FORMATS:
@@ -74,6 +76,7 @@ def load_config(path: Path | None) -> CoordinatorConfig:
         heartbeat_timeout_s=f.number("heartbeat_timeout_s", 10.0, positive=True) or 10.0,
         grace_s=f.number("grace_s", 5.0, minimum=0.0) or 0.0,
         metrics_listen=f.string("metrics_listen"),
+        master_port_base=f.integer("master_port_base", 29500, minimum=1024) or 29500,
     )
     f.finish()
     return config

@@ -63,6 +63,7 @@ def serve(
     metrics_listen: str | None = None,
     heartbeat_interval_s: float = 2.0,
     heartbeat_timeout_s: float = 10.0,
+    master_port_base: int = 29500,
 ) -> None:
     """Run the coordinator until SIGTERM or SIGINT; with ``metrics_listen`` (host:port)
     also serve Prometheus ``/metrics`` there. A sweeper thread marks silent nodes down
@@ -72,6 +73,7 @@ def serve(
         sessions=session_factory(engine),
         heartbeat_interval_s=heartbeat_interval_s,
         heartbeat_timeout_s=heartbeat_timeout_s,
+        master_port_base=master_port_base,
     )
     sweeper = Sweeper(deps.sessions, deps.sweep_config(), period_s=deps.heartbeat_interval_s / 2)
     server, port = create_server(address, deps)
