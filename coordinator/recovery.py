@@ -53,10 +53,10 @@ class SweepConfig:
 
 def sweep(s: Session, cfg: SweepConfig, *, now: float) -> None:
     """One pass: detect down nodes, then re-place the restarting jobs that can be."""
-    for node in store.list_nodes(s):
-        silent_s = now - max(node.last_heartbeat_unix_s, cfg.started_at)
-        if not node.down and silent_s > cfg.heartbeat_timeout_s:
-            store.mark_down(s, node, now - node.last_heartbeat_unix_s, now=now)
+    if now - cfg.started_at > cfg.heartbeat_timeout_s:
+        for node in store.silent_nodes(s, since=now - cfg.heartbeat_timeout_s):
+            silent_s = now - node.last_heartbeat_unix_s
+            store.mark_down(s, node, silent_s, now=now)
             log.warning("node %s down: no heartbeat for %.1f s", node.name, silent_s)
             store.lose_node(s, node, now=now)
     s.flush()

@@ -111,6 +111,12 @@ def _heard_from(s: Session, node: NodeRow, now: float) -> None:
         add_event(s, "node_up", f"node {node.name} is back", node_id=node.id, now=now)
 
 
+def silent_nodes(s: Session, *, since: float) -> list[NodeRow]:
+    """Nodes not marked down whose last heartbeat is older than ``since`` (Unix s)."""
+    query = select(NodeRow).where(NodeRow.last_heartbeat_unix_s < since, NodeRow.down.is_(False))
+    return list(s.scalars(query.order_by(NodeRow.name)))
+
+
 def mark_down(s: Session, node: NodeRow, silent_s: float, *, now: float) -> None:
     """Record that ``node`` missed its heartbeat timeout (one event per outage)."""
     node.down = True

@@ -359,3 +359,51 @@ def test_kill_9_of_the_coordinator_loses_no_rows_and_restarts_nothing(
     assert not lost, f"interval rows lost: {sorted(lost)}"
     assert during, "rows of intervals run during the outage arrived"
     assert delivered, "an agent delivered its outbox"
+
+
+def test_a_hung_rank_ends_by_the_collective_timeout_and_the_job_restarts(
+    cluster: LocalCluster, tmp_path: Path, reference_loss: float
+) -> None:
+    """SIGSTOP of a rank: alive, holding its sockets, answering nothing. Its peer's
+    collective times out (``collective_timeout_s``), the job restarts, completes."""
+    spec = _spec(tmp_path).replace("collective_timeout_s: 30", "collective_timeout_s: 8")
+    job_id = cluster.submit(spec)
+    _wait_for(
+        cluster,
+        job_id,
+        lambda j: j.last_step >= 100 and (tmp_path / "ckpt" / "last.pt").is_file(),
+        120,
+        "step 100 and a checkpoint",
+    )
+    timeline = Timeline()
+    timeline.ranks.update((p.pid, p) for p in _all_ranks(cluster))
+    (victim,) = _ranks(cluster, "node-b")
+    step_at_fault = _job(cluster, job_id).last_step
+    victim.send_signal(signal.SIGSTOP)
+
+    job = _follow(cluster, job_id, timeline, 240)
+    assert job.state == pb.JOB_STATE_SUCCEEDED, job.message
+    assert job.restarts == 1, job.message
+    detect = timeline.first(lambda st, r, s: st == pb.JOB_STATE_RESTARTING)
+    assert detect is not None and detect < 8 + 15, "ended by the collective timeout, not hung"
+    loss = _final_loss(cluster, job_id)
+    assert loss == pytest.approx(reference_loss, rel=LOSS_RTOL)
+    rank_processes = _no_orphans(cluster, timeline)
+    _record(
+        "rank_hung",
+        {
+            "fault": "SIGSTOP of rank 1 (hung peer), collective_timeout_s 8",
+            "step_at_fault": step_at_fault,
+            "detect_job_restarting_s": detect,
+            "recover_running_again_s": timeline.first(
+                lambda st, r, s: r == 1 and st == pb.JOB_STATE_RUNNING
+            ),
+            "restarts": job.restarts,
+            "message": job.message,
+            "final_loss": loss,
+            "reference_loss": reference_loss,
+            "loss_rel_diff": abs(loss - reference_loss) / abs(reference_loss),
+            "rank_processes_seen": rank_processes,
+            "orphans": 0,
+        },
+    )
