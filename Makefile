@@ -36,7 +36,7 @@ test-fast: $(STAMP)  ## run the tests not marked slow
 CHAOS_REPORT := build/chaos
 chaos: $(STAMP)  ## kill -9 agents, ranks and the coordinator of a local cluster; figures in build/chaos
 	@rm -rf $(CHAOS_REPORT)
-	@HETERO_CHAOS_REPORT=$(CHAOS_REPORT) $(BIN)/python -m pytest -q -m chaos
+	@HETERO_CHAOS_REPORT=$(CHAOS_REPORT) $(BIN)/python -m pytest -q tests/integration/test_chaos.py
 	@$(BIN)/python -c 'import json,pathlib; [print(p.stem, json.dumps(json.loads(p.read_text()), indent=1)) for p in sorted(pathlib.Path("$(CHAOS_REPORT)").glob("*.json"))]'
 
 lint: $(STAMP)  ## ruff
