@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.hetero-installed
 PY     ?= 3.12
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv demo demo-embedded test test-fast lint typecheck check proto wheelhouse pyroot clean
+.PHONY: help venv demo demo-embedded test test-fast chaos lint typecheck check proto wheelhouse pyroot clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -27,11 +27,17 @@ demo: $(STAMP)  ## coordinator + 3 agents on this machine run equal vs dynamic (
 demo-embedded: $(STAMP)  ## the same comparison with hetero-train alone (no control plane)
 	@$(BIN)/python -m hetero.trainer.demo
 
-test: $(STAMP)  ## run the whole test suite
-	@$(BIN)/python -m pytest -q
+test: $(STAMP)  ## run the whole test suite (chaos tests excepted: make chaos)
+	@$(BIN)/python -m pytest -q -m 'not chaos'
 
 test-fast: $(STAMP)  ## run the tests not marked slow
 	@$(BIN)/python -m pytest -q -m 'not slow'
+
+CHAOS_REPORT := build/chaos
+chaos: $(STAMP)  ## kill -9 agents, ranks and the coordinator of a local cluster; figures in build/chaos
+	@rm -rf $(CHAOS_REPORT)
+	@HETERO_CHAOS_REPORT=$(CHAOS_REPORT) $(BIN)/python -m pytest -q tests/integration/test_chaos.py
+	@$(BIN)/python -c 'import json,pathlib; [print(p.stem, json.dumps(json.loads(p.read_text()), indent=1)) for p in sorted(pathlib.Path("$(CHAOS_REPORT)").glob("*.json"))]'
 
 lint: $(STAMP)  ## ruff
 	@$(BIN)/ruff check .

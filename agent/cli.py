@@ -87,6 +87,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--stop-grace", type=float, dest="stop_grace_s", help="seconds from SIGTERM to SIGKILL"
     )
+    run.add_argument(
+        "--watchdog",
+        type=float,
+        dest="watchdog_s",
+        metavar="S",
+        help="kill and report a rank that shows no progress for S seconds (default 300)",
+    )
     profile = sub.add_parser(
         "profile", parents=[common], help="measure and print this node's profile"
     )
@@ -103,7 +110,7 @@ def _config(args: argparse.Namespace) -> AgentConfig:
         "log_format": args.log_format,
     }
     names = ("name", "address", "local_listen", "cpu_threads", "stop_grace_s", "insecure")
-    for name in (*names, "token_file", "tls_ca", "tls_cert", "tls_key"):
+    for name in (*names, "watchdog_s", "token_file", "tls_ca", "tls_cert", "tls_key"):
         flags[name] = getattr(args, name, None)
     return with_flags(load_config(args.config), **flags)
 

@@ -51,6 +51,10 @@ class AgentConfig:
     tls_key: Path | None = None
     #: Allow a non-loopback local_listen without authentication.
     insecure: bool = False
+    #: Seconds a rank may go without progress (a step, an output line) before the
+    #: agent kills it and reports it failed. Generous: loading data or a checkpoint,
+    #: or the ideal measurement after training, shows no step progress.
+    watchdog_s: float = 300.0
 
     def __post_init__(self) -> None:
         if self.log_format not in LOG_FORMATS:
@@ -61,6 +65,8 @@ class AgentConfig:
             )
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ConfigError(f"cpu_threads must be >= 1, got {self.cpu_threads}")
+        if not self.watchdog_s > 0:
+            raise ConfigError(f"watchdog_s must be > 0, got {self.watchdog_s:g}")
         if self.stop_grace_s < 0:
             raise ConfigError(f"stop_grace_s must be >= 0, got {self.stop_grace_s:g}")
         for key in ("coordinator", "local_listen"):
@@ -100,6 +106,7 @@ def load_config(path: Path | None) -> AgentConfig:
         tls_cert=f.path("tls_cert"),
         tls_key=f.path("tls_key"),
         insecure=f.boolean("insecure", False),
+        watchdog_s=f.number("watchdog_s", 300.0, positive=True) or 300.0,
     )
     f.finish()
     return config

@@ -4,8 +4,13 @@ One loop thread does all talking to the coordinator and all process
 management (so ``PR_SET_PDEATHSIG``, which follows the launching thread, holds
 for the agent's lifetime). Telemetry samples on its own thread; ``AgentLocal``
 serves trainers from gRPC's pool. The coordinator being down at start or later
-is never fatal: calls are retried with exponential backoff, state reports are
-queued and delivered in order once it is back.
+is never fatal: calls are retried with exponential backoff (capped at half the
+heartbeat timeout, so a restarted coordinator hears from every agent before it
+would call one down), state reports are queued and delivered in order once it
+is back, and interval reports and telemetry wait in a bounded outbox
+(``agent.outbox``). Each launch carries its job's attempt number: a rank of an
+earlier attempt still running here is stopped before the new one starts, and
+reports name the attempt, so the coordinator ignores news of old placements.
 """
 
 from __future__ import annotations
@@ -23,9 +28,10 @@ import grpc
 from hetero import __version__
 from hetero.agent.config import AgentConfig, outbound_address
 from hetero.agent.local import AgentLocalService, PlanCache, create_local_server
-from hetero.agent.network import is_unreachable, measure_network
+from hetero.agent.network import CHANNEL_OPTIONS, is_unreachable, measure_network
 from hetero.agent.nvml import Nvml
 from hetero.agent.orders import rank_command, rank_environment
+from hetero.agent.outbox import Outbox
 from hetero.agent.profile import NodeProfile
 from hetero.agent.supervisor import Exit, Line, Supervisor
 from hetero.agent.telemetry import TelemetrySampler
@@ -80,15 +86,16 @@ class Agent:
         self.clock = clock
         self.state_dir = config.resolved_state_dir
         self.security = security or ClientSecurity()
-        self.channel = client_channel(config.coordinator, self.security)
+        self.channel = client_channel(config.coordinator, self.security, options=CHANNEL_OPTIONS)
         self.stub = pb_grpc.CoordinatorStub(self.channel)  # type: ignore[no-untyped-call, unused-ignore]
         self.plans = PlanCache()
+        self.outbox = Outbox()
         # A secured agent guards AgentLocal with a token of its own, made here and given
         # to its ranks: the coordinator's token never reaches job code.
         self.local_token = new_token() if self.security.secured else None
         self.local_server, self.local_port = create_local_server(
             config.local_listen,
-            AgentLocalService(self.stub, self.plans),
+            AgentLocalService(self.stub, self.plans, outbox=self.outbox),
             self.local_token,
             insecure=config.insecure,
         )
@@ -103,7 +110,8 @@ class Agent:
         self.node_id: str | None = None
         self.heartbeat_interval_s = 1.0
         self.backoff = Backoff()
-        self.launched: set[tuple[str, int]] = set()
+        #: (job, rank, attempt) of every launch order carried out.
+        self.launched: set[tuple[str, int, int]] = set()
         self.statuses: list[pb.ReportRankStatusRequest] = []
         self._stop = threading.Event()
         self._next_contact = 0.0
@@ -135,8 +143,14 @@ class Agent:
                 now = time.perf_counter()
                 if now >= self._next_contact:
                     self._contact()
+                self.supervisor.watchdog(self.config.watchdog_s)
                 self._reap()
-                self._flush_statuses()
+                # The outbox first, once the coordinator answers again: a job's
+                # statistics arrive before the news that it ended.
+                if self.backoff.failures == 0:
+                    self._deliver_outbox()
+                if not self.outbox.pending:
+                    self._flush_statuses()
                 self._ship_logs()
                 self._stop.wait(TICK_S)
         finally:
@@ -161,6 +175,9 @@ class Agent:
                 self._register()
             self._heartbeat_and_poll()
         except grpc.RpcError as exc:
+            if self.node_id is not None and is_unreachable(exc):
+                snapshot = self.telemetry.latest()
+                self.outbox.keep_telemetry(snapshot.heartbeat(self.node_id), snapshot.time_unix_s)
             self._failed(exc)
             return
         if self._unreachable_logged:
@@ -214,6 +231,9 @@ class Agent:
         self.profile = profile
         self.node_id = resp.node_id
         self.heartbeat_interval_s = resp.heartbeat_interval_s or 1.0
+        if resp.heartbeat_timeout_s:
+            # Retry often enough to be heard within the timeout once the coordinator is back.
+            self.backoff.max_s = max(0.5, min(30.0, resp.heartbeat_timeout_s / 2))
         rtt = f"{profile.network_rtt_s * 1e3:.2f} ms" if profile.network_rtt_s else "n/a"
         log.info(
             "registered as node %s (%s), %d device(s), heartbeat every %.1f s, rtt %s%s",
@@ -235,7 +255,7 @@ class Agent:
         for order in orders.launches:
             per_job[order.job_id] += 1
         for order in orders.launches:
-            if (order.job_id, order.rank) not in self.launched:
+            if (order.job_id, order.rank, order.attempt) not in self.launched:
                 self._launch(order, per_job[order.job_id])
         for stop in orders.stops:
             self._stop_rank(stop)
@@ -250,10 +270,17 @@ class Agent:
         return max(1, (os.cpu_count() or 1) // cpu_ranks)
 
     def _launch(self, order: pb.RankLaunch, local_world_size: int) -> None:
-        key = (order.job_id, order.rank)
-        self.launched.add(key)
+        older = self.supervisor.attempt_of(order.job_id, order.rank)
+        if older is not None:
+            # A rank of an earlier attempt is still here (this node was cut off while
+            # the job restarted): end it first; the order comes again next poll.
+            if older < order.attempt:
+                self.supervisor.stop(order.job_id, order.rank, self.config.stop_grace_s)
+            return
+        self.launched.add((order.job_id, order.rank, order.attempt))
         self.plans.offer(order.plan)
         out_dir = self.supervisor.job_dir(order.job_id) / f"rank{order.rank}"
+        progress = out_dir / "progress"
         argv = rank_command(order, self.config.python, out_dir)
         env = rank_environment(
             order,
@@ -261,20 +288,35 @@ class Agent:
             threads=self._threads(order),
             local_world_size=local_world_size,
             agent_token=self.local_token,
+            progress_file=progress,
         )
         emu = (
             f" (EMULATED slowdown {order.emulated_slowdown:g}x)"
             if order.emulated_slowdown > 1
             else ""
         )
+        attempt = order.attempt
         try:
-            self.supervisor.launch(order.job_id, order.rank, argv, env, out_dir)
+            self.supervisor.launch(
+                order.job_id,
+                order.rank,
+                argv,
+                env,
+                out_dir,
+                attempt=attempt,
+                progress_file=progress,
+            )
         except OSError as exc:
             log.error("job %s rank %d: cannot start %s: %s", order.job_id, order.rank, argv[0], exc)
-            self._queue(order.job_id, order.rank, pb.RANK_STATE_EXITED, 127, f"cannot start: {exc}")
+            self._queue(
+                order.job_id, order.rank, pb.RANK_STATE_EXITED, 127, f"cannot start: {exc}", attempt
+            )
             return
-        log.info("job %s rank %d/%d launched%s", order.job_id, order.rank, order.world_size, emu)
-        self._queue(order.job_id, order.rank, pb.RANK_STATE_RUNNING, None, "")
+        again = f" (attempt {attempt})" if attempt else ""
+        log.info(
+            "job %s rank %d/%d launched%s%s", order.job_id, order.rank, order.world_size, again, emu
+        )
+        self._queue(order.job_id, order.rank, pb.RANK_STATE_RUNNING, None, "", attempt)
 
     def _stop_rank(self, stop: pb.RankStop) -> None:
         if self.supervisor.stop(stop.job_id, stop.rank, self.config.stop_grace_s):
@@ -282,15 +324,20 @@ class Agent:
         if not any(s.job_id == stop.job_id and s.rank == stop.rank for s in self.statuses):
             # Not running here (ended, or started by an earlier agent): confirm it is gone.
             self._queue(
-                stop.job_id, stop.rank, pb.RANK_STATE_EXITED, 143, "not running on this node"
+                stop.job_id,
+                stop.rank,
+                pb.RANK_STATE_EXITED,
+                143,
+                "not running on this node",
+                stop.attempt,
             )
 
     def _reap(self) -> None:
         for e in self.supervisor.poll():
-            self._queue_exit(e, "stopped by the agent" if e.stopped else "")
+            self._queue_exit(e, e.reason or ("stopped by the agent" if e.stopped else ""))
 
     def _queue_exit(self, e: Exit, message: str) -> None:
-        self._queue(e.job_id, e.rank, pb.RANK_STATE_EXITED, e.code, message)
+        self._queue(e.job_id, e.rank, pb.RANK_STATE_EXITED, e.code, message, e.attempt)
 
     def _queue(
         self,
@@ -299,9 +346,15 @@ class Agent:
         state: pb.RankState,
         code: int | None,
         message: str,
+        attempt: int = 0,
     ) -> None:
         req = pb.ReportRankStatusRequest(
-            node_id=self.node_id or "", job_id=job_id, rank=rank, state=state, message=message
+            node_id=self.node_id or "",
+            job_id=job_id,
+            rank=rank,
+            state=state,
+            message=message,
+            attempt=attempt,
         )
         if code is not None:
             req.exit_code = code
@@ -329,12 +382,45 @@ class Agent:
                     pb.JOB_STATE_FAILED,
                     pb.JOB_STATE_CANCELLED,
                 )
-                if finished and req.state == pb.RANK_STATE_RUNNING:
+                if (
+                    finished
+                    and req.state == pb.RANK_STATE_RUNNING
+                    and self.supervisor.attempt_of(req.job_id, req.rank) == req.attempt
+                ):
                     # The job ended while this rank was starting: it must not linger.
                     self.supervisor.stop(req.job_id, req.rank, self.config.stop_grace_s)
                 if finished:
                     self.plans.forget(req.job_id)
             self.statuses.pop(0)
+
+    def _deliver_outbox(self, timeout_s: float = CALL_TIMEOUT_S) -> None:
+        """Send what waited in the outbox during an outage, oldest first; stop at the
+        first sign the coordinator is gone again."""
+        box = self.outbox
+        if not box.pending or self.node_id is None:
+            return
+        while (beat := box.telemetry.peek()) is not None:
+            beat.node_id = self.node_id or beat.node_id
+            if not self._deliver(lambda: self.stub.Heartbeat(beat, timeout=timeout_s)):
+                return
+            box.telemetry.pop()
+        while (report := box.reports.peek()) is not None:
+            if not self._deliver(lambda: self.stub.ReportIntervalStats(report, timeout=timeout_s)):
+                return
+            box.reports.pop()
+        log.info("coordinator outage over: %s", box.summary())
+
+    def _deliver(self, call: Callable[[], object]) -> bool:
+        """False if the coordinator is unreachable again (keep the item); a refusal
+        (the job was restarted or removed) drops the item and is counted."""
+        try:
+            call()
+        except grpc.RpcError as exc:
+            if is_unreachable(exc):
+                return False
+            self.outbox.rejected += 1
+            log.warning("buffered item refused by the coordinator: %s", exc.details())
+        return True
 
     def _ship_logs(self, timeout_s: float = CALL_TIMEOUT_S) -> None:
         lines = self.supervisor.take_lines()

@@ -4,7 +4,8 @@ Rank 0 of a job reports each interval's statistics here and gets the plan
 back. The agent forwards to the coordinator with a deadline shorter than the
 trainer's, and if the coordinator is slow or unreachable it answers with the
 last plan it knows for the job, so the trainer never waits on the control
-plane. Errors the coordinator returns for a bad request keep their status code.
+plane, and keeps the report in its outbox for delivery once the coordinator is
+back. Errors the coordinator returns for a bad request keep their status code.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import threading
 import grpc
 
 from hetero.agent.network import is_unreachable
+from hetero.agent.outbox import Outbox
 from hetero.auth import AGENT_TOKEN_ENV, Secret
 from hetero.transport import ServerSecurity, bind, new_server
 from hetero.v1 import agent_pb2_grpc
@@ -57,10 +59,12 @@ class AgentLocalService(agent_pb2_grpc.AgentLocalServicer):  # type: ignore[misc
         coordinator: pb_grpc.CoordinatorStub,
         plans: PlanCache,
         forward_timeout_s: float = FORWARD_TIMEOUT_S,
+        outbox: Outbox | None = None,
     ) -> None:
         self.coordinator = coordinator
         self.plans = plans
         self.forward_timeout_s = forward_timeout_s
+        self.outbox = outbox
         self._down_logged = False
 
     def _fallback(self, job_id: str, exc: grpc.RpcError, context: grpc.ServicerContext) -> tpb.Plan:
@@ -93,6 +97,8 @@ class AgentLocalService(agent_pb2_grpc.AgentLocalServicer):  # type: ignore[misc
                 req, timeout=self.forward_timeout_s
             )
         except grpc.RpcError as exc:
+            if self.outbox is not None and is_unreachable(exc):
+                self.outbox.keep_report(req)
             return tpb.ReportIntervalStatsResponse(plan=self._fallback(req.job_id, exc, context))
         self._recovered()
         self.plans.offer(resp.plan)

@@ -9,6 +9,7 @@ then SIGKILLs whatever is left, so nothing outlives the cluster.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -42,6 +43,8 @@ class AgentSpec:
     name: str
     emulate_slowdown: float = 1.0
     cpu_threads: int = 1
+    #: ``--watchdog`` seconds (None: the agent's default).
+    watchdog_s: float | None = None
 
 
 @dataclass
@@ -51,6 +54,7 @@ class LocalCluster:
     root: Path
     agents: Sequence[AgentSpec]
     heartbeat_timeout_s: float = 10.0
+    heartbeat_interval_s: float = 2.0
     python: str = sys.executable
     #: Token file every daemon and this client use; None = no authentication (loopback).
     token_file: Path | None = None
@@ -68,7 +72,7 @@ class LocalCluster:
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        log = (self.root / f"{name}.log").open("wb")
+        log = (self.root / f"{name}.log").open("ab")  # a restarted daemon appends
         self._logs.append(log)
         # Credentials only as given here: none inherited from the caller's environment.
         env = dict(scrub_environment(os.environ), PYTHONUNBUFFERED="1")
@@ -83,7 +87,13 @@ class LocalCluster:
         self.address = f"127.0.0.1:{port}"
         config = self.root / "coordinator.yaml"
         self.root.mkdir(parents=True, exist_ok=True)
-        config.write_text(f"heartbeat_timeout_s: {self.heartbeat_timeout_s}\ngrace_s: 1\n")
+        if not config.exists():  # a restarted coordinator keeps its rendezvous ports
+            # Clusters of concurrent test runs on one host must not share rendezvous ports.
+            config.write_text(
+                f"heartbeat_timeout_s: {self.heartbeat_timeout_s}\n"
+                f"heartbeat_interval_s: {self.heartbeat_interval_s}\ngrace_s: 1\n"
+                f"master_port_base: {random.randrange(20000, 40000, 100)}\n"
+            )
         argv = [self.python, "-m", "hetero.coordinator.cli", "serve", "--config", str(config)]
         argv += ["--listen", self.address, "--state-dir", str(self.root / "coordinator")]
         self._spawn("coordinator", argv)
@@ -95,7 +105,19 @@ class LocalCluster:
         argv += ["--cpu-threads", str(spec.cpu_threads), "--stop-grace", "3"]
         if spec.emulate_slowdown != 1.0:
             argv += ["--emulate-slowdown", f"{spec.emulate_slowdown:g}"]
+        if spec.watchdog_s is not None:
+            argv += ["--watchdog", f"{spec.watchdog_s:g}"]
         self._spawn(spec.name, argv)
+
+    def kill(self, name: str) -> None:
+        """``kill -9`` a daemon (chaos tests): no cleanup of any kind runs."""
+        proc = self.procs[name]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+    def restart_coordinator(self) -> None:
+        """Start the coordinator again on the same port and database (after ``kill``)."""
+        self.start_coordinator(int(self.address.rsplit(":", 1)[1]))
 
     def start(self, timeout_s: float = 60.0) -> None:
         """Start the coordinator and every agent; return once all nodes are registered.
@@ -124,6 +146,8 @@ class LocalCluster:
 
     def _check_alive(self) -> None:
         for name, proc in self.procs.items():
+            if proc.returncode == -signal.SIGKILL:
+                continue  # killed on purpose
             if proc.poll() is not None:
                 raise ClusterError(
                     f"{name} exited with {proc.returncode}; see {self.root / name}.log"

@@ -14,6 +14,17 @@ from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 #: Bytes of the bandwidth probe's reply: large enough to dominate the round trip on a LAN.
 PROBE_BYTES = 2 * 1024 * 1024
 
+#: Options of the agent's channel to the coordinator. gRPC's own reconnect backoff
+#: grows to 120 s and, while it waits, fails every call at once without trying:
+#: after an outage of a few seconds an agent could stay deaf to a restarted
+#: coordinator past the heartbeat timeout and be called down. Capped at 1 s, the
+#: agent's own ``Backoff`` decides how often it tries.
+CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
+
 
 @dataclass(frozen=True)
 class NetworkMeasure:

@@ -66,6 +66,8 @@ def rank_command(order: pb.RankLaunch, python: str, output_dir: Path) -> list[st
     if a.checkpoint_dir:
         argv += ["--checkpoint-dir", a.checkpoint_dir]
         argv += ["--checkpoint-interval", str(a.checkpoint_interval_steps)]
+        if a.resume:  # a restarted job: continue from the last checkpoint, if one was written
+            argv += ["--resume", "auto"]
     if order.emulated_slowdown > 1.0:
         argv += ["--emulate-slowdown", f"{order.rank}:{order.emulated_slowdown:g}"]
     return argv
@@ -79,9 +81,12 @@ def rank_environment(
     local_world_size: int,
     base: Mapping[str, str] | None = None,
     agent_token: Secret | None = None,
+    progress_file: Path | None = None,
 ) -> dict[str, str]:
     """The rank's environment: ``base`` (the agent's) without its credentials, plus the
-    job's variables and, if the agent has one, its endpoint token (never in argv)."""
+    job's variables and, if the agent has one, its endpoint token (never in argv).
+    ``progress_file`` is the file the trainer touches as it steps
+    (``HETERO_PROGRESS_FILE``), which the agent's watchdog reads."""
     env = rank_env(
         order.rank,
         order.world_size,
@@ -101,4 +106,6 @@ def rank_environment(
     )
     if agent_token is not None:
         env[AGENT_TOKEN_ENV] = agent_token.reveal()
+    if progress_file is not None:
+        env["HETERO_PROGRESS_FILE"] = str(progress_file)
     return env

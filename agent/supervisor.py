@@ -7,6 +7,12 @@ cleaning up (SIGKILL, OOM), the kernel kills its ranks, so nothing is orphaned.
 
 Output lines go to ``<state>/jobs/<job>/rank<r>.log`` and to a queue the agent
 ships to the coordinator with ``AppendJobLogs``.
+
+Watchdog: a rank shows progress by printing a line or by touching its progress
+file (the trainer does so as it steps, ``HETERO_PROGRESS_FILE``). One silent
+for ``watchdog_s`` is stuck — a collective on a dead peer that its timeout did
+not end, a deadlock — and is killed (SIGKILL to its group) and reported as
+failed, so the job restarts instead of hanging.
 """
 
 from __future__ import annotations
@@ -64,6 +70,9 @@ class Exit:
     rank: int
     code: int
     stopped: bool  # ended because the agent stopped it
+    attempt: int = 0
+    #: Why the agent ended it, e.g. "watchdog: no progress for 30 s"; "" otherwise.
+    reason: str = ""
 
 
 @dataclass
@@ -76,6 +85,22 @@ class Worker:
     readers: list[threading.Thread] = field(default_factory=list)
     #: perf_counter deadline after which a stopping worker gets SIGKILL; None = not stopping.
     kill_at: float | None = None
+    attempt: int = 0
+    #: File the rank touches as it makes progress (None: output lines only).
+    progress_file: Path | None = None
+    #: perf_counter time of the last output line (or the launch).
+    last_output: float = field(default_factory=time.perf_counter)
+    #: Set when the watchdog killed it.
+    reason: str = ""
+
+    def silent_s(self, now: float) -> float:
+        """Seconds since the rank last printed or touched its progress file."""
+        last = self.last_output
+        if self.progress_file is not None:
+            with contextlib.suppress(OSError):
+                age = time.time() - self.progress_file.stat().st_mtime
+                last = max(last, now - max(age, 0.0))
+        return now - last
 
 
 class Supervisor:
@@ -94,8 +119,21 @@ class Supervisor:
     def running(self, job_id: str, rank: int) -> bool:
         return (job_id, rank) in self.workers
 
+    def attempt_of(self, job_id: str, rank: int) -> int | None:
+        """The attempt of the rank running here, or None."""
+        worker = self.workers.get((job_id, rank))
+        return None if worker is None else worker.attempt
+
     def launch(
-        self, job_id: str, rank: int, argv: Sequence[str], env: Mapping[str, str], cwd: Path
+        self,
+        job_id: str,
+        rank: int,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: Path,
+        *,
+        attempt: int = 0,
+        progress_file: Path | None = None,
     ) -> None:
         """Start one rank. Raises ``OSError`` if the program cannot be started."""
         job_dir = self.job_dir(job_id)
@@ -112,7 +150,17 @@ class Supervisor:
             start_new_session=True,
             preexec_fn=_die_with_parent,  # a prctl() call only: no Python locks
         )
-        worker = Worker(job_id, rank, proc, log_path, log_path.open("ab", buffering=0))
+        if progress_file is not None:
+            progress_file.unlink(missing_ok=True)  # an earlier attempt's file is no progress
+        worker = Worker(
+            job_id,
+            rank,
+            proc,
+            log_path,
+            log_path.open("ab", buffering=0),
+            attempt=attempt,
+            progress_file=progress_file,
+        )
         assert proc.stdout is not None and proc.stderr is not None
         for stream, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
             t = threading.Thread(
@@ -132,6 +180,7 @@ class Supervisor:
             with contextlib.suppress(OSError, ValueError):  # disk full: still ship the line
                 worker.logfile.write(prefix + raw)
             text = raw.decode("utf-8", errors="replace").rstrip("\n")[:MAX_LINE_CHARS]
+            worker.last_output = time.perf_counter()
             with self._lock:
                 self._lines.append(Line(worker.job_id, worker.rank, stream, text, self.clock()))
         pipe.close()
@@ -176,9 +225,30 @@ class Supervisor:
             worker.logfile.close()
             del self.workers[key]
             shell_code = code if code >= 0 else 128 - code
-            ended.append(Exit(worker.job_id, worker.rank, shell_code, worker.kill_at is not None))
+            stopped = worker.kill_at is not None and not worker.reason
+            ended.append(
+                Exit(worker.job_id, worker.rank, shell_code, stopped, worker.attempt, worker.reason)
+            )
             log.info("job %s rank %d exited with %d", worker.job_id, worker.rank, shell_code)
         return ended
+
+    def watchdog(self, watchdog_s: float) -> list[tuple[str, int, float]]:
+        """Kill every rank silent for ``watchdog_s`` (not already stopping); returns
+        (job, rank, silent seconds) of each. ``poll`` then reports them with a reason."""
+        killed = []
+        now = time.perf_counter()
+        for worker in self.workers.values():
+            if worker.kill_at is not None:
+                continue
+            silent = worker.silent_s(now)
+            if silent < watchdog_s:
+                continue
+            worker.reason = f"watchdog: no progress for {silent:.0f} s"
+            worker.kill_at = now
+            _signal_group(worker.proc, signal.SIGKILL)
+            log.warning("job %s rank %d: %s, killed", worker.job_id, worker.rank, worker.reason)
+            killed.append((worker.job_id, worker.rank, silent))
+        return killed
 
     def stop_all(self, grace_s: float) -> list[Exit]:
         """Stop every rank and wait for all of them (SIGKILL after ``grace_s``)."""

@@ -123,6 +123,20 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="allow a non-loopback --listen without authentication (trusted networks only)",
     )
+    serve.add_argument(
+        "--heartbeat-interval",
+        type=float,
+        dest="heartbeat_interval_s",
+        metavar="S",
+        help="seconds between agents' heartbeats, told to them at registration (default 2)",
+    )
+    serve.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        dest="heartbeat_timeout_s",
+        metavar="S",
+        help="a node silent this long is down and its jobs restart (default 10)",
+    )
 
     def client(name: str, help_text: str, json_flag: bool = True) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
@@ -213,6 +227,8 @@ def _serve(args: argparse.Namespace) -> int:
         tls_key=args.tls_key,
         tls_ca=args.tls_ca,
         insecure=args.insecure,
+        heartbeat_interval_s=args.heartbeat_interval_s,
+        heartbeat_timeout_s=args.heartbeat_timeout_s,
     )
     configure_logging(config.log_format)
     security = server_security(
@@ -232,6 +248,9 @@ def _serve(args: argparse.Namespace) -> int:
         metrics_listen=config.metrics_listen,
         security=security,
         allowed_roots=config.resolved_allowed_roots,
+        heartbeat_interval_s=config.heartbeat_interval_s,
+        heartbeat_timeout_s=config.heartbeat_timeout_s,
+        master_port_base=config.master_port_base,
     )
     return 0
 

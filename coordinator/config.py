@@ -36,7 +36,7 @@ class CoordinatorConfig:
     state_dir: Path | None = None
     db: str | None = None
     log_format: str = "text"
-    heartbeat_interval_s: float = 1.0
+    heartbeat_interval_s: float = 2.0
     heartbeat_timeout_s: float = 10.0
     grace_s: float = 5.0
     #: host:port for Prometheus /metrics; None = off.
@@ -50,6 +50,8 @@ class CoordinatorConfig:
     #: Directories a job's checkpoint.dir and data_dir must lie under; None = the defaults
     #: of ``coordinator.roots.default_roots``.
     allowed_roots: tuple[str, ...] | None = None
+    #: First rendezvous port (MASTER_PORT) handed to jobs; each job and restart takes the next.
+    master_port_base: int = 29500
 
     def __post_init__(self) -> None:
         if self.log_format not in LOG_FORMATS:
@@ -90,7 +92,7 @@ def load_config(path: Path | None) -> CoordinatorConfig:
         state_dir=Path(state_dir).expanduser() if state_dir else None,
         db=f.string("db"),
         log_format=f.choice("log_format", LOG_FORMATS, "text") or "text",
-        heartbeat_interval_s=f.number("heartbeat_interval_s", 1.0, positive=True) or 1.0,
+        heartbeat_interval_s=f.number("heartbeat_interval_s", 2.0, positive=True) or 2.0,
         heartbeat_timeout_s=f.number("heartbeat_timeout_s", 10.0, positive=True) or 10.0,
         grace_s=f.number("grace_s", 5.0, minimum=0.0) or 0.0,
         metrics_listen=f.string("metrics_listen"),
@@ -100,6 +102,7 @@ def load_config(path: Path | None) -> CoordinatorConfig:
         tls_ca=f.path("tls_ca"),
         insecure=f.boolean("insecure", False),
         allowed_roots=f.strings("allowed_roots"),
+        master_port_base=f.integer("master_port_base", 29500, minimum=1024) or 29500,
     )
     f.finish()
     return config

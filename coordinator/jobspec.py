@@ -26,6 +26,9 @@ DATASETS = ("synthetic", "imagefolder")
 DEVICE_KINDS = ("any", "cuda", "cpu")
 #: A slowdown factor above this is a typo, not a demo.
 MAX_EMULATED_SLOWDOWN = 100.0
+#: Seconds a collective may wait for a peer in agent-launched jobs (default): a rank
+#: stuck on a dead peer ends with an error within this bound instead of hanging.
+DEFAULT_COLLECTIVE_TIMEOUT_S = 60.0
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # Upper bounds: a value past these is a typo (or an attack), and several travel as
 # int32 in hetero.v1 messages, where a larger value could not be sent at all.
@@ -87,6 +90,7 @@ class JobSpec:
     lr: float = 0.1
     seed: int = 0
     min_batch: int = 1
+    collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
 
     @property
     def world_size(self) -> int:
@@ -165,6 +169,10 @@ def parse_jobspec(
         lr=top.number("lr", 0.1, positive=True) or 0.1,
         seed=top.integer("seed", 0, minimum=0, maximum=MAX_SEED) or 0,
         min_batch=min_batch,
+        collective_timeout_s=top.number(
+            "collective_timeout_s", DEFAULT_COLLECTIVE_TIMEOUT_S, positive=True, maximum=86400.0
+        )
+        or DEFAULT_COLLECTIVE_TIMEOUT_S,
     )
     top.finish()
     return spec

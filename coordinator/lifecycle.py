@@ -1,10 +1,22 @@
 """Job and rank state transitions: pure functions of the ranks' states.
 
 States are the ``hetero.v1`` enum names without prefix. A job is PENDING until
-a rank runs, RUNNING while any does, SUCCEEDED when every rank exited 0, and
-FAILED as soon as one exits non-zero. Finished states never change again.
-Restarting a failed job (``max_restarts``) is a later step: it will turn a
-FAILED transition into a re-placement instead.
+a rank runs, RUNNING while any does, SUCCEEDED when every rank exited 0.
+Finished states (SUCCEEDED, FAILED, CANCELLED) never change again.
+
+A failure — a rank that exits non-zero, or a node that goes down while it holds
+ranks of the job — restarts the job while ``restarts < max_restarts``:
+
+1. RESTARTING: every surviving rank is ordered to stop (STOPPING); ranks on a
+   node that is down count as gone at once (never wait for a lost node).
+   Exits reported in this state are confirmations, not new failures.
+2. Once no rank of the old attempt is left (``ready_to_replace``), the store
+   places the job again on the healthy devices — perhaps fewer ranks, never
+   another global batch — with a fresh rendezvous port and plan, and the job
+   is PENDING again; the ranks resume from the job's checkpoint.
+
+With no restart left the failure makes the job FAILED, and its survivors are
+stopped as before.
 """
 
 from __future__ import annotations
@@ -14,16 +26,19 @@ from dataclasses import dataclass
 
 from hetero.errors import HeteroError
 
-PENDING, RUNNING, SUCCEEDED, FAILED, CANCELLED = (
+PENDING, RUNNING, SUCCEEDED, FAILED, CANCELLED, RESTARTING = (
     "PENDING",
     "RUNNING",
     "SUCCEEDED",
     "FAILED",
     "CANCELLED",
+    "RESTARTING",
 )
 FINISHED = frozenset({SUCCEEDED, FAILED, CANCELLED})
 ASSIGNED, EXITED, STOPPING = "ASSIGNED", "EXITED", "STOPPING"
 RANK_STATES = frozenset({ASSIGNED, RUNNING, EXITED, STOPPING})
+#: Rank states of a process that exists, or may exist, on its node.
+LIVE_RANK_STATES = frozenset({ASSIGNED, RUNNING, STOPPING})
 
 
 class TransitionError(HeteroError):
@@ -37,26 +52,101 @@ class RankStatus:
     rank: int
     state: str
     exit_code: int | None = None
+    #: Why the agent ended it (e.g. its watchdog), if it said.
+    message: str = ""
 
 
-def job_state(current: str, ranks: Sequence[RankStatus]) -> tuple[str, str]:
-    """The job's next state and a message explaining a failure ("" otherwise)."""
-    if current in FINISHED:
-        return current, ""
+@dataclass(frozen=True)
+class Transition:
+    """The job's next state; ``message`` explains a failure or restart ("" otherwise).
+
+    ``restart`` is True exactly when this transition enters RESTARTING: the
+    caller stops the survivors; the restart counts once it is placed.
+    """
+
+    state: str
+    message: str = ""
+    restart: bool = False
+
+
+def failure_cause(ranks: Sequence[RankStatus]) -> str | None:
+    """The lowest failed rank described in one line, or None if no rank failed."""
     failed = [r for r in ranks if r.state == EXITED and r.exit_code not in (0, None)]
-    if failed:
-        first = min(failed, key=lambda r: r.rank)
-        return FAILED, f"rank {first.rank} exited with code {first.exit_code}"
+    if not failed:
+        return None
+    first = min(failed, key=lambda r: r.rank)
+    cause = f"rank {first.rank} exited with code {first.exit_code}"
+    return f"{cause} ({first.message})" if first.message else cause
+
+
+def on_failure(cause: str, restarts: int, max_restarts: int) -> Transition:
+    """A restart while the job has one left, else FAILED; both say why."""
+    if restarts < max_restarts:
+        return Transition(RESTARTING, f"restart {restarts + 1} of {max_restarts}: {cause}", True)
+    if max_restarts:
+        return Transition(FAILED, f"{cause}; no restart left ({max_restarts} used)")
+    return Transition(FAILED, cause)
+
+
+def job_state(
+    current: str, ranks: Sequence[RankStatus], restarts: int = 0, max_restarts: int = 0
+) -> Transition:
+    """The job's next state after a rank's state changed."""
+    if current in FINISHED or current == RESTARTING:
+        # Exits while restarting are the stop orders being confirmed.
+        return Transition(current)
+    cause = failure_cause(ranks)
+    if cause is not None:
+        return on_failure(cause, restarts, max_restarts)
     if ranks and all(r.state == EXITED for r in ranks):
-        return SUCCEEDED, ""
+        return Transition(SUCCEEDED)
     if any(r.state in (RUNNING, EXITED) for r in ranks):
-        return RUNNING, ""
-    return PENDING, ""
+        return Transition(RUNNING)
+    return Transition(PENDING)
+
+
+def node_lost(
+    current: str,
+    node_name: str,
+    ranks_on_node: Sequence[RankStatus],
+    restarts: int,
+    max_restarts: int,
+) -> Transition:
+    """The job's next state when ``node_name`` went down holding ``ranks_on_node``."""
+    live = [r for r in ranks_on_node if r.state in LIVE_RANK_STATES]
+    if current in FINISHED or current == RESTARTING or not live:
+        return Transition(current)
+    ranks = ", ".join(str(r.rank) for r in sorted(live, key=lambda r: r.rank))
+    plural = "s" if len(live) > 1 else ""
+    return on_failure(f"node {node_name} went down (rank{plural} {ranks})", restarts, max_restarts)
 
 
 def rank_state_after_cancel(state: str) -> str:
     """A rank not started yet is simply dropped; a running one must be stopped by its agent."""
     return EXITED if state == ASSIGNED else (STOPPING if state == RUNNING else state)
+
+
+def rank_state_when_node_lost(state: str) -> str:
+    """A rank on a node that went down is gone: nobody is left to confirm it stopped.
+
+    (Its agent, if it is alive but cut off, still ends it: its collectives time
+    out, and a stale report of it is told apart by its attempt number.)
+    """
+    return EXITED if state in LIVE_RANK_STATES else state
+
+
+def ready_to_replace(ranks: Sequence[RankStatus]) -> bool:
+    """True once no rank of the old attempt can still be running."""
+    return all(r.state == EXITED for r in ranks)
+
+
+def restart_world_sizes(wanted: int) -> range:
+    """World sizes to try when placing a restarted job, largest first.
+
+    The global batch stays the same at every size, so the training math does
+    too; fewer ranks only mean larger per-rank batches.
+    """
+    return range(wanted, 0, -1)
 
 
 def check_cancellable(job_id: str, state: str) -> None:

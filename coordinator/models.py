@@ -12,7 +12,8 @@ from sqlalchemy import Boolean, Float, ForeignKey, Index, Integer, String, Text,
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 #: 2: nodes.draining, jobs.total_steps; interval_stats phase times, loss and samples.
-SCHEMA_VERSION = 2
+#: 3: nodes.down; jobs.max_restarts, attempt_first_plan, restarting_since_unix_s (recovery).
+SCHEMA_VERSION = 3
 
 
 class Base(DeclarativeBase):
@@ -37,6 +38,9 @@ class NodeRow(Base):
     last_heartbeat_unix_s: Mapped[float] = mapped_column(Float)
     #: Set by an operator: placement gives the node no new ranks.
     draining: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: Set by the coordinator's sweeper when the node missed its heartbeat timeout
+    #: (so "node down" is one event, not one per sweep); cleared when it is heard again.
+    down: Mapped[bool] = mapped_column(Boolean, default=False)
     devices: Mapped[list[DeviceRow]] = relationship(
         back_populates="node", cascade="all, delete-orphan", order_by="DeviceRow.index"
     )
@@ -108,6 +112,13 @@ class JobRow(Base):
     last_step: Mapped[int] = mapped_column(Integer, default=0)
     #: ``steps`` from the spec; NULL for a job that runs by epochs.
     total_steps: Mapped[int | None] = mapped_column(Integer)
+    #: ``max_restarts`` from the spec: restarts allowed after a lost node or rank.
+    max_restarts: Mapped[int] = mapped_column(Integer, default=0)
+    #: First plan version of the current attempt: interval statistics reported with
+    #: an older plan version belong to an earlier placement (other ranks, other devices).
+    attempt_first_plan: Mapped[int] = mapped_column(Integer, default=1)
+    #: When the job entered RESTARTING (its old ranks being stopped); NULL otherwise.
+    restarting_since_unix_s: Mapped[float | None] = mapped_column(Float)
     ranks: Mapped[list[RankRow]] = relationship(
         back_populates="job", cascade="all, delete-orphan", order_by="RankRow.rank"
     )

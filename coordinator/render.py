@@ -122,7 +122,8 @@ def predictions_table(predictions: Sequence[pb.PolicyPrediction], global_batch: 
 
 def print_job(console: Console, job: pb.Job) -> None:
     state = state_name(job) if job.id else "dry run, nothing stored"
-    console.print(f"[bold]{job.name}[/] ({job.id or 'no id'})  state: {state}")
+    restarts = f"  restarts: {job.restarts}" if job.restarts else ""
+    console.print(f"[bold]{job.name}[/] ({job.id or 'no id'})  state: {state}{restarts}")
     console.print(
         f"global batch {job.global_batch} over {job.world_size} ranks, policy {job.policy}, "
         f"backend {job.backend}, rendezvous {job.master_addr}:{job.master_port}"

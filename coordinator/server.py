@@ -20,6 +20,7 @@ from sqlalchemy.engine import make_url
 
 from hetero.coordinator.database import open_database, session_factory
 from hetero.coordinator.metrics import MetricsServer
+from hetero.coordinator.recovery import Sweeper
 from hetero.coordinator.service import CoordinatorService, Deps
 from hetero.transport import ServerSecurity, bind, describe, new_server
 from hetero.v1 import coordinator_pb2, coordinator_pb2_grpc
@@ -66,16 +67,28 @@ def serve(
     metrics_listen: str | None = None,
     security: ServerSecurity | None = None,
     allowed_roots: tuple[str, ...] | None = None,
+    heartbeat_interval_s: float = 2.0,
+    heartbeat_timeout_s: float = 10.0,
+    master_port_base: int = 29500,
 ) -> None:
     """Run the coordinator until SIGTERM or SIGINT; with ``metrics_listen`` (host:port)
-    also serve Prometheus ``/metrics`` there."""
+    also serve Prometheus ``/metrics`` there. A sweeper thread marks silent nodes down
+    and restarts their jobs (``recovery``)."""
     engine = open_database(db_url)
-    deps = deps or Deps(sessions=session_factory(engine), allowed_roots=allowed_roots)
+    deps = deps or Deps(
+        sessions=session_factory(engine),
+        allowed_roots=allowed_roots,
+        heartbeat_interval_s=heartbeat_interval_s,
+        heartbeat_timeout_s=heartbeat_timeout_s,
+        master_port_base=master_port_base,
+    )
+    sweeper = Sweeper(deps.sessions, deps.sweep_config(), period_s=deps.heartbeat_interval_s / 2)
     server, port = create_server(address, deps, security)
     metrics = (
         MetricsServer(metrics_listen, CoordinatorService(deps).snapshot) if metrics_listen else None
     )
     server.start()
+    sweeper.start()
     log.info(
         "coordinator listening on %s (port %d, %s), database %s",
         address,
@@ -97,6 +110,7 @@ def serve(
         stop.wait()
     finally:
         deps.stopping.set()
+        sweeper.stop()
         if metrics is not None:
             metrics.stop()
         server.stop(grace_s).wait()

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import grpc
 from sqlalchemy.orm import Session, sessionmaker
 
-from hetero.coordinator import lifecycle, rebalance, store, validate, views, wire
+from hetero.coordinator import lifecycle, rebalance, recovery, store, validate, views, wire
 from hetero.coordinator.balancer import Constraints, DeviceProfile
 from hetero.coordinator.jobspec import JobSpec, parse_jobspec
 from hetero.coordinator.models import JobRow
@@ -45,7 +45,7 @@ class Deps:
 
     sessions: sessionmaker[Session]
     clock: Callable[[], float] = time.time
-    heartbeat_interval_s: float = 1.0
+    heartbeat_interval_s: float = 2.0
     heartbeat_timeout_s: float = 10.0
     telemetry: store.TelemetryPolicy = field(default_factory=store.TelemetryPolicy)
     master_port_base: int = 29500
@@ -55,6 +55,21 @@ class Deps:
     #: Directories jobs' checkpoint.dir and data_dir must lie under (coordinator.roots);
     #: None = only "absolute".
     allowed_roots: tuple[str, ...] | None = None
+    #: When this coordinator started (Unix s; None = ``clock()`` at construction):
+    #: a node's silence counts from here at most.
+    started_at_unix_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.started_at_unix_s is None:
+            object.__setattr__(self, "started_at_unix_s", self.clock())
+
+    def sweep_config(self) -> recovery.SweepConfig:
+        return recovery.SweepConfig(
+            heartbeat_timeout_s=self.heartbeat_timeout_s,
+            started_at=self.started_at_unix_s or 0.0,
+            master_port_base=self.master_port_base,
+            master_port_span=self.master_port_span,
+        )
 
 
 def _abort(context: grpc.ServicerContext, exc: BaseException, method: str) -> None:
@@ -139,6 +154,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
                 wire.telemetry_rows(req),
                 now=self.deps.clock(),
                 policy=self.deps.telemetry,
+                sampled_at=req.sampled_at_unix_s if req.HasField("sampled_at_unix_s") else None,
             )
         return pb.HeartbeatResponse()
 
@@ -157,7 +173,12 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
                 plan = store.latest_plan(s, job.id)
                 out.launches.append(wire.launch_message(job, rank, specs[job.id], plan))
             for rank in store.ranks_to_stop(s, req.node_id):
-                out.stops.add(job_id=rank.job_id, rank=rank.rank, reason=rank.job.message)
+                out.stops.add(
+                    job_id=rank.job_id,
+                    rank=rank.rank,
+                    reason=rank.job.message,
+                    attempt=rank.job.restarts,
+                )
         return out
 
     @rpc
@@ -169,6 +190,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
             raise _invalid(f"rank state must be RUNNING or EXITED, got {state}")
         if state == lifecycle.EXITED and not req.HasField("exit_code"):
             raise _invalid("an EXITED rank needs exit_code")
+        now = self.deps.clock()
         with self.deps.sessions.begin() as s:
             job = store.set_rank_status(
                 s,
@@ -177,8 +199,12 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
                 node_id=req.node_id,
                 state=state,
                 exit_code=req.exit_code if req.HasField("exit_code") else None,
-                now=self.deps.clock(),
+                now=now,
+                attempt=req.attempt,
+                message=req.message,
             )
+            # The last old rank confirmed stopped: place the restart now, not at the next sweep.
+            recovery.replace_if_ready(s, job, self.deps.sweep_config(), now=now)
             return pb.ReportRankStatusResponse(
                 job_state=pb.JobState.Value(f"JOB_STATE_{job.state}")
             )
@@ -215,11 +241,13 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
             for flag in views.new_stragglers(history):
                 store.add_event(s, "straggler", flag.message, job_id=job.id, now=now)
             plan = store.latest_plan(s, job.id)
-            # Re-plan only from an interval that ran the newest plan: a trainer applies
-            # an answer one interval late (trainer/control.py), and an interval of the
-            # plan before says nothing new; re-planning on it would store a duplicate.
+            # Re-plan only from an interval of the current attempt that ran the newest
+            # plan: a trainer applies an answer one interval late (trainer/control.py), and
+            # an interval of the plan before says nothing new; re-planning on it would
+            # store a duplicate.
             if (
-                job.state not in lifecycle.FINISHED
+                req.plan_version >= job.attempt_first_plan
+                and job.state not in lifecycle.FINISHED
                 and req.plan_version >= plan.version
                 and rebalance.is_boundary(req.end_step, job.rebalance_interval)
             ):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
@@ -28,7 +29,7 @@ from hetero.coordinator.models import (
     RankRow,
     TelemetryRow,
 )
-from hetero.coordinator.placement import DeviceSlot, Placement, initial_plan
+from hetero.coordinator.placement import DeviceSlot, InitialPlan, Placement, initial_plan
 from hetero.errors import HeteroError
 
 
@@ -67,6 +68,7 @@ def register_node(
     node.agent_endpoint = agent_endpoint
     node.agent_version = agent_version
     node.last_heartbeat_unix_s = now
+    _heard_from(s, node, now)
     node.devices.clear()
     s.flush()  # delete the old device rows before their (node, index) is reused
     node.devices.extend(devices)
@@ -103,6 +105,30 @@ def set_draining(s: Session, ref: str, draining: bool, *, now: float) -> NodeRow
     return node
 
 
+def _heard_from(s: Session, node: NodeRow, now: float) -> None:
+    if node.down:
+        node.down = False
+        add_event(s, "node_up", f"node {node.name} is back", node_id=node.id, now=now)
+
+
+def silent_nodes(s: Session, *, since: float) -> list[NodeRow]:
+    """Nodes not marked down whose last heartbeat is older than ``since`` (Unix s)."""
+    query = select(NodeRow).where(NodeRow.last_heartbeat_unix_s < since, NodeRow.down.is_(False))
+    return list(s.scalars(query.order_by(NodeRow.name)))
+
+
+def mark_down(s: Session, node: NodeRow, silent_s: float, *, now: float) -> None:
+    """Record that ``node`` missed its heartbeat timeout (one event per outage)."""
+    node.down = True
+    add_event(
+        s,
+        "node_down",
+        f"node {node.name} down: silent for {silent_s:.1f} s",
+        node_id=node.id,
+        now=now,
+    )
+
+
 def record_heartbeat(
     s: Session,
     node_id: str,
@@ -110,15 +136,22 @@ def record_heartbeat(
     *,
     now: float,
     policy: TelemetryPolicy,
+    sampled_at: float | None = None,
 ) -> None:
     """Mark the node alive and keep ``samples`` (``device_index`` None = host).
 
     Each (device, bucket of ``period_s``) keeps one row holding its newest
-    sample; rows older than ``retention_s`` are deleted.
+    sample; rows older than ``retention_s`` are deleted. ``sampled_at`` dates
+    telemetry an agent buffered while the coordinator was unreachable (never
+    later than ``now``); the node is alive ``now`` either way.
     """
     node = get_node(s, node_id)
     node.last_heartbeat_unix_s = now
-    bucket = int(now // policy.period_s)
+    _heard_from(s, node, now)
+    at = now if sampled_at is None else min(sampled_at, now)
+    if now - at > policy.retention_s:
+        return
+    bucket = int(at // policy.period_s)
     current = {
         row.device_index: row
         for row in s.scalars(
@@ -128,8 +161,10 @@ def record_heartbeat(
         )
     }
     for sample in samples:
-        sample.node_id, sample.bucket, sample.time_unix_s = node_id, bucket, now
+        sample.node_id, sample.bucket, sample.time_unix_s = node_id, bucket, at
         old = current.get(sample.device_index)
+        if old is not None and old.time_unix_s > at:
+            continue  # a buffered sample never replaces a newer one of its bucket
         if old is not None:
             sample.id = old.id
             s.merge(sample)
@@ -187,9 +222,11 @@ def device_slots(s: Session, *, now: float, timeout_s: float) -> list[DeviceSlot
 
 
 def next_master_port(s: Session, base: int, span: int) -> int:
-    """A rendezvous port for the next job: consecutive jobs get different ports."""
+    """A rendezvous port for the next job or restart: consecutive attempts get different
+    ports (a rank of the previous attempt may still hold its port)."""
     count = s.scalar(select(func.count()).select_from(JobRow)) or 0
-    return base + count % span
+    restarts = s.scalar(select(func.sum(JobRow.restarts))) or 0
+    return base + (count + restarts) % span
 
 
 def create_job(
@@ -213,21 +250,10 @@ def create_job(
         restarts=0,
         last_step=0,
         total_steps=spec.steps,
+        max_restarts=spec.max_restarts,
+        attempt_first_plan=1,
     )
-    job.ranks = [
-        RankRow(
-            rank=r.rank,
-            node_id=r.device.node_id,
-            device_index=r.device.index,
-            device_kind=r.device.kind,
-            device_name=r.device.name,
-            local_rank=r.local_rank,
-            state=lifecycle.ASSIGNED,
-            emulated_slowdown=r.emulated_slowdown,
-            effective_score=r.effective_score,
-        )
-        for r in placement.ranks
-    ]
+    job.ranks = _rank_rows(placement)
     s.add(job)
     s.flush()
     first = initial_plan(spec, placement)
@@ -241,6 +267,23 @@ def create_job(
         now=now,
     )
     return job
+
+
+def _rank_rows(placement: Placement) -> list[RankRow]:
+    return [
+        RankRow(
+            rank=r.rank,
+            node_id=r.device.node_id,
+            device_index=r.device.index,
+            device_kind=r.device.kind,
+            device_name=r.device.name,
+            local_rank=r.local_rank,
+            state=lifecycle.ASSIGNED,
+            emulated_slowdown=r.emulated_slowdown,
+            effective_score=r.effective_score,
+        )
+        for r in placement.ranks
+    ]
 
 
 def get_job(s: Session, job_id: str) -> JobRow:
@@ -278,27 +321,125 @@ def set_rank_status(
     state: str,
     exit_code: int | None,
     now: float,
+    attempt: int = 0,
+    message: str = "",
 ) -> JobRow:
-    """Record what an agent saw of one rank, then move the job along its lifecycle."""
+    """Record what an agent saw of one rank, then move the job along its lifecycle.
+
+    A report about an earlier ``attempt`` (a rank of a placement the job has
+    since left) changes nothing.
+    """
     job = get_job(s, job_id)
+    if attempt != job.restarts:
+        return job
     row = next((r for r in job.ranks if r.rank == rank), None)
     if row is None or row.node_id != node_id:
         raise NotFoundError(f"job {job_id} has no rank {rank} on node {node_id}")
     row.state, row.exit_code = state, exit_code
-    before = job.state
-    statuses = [lifecycle.RankStatus(r.rank, r.state, r.exit_code) for r in job.ranks]
-    job.state, message = lifecycle.job_state(job.state, statuses)
-    if job.state != before:
-        job.message = message or job.message
-        if job.state in lifecycle.FINISHED:
-            job.finished_at_unix_s = now
-        if job.state == lifecycle.FAILED:
-            # The survivors would block in a collective until its timeout: stop them.
-            for other in job.ranks:
-                other.state = lifecycle.rank_state_after_cancel(other.state)
-        text = f"job {job.name} {job.state.lower()}" + (f": {message}" if message else "")
-        add_event(s, f"job_{job.state.lower()}", text, job_id=job_id, now=now)
+    statuses = [_status(r, message if r.rank == rank else "") for r in job.ranks]
+    apply_transition(
+        s, job, lifecycle.job_state(job.state, statuses, job.restarts, job.max_restarts), now=now
+    )
     return job
+
+
+def _status(r: RankRow, message: str = "") -> lifecycle.RankStatus:
+    return lifecycle.RankStatus(r.rank, r.state, r.exit_code, message)
+
+
+def apply_transition(
+    s: Session, job: JobRow, t: lifecycle.Transition, *, now: float, lost_node: str | None = None
+) -> None:
+    """Make ``t`` so: the job's state and message, its ranks' stop orders, an event.
+
+    Ranks on ``lost_node`` (down) count as gone at once; the others are ordered to
+    stop when the job fails or restarts (the survivors would block in a collective).
+    """
+    before = job.state
+    if t.state == before:
+        return
+    job.state = t.state
+    job.message = t.message or job.message
+    if t.state in lifecycle.FINISHED:
+        job.finished_at_unix_s = now
+    if t.state in (lifecycle.FAILED, lifecycle.RESTARTING):
+        for other in job.ranks:
+            if other.node_id == lost_node:
+                other.state = lifecycle.rank_state_when_node_lost(other.state)
+            else:
+                other.state = lifecycle.rank_state_after_cancel(other.state)
+    if t.restart:
+        job.restarting_since_unix_s = now
+        add_event(s, "job_restarting", f"job {job.name} {t.message}", job_id=job.id, now=now)
+        return
+    text = f"job {job.name} {job.state.lower()}" + (f": {t.message}" if t.message else "")
+    add_event(s, f"job_{job.state.lower()}", text, job_id=job.id, now=now)
+
+
+def active_jobs_on_node(s: Session, node_id: str) -> list[JobRow]:
+    """Unfinished jobs with a rank on ``node_id`` that may still be running there."""
+    query = (
+        select(JobRow)
+        .join(RankRow)
+        .where(
+            RankRow.node_id == node_id,
+            RankRow.state.in_(lifecycle.LIVE_RANK_STATES),
+            JobRow.state.not_in(lifecycle.FINISHED),
+        )
+        .distinct()
+        .order_by(JobRow.submitted_at_unix_s)
+    )
+    return list(s.scalars(query))
+
+
+def lose_node(s: Session, node: NodeRow, *, now: float) -> None:
+    """Every active job with ranks on ``node`` (down) restarts or fails; its ranks there are gone."""
+    for job in active_jobs_on_node(s, node.id):
+        on_node = [_status(r) for r in job.ranks if r.node_id == node.id]
+        t = lifecycle.node_lost(job.state, node.name, on_node, job.restarts, job.max_restarts)
+        apply_transition(s, job, t, now=now, lost_node=node.id)
+        for r in job.ranks:  # a job already restarting or failed: nobody confirms these
+            if r.node_id == node.id:
+                r.state = lifecycle.rank_state_when_node_lost(r.state)
+
+
+def restarting_jobs(s: Session) -> list[JobRow]:
+    query = select(JobRow).where(JobRow.state == lifecycle.RESTARTING)
+    return list(s.scalars(query.order_by(JobRow.submitted_at_unix_s)))
+
+
+def replace_job(
+    s: Session, job: JobRow, placement: Placement, plan: InitialPlan, *, now: float
+) -> None:
+    """Start the job's next attempt on ``placement``: new ranks, rendezvous and plan.
+
+    ``restarts`` counts attempts placed after the first, so while the job is
+    RESTARTING it still names the attempt whose ranks are being stopped.
+    """
+    job.restarts += 1
+    job.ranks.clear()
+    s.flush()  # delete the old rank rows before their (job, rank) is reused
+    job.ranks.extend(_rank_rows(placement))
+    job.world_size = len(placement.ranks)
+    job.backend = placement.backend
+    job.master_addr, job.master_port = placement.master_addr, placement.master_port
+    job.state, job.restarting_since_unix_s = lifecycle.PENDING, None
+    row = add_plan(s, job.id, plan.batches, 0, plan.policy, plan.reason, now=now)
+    job.attempt_first_plan = row.version
+    nodes = sorted({r.node.name for r in job.ranks})
+    add_event(
+        s,
+        "job_restarted",
+        f"job {job.name} attempt {job.restarts}: {job.world_size} ranks on {', '.join(nodes)}, "
+        f"plan v{row.version} {row.batches}, resuming from its checkpoint",
+        job_id=job.id,
+        now=now,
+    )
+
+
+def fail_restart(s: Session, job: JobRow, reason: str, *, now: float) -> None:
+    """A restart that cannot be placed ends the job."""
+    apply_transition(s, job, lifecycle.Transition(lifecycle.FAILED, reason), now=now)
 
 
 def ranks_to_launch(s: Session, node_id: str) -> list[RankRow]:
@@ -387,11 +528,12 @@ def add_interval(
 
 
 def interval_history(s: Session, job: JobRow, window: int) -> list[list[RankInterval]]:
-    """The last ``window`` complete intervals (every rank reported), oldest first."""
+    """The last ``window`` complete intervals (every rank reported) of the current
+    attempt, oldest first."""
     steps = list(
         s.scalars(
             select(IntervalStatRow.end_step)
-            .where(IntervalStatRow.job_id == job.id)
+            .where(*_this_attempt(job))
             .group_by(IntervalStatRow.end_step)
             .having(func.count(func.distinct(IntervalStatRow.rank)) == job.world_size)
             .order_by(IntervalStatRow.end_step.desc())
@@ -405,7 +547,7 @@ def interval_history(s: Session, job: JobRow, window: int) -> list[list[RankInte
     t = IntervalStatRow
     rows = s.execute(
         select(t.end_step, t.rank, t.batch, t.steps, t.compute_s, t.step_s, t.peak_memory_bytes)
-        .where(t.job_id == job.id, t.end_step.in_(steps))
+        .where(*_this_attempt(job), t.end_step.in_(steps))
         .order_by(t.end_step, t.rank, t.id.desc())
     )
     by_step: dict[int, dict[int, RankInterval]] = {}
@@ -417,11 +559,20 @@ def interval_history(s: Session, job: JobRow, window: int) -> list[list[RankInte
     return [[by_step[step][rank] for rank in sorted(by_step[step])] for step in sorted(by_step)]
 
 
+def _this_attempt(job: JobRow) -> tuple[Any, ...]:
+    """Interval rows of the job's current placement (earlier ones had other ranks)."""
+    return (
+        IntervalStatRow.job_id == job.id,
+        IntervalStatRow.plan_version >= job.attempt_first_plan,
+    )
+
+
 def latest_interval(s: Session, job: JobRow) -> list[IntervalStatRow]:
-    """The newest complete interval's rows (one per rank, rank order); [] before any."""
+    """The newest complete interval's rows of the current attempt (one per rank, rank
+    order); [] before any."""
     step = s.scalar(
         select(IntervalStatRow.end_step)
-        .where(IntervalStatRow.job_id == job.id)
+        .where(*_this_attempt(job))
         .group_by(IntervalStatRow.end_step)
         .having(func.count(func.distinct(IntervalStatRow.rank)) == job.world_size)
         .order_by(IntervalStatRow.end_step.desc())
@@ -431,9 +582,7 @@ def latest_interval(s: Session, job: JobRow) -> list[IntervalStatRow]:
         return []
     return _newest_per_rank(
         s.scalars(
-            select(IntervalStatRow).where(
-                IntervalStatRow.job_id == job.id, IntervalStatRow.end_step == step
-            )
+            select(IntervalStatRow).where(*_this_attempt(job), IntervalStatRow.end_step == step)
         )
     )
 
@@ -468,9 +617,21 @@ def job_intervals(
 
 
 def _newest_per_rank(rows: Iterable[IntervalStatRow]) -> list[IntervalStatRow]:
-    # A re-sent report leaves duplicates: the newest row (highest id) wins.
+    """One row per rank from the newest report of a step.
+
+    A re-sent report leaves duplicates: the newest row (highest id) wins. A step
+    run again after a restart (resumed from an older checkpoint, perhaps with
+    fewer ranks) keeps only the newest report's plan version, so ranks of two
+    placements never mix.
+    """
+    rows = list(rows)
+    if not rows:
+        return []
+    version = max(rows, key=lambda r: r.id).plan_version
     newest: dict[int, IntervalStatRow] = {}
     for row in rows:
+        if row.plan_version != version:
+            continue
         if row.rank not in newest or row.id > newest[row.rank].id:
             newest[row.rank] = row
     return [newest[rank] for rank in sorted(newest)]

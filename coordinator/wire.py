@@ -394,6 +394,7 @@ def launch_message(job: JobRow, rank: RankRow, spec: JobSpec, plan: PlanRow) -> 
     if spec.checkpoint is not None:
         args.checkpoint_dir = spec.checkpoint.dir
         args.checkpoint_interval_steps = spec.checkpoint.interval_steps
+        args.resume = job.restarts > 0
     env = {
         "RANK": str(rank.rank),
         "WORLD_SIZE": str(job.world_size),
@@ -404,7 +405,12 @@ def launch_message(job: JobRow, rank: RankRow, spec: JobSpec, plan: PlanRow) -> 
         "HETERO_BACKEND": job.backend,
         "HETERO_DEVICE": "cpu" if rank.device_kind == "cpu" else f"cuda:{rank.device_index}",
         "HETERO_EMULATE_SLOWDOWN": f"{rank.emulated_slowdown:g}",
+        # A collective stuck on a dead peer ends within this bound (no hangs).
+        "HETERO_COLLECTIVE_TIMEOUT_S": f"{spec.collective_timeout_s:g}",
+        "HETERO_ATTEMPT": str(job.restarts),
     }
+    if job.backend == "nccl":
+        env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
     return pb.RankLaunch(
         job_id=job.id,
         rank=rank.rank,
@@ -419,4 +425,5 @@ def launch_message(job: JobRow, rank: RankRow, spec: JobSpec, plan: PlanRow) -> 
         args=args,
         env=env,
         plan=plan_message(plan),
+        attempt=job.restarts,
     )

@@ -179,12 +179,16 @@ class Fields:
         default: float | None = None,
         *,
         minimum: float | None = None,
+        maximum: float | None = None,
         positive: bool = False,
     ) -> float | None:
         if not self._present(key):
             return default
         _, value = self._scalar(key)
-        return self.check_number(key, value, minimum=minimum, positive=positive)
+        out = self.check_number(key, value, minimum=minimum, positive=positive)
+        if maximum is not None and out > maximum:
+            raise self.fail(key, f"must be <= {maximum:g}, got {_short(value)}")
+        return out
 
     def check_number(
         self,

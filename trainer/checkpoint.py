@@ -5,6 +5,19 @@ rename), holding: model and optimizer state, the loader position and plan
 schedule, the plan history the balancer fits, the step, and every rank's RNG
 states. Resuming continues the same data order under the same plans, so the
 losses match an uninterrupted run.
+
+A checkpoint also resumes with another number of ranks (a job restarted on the
+devices left after a node was lost). The data order is global — one seeded
+permutation per epoch, each step the next ``B`` samples — and the global batch
+does not change, so every step trains on the same samples with the same exact
+gradient; only the cut between ranks differs. What was per rank is then not
+restored: the plan (the run's initial plan for its ranks applies from the
+resumed step, and the balancer re-fits from fresh intervals), the balancer's
+history, and the RNG state of ranks beyond the checkpoint's world size (they
+keep the state the run seeded them with; ranks below it get their own saved
+state). One caveat: when the dataset size is not a multiple of the global
+batch, whether an epoch ends with a short step depends on ``min_batch`` times
+the world size, so such an epoch may have one step more or less.
 """
 
 from __future__ import annotations
@@ -102,26 +115,28 @@ def load_checkpoint(
         raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a hetero checkpoint")
-    if state["world_size"] != ctx.world_size:
-        raise CheckpointError(
-            f"checkpoint {path} is from a {state['world_size']}-rank run, this run has "
-            f"{ctx.world_size} ranks"
-        )
     _unwrap(model).load_state_dict(state["model"])
     if optimizer is not None and state["optimizer"] is not None:
         optimizer.load_state_dict(state["optimizer"])
     loader = ctx._require_loader()
-    loader.load_state_dict(state["loader"])
+    same_world = state["world_size"] == ctx.world_size
+    loader.load_state_dict(state["loader"], plans=same_world)
     ctx.global_step = int(state["global_step"])
     ctx.stats_from_step = ctx.global_step + ctx.config.warmup_steps
-    ctx.plans = [
-        PlanRecord(p["version"], p["apply_at_step"], tuple(p["batches"]), p["reason"])
-        for p in state["plans"]
-    ]
     ctx.history.clear()
-    for interval in state["history"]:
-        ctx.history.append(tuple(RankInterval(**r) for r in interval))
-    _set_rng_state(state["rng"][ctx.rank])
+    if same_world:
+        ctx.plans = [
+            PlanRecord(p["version"], p["apply_at_step"], tuple(p["batches"]), p["reason"])
+            for p in state["plans"]
+        ]
+        for interval in state["history"]:
+            ctx.history.append(tuple(RankInterval(**r) for r in interval))
+    else:
+        first = ctx.plans[0]
+        reason = f"{first.reason}; resumed from a {state['world_size']}-rank checkpoint"
+        ctx.plans = [PlanRecord(first.version, ctx.global_step, first.batches, reason)]
+    if ctx.rank < len(state["rng"]):
+        _set_rng_state(state["rng"][ctx.rank])
     ctx.clock.restart()
     extra: dict[str, Any] = state["extra"]
     return extra

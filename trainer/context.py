@@ -59,12 +59,33 @@ from hetero.trainer.exchange import (
 )
 from hetero.trainer.gradients import WeightingState, weighted_allreduce_hook
 from hetero.trainer.metrics import MetricsWriter
+from hetero.trainer.progress import ProgressFile
 from hetero.trainer.sampler import UnevenBatchSampler
 from hetero.trainer.timing import StepClock, StepTimes
 
 log = logging.getLogger("hetero.trainer")
 #: HETERO_DEBUG_TIMING=1 logs every step's phase times at each interval boundary.
 _DEBUG_TIMING = os.environ.get("HETERO_DEBUG_TIMING") == "1"
+
+
+#: Set by the coordinator for agent-launched ranks (the job spec's ``collective_timeout_s``).
+COLLECTIVE_TIMEOUT_ENV = "HETERO_COLLECTIVE_TIMEOUT_S"
+#: Seconds a collective waits for a peer outside an agent (torch's own default).
+DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
+
+
+def _collective_timeout_s() -> float:
+    """``HETERO_COLLECTIVE_TIMEOUT_S`` if set (agent-launched jobs), else 600 s."""
+    raw = os.environ.get(COLLECTIVE_TIMEOUT_ENV, "")
+    if not raw:
+        return DEFAULT_COLLECTIVE_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{COLLECTIVE_TIMEOUT_ENV}={raw!r} is not a number") from None
+    if not value > 0:
+        raise ConfigError(f"{COLLECTIVE_TIMEOUT_ENV} must be > 0, got {raw}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -82,7 +103,9 @@ class TrainerConfig:
     warmup_steps: int = 1
     settle_steps: int = 1
     history_intervals: int = 32
-    collective_timeout_s: float = 600.0
+    #: Seconds a collective may wait for a peer before failing (a dead peer must not
+    #: hang the job): ``HETERO_COLLECTIVE_TIMEOUT_S`` under an agent, else 600.
+    collective_timeout_s: float = field(default_factory=_collective_timeout_s)
 
     def __post_init__(self) -> None:
         make_policy(self.policy)  # raises ConfigError naming the known ones
@@ -98,6 +121,8 @@ class TrainerConfig:
             raise ConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.backend not in (None, "gloo", "nccl"):
             raise ConfigError(f"backend must be gloo or nccl, got {self.backend!r}")
+        if not self.collective_timeout_s > 0:
+            raise ConfigError(f"collective_timeout_s must be > 0, got {self.collective_timeout_s}")
         parse_slowdowns(self.emulate_slowdown)
 
 
@@ -199,6 +224,8 @@ class Context:
                 )
             except (RuntimeError, ValueError) as exc:
                 raise DistributedError(f"joining the process group failed: {exc}") from None
+        self.progress = ProgressFile.from_env()
+        self.progress.beat()
         self.clock = StepClock(self.device)
         self.weighting = WeightingState(on_grads_ready=self._on_grads_ready)
         self.metrics = MetricsWriter(config.output_dir, self.rank)
@@ -390,6 +417,7 @@ class Context:
         self._interval.samples += mine
         self._interval.global_samples += sum(self._step_sizes)
         self.global_step += 1
+        self.progress.beat()
         if self.global_step % self.config.rebalance_interval == 0:
             self._rebalance()
 
@@ -655,8 +683,9 @@ class HeteroLoader:
         state["epoch"], state["step_in_epoch"], state["global_step"] = self._position()
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.sampler.load_state_dict(state)
+    def load_state_dict(self, state: dict[str, Any], plans: bool = True) -> None:
+        """Restore the position; ``plans=False`` keeps this run's plans (another world size)."""
+        self.sampler.load_state_dict(state, plans=plans)
         self._consumed = (self.sampler.epoch, self.sampler.step_in_epoch, self.sampler.global_step)
 
 

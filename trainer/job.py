@@ -310,9 +310,14 @@ def _train(ctx: Context, cfg: JobConfig) -> dict[str, Any] | None:
         path = Path(cfg.resume) if cfg.resume != "auto" else cfg.checkpoint_path
         if path is None:
             raise ConfigError("--resume auto needs --checkpoint-dir or --output-dir")
-        load_checkpoint(path, ctx, model, optimizer)
-        if ctx.rank == 0 and not cfg.quiet:
-            print(f"resumed from {path} at step {ctx.global_step}", flush=True)
+        if cfg.resume == "auto" and not path.is_file():
+            # A restarted job that failed before its first checkpoint starts over.
+            if ctx.rank == 0 and not cfg.quiet:
+                print(f"no checkpoint at {path} yet: starting from step 0", flush=True)
+        else:
+            load_checkpoint(path, ctx, model, optimizer)
+            if ctx.rank == 0 and not cfg.quiet:
+                print(f"resumed from {path} at step {ctx.global_step}", flush=True)
     start_step = ctx.global_step
     monitor = MemoryMonitor(
         ctx,

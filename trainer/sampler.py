@@ -194,19 +194,31 @@ class UnevenBatchSampler:
             "schedule_plans": [list(p) for p in self.schedule.plans],
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], plans: bool = True) -> None:
+        """Restore the position in the global order; with ``plans`` also the plan
+        schedule (same world size only). Without, this sampler's current plan
+        applies from the restored step: the order of samples is global, so a run
+        with another number of ranks continues it all the same."""
         if state["num_samples"] != self.num_samples or state["seed"] != self.seed:
             raise ConfigError(
                 f"checkpoint sampler is for {state['num_samples']} samples / seed {state['seed']}, "
                 f"this run has {self.num_samples} / {self.seed}"
             )
-        plans = [tuple(int(b) for b in p) for p in state["schedule_plans"]]
-        if any(len(p) != len(self.schedule.plans[-1]) for p in plans):
+        if not plans:
+            self.epoch = int(state["epoch"])
+            self.step_in_epoch = int(state["step_in_epoch"])
+            self.global_step = int(state["global_step"])
+            self.schedule = PlanSchedule(starts=[0], plans=[self.schedule.plans[-1]])
+            return
+        plans_ = [tuple(int(b) for b in p) for p in state["schedule_plans"]]
+        if any(len(p) != len(self.schedule.plans[-1]) for p in plans_):
             raise ConfigError(
-                f"checkpoint plan has {len(plans[-1])} ranks, this run has "
+                f"checkpoint plan has {len(plans_[-1])} ranks, this run has "
                 f"{len(self.schedule.plans[-1])}"
             )
         self.epoch = int(state["epoch"])
         self.step_in_epoch = int(state["step_in_epoch"])
         self.global_step = int(state["global_step"])
-        self.schedule = PlanSchedule(starts=[int(s) for s in state["schedule_starts"]], plans=plans)
+        self.schedule = PlanSchedule(
+            starts=[int(s) for s in state["schedule_starts"]], plans=plans_
+        )

@@ -71,6 +71,7 @@ def _state_style(state: str) -> str:
     return {
         "running": "green",
         "pending": "cyan",
+        "restarting": "bold yellow",
         "succeeded": "bold green",
         "failed": "bold red",
         "cancelled": "dim",

@@ -130,7 +130,7 @@ class LiveView:
 class JobView:
     id: str
     name: str
-    state: str  # "pending", "running", "succeeded", "failed", "cancelled"
+    state: str  # "pending", "running", "restarting", "succeeded", "failed", "cancelled"
     policy: str
     global_batch: int
     world_size: int

@@ -241,9 +241,9 @@ class JobsTable(StateTable):
 
 
 def _state_style(state: str) -> str:
-    return {"running": "green", "pending": "cyan", "failed": "bold red", "cancelled": "dim"}.get(
-        state, ""
-    )
+    styles = {"running": "green", "pending": "cyan", "restarting": "bold yellow"}
+    styles |= {"failed": "bold red", "cancelled": "dim"}
+    return styles.get(state, "")
 
 
 class Banner(Static):

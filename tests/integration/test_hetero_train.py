@@ -125,3 +125,55 @@ def test_bad_input_is_one_line_error_and_nonzero_exit(hetero_train, args, messag
     err = [line for line in proc.stderr.splitlines() if line.strip()]
     assert any(message in line for line in err), proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("resume_ranks", [2])
+def test_a_checkpoint_resumes_on_fewer_ranks_with_the_losses_of_an_uninterrupted_run(
+    hetero_train, tmp_path: Path, resume_ranks: int
+):
+    """What a job restarted after a lost node does: the sample order is global and the
+    global batch unchanged, so fewer ranks continue the same training (debug: no BatchNorm)."""
+    common = [*TINY, "--rebalance-interval", "4", "--policy", "dynamic", "--ideal-steps", "0"]
+    common += ["--checkpoint-interval", "8"]
+    full, part = tmp_path / "full", tmp_path / "part"
+    a = hetero_train(*common, "--nproc", "3", "--steps", "24", "--output-dir", str(full))
+    assert a.returncode == 0, a.stderr
+    b = hetero_train(*common, "--nproc", "3", "--steps", "8", "--output-dir", str(part))
+    assert b.returncode == 0, b.stderr
+    c = hetero_train(
+        *common,
+        "--nproc",
+        str(resume_ranks),
+        "--steps",
+        "24",
+        "--output-dir",
+        str(part),
+        "--resume",
+        "auto",
+    )
+    assert c.returncode == 0, c.stderr
+    ref = {r["step"]: r["loss"] for r in read_metrics(full / "metrics" / "rank0.jsonl")}
+    got = {r["step"]: r["loss"] for r in read_metrics(part / "metrics" / "rank0.jsonl")}
+    for step in (12, 16, 20, 24):
+        assert got[step] == pytest.approx(ref[step], rel=1e-4), step
+    recs = read_metrics(part / "metrics" / f"rank{resume_ranks - 1}.jsonl")
+    assert sum(recs[-1]["plan"]) == 48 and len(recs[-1]["plan"]) == resume_ranks
+
+
+def test_resume_auto_without_a_checkpoint_yet_starts_from_step_zero(hetero_train, tmp_path: Path):
+    out = tmp_path / "run"
+    proc = hetero_train(
+        *TINY,
+        "--steps",
+        "4",
+        "--ideal-steps",
+        "0",
+        "--checkpoint-interval",
+        "2",
+        "--output-dir",
+        str(out),
+        "--resume",
+        "auto",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "checkpoints" / "last.pt").is_file()

@@ -126,3 +126,40 @@ def test_bad_inputs_name_the_problem():
 def test_permutation_is_identical_across_calls_and_differs_by_epoch():
     assert epoch_permutation(50, 1, 0) == epoch_permutation(50, 1, 0)
     assert epoch_permutation(50, 1, 0) != epoch_permutation(50, 1, 1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    old_world=st.integers(1, 5),
+    new_world=st.integers(1, 5),
+    stop_after=st.integers(0, 9),
+    more=st.integers(1, 10),
+)
+def test_resume_with_another_world_size_continues_the_same_global_order(
+    old_world: int, new_world: int, stop_after: int, more: int
+) -> None:
+    """A job restarted on fewer (or more) ranks trains on the same samples, step by step."""
+    num_samples, global_batch = 100, 10  # no short final step: epochs of 10 steps at any size
+    more = min(more, 10 - stop_after)  # within the epoch (each iterator runs one epoch)
+
+    def plan(world: int) -> tuple[int, ...]:
+        base = [global_batch // world] * world
+        base[0] += global_batch - sum(base)
+        return tuple(base)
+
+    ref = [UnevenBatchSampler(num_samples, plan(old_world), r, seed=5) for r in range(old_world)]
+    iters = [iter(s) for s in ref]
+    for _ in range(stop_after):
+        for it in iters:
+            next(it)
+    state = ref[0].state_dict()
+    expected = [sorted(i for it in iters for i in next(it)) for _ in range(more)]
+    resumed = [
+        UnevenBatchSampler(num_samples, plan(new_world), r, seed=5) for r in range(new_world)
+    ]
+    for s in resumed:
+        s.load_state_dict(state, plans=False)
+    new_iters = [iter(s) for s in resumed]
+    got = [sorted(i for it in new_iters for i in next(it)) for _ in range(more)]
+    assert got == expected
+    assert [len(x) for x in got] == [global_batch] * more

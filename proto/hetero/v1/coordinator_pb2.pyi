@@ -15,6 +15,7 @@ class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     JOB_STATE_SUCCEEDED: _ClassVar[JobState]
     JOB_STATE_FAILED: _ClassVar[JobState]
     JOB_STATE_CANCELLED: _ClassVar[JobState]
+    JOB_STATE_RESTARTING: _ClassVar[JobState]
 
 class RankState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -29,6 +30,7 @@ JOB_STATE_RUNNING: JobState
 JOB_STATE_SUCCEEDED: JobState
 JOB_STATE_FAILED: JobState
 JOB_STATE_CANCELLED: JobState
+JOB_STATE_RESTARTING: JobState
 RANK_STATE_UNSPECIFIED: RankState
 RANK_STATE_ASSIGNED: RankState
 RANK_STATE_RUNNING: RankState
@@ -62,14 +64,16 @@ class RegisterNodeResponse(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., heartbeat_timeout_s: _Optional[float] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "host", "devices")
+    __slots__ = ("node_id", "host", "devices", "sampled_at_unix_s")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     host: _types_pb2.HostTelemetry
     devices: _containers.RepeatedCompositeFieldContainer[_types_pb2.DeviceTelemetry]
-    def __init__(self, node_id: _Optional[str] = ..., host: _Optional[_Union[_types_pb2.HostTelemetry, _Mapping]] = ..., devices: _Optional[_Iterable[_Union[_types_pb2.DeviceTelemetry, _Mapping]]] = ...) -> None: ...
+    sampled_at_unix_s: float
+    def __init__(self, node_id: _Optional[str] = ..., host: _Optional[_Union[_types_pb2.HostTelemetry, _Mapping]] = ..., devices: _Optional[_Iterable[_Union[_types_pb2.DeviceTelemetry, _Mapping]]] = ..., sampled_at_unix_s: _Optional[float] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ()
@@ -338,7 +342,7 @@ class PollAssignmentsRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ...) -> None: ...
 
 class TrainingArgs(_message.Message):
-    __slots__ = ("model", "dataset", "data_dir", "global_batch", "steps", "epochs", "lr", "seed", "policy", "rebalance_interval", "checkpoint_dir", "checkpoint_interval_steps", "command")
+    __slots__ = ("model", "dataset", "data_dir", "global_batch", "steps", "epochs", "lr", "seed", "policy", "rebalance_interval", "checkpoint_dir", "checkpoint_interval_steps", "command", "resume")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
     DATA_DIR_FIELD_NUMBER: _ClassVar[int]
@@ -352,6 +356,7 @@ class TrainingArgs(_message.Message):
     CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_INTERVAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
     model: str
     dataset: str
     data_dir: str
@@ -365,10 +370,11 @@ class TrainingArgs(_message.Message):
     checkpoint_dir: str
     checkpoint_interval_steps: int
     command: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, model: _Optional[str] = ..., dataset: _Optional[str] = ..., data_dir: _Optional[str] = ..., global_batch: _Optional[int] = ..., steps: _Optional[int] = ..., epochs: _Optional[int] = ..., lr: _Optional[float] = ..., seed: _Optional[int] = ..., policy: _Optional[str] = ..., rebalance_interval: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., checkpoint_interval_steps: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ...) -> None: ...
+    resume: bool
+    def __init__(self, model: _Optional[str] = ..., dataset: _Optional[str] = ..., data_dir: _Optional[str] = ..., global_batch: _Optional[int] = ..., steps: _Optional[int] = ..., epochs: _Optional[int] = ..., lr: _Optional[float] = ..., seed: _Optional[int] = ..., policy: _Optional[str] = ..., rebalance_interval: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., checkpoint_interval_steps: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., resume: bool = ...) -> None: ...
 
 class RankLaunch(_message.Message):
-    __slots__ = ("job_id", "rank", "world_size", "local_rank", "master_addr", "master_port", "backend", "device_index", "device_kind", "emulated_slowdown", "args", "env", "plan")
+    __slots__ = ("job_id", "rank", "world_size", "local_rank", "master_addr", "master_port", "backend", "device_index", "device_kind", "emulated_slowdown", "args", "env", "plan", "attempt")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -389,6 +395,7 @@ class RankLaunch(_message.Message):
     ARGS_FIELD_NUMBER: _ClassVar[int]
     ENV_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     world_size: int
@@ -402,17 +409,20 @@ class RankLaunch(_message.Message):
     args: TrainingArgs
     env: _containers.ScalarMap[str, str]
     plan: _types_pb2.Plan
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., local_rank: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., backend: _Optional[str] = ..., device_index: _Optional[int] = ..., device_kind: _Optional[_Union[_types_pb2.DeviceKind, str]] = ..., emulated_slowdown: _Optional[float] = ..., args: _Optional[_Union[TrainingArgs, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., plan: _Optional[_Union[_types_pb2.Plan, _Mapping]] = ...) -> None: ...
+    attempt: int
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., local_rank: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., backend: _Optional[str] = ..., device_index: _Optional[int] = ..., device_kind: _Optional[_Union[_types_pb2.DeviceKind, str]] = ..., emulated_slowdown: _Optional[float] = ..., args: _Optional[_Union[TrainingArgs, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., plan: _Optional[_Union[_types_pb2.Plan, _Mapping]] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class RankStop(_message.Message):
-    __slots__ = ("job_id", "rank", "reason")
+    __slots__ = ("job_id", "rank", "reason", "attempt")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     reason: str
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    attempt: int
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., reason: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class PollAssignmentsResponse(_message.Message):
     __slots__ = ("launches", "stops")
@@ -423,20 +433,22 @@ class PollAssignmentsResponse(_message.Message):
     def __init__(self, launches: _Optional[_Iterable[_Union[RankLaunch, _Mapping]]] = ..., stops: _Optional[_Iterable[_Union[RankStop, _Mapping]]] = ...) -> None: ...
 
 class ReportRankStatusRequest(_message.Message):
-    __slots__ = ("node_id", "job_id", "rank", "state", "exit_code", "message")
+    __slots__ = ("node_id", "job_id", "rank", "state", "exit_code", "message", "attempt")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     job_id: str
     rank: int
     state: RankState
     exit_code: int
     message: str
-    def __init__(self, node_id: _Optional[str] = ..., job_id: _Optional[str] = ..., rank: _Optional[int] = ..., state: _Optional[_Union[RankState, str]] = ..., exit_code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+    attempt: int
+    def __init__(self, node_id: _Optional[str] = ..., job_id: _Optional[str] = ..., rank: _Optional[int] = ..., state: _Optional[_Union[RankState, str]] = ..., exit_code: _Optional[int] = ..., message: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class ReportRankStatusResponse(_message.Message):
     __slots__ = ("job_state",)

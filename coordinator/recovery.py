@@ -1,0 +1,161 @@
+"""Failure detection and job recovery: the coordinator's sweeper.
+
+Every ``period_s`` the sweeper, in one transaction:
+
+1. marks a node DOWN once it has been silent for longer than the heartbeat
+   timeout (one ``node_down`` event per outage; the node's next heartbeat or
+   registration records ``node_up``), and restarts or fails every job that had
+   ranks there (``lifecycle.node_lost``);
+2. gives a RESTARTING job whose old ranks are all gone its next placement on
+   the healthy devices: the spec's world size if it fits, else fewer ranks
+   (same global batch), a fresh rendezvous port, a new plan; the agents then
+   launch it with ``--resume auto``. A job that fits nowhere fails.
+
+A coordinator that just started counts silence from its own start, not from the
+last heartbeat stored: agents need a moment to reconnect after its restart.
+Ranks that an agent never confirms stopped (it hangs but still heartbeats) are
+given up on after ``stop_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from hetero.coordinator import lifecycle, store
+from hetero.coordinator.jobspec import JobSpec, parse_jobspec
+from hetero.coordinator.models import JobRow
+from hetero.coordinator.placement import Placement, PlacementError, initial_plan, place
+from hetero.errors import HeteroError
+
+log = logging.getLogger("hetero.coordinator.recovery")
+
+#: Seconds a restarting job waits for its agents to confirm the old ranks stopped.
+STOP_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """Seconds. ``started_at`` is when this coordinator process started (Unix s)."""
+
+    heartbeat_timeout_s: float
+    started_at: float
+    master_port_base: int = 29500
+    master_port_span: int = 1000
+    stop_timeout_s: float = STOP_TIMEOUT_S
+
+
+def sweep(s: Session, cfg: SweepConfig, *, now: float) -> None:
+    """One pass: detect down nodes, then re-place the restarting jobs that can be."""
+    if now - cfg.started_at > cfg.heartbeat_timeout_s:
+        for node in store.silent_nodes(s, since=now - cfg.heartbeat_timeout_s):
+            silent_s = now - node.last_heartbeat_unix_s
+            store.mark_down(s, node, silent_s, now=now)
+            log.warning("node %s down: no heartbeat for %.1f s", node.name, silent_s)
+            store.lose_node(s, node, now=now)
+    s.flush()
+    for job in store.restarting_jobs(s):
+        replace_if_ready(s, job, cfg, now=now)
+
+
+def replace_if_ready(s: Session, job: JobRow, cfg: SweepConfig, *, now: float) -> bool:
+    """Place a RESTARTING job's next attempt once its old ranks are gone; True if placed."""
+    if job.state != lifecycle.RESTARTING:
+        return False
+    statuses = [lifecycle.RankStatus(r.rank, r.state, r.exit_code) for r in job.ranks]
+    if not lifecycle.ready_to_replace(statuses):
+        since = job.restarting_since_unix_s or now
+        if now - since < cfg.stop_timeout_s:
+            return False
+        stuck = [r.rank for r in job.ranks if r.state != lifecycle.EXITED]
+        store.add_event(
+            s,
+            "ranks_unconfirmed",
+            f"job {job.name}: ranks {stuck} not confirmed stopped after "
+            f"{cfg.stop_timeout_s:.0f} s; placing the restart anyway",
+            job_id=job.id,
+            now=now,
+        )
+        for r in job.ranks:
+            r.state = lifecycle.EXITED
+    spec = parse_jobspec(job.spec_yaml, source=f"job {job.id}")
+    try:
+        placement = place_restart(s, spec, cfg, now=now)
+    except HeteroError as exc:
+        log.warning("job %s cannot restart: %s", job.id, exc)
+        store.fail_restart(s, job, f"cannot restart: {exc}", now=now)
+        return False
+    shrunk = replace_spec_ranks(spec, len(placement.ranks))
+    store.replace_job(s, job, placement, initial_plan(shrunk, placement), now=now)
+    log.info(
+        "job %s attempt %d placed: %d ranks, port %d",
+        job.id,
+        job.restarts,
+        len(placement.ranks),
+        placement.master_port,
+    )
+    return True
+
+
+def place_restart(s: Session, spec: JobSpec, cfg: SweepConfig, *, now: float) -> Placement:
+    """The largest placement of ``spec`` on the healthy devices (never another global batch)."""
+    devices = store.device_slots(s, now=now, timeout_s=cfg.heartbeat_timeout_s)
+    port = store.next_master_port(s, cfg.master_port_base, cfg.master_port_span)
+    first_error: PlacementError | None = None
+    for world_size in lifecycle.restart_world_sizes(spec.world_size):
+        try:
+            return place(replace_spec_ranks(spec, world_size), devices, port)
+        except PlacementError as exc:
+            first_error = first_error or exc
+    assert first_error is not None
+    raise first_error
+
+
+def replace_spec_ranks(spec: JobSpec, world_size: int) -> JobSpec:
+    """``spec`` with ``world_size`` ranks (the first ranks' emulated slowdowns kept)."""
+    if world_size == spec.world_size:
+        return spec
+    return dataclasses.replace(
+        spec,
+        resources=dataclasses.replace(spec.resources, ranks=world_size),
+        emulate_slowdown=spec.emulate_slowdown[:world_size],
+    )
+
+
+class Sweeper:
+    """The thread that runs :func:`sweep` every ``period_s`` until :meth:`stop`."""
+
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        cfg: SweepConfig,
+        period_s: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.sessions = sessions
+        self.cfg = cfg
+        self.period_s = period_s
+        self.clock = clock
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sweeper", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            try:
+                with self.sessions.begin() as s:
+                    sweep(s, self.cfg, now=self.clock())
+            except Exception:  # the next sweep tries again; never let the thread die
+                log.exception("sweep failed")

@@ -1,0 +1,228 @@
+"""Recovery through the real Coordinator API (gRPC on port 0, SQLite under tmp_path).
+
+The test plays the agents' part with the same RPCs they use, and moves the
+clock by hand, so detection and restart are pinned without waiting: a silent
+node is marked down once (and up again), a failed rank or lost node restarts
+the job on the healthy devices with a new attempt, port and plan, old
+attempts' news changes nothing, and exhausted restarts fail the job.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+import grpc
+import pytest
+
+from hetero.coordinator import recovery
+from hetero.v1 import coordinator_pb2 as pb
+from hetero.v1 import types_pb2 as tpb
+
+DEADLINE_S = 5.0
+JOB = """\
+name: chaos
+model: debug
+global_batch: 24
+steps: 100
+rebalance_interval: 5
+max_restarts: {restarts}
+checkpoint: {{dir: /tmp/ckpt, interval_steps: 10}}
+resources: {{ranks: 2, device: {device}}}
+"""
+
+
+def _register(c, name: str, kind: int = tpb.DEVICE_KIND_CPU) -> str:  # type: ignore[no-untyped-def]
+    device = tpb.DeviceProfile(index=0, name=f"{name}-dev", kind=kind, compute_score=1.0)
+    req = pb.RegisterNodeRequest(name=name, address=f"{name}.local", devices=[device])
+    return str(c.stub.RegisterNode(req, timeout=DEADLINE_S).node_id)
+
+
+def _beat(c, node_id: str) -> None:  # type: ignore[no-untyped-def]
+    c.stub.Heartbeat(pb.HeartbeatRequest(node_id=node_id), timeout=DEADLINE_S)
+
+
+def _poll(c, node_id: str) -> pb.PollAssignmentsResponse:  # type: ignore[no-untyped-def]
+    req = pb.PollAssignmentsRequest(node_id=node_id)
+    return c.stub.PollAssignments(req, timeout=DEADLINE_S)
+
+
+def _report(c, node_id, job_id, rank, state, code=None, attempt=0, message=""):  # type: ignore[no-untyped-def]
+    req = pb.ReportRankStatusRequest(
+        node_id=node_id, job_id=job_id, rank=rank, state=state, attempt=attempt, message=message
+    )
+    if code is not None:
+        req.exit_code = code
+    return c.stub.ReportRankStatus(req, timeout=DEADLINE_S)
+
+
+def _job(c, job_id: str) -> pb.Job:  # type: ignore[no-untyped-def]
+    return c.stub.GetJob(pb.GetJobRequest(job_id=job_id), timeout=DEADLINE_S)
+
+
+def _sweep(c) -> None:  # type: ignore[no-untyped-def]
+    with c.deps.sessions.begin() as s:
+        recovery.sweep(s, c.deps.sweep_config(), now=c.clock())
+
+
+def _events(c, kind: str) -> list[str]:  # type: ignore[no-untyped-def]
+    db = sqlite3.connect(c.db_path)
+    rows = db.execute("SELECT message FROM events WHERE kind = ? ORDER BY id", (kind,))
+    return [m for (m,) in rows.fetchall()]
+
+
+def _start(c, job_id: str, nodes: dict[str, str], attempt: int = 0) -> dict[int, str]:  # type: ignore[no-untyped-def]
+    """Every node launches what it is told; returns rank -> node id."""
+    where = {}
+    for node_id in nodes.values():
+        for order in _poll(c, node_id).launches:
+            assert order.attempt == attempt
+            _report(c, node_id, job_id, order.rank, pb.RANK_STATE_RUNNING, attempt=attempt)
+            where[order.rank] = node_id
+    return where
+
+
+def _submit(c, restarts: int = 1, device: str = "cpu") -> str:  # type: ignore[no-untyped-def]
+    spec = JOB.format(restarts=restarts, device=device)
+    return str(c.stub.SubmitJob(pb.SubmitJobRequest(spec_yaml=spec), timeout=DEADLINE_S).job_id)
+
+
+def test_a_silent_node_is_marked_down_once_and_up_again_when_it_heartbeats(coordinator) -> None:  # type: ignore[no-untyped-def]
+    a, b = _register(coordinator, "node-a"), _register(coordinator, "node-b")
+    coordinator.clock.now += 6.0
+    _beat(coordinator, a)
+    coordinator.clock.now += 6.0  # b silent 12 s > 10 s timeout; a silent 6 s
+    for _ in range(3):
+        _sweep(coordinator)
+        coordinator.clock.now += 1.0
+    assert _events(coordinator, "node_down") == ["node node-b down: silent for 12.0 s"]
+    _beat(coordinator, b)
+    _sweep(coordinator)
+    assert _events(coordinator, "node_up") == ["node node-b is back"]
+    assert len(_events(coordinator, "node_down")) == 1
+
+
+def test_a_restarted_coordinator_counts_silence_from_its_own_start(coordinator) -> None:  # type: ignore[no-untyped-def]
+    _register(coordinator, "node-a")
+    coordinator.clock.now += 100.0  # the coordinator was down for 100 s, then started
+    cfg = recovery.SweepConfig(heartbeat_timeout_s=10.0, started_at=coordinator.clock.now)
+    with coordinator.deps.sessions.begin() as s:
+        recovery.sweep(s, cfg, now=coordinator.clock.now + 5.0)
+    assert _events(coordinator, "node_down") == [], "agents get the timeout to come back"
+
+
+def test_a_failed_rank_restarts_the_job_with_a_new_attempt_port_and_resume(coordinator) -> None:  # type: ignore[no-untyped-def]
+    nodes = {"a": _register(coordinator, "node-a"), "b": _register(coordinator, "node-b")}
+    job_id = _submit(coordinator, restarts=1)
+    first = _job(coordinator, job_id)
+    where = _start(coordinator, job_id, nodes)
+    assert _job(coordinator, job_id).state == pb.JOB_STATE_RUNNING
+
+    resp = _report(coordinator, where[1], job_id, 1, pb.RANK_STATE_EXITED, 137, message="killed")
+    assert resp.job_state == pb.JOB_STATE_RESTARTING
+    job = _job(coordinator, job_id)
+    assert job.restarts == 0, "counted once the restart is placed"
+    assert job.message == "restart 1 of 1: rank 1 exited with code 137 (killed)"
+    (stop,) = _poll(coordinator, where[0]).stops
+    assert (stop.rank, stop.attempt) == (0, 0), "the survivor is stopped"
+    assert _poll(coordinator, where[1]).launches == [], "nothing starts before the old ranks end"
+
+    # Rank 0's own failure (its peer vanished) is a confirmation, not a second restart.
+    _report(coordinator, where[0], job_id, 0, pb.RANK_STATE_EXITED, 1)
+    job = _job(coordinator, job_id)
+    assert job.state == pb.JOB_STATE_PENDING and job.restarts == 1
+    assert job.master_port != first.master_port, "a fresh rendezvous port per attempt"
+    assert job.plan.version > first.plan.version and sum(job.plan.batches) == 24
+    orders = [o for n in nodes.values() for o in _poll(coordinator, n).launches]
+    assert sorted(o.rank for o in orders) == [0, 1]
+    assert all(o.attempt == 1 and o.args.resume for o in orders)
+    assert all(o.env["HETERO_ATTEMPT"] == "1" for o in orders)
+    assert all(o.env["HETERO_COLLECTIVE_TIMEOUT_S"] == "60" for o in orders)
+
+    # News of attempt 0 arriving late changes nothing.
+    _report(coordinator, where[1], job_id, 1, pb.RANK_STATE_EXITED, 1, attempt=0)
+    assert _job(coordinator, job_id).state == pb.JOB_STATE_PENDING
+    assert [e.kind for e in _job(coordinator, job_id).events].count("job_restarted") == 1
+
+
+def test_a_lost_cuda_node_restarts_the_job_on_fewer_ranks_without_waiting(coordinator) -> None:  # type: ignore[no-untyped-def]
+    cuda = tpb.DEVICE_KIND_CUDA
+    nodes = {"a": _register(coordinator, "gpu-a", cuda), "b": _register(coordinator, "gpu-b", cuda)}
+    job_id = _submit(coordinator, restarts=2, device="cuda")
+    where = _start(coordinator, job_id, nodes)
+    coordinator.clock.now += 8.0
+    _beat(coordinator, nodes["a"])
+    coordinator.clock.now += 4.0  # gpu-b silent for 12 s
+    _sweep(coordinator)
+    job = _job(coordinator, job_id)
+    assert job.state == pb.JOB_STATE_RESTARTING
+    assert "node gpu-b went down (rank 1)" in job.message
+    lost = next(r for r in job.ranks if r.node_name == "gpu-b")
+    assert lost.state == pb.RANK_STATE_EXITED, "the lost node's rank is gone at once"
+
+    _report(coordinator, where[0], job_id, 0, pb.RANK_STATE_EXITED, 143)
+    job = _job(coordinator, job_id)
+    assert job.state == pb.JOB_STATE_PENDING and job.world_size == 1
+    assert [r.node_name for r in job.ranks] == ["gpu-a"]
+    assert list(job.plan.batches) == [24], "same global batch on fewer ranks"
+    (order,) = _poll(coordinator, nodes["a"]).launches
+    assert order.world_size == 1 and order.env["WORLD_SIZE"] == "1"
+
+    _beat(coordinator, nodes["b"])  # it comes back: used at the next restart
+    _report(coordinator, nodes["a"], job_id, 0, pb.RANK_STATE_RUNNING, attempt=1)
+    _report(coordinator, nodes["a"], job_id, 0, pb.RANK_STATE_EXITED, 1, attempt=1)
+    job = _job(coordinator, job_id)
+    assert job.world_size == 2 and job.restarts == 2
+    assert sorted(r.node_name for r in job.ranks) == ["gpu-a", "gpu-b"]
+
+
+def test_restarts_exhausted_fail_the_job_and_stop_the_survivors(coordinator) -> None:  # type: ignore[no-untyped-def]
+    nodes = {"a": _register(coordinator, "node-a"), "b": _register(coordinator, "node-b")}
+    job_id = _submit(coordinator, restarts=0)
+    where = _start(coordinator, job_id, nodes)
+    resp = _report(coordinator, where[1], job_id, 1, pb.RANK_STATE_EXITED, 1)
+    assert resp.job_state == pb.JOB_STATE_FAILED
+    assert _job(coordinator, job_id).message == "rank 1 exited with code 1"
+    assert [s.rank for s in _poll(coordinator, where[0]).stops] == [0]
+
+
+def test_a_restart_that_fits_nowhere_fails_with_the_reason(coordinator) -> None:  # type: ignore[no-untyped-def]
+    cuda = tpb.DEVICE_KIND_CUDA
+    nodes = {"a": _register(coordinator, "gpu-a", cuda), "b": _register(coordinator, "gpu-b", cuda)}
+    job_id = _submit(coordinator, restarts=3, device="cuda")
+    _start(coordinator, job_id, nodes)
+    coordinator.clock.now += 11.0  # both nodes silent
+    _sweep(coordinator)
+    job = _job(coordinator, job_id)
+    assert job.state == pb.JOB_STATE_FAILED
+    assert job.message.startswith("cannot restart: job 'chaos' needs 2 ranks but only 0")
+
+
+def test_buffered_telemetry_lands_in_the_bucket_it_was_sampled_in(coordinator) -> None:  # type: ignore[no-untyped-def]
+    node_id = _register(coordinator, "node-a")
+    sampled = coordinator.clock.now - 120.0
+    late = pb.HeartbeatRequest(
+        node_id=node_id, host=tpb.HostTelemetry(cpu_percent=7.0), sampled_at_unix_s=sampled
+    )
+    coordinator.stub.Heartbeat(late, timeout=DEADLINE_S)
+    db = sqlite3.connect(coordinator.db_path)
+    rows = db.execute("SELECT time_unix_s, cpu_percent FROM telemetry").fetchall()
+    assert rows == [(sampled, 7.0)]
+
+
+def test_a_report_of_an_earlier_attempt_is_kept_but_never_replans(coordinator) -> None:  # type: ignore[no-untyped-def]
+    nodes = {"a": _register(coordinator, "node-a"), "b": _register(coordinator, "node-b")}
+    job_id = _submit(coordinator, restarts=1)
+    where = _start(coordinator, job_id, nodes)
+    _report(coordinator, where[1], job_id, 1, pb.RANK_STATE_EXITED, 1)
+    _report(coordinator, where[0], job_id, 0, pb.RANK_STATE_EXITED, 1)
+    before = _job(coordinator, job_id).plan.version
+    stats = [
+        tpb.RankIntervalStats(rank=r, batch=12, steps=5, compute_s=0.1 * (r + 1), step_s=0.3)
+        for r in range(2)
+    ]
+    old = tpb.IntervalReport(job_id=job_id, end_step=20, plan_version=1, ranks=stats)
+    resp = coordinator.stub.ReportIntervalStats(old, timeout=DEADLINE_S)
+    assert resp.plan.version == before, "a stale attempt's report does not re-plan"
+    with pytest.raises(grpc.RpcError):
+        bad = tpb.IntervalReport(job_id=job_id, end_step=20, plan_version=1, ranks=stats[:1])
+        coordinator.stub.ReportIntervalStats(bad, timeout=DEADLINE_S)
