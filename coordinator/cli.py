@@ -232,6 +232,8 @@ def _serve(args: argparse.Namespace) -> int:
         metrics_listen=config.metrics_listen,
         security=security,
         allowed_roots=config.resolved_allowed_roots,
+        heartbeat_interval_s=config.heartbeat_interval_s,
+        heartbeat_timeout_s=config.heartbeat_timeout_s,
     )
     return 0
 

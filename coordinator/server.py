@@ -18,10 +18,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from sqlalchemy.engine import make_url
 
-from hetero.coordinator.database import open_database, session_factory
+from hetero.coordinator.database import open_database, read_session_factory, session_factory
+from hetero.coordinator.ingest import HeartbeatIngest
 from hetero.coordinator.metrics import MetricsServer
+from hetero.coordinator.readcache import LatestPlans, PendingOrders
 from hetero.coordinator.service import CoordinatorService, Deps
 from hetero.transport import ServerSecurity, bind, describe, new_server
+from hetero.coordinator.store import TelemetryPolicy
 from hetero.v1 import coordinator_pb2, coordinator_pb2_grpc
 
 log = logging.getLogger("hetero.coordinator")
@@ -66,15 +69,33 @@ def serve(
     metrics_listen: str | None = None,
     security: ServerSecurity | None = None,
     allowed_roots: tuple[str, ...] | None = None,
+    heartbeat_interval_s: float = 1.0,
+    heartbeat_timeout_s: float = 10.0,
 ) -> None:
     """Run the coordinator until SIGTERM or SIGINT; with ``metrics_listen`` (host:port)
-    also serve Prometheus ``/metrics`` there."""
+    also serve Prometheus ``/metrics`` there. Heartbeats are written in batches
+    (``HeartbeatIngest``) and reads take no write lock."""
     engine = open_database(db_url)
-    deps = deps or Deps(sessions=session_factory(engine), allowed_roots=allowed_roots)
+    if deps is None:
+        sessions, readers = session_factory(engine), read_session_factory(engine)
+        policy = TelemetryPolicy()
+        deps = Deps(
+            sessions=sessions,
+            readers=readers,
+            ingest=HeartbeatIngest(sessions, readers, policy),
+            orders=PendingOrders(readers),
+            plans=LatestPlans(readers),
+            telemetry=policy,
+            heartbeat_interval_s=heartbeat_interval_s,
+            heartbeat_timeout_s=heartbeat_timeout_s,
+            allowed_roots=allowed_roots,
+        )
     server, port = create_server(address, deps, security)
     metrics = (
         MetricsServer(metrics_listen, CoordinatorService(deps).snapshot) if metrics_listen else None
     )
+    if deps.ingest is not None:
+        deps.ingest.start()
     server.start()
     log.info(
         "coordinator listening on %s (port %d, %s), database %s",
@@ -100,6 +121,8 @@ def serve(
         if metrics is not None:
             metrics.stop()
         server.stop(grace_s).wait()
+        if deps.ingest is not None:
+            deps.ingest.stop()
         engine.dispose()
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -21,9 +21,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from hetero.coordinator import lifecycle, rebalance, store, validate, views, wire
 from hetero.coordinator.balancer import Constraints, DeviceProfile
+from hetero.coordinator.balancer.straggler import LOOKBACK
+from hetero.coordinator.ingest import HeartbeatIngest
 from hetero.coordinator.jobspec import JobSpec, parse_jobspec
 from hetero.coordinator.models import JobRow
 from hetero.coordinator.placement import place, predict
+from hetero.coordinator.readcache import LatestPlans, PendingOrders
 from hetero.errors import ConfigError, HeteroError
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
@@ -41,9 +44,20 @@ MAX_PROBE_BYTES = 4 * 1024 * 1024 - 1024
 
 @dataclass(frozen=True)
 class Deps:
-    """What the servicer needs from its process: the database and the clock."""
+    """What the servicer needs from its process: the database and the clock.
+
+    ``readers`` (``database.read_session_factory``) serves the handlers that only
+    read; None = ``sessions``. ``ingest`` parks heartbeats and writes them in
+    batches; None = each heartbeat is written in its own transaction. ``orders``
+    answers most order polls and ``plans`` most ``GetPlan`` calls from memory
+    (``readcache``); None = every call queries.
+    """
 
     sessions: sessionmaker[Session]
+    readers: sessionmaker[Session] | None = None
+    ingest: HeartbeatIngest | None = None
+    orders: PendingOrders | None = None
+    plans: LatestPlans | None = None
     clock: Callable[[], float] = time.time
     heartbeat_interval_s: float = 1.0
     heartbeat_timeout_s: float = 10.0
@@ -86,6 +100,7 @@ def _invalid(message: str) -> ConfigError:
 class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
     def __init__(self, deps: Deps) -> None:
         self.deps = deps
+        self._read = deps.readers or deps.sessions
 
     # ---- agents -------------------------------------------------------------
 
@@ -113,6 +128,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
                 now=self.deps.clock(),
             )
             node_id = node.id
+        if self.deps.ingest is not None:
+            self.deps.ingest.known(node_id)
         emulated = {d.emulated_slowdown for d in req.devices if d.emulated_slowdown > 1.0}
         log.info(
             "node %s registered as %s with %d devices%s%s",
@@ -132,14 +149,13 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
     def Heartbeat(
         self, req: pb.HeartbeatRequest, context: grpc.ServicerContext
     ) -> pb.HeartbeatResponse:
+        beat = store.Beat(req.node_id, self.deps.clock(), wire.telemetry_values(req))
+        if self.deps.ingest is not None:
+            self.deps.ingest.offer(beat)
+            return pb.HeartbeatResponse()
         with self.deps.sessions.begin() as s:
-            store.record_heartbeat(
-                s,
-                req.node_id,
-                wire.telemetry_rows(req),
-                now=self.deps.clock(),
-                policy=self.deps.telemetry,
-            )
+            if store.record_heartbeats(s, [beat], policy=self.deps.telemetry):
+                raise store.NotFoundError(f"unknown node {req.node_id!r}: register first")
         return pb.HeartbeatResponse()
 
     @rpc
@@ -147,7 +163,10 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
         self, req: pb.PollAssignmentsRequest, context: grpc.ServicerContext
     ) -> pb.PollAssignmentsResponse:
         out = pb.PollAssignmentsResponse()
-        with self.deps.sessions.begin() as s:
+        ingest, orders = self.deps.ingest, self.deps.orders
+        if ingest and orders and ingest.is_known(req.node_id) and not orders.may_have(req.node_id):
+            return out  # the common case, once a second per agent: nothing to do
+        with self._read() as s:
             store.get_node(s, req.node_id)
             specs: dict[str, JobSpec] = {}
             for rank in store.ranks_to_launch(s, req.node_id):
@@ -210,13 +229,16 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
             store.add_interval(
                 s, job, req.end_step, req.plan_version, wire.interval_rows(req), now=now
             )
-            for flag in views.new_stragglers(s, job):
+            # One read of the history serves straggler detection and the re-plan.
+            window = max(rebalance.HISTORY_WINDOW, LOOKBACK + 1)
+            history = store.interval_history(s, job, window)
+            for flag in views.new_stragglers(s, job, history):
                 store.add_event(s, "straggler", flag.message, job_id=job.id, now=now)
             plan = store.latest_plan(s, job.id)
             if job.state not in lifecycle.FINISHED and rebalance.is_boundary(
                 req.end_step, job.rebalance_interval
             ):
-                history = store.interval_history(s, job, rebalance.HISTORY_WINDOW)
+                history = history[-rebalance.HISTORY_WINDOW :]
                 profiles = [
                     DeviceProfile(r.device_name, r.effective_score, None, r.emulated_slowdown)
                     for r in job.ranks
@@ -248,11 +270,16 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
                         job_id=job.id,
                         now=now,
                     )
-            return tpb.ReportIntervalStatsResponse(plan=wire.plan_message(plan))
+            reply = wire.plan_message(plan)
+        if self.deps.plans is not None:
+            self.deps.plans.put(req.job_id, reply)
+        return tpb.ReportIntervalStatsResponse(plan=reply)
 
     @rpc
     def GetPlan(self, req: tpb.GetPlanRequest, context: grpc.ServicerContext) -> tpb.Plan:
-        with self.deps.sessions() as s:
+        if self.deps.plans is not None:
+            return self.deps.plans.get(req.job_id)
+        with self._read() as s:
             return wire.plan_message(store.latest_plan(s, store.get_job(s, req.job_id).id))
 
     # ---- users ---------------------------------------------------------------
@@ -296,13 +323,13 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
         if req.limit < 0:
             raise _invalid(f"limit must be >= 0, got {req.limit}")
         limit = min(req.limit or 100, 1000)
-        with self.deps.sessions() as s:
+        with self._read() as s:
             jobs = store.list_jobs(s, states, limit)
             return pb.ListJobsResponse(jobs=[self._job(s, j) for j in jobs])
 
     @rpc
     def GetJob(self, req: pb.GetJobRequest, context: grpc.ServicerContext) -> pb.Job:
-        with self.deps.sessions() as s:
+        with self._read() as s:
             return self._job(s, store.get_job(s, req.job_id), detail=True)
 
     @rpc
@@ -316,7 +343,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
         self, req: pb.GetJobLogsRequest, context: grpc.ServicerContext
     ) -> pb.GetJobLogsResponse:
         limit = min(req.limit or 1000, 10_000)
-        with self.deps.sessions() as s:
+        with self._read() as s:
             rows = store.job_logs(s, req.job_id, req.after_seq, limit)
             lines = [wire.log_message(r) for r in rows]
         next_seq = lines[-1].seq if lines else req.after_seq
@@ -326,7 +353,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
     def ListNodes(
         self, req: pb.ListNodesRequest, context: grpc.ServicerContext
     ) -> pb.ListNodesResponse:
-        with self.deps.sessions() as s:
+        with self._read() as s:
             return pb.ListNodesResponse(nodes=self._nodes(s))
 
     @rpc
@@ -348,7 +375,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
         if req.max_intervals < 0:
             raise _invalid(f"max_intervals must be >= 0, got {req.max_intervals}")
         after = req.after_step if req.HasField("after_step") else None
-        with self.deps.sessions() as s:
+        with self._read() as s:
             return views.job_detail(s, req.job_id, req.max_intervals, after)
 
     def WatchCluster(
@@ -372,7 +399,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
 
     def snapshot(self) -> pb.ClusterSnapshot:
         """The cluster now: what WatchCluster streams and the metrics endpoint exports."""
-        with self.deps.sessions() as s:
+        with self._read() as s:
             return views.cluster_snapshot(
                 s, now=self.deps.clock(), timeout_s=self.deps.heartbeat_timeout_s
             )

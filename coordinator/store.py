@@ -11,8 +11,8 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import delete, func, select
-from sqlalchemy.orm import Session
+from sqlalchemy import bindparam, delete, func, insert, select, update
+from sqlalchemy.orm import Session, selectinload
 
 from hetero.coordinator import lifecycle
 from hetero.coordinator.balancer import Batches, RankInterval
@@ -82,7 +82,9 @@ def get_node(s: Session, node_id: str) -> NodeRow:
 
 
 def list_nodes(s: Session) -> list[NodeRow]:
-    return list(s.scalars(select(NodeRow).order_by(NodeRow.name)))
+    """Every node with its devices loaded (one query for all, not one per node)."""
+    query = select(NodeRow).options(selectinload(NodeRow.devices)).order_by(NodeRow.name)
+    return list(s.scalars(query))
 
 
 def find_node(s: Session, ref: str) -> NodeRow:
@@ -103,40 +105,91 @@ def set_draining(s: Session, ref: str, draining: bool, *, now: float) -> NodeRow
     return node
 
 
-def record_heartbeat(
-    s: Session,
-    node_id: str,
-    samples: Iterable[TelemetryRow],
-    *,
-    now: float,
-    policy: TelemetryPolicy,
-) -> None:
-    """Mark the node alive and keep ``samples`` (``device_index`` None = host).
+#: The measured columns of ``TelemetryRow``; a beat's samples may give any subset.
+_TELEMETRY_VALUES = tuple(
+    c.name
+    for c in TelemetryRow.__table__.columns
+    if c.name not in ("id", "node_id", "device_index", "bucket", "time_unix_s")
+)
 
-    Each (device, bucket of ``period_s``) keeps one row holding its newest
-    sample; rows older than ``retention_s`` are deleted.
+
+@dataclass(frozen=True)
+class Beat:
+    """One heartbeat as received: ``telemetry`` holds one dict of ``TelemetryRow`` column
+    values per sample (``device_index`` None = host)."""
+
+    node_id: str
+    time_unix_s: float
+    telemetry: tuple[dict[str, object], ...]
+
+
+def record_heartbeats(s: Session, beats: Sequence[Beat], *, policy: TelemetryPolicy) -> set[str]:
+    """Mark each beat's node alive and keep its samples; return the node ids not known.
+
+    A batch of many nodes' heartbeats is one transaction of a few bulk statements
+    (the coordinator's ingest flushes them together: one transaction per heartbeat
+    did not keep up with 1,000 agents). Each (node, device, bucket of ``period_s``)
+    keeps one row holding its newest sample; a node's rows older than
+    ``retention_s`` are deleted when it reports (a node that never reports again
+    keeps at most one retention window of rows).
     """
-    node = get_node(s, node_id)
-    node.last_heartbeat_unix_s = now
-    bucket = int(now // policy.period_s)
-    current = {
-        row.device_index: row
-        for row in s.scalars(
-            select(TelemetryRow).where(
-                TelemetryRow.node_id == node_id, TelemetryRow.bucket == bucket
-            )
+    if not beats:
+        return set()
+    ids = {b.node_id for b in beats}
+    known = set(s.scalars(select(NodeRow.id).where(NodeRow.id.in_(ids))))
+    newest: dict[tuple[str, int | None, int], dict[str, object]] = {}
+    alive: dict[str, float] = {}
+    for b in sorted((b for b in beats if b.node_id in known), key=lambda b: b.time_unix_s):
+        alive[b.node_id] = b.time_unix_s
+        bucket = int(b.time_unix_s // policy.period_s)
+        for sample in b.telemetry:
+            index = sample.get("device_index")
+            key = (b.node_id, index if isinstance(index, int) else None, bucket)
+            newest[key] = {
+                **{c: sample.get(c) for c in _TELEMETRY_VALUES},
+                "device_index": key[1],
+                "node_id": b.node_id,
+                "bucket": bucket,
+                "time_unix_s": b.time_unix_s,
+            }
+    # Core statements, each one executemany: the ORM's bulk paths cost several
+    # times more CPU per row, and this runs for every agent every second.
+    conn = s.connection()
+    nodes, telemetry = NodeRow.__table__, TelemetryRow.__table__
+    if alive:
+        conn.execute(
+            update(nodes)
+            .where(nodes.c.id == bindparam("node"))
+            .values(last_heartbeat_unix_s=bindparam("t")),
+            [{"node": node_id, "t": t} for node_id, t in alive.items()],
         )
-    }
-    for sample in samples:
-        sample.node_id, sample.bucket, sample.time_unix_s = node_id, bucket, now
-        old = current.get(sample.device_index)
-        if old is not None:
-            sample.id = old.id
-            s.merge(sample)
-        else:
-            s.add(sample)
-    oldest = int((now - policy.retention_s) // policy.period_s)
-    s.execute(delete(TelemetryRow).where(TelemetryRow.bucket < oldest))
+    if newest:
+        buckets = {key[2] for key in newest}
+        existing = conn.execute(
+            select(
+                telemetry.c.id, telemetry.c.node_id, telemetry.c.device_index, telemetry.c.bucket
+            ).where(telemetry.c.node_id.in_(alive), telemetry.c.bucket.in_(buckets))
+        )
+        row_ids = {(n, d, b): row_id for row_id, n, d, b in existing}
+        updates = [{**v, "row": row_ids[k]} for k, v in newest.items() if k in row_ids]
+        inserts = [v for k, v in newest.items() if k not in row_ids]
+        if updates:
+            columns = {c: bindparam(c) for c in updates[0] if c != "row"}
+            conn.execute(
+                update(telemetry).where(telemetry.c.id == bindparam("row")).values(columns),
+                updates,
+            )
+        if inserts:
+            conn.execute(insert(telemetry), inserts)
+    if alive:
+        oldest = int((max(alive.values()) - policy.retention_s) // policy.period_s)
+        conn.execute(
+            delete(telemetry).where(
+                telemetry.c.node_id == bindparam("node"), telemetry.c.bucket < oldest
+            ),
+            [{"node": node_id} for node_id in alive],
+        )
+    return ids - known
 
 
 def latest_telemetry(s: Session, node_id: str) -> dict[int | None, TelemetryRow]:
@@ -301,6 +354,16 @@ def set_rank_status(
     return job
 
 
+def nodes_with_orders(s: Session) -> set[str]:
+    """Nodes for which ``ranks_to_launch`` or ``ranks_to_stop`` might return anything: one
+    query that lets the agents' once-a-second polls skip theirs. Keep it a superset of
+    those two functions' conditions."""
+    query = select(RankRow.node_id).where(
+        RankRow.state.in_((lifecycle.ASSIGNED, lifecycle.STOPPING))
+    )
+    return set(s.scalars(query.distinct()))
+
+
 def ranks_to_launch(s: Session, node_id: str) -> list[RankRow]:
     """Ranks placed on ``node_id`` that its agent has not reported started."""
     return list(
@@ -386,47 +449,68 @@ def add_interval(
     s.flush()
 
 
-def interval_history(s: Session, job: JobRow, window: int) -> list[list[RankInterval]]:
-    """The last ``window`` complete intervals (every rank reported), oldest first."""
-    steps = list(
+def complete_steps(s: Session, job: JobRow, limit: int) -> list[int]:
+    """The newest ``limit`` end steps every rank reported, newest first.
+
+    Counting ranks per step over a job's whole history made every interval report
+    slower the longer the job ran; the newest ``2 * limit`` steps (an index-only
+    reverse scan) nearly always hold them, and only if not is the rest counted.
+    """
+    t = IntervalStatRow
+    recent = list(
         s.scalars(
-            select(IntervalStatRow.end_step)
-            .where(IntervalStatRow.job_id == job.id)
-            .group_by(IntervalStatRow.end_step)
-            .having(func.count(func.distinct(IntervalStatRow.rank)) == job.world_size)
-            .order_by(IntervalStatRow.end_step.desc())
-            .limit(window)
+            select(t.end_step)
+            .where(t.job_id == job.id)
+            .distinct()
+            .order_by(t.end_step.desc())
+            .limit(2 * limit)
         )
     )
+    if not recent:
+        return []
+    query = (
+        select(t.end_step)
+        .where(t.job_id == job.id)
+        .group_by(t.end_step)
+        .having(func.count(func.distinct(t.rank)) == job.world_size)
+        .order_by(t.end_step.desc())
+        .limit(limit)
+    )
+    if len(recent) == 2 * limit:
+        steps = list(s.scalars(query.where(t.end_step >= recent[-1])))
+        if len(steps) == limit:
+            return steps
+    return list(s.scalars(query))
+
+
+def interval_history(s: Session, job: JobRow, window: int) -> list[list[RankInterval]]:
+    """The last ``window`` complete intervals (every rank reported), oldest first."""
+    steps = complete_steps(s, job, window)
     if not steps:
         return []
-    rows = s.scalars(
-        select(IntervalStatRow)
-        .where(IntervalStatRow.job_id == job.id, IntervalStatRow.end_step.in_(steps))
-        .order_by(IntervalStatRow.end_step, IntervalStatRow.rank, IntervalStatRow.id.desc())
+    # Columns, not ORM objects: this runs on every interval report of every job,
+    # and building the objects was most of a report's CPU.
+    t = IntervalStatRow
+    rows = s.execute(
+        select(t.end_step, t.rank, t.batch, t.steps, t.compute_s, t.step_s, t.peak_memory_bytes)
+        .where(t.job_id == job.id, t.end_step.in_(steps))
+        .order_by(t.end_step, t.rank, t.id.desc())
     )
     by_step: dict[int, dict[int, RankInterval]] = {}
-    for r in rows:
+    for end_step, rank, batch, n, compute_s, step_s, peak in rows:
         # A re-sent report leaves duplicates: the newest row (highest id) wins.
-        by_step.setdefault(r.end_step, {}).setdefault(
-            r.rank,
-            RankInterval(r.rank, r.batch, r.steps, r.compute_s, r.step_s, r.peak_memory_bytes),
+        by_step.setdefault(end_step, {}).setdefault(
+            rank, RankInterval(rank, batch, n, compute_s, step_s, peak)
         )
     return [[by_step[step][rank] for rank in sorted(by_step[step])] for step in sorted(by_step)]
 
 
 def latest_interval(s: Session, job: JobRow) -> list[IntervalStatRow]:
     """The newest complete interval's rows (one per rank, rank order); [] before any."""
-    step = s.scalar(
-        select(IntervalStatRow.end_step)
-        .where(IntervalStatRow.job_id == job.id)
-        .group_by(IntervalStatRow.end_step)
-        .having(func.count(func.distinct(IntervalStatRow.rank)) == job.world_size)
-        .order_by(IntervalStatRow.end_step.desc())
-        .limit(1)
-    )
-    if step is None:
+    steps = complete_steps(s, job, 1)
+    if not steps:
         return []
+    step = steps[0]
     return _newest_per_rank(
         s.scalars(
             select(IntervalStatRow).where(

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from sqlalchemy.orm import Session
 
 from hetero.coordinator import store, wire
-from hetero.coordinator.balancer import StragglerEvidence, detect_stragglers
+from hetero.coordinator.balancer import RankInterval, StragglerEvidence, detect_stragglers
 from hetero.coordinator.balancer.straggler import LOOKBACK
 from hetero.coordinator.models import JobRow
 from hetero.v1 import coordinator_pb2 as pb
@@ -81,10 +81,14 @@ def job_detail(s: Session, job_id: str, max_intervals: int, after_step: int | No
     )
 
 
-def new_stragglers(s: Session, job: JobRow) -> Sequence[StragglerEvidence]:
+def new_stragglers(
+    s: Session, job: JobRow, history: Sequence[Sequence[RankInterval]] | None = None
+) -> Sequence[StragglerEvidence]:
     """Ranks flagged at the newest interval that were not flagged one interval before:
-    the servicer records an event for each, once per episode."""
-    history = store.interval_history(s, job, LOOKBACK + 1)
+    the servicer records an event for each, once per episode. ``history`` (newest
+    last, at least ``LOOKBACK + 1`` intervals if the job has them) saves the query."""
+    history = list(history[-(LOOKBACK + 1) :]) if history is not None else None
+    history = history or store.interval_history(s, job, LOOKBACK + 1)
     now_flagged = detect_stragglers(history)
     before = {e.rank for e in detect_stragglers(history[:-1])}
     return [e for e in now_flagged if e.rank not in before]

@@ -65,6 +65,8 @@ from hetero.trainer.timing import StepClock, StepTimes
 log = logging.getLogger("hetero.trainer")
 #: HETERO_DEBUG_TIMING=1 logs every step's phase times at each interval boundary.
 _DEBUG_TIMING = os.environ.get("HETERO_DEBUG_TIMING") == "1"
+COLLECTIVE_TIMEOUT_ENV = "HETERO_COLLECTIVE_TIMEOUT_S"
+DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,10 @@ class TrainerConfig:
     warmup_steps: int = 1
     settle_steps: int = 1
     history_intervals: int = 32
-    collective_timeout_s: float = 600.0
+    #: Seconds a collective may wait for a peer before the rank fails instead of hanging
+    #: (a peer behind a cut link never answers). ``HETERO_COLLECTIVE_TIMEOUT_S`` sets the
+    #: default: an agent's environment reaches every rank it launches.
+    collective_timeout_s: float = field(default_factory=lambda: _collective_timeout_default())
 
     def __post_init__(self) -> None:
         make_policy(self.policy)  # raises ConfigError naming the known ones
@@ -99,6 +104,8 @@ class TrainerConfig:
         if self.backend not in (None, "gloo", "nccl"):
             raise ConfigError(f"backend must be gloo or nccl, got {self.backend!r}")
         parse_slowdowns(self.emulate_slowdown)
+        if not self.collective_timeout_s > 0:
+            raise ConfigError(f"collective_timeout_s must be > 0, got {self.collective_timeout_s}")
 
 
 @dataclass
@@ -139,6 +146,16 @@ def _pick_device(choice: str, local_rank: int) -> torch.device:
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
+
+
+def _collective_timeout_default() -> float:
+    raw = os.environ.get(COLLECTIVE_TIMEOUT_ENV)
+    if not raw:
+        return DEFAULT_COLLECTIVE_TIMEOUT_S
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"{COLLECTIVE_TIMEOUT_ENV} must be seconds, got {raw!r}") from None
 
 
 def _default_backend(device: torch.device) -> str:
