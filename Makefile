@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.hetero-installed
 PY     ?= 3.12
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv demo demo-embedded test test-fast lint typecheck check proto wheelhouse pyroot clean
+.PHONY: help venv demo demo-embedded test test-fast chaos load lint typecheck check proto wheelhouse pyroot clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -32,6 +32,12 @@ test: $(STAMP)  ## run the whole test suite
 
 test-fast: $(STAMP)  ## run the tests not marked slow
 	@$(BIN)/python -m pytest -q -m 'not slow'
+
+chaos: $(STAMP)  ## fault-injection tests (network partition with namespaces: needs root, else skipped)
+	@$(BIN)/python -m pytest -q -m chaos -s
+
+load: $(STAMP)  ## control-plane scale test: 1,000 agents, 256 ranks, 120 s (hetero-bench load)
+	@$(BIN)/hetero-bench load --agents 1000 --ranks 256 --duration 120
 
 lint: $(STAMP)  ## ruff
 	@$(BIN)/ruff check .
