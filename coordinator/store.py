@@ -10,8 +10,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
-from sqlalchemy import bindparam, delete, func, insert, select, update
+from sqlalchemy import Table, bindparam, delete, func, insert, select, update
 from sqlalchemy.orm import Session, selectinload
 
 from hetero.coordinator import lifecycle
@@ -105,6 +106,10 @@ def set_draining(s: Session, ref: str, draining: bool, *, now: float) -> NodeRow
     return node
 
 
+def _table(model: type[NodeRow] | type[TelemetryRow]) -> Table:
+    return cast(Table, model.__table__)
+
+
 #: The measured columns of ``TelemetryRow``; a beat's samples may give any subset.
 _TELEMETRY_VALUES = tuple(
     c.name
@@ -155,7 +160,7 @@ def record_heartbeats(s: Session, beats: Sequence[Beat], *, policy: TelemetryPol
     # Core statements, each one executemany: the ORM's bulk paths cost several
     # times more CPU per row, and this runs for every agent every second.
     conn = s.connection()
-    nodes, telemetry = NodeRow.__table__, TelemetryRow.__table__
+    nodes, telemetry = _table(NodeRow), _table(TelemetryRow)
     if alive:
         conn.execute(
             update(nodes)
@@ -174,7 +179,7 @@ def record_heartbeats(s: Session, beats: Sequence[Beat], *, policy: TelemetryPol
         updates = [{**v, "row": row_ids[k]} for k, v in newest.items() if k in row_ids]
         inserts = [v for k, v in newest.items() if k not in row_ids]
         if updates:
-            columns = {c: bindparam(c) for c in updates[0] if c != "row"}
+            columns: dict[str, Any] = {c: bindparam(c) for c in updates[0] if c != "row"}
             conn.execute(
                 update(telemetry).where(telemetry.c.id == bindparam("row")).values(columns),
                 updates,
