@@ -437,6 +437,11 @@ def summarize(
     bytes_per_row = {
         t: table_bytes[t] / rows_now[t] for t in table_bytes if rows_now.get(t) and t in rows_now
     }
+    # File size moves in steps (pages, the WAL); rows times each table's bytes per row
+    # (dbstat, indexes included) is the steadier rate.
+    growth_by_table = {
+        t: row_growth[t] * bytes_per_row[t] for t in row_growth if t in bytes_per_row
+    }
     telemetry_rows_bound = (
         config.agents * (config.devices_per_agent + 1) * policy.retention_s / policy.period_s
     )
@@ -458,6 +463,8 @@ def summarize(
             "bytes_start": first.db_bytes,
             "bytes_end": last.db_bytes,
             "growth_bytes_per_h": db_growth,
+            "growth_by_table_bytes_per_h": growth_by_table,
+            "growth_rows_model_bytes_per_h": sum(growth_by_table.values()),
             "rows_end": rows_now,
             "row_growth_per_h": row_growth,
             "table_bytes": table_bytes,
@@ -498,9 +505,16 @@ def render(r: dict[str, Any]) -> str:
         f"{r['coordinator_cpu_cores_max_1s']:.2f}); load generators "
         f"{r['generators_cpu_cores']:.2f} cores; machine has {r['machine']['cpu_cores']} "
         "(shared)",
-        f"database {db['bytes_end'] / 1e6:.1f} MB, growing {db['growth_bytes_per_h'] / 1e6:.0f} "
-        f"MB/h; telemetry bounded by retention at {db['telemetry_rows_bound']:.3g} rows "
-        f"(~{db['telemetry_bytes_bound'] / 1e9:.2f} GB)",
+        f"database {db['bytes_end'] / 1e6:.1f} MB (with WAL), file growing "
+        f"{db['growth_bytes_per_h'] / 1e6:.0f} MB/h; by rows: "
+        + ", ".join(
+            f"{t} {v / 1e6:.0f} MB/h"
+            for t, v in sorted(db["growth_by_table_bytes_per_h"].items())
+            if v > 0
+        ),
+        f"telemetry is bounded by its retention ({db['telemetry_retention_s'] / 3600:g} h at "
+        f"{db['telemetry_period_s']:g} s): {db['telemetry_rows_bound']:.3g} rows, "
+        f"~{db['telemetry_bytes_bound'] / 1e9:.2f} GB; interval stats have no retention",
         f"errors: {r['errors_total']}; p99 target {r['target_p99_ms']:g} ms for Heartbeat and "
         f"GetPlan: {'met' if r['target_met'] else 'MISSED'}",
         f"run directory: {r['out']}",
