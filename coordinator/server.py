@@ -23,8 +23,8 @@ from hetero.coordinator.ingest import HeartbeatIngest
 from hetero.coordinator.metrics import MetricsServer
 from hetero.coordinator.readcache import LatestPlans, PendingOrders
 from hetero.coordinator.service import CoordinatorService, Deps
-from hetero.transport import ServerSecurity, bind, describe, new_server
 from hetero.coordinator.store import TelemetryPolicy
+from hetero.transport import ServerSecurity, bind, describe, new_server
 from hetero.v1 import coordinator_pb2, coordinator_pb2_grpc
 
 log = logging.getLogger("hetero.coordinator")

@@ -30,7 +30,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from hetero.auth import new_token
 from hetero.coordinator.jobspec import JobSpec
+from hetero.transport import ClientSecurity, client_channel
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 
@@ -224,8 +226,14 @@ resources:
 
 
 def _start_cluster(net: Network, d: Daemons) -> pb_grpc.CoordinatorStub:
+    """Coordinator on the bridge, an agent per host; all calls carry a token (a
+    coordinator on a non-loopback address refuses to run without authentication)."""
     port = 7000 + int(net.tag[2:5], 16) % 2000
     address = f"{net.gateway}:{port}"
+    token = new_token()
+    token_file = d.root / "token"
+    token_file.write_text(token.reveal())
+    token_file.chmod(0o600)
     config = d.root / "coordinator.yaml"
     config.write_text(
         f"heartbeat_interval_s: {HEARTBEAT_INTERVAL_S}\n"
@@ -236,6 +244,7 @@ def _start_cluster(net: Network, d: Daemons) -> pb_grpc.CoordinatorStub:
         [
             *(sys.executable, "-m", "hetero.coordinator.cli", "serve", "--config", str(config)),
             *("--listen", address, "--state-dir", str(d.root / "coordinator")),
+            *("--token-file", str(token_file)),
         ],
     )
     for key in ("a", "b"):
@@ -243,10 +252,11 @@ def _start_cluster(net: Network, d: Daemons) -> pb_grpc.CoordinatorStub:
         argv = [sys.executable, "-m", "hetero.agent.cli", "run", "--coordinator", address]
         argv += ["--name", host.name, "--state-dir", str(d.root / host.name), "--quick"]
         argv += ["--cpu-threads", "1", "--stop-grace", "3", "--local-listen", "127.0.0.1:0"]
+        argv += ["--token-file", str(token_file)]
         # The agent's environment reaches the ranks it launches.
         env = {"HETERO_COLLECTIVE_TIMEOUT_S": f"{COLLECTIVE_TIMEOUT_S:g}"}
         d.spawn(host.name, host.argv(*argv), env)
-    channel = grpc.insecure_channel(address)
+    channel = client_channel(address, ClientSecurity(token=token))
     stub = pb_grpc.CoordinatorStub(channel)
     _wait(
         "both agents registered and healthy", lambda: _healthy(stub) == {"part-a", "part-b"}, 90, d
