@@ -186,9 +186,7 @@ def render(
     lines += ["## Runs", ""]
     for run in runs:
         o = run.outcome
-        switches = ", ".join(
-            _switch(s) for s in o.get("switches", [])
-        )
+        switches = ", ".join(_switch(s) for s in o.get("switches", []))
         lines.append(
             f"- **{run.name}** ({o.get('runner')}), {o.get('wall_s', 0):.0f} s, exit {o.get('returncode')}"
             + (f", neighbour {switches}" if switches else "")
