@@ -238,6 +238,8 @@ def _start_cluster(net: Network, d: Daemons) -> pb_grpc.CoordinatorStub:
     config.write_text(
         f"heartbeat_interval_s: {HEARTBEAT_INTERVAL_S}\n"
         f"heartbeat_timeout_s: {HEARTBEAT_TIMEOUT_S}\ngrace_s: 1\n"
+        # Checkpoints of the restart test live under the test's directory.
+        f"allowed_roots: [{d.root}]\n"
     )
     d.spawn(
         "coordinator",
