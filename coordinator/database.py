@@ -140,6 +140,15 @@ def _sqlite_pragmas(engine: Engine) -> None:
     def _on_rollback(connection: Any) -> None:
         _end(connection, "ROLLBACK")
 
+    def _abandoned(_dbapi_connection: Any, record: Any, *_args: Any) -> None:
+        # A connection invalidated, or returned to the pool, inside a write (the pool
+        # rolls it back without the events above): never keep the lock for it.
+        if record.info.pop(_WRITER, False):
+            write_lock.release()
+
+    event.listen(engine, "checkin", _abandoned)
+    event.listen(engine, "invalidate", _abandoned)
+
 
 def _check_or_create_schema(engine: Engine, url: str) -> None:
     tables = set(inspect(engine).get_table_names())
