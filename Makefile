@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.hetero-installed
 PY     ?= 3.12
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv demo demo-embedded test test-fast chaos lint typecheck check proto wheelhouse pyroot clean
+.PHONY: help venv demo demo-embedded test test-fast chaos load lint typecheck check proto wheelhouse pyroot clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -34,10 +34,13 @@ test-fast: $(STAMP)  ## run the tests not marked slow
 	@$(BIN)/python -m pytest -q -m 'not slow'
 
 CHAOS_REPORT := build/chaos
-chaos: $(STAMP)  ## kill -9 agents, ranks and the coordinator of a local cluster; figures in build/chaos
+chaos: $(STAMP)  ## kill -9 agents, ranks and the coordinator of a local cluster, cut a node's network (root); figures in build/chaos
 	@rm -rf $(CHAOS_REPORT)
-	@HETERO_CHAOS_REPORT=$(CHAOS_REPORT) $(BIN)/python -m pytest -q tests/integration/test_chaos.py
+	@HETERO_CHAOS_REPORT=$(CHAOS_REPORT) $(BIN)/python -m pytest -q -s -m 'chaos or not chaos' tests/integration/test_chaos.py tests/integration/test_network_partition.py
 	@$(BIN)/python -c 'import json,pathlib; [print(p.stem, json.dumps(json.loads(p.read_text()), indent=1)) for p in sorted(pathlib.Path("$(CHAOS_REPORT)").glob("*.json"))]'
+
+load: $(STAMP)  ## control-plane scale test: 1,000 agents, 256 ranks, 120 s (hetero-bench load)
+	@$(BIN)/hetero-bench load --agents 1000 --ranks 256 --duration 120
 
 lint: $(STAMP)  ## ruff
 	@$(BIN)/ruff check .

@@ -44,7 +44,7 @@ class AgentConfig:
     stop_grace_s: float = 10.0
     #: Python interpreter for built-in jobs (``hetero-train``).
     python: str = sys.executable
-    #: Authentication and TLS toward the coordinator (docs/security.md).
+    #: Authentication and TLS toward the coordinator (docs/reliability.md#security).
     token_file: Path | None = None
     tls_ca: Path | None = None
     tls_cert: Path | None = None

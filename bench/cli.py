@@ -15,7 +15,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from hetero.bench import simulate_nodes
+from hetero.bench import load, simulate_nodes
 from hetero.bench.harness import cli as harness_cli
 from hetero.bench.sim import report as sim_report
 from hetero.errors import HeteroError
@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim_report.add_parser(sub)
     harness_cli.add_parser(sub)
     simulate_nodes.add_parser(sub)
+    load.add_parser(sub)
     return parser
 
 

@@ -105,7 +105,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="ADDR",
         help="host:port to serve Prometheus /metrics on (default: off)",
     )
-    auth = serve.add_argument_group("authentication (see docs/security.md)")
+    auth = serve.add_argument_group("authentication (see docs/reliability.md#security)")
     auth.add_argument(
         "--token-file",
         type=Path,

@@ -41,7 +41,7 @@ class CoordinatorConfig:
     grace_s: float = 5.0
     #: host:port for Prometheus /metrics; None = off.
     metrics_listen: str | None = None
-    #: Authentication and TLS (docs/security.md); the token itself is never in the config.
+    #: Authentication and TLS (docs/reliability.md#security); the token itself is never in the config.
     token_file: Path | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None

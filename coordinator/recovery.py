@@ -51,17 +51,24 @@ class SweepConfig:
     stop_timeout_s: float = STOP_TIMEOUT_S
 
 
-def sweep(s: Session, cfg: SweepConfig, *, now: float) -> None:
-    """One pass: detect down nodes, then re-place the restarting jobs that can be."""
+def sweep(s: Session, cfg: SweepConfig, *, now: float) -> bool:
+    """One pass: detect down nodes, then re-place the restarting jobs that can be.
+
+    True if it changed anything the agents' polls or ``GetPlan`` answer (a node
+    lost: stop orders; a restart placed or failed: launches, a new plan)."""
+    changed = False
     if now - cfg.started_at > cfg.heartbeat_timeout_s:
         for node in store.silent_nodes(s, since=now - cfg.heartbeat_timeout_s):
             silent_s = now - node.last_heartbeat_unix_s
             store.mark_down(s, node, silent_s, now=now)
             log.warning("node %s down: no heartbeat for %.1f s", node.name, silent_s)
             store.lose_node(s, node, now=now)
+            changed = True
     s.flush()
     for job in store.restarting_jobs(s):
-        replace_if_ready(s, job, cfg, now=now)
+        if replace_if_ready(s, job, cfg, now=now) or job.state != lifecycle.RESTARTING:
+            changed = True
+    return changed
 
 
 def replace_if_ready(s: Session, job: JobRow, cfg: SweepConfig, *, now: float) -> bool:
@@ -129,7 +136,14 @@ def replace_spec_ranks(spec: JobSpec, world_size: int) -> JobSpec:
 
 
 class Sweeper:
-    """The thread that runs :func:`sweep` every ``period_s`` until :meth:`stop`."""
+    """The thread that runs :func:`sweep` every ``period_s`` until :meth:`stop`.
+
+    ``before`` runs ahead of each sweep (the coordinator flushes its parked
+    heartbeats, so a node heard a moment ago is not taken for silent: the
+    database's ``last_heartbeat_unix_s`` would lag by up to a flush period);
+    ``on_change`` runs after a sweep that changed orders or plans was committed
+    (the coordinator drops its read caches, so the launches and the new plan of
+    a restart are served at once)."""
 
     def __init__(
         self,
@@ -137,11 +151,16 @@ class Sweeper:
         cfg: SweepConfig,
         period_s: float,
         clock: Callable[[], float] = time.time,
+        *,
+        before: Callable[[], object] | None = None,
+        on_change: Callable[[], None] | None = None,
     ) -> None:
         self.sessions = sessions
         self.cfg = cfg
         self.period_s = period_s
         self.clock = clock
+        self.before = before
+        self.on_change = on_change
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sweeper", daemon=True)
 
@@ -155,7 +174,11 @@ class Sweeper:
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):
             try:
+                if self.before is not None:
+                    self.before()
                 with self.sessions.begin() as s:
-                    sweep(s, self.cfg, now=self.clock())
+                    changed = sweep(s, self.cfg, now=self.clock())
+                if changed and self.on_change is not None:
+                    self.on_change()
             except Exception:  # the next sweep tries again; never let the thread die
                 log.exception("sweep failed")

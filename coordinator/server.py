@@ -18,10 +18,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from sqlalchemy.engine import make_url
 
-from hetero.coordinator.database import open_database, session_factory
+from hetero.coordinator.database import open_database, read_session_factory, session_factory
+from hetero.coordinator.ingest import HeartbeatIngest
 from hetero.coordinator.metrics import MetricsServer
+from hetero.coordinator.readcache import LatestPlans, PendingOrders
 from hetero.coordinator.recovery import Sweeper
 from hetero.coordinator.service import CoordinatorService, Deps
+from hetero.coordinator.store import TelemetryPolicy
 from hetero.transport import ServerSecurity, bind, describe, new_server
 from hetero.v1 import coordinator_pb2, coordinator_pb2_grpc
 
@@ -72,21 +75,39 @@ def serve(
     master_port_base: int = 29500,
 ) -> None:
     """Run the coordinator until SIGTERM or SIGINT; with ``metrics_listen`` (host:port)
-    also serve Prometheus ``/metrics`` there. A sweeper thread marks silent nodes down
-    and restarts their jobs (``recovery``)."""
+    also serve Prometheus ``/metrics`` there. Heartbeats are written in batches
+    (``HeartbeatIngest``) and reads take no write lock. A sweeper thread marks silent
+    nodes down and restarts their jobs (``recovery``); what it changes drops the
+    order and plan caches (``readcache``) so polls and ``GetPlan`` see it at once."""
     engine = open_database(db_url)
-    deps = deps or Deps(
-        sessions=session_factory(engine),
-        allowed_roots=allowed_roots,
-        heartbeat_interval_s=heartbeat_interval_s,
-        heartbeat_timeout_s=heartbeat_timeout_s,
-        master_port_base=master_port_base,
+    if deps is None:
+        sessions, readers = session_factory(engine), read_session_factory(engine)
+        policy = TelemetryPolicy()
+        deps = Deps(
+            sessions=sessions,
+            readers=readers,
+            ingest=HeartbeatIngest(sessions, readers, policy),
+            orders=PendingOrders(readers),
+            plans=LatestPlans(readers),
+            telemetry=policy,
+            heartbeat_interval_s=heartbeat_interval_s,
+            heartbeat_timeout_s=heartbeat_timeout_s,
+            allowed_roots=allowed_roots,
+            master_port_base=master_port_base,
+        )
+    sweeper = Sweeper(
+        deps.sessions,
+        deps.sweep_config(),
+        period_s=deps.heartbeat_interval_s / 2,
+        before=deps.ingest.flush if deps.ingest is not None else None,
+        on_change=deps.invalidate_caches,
     )
-    sweeper = Sweeper(deps.sessions, deps.sweep_config(), period_s=deps.heartbeat_interval_s / 2)
     server, port = create_server(address, deps, security)
     metrics = (
         MetricsServer(metrics_listen, CoordinatorService(deps).snapshot) if metrics_listen else None
     )
+    if deps.ingest is not None:
+        deps.ingest.start()
     server.start()
     sweeper.start()
     log.info(
@@ -114,6 +135,8 @@ def serve(
         if metrics is not None:
             metrics.stop()
         server.stop(grace_s).wait()
+        if deps.ingest is not None:
+            deps.ingest.stop()
         engine.dispose()
         for sig, handler in previous.items():
             signal.signal(sig, handler)

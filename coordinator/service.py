@@ -21,9 +21,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from hetero.coordinator import lifecycle, rebalance, recovery, store, validate, views, wire
 from hetero.coordinator.balancer import Constraints, DeviceProfile
+from hetero.coordinator.ingest import HeartbeatIngest
 from hetero.coordinator.jobspec import JobSpec, parse_jobspec
 from hetero.coordinator.models import JobRow
 from hetero.coordinator.placement import place, predict
+from hetero.coordinator.readcache import LatestPlans, PendingOrders
 from hetero.errors import ConfigError, HeteroError
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
@@ -41,9 +43,20 @@ MAX_PROBE_BYTES = 4 * 1024 * 1024 - 1024
 
 @dataclass(frozen=True)
 class Deps:
-    """What the servicer needs from its process: the database and the clock."""
+    """What the servicer needs from its process: the database and the clock.
+
+    ``readers`` (``database.read_session_factory``) serves the handlers that only
+    read; None = ``sessions``. ``ingest`` parks heartbeats and writes them in
+    batches; None = each heartbeat is written in its own transaction. ``orders``
+    answers most order polls and ``plans`` most ``GetPlan`` calls from memory
+    (``readcache``); None = every call queries.
+    """
 
     sessions: sessionmaker[Session]
+    readers: sessionmaker[Session] | None = None
+    ingest: HeartbeatIngest | None = None
+    orders: PendingOrders | None = None
+    plans: LatestPlans | None = None
     clock: Callable[[], float] = time.time
     heartbeat_interval_s: float = 2.0
     heartbeat_timeout_s: float = 10.0
@@ -70,6 +83,15 @@ class Deps:
             master_port_base=self.master_port_base,
             master_port_span=self.master_port_span,
         )
+
+    def invalidate_caches(self) -> None:
+        """Drop the order and plan caches: a write just changed what polls and
+        ``GetPlan`` answer (a submission, a cancel, a rank's exit, a restart placed by
+        the sweeper or by the last old rank's exit: a new plan and new launches)."""
+        if self.orders is not None:
+            self.orders.invalidate()
+        if self.plans is not None:
+            self.plans.invalidate()
 
 
 def _abort(context: grpc.ServicerContext, exc: BaseException, method: str) -> None:
@@ -101,6 +123,7 @@ def _invalid(message: str) -> ConfigError:
 class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
     def __init__(self, deps: Deps) -> None:
         self.deps = deps
+        self._read = deps.readers or deps.sessions
 
     # ---- agents -------------------------------------------------------------
 
@@ -128,6 +151,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
                 now=self.deps.clock(),
             )
             node_id = node.id
+        if self.deps.ingest is not None:
+            self.deps.ingest.known(node_id)
         emulated = {d.emulated_slowdown for d in req.devices if d.emulated_slowdown > 1.0}
         log.info(
             "node %s registered as %s with %d devices%s%s",
@@ -147,15 +172,19 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
     def Heartbeat(
         self, req: pb.HeartbeatRequest, context: grpc.ServicerContext
     ) -> pb.HeartbeatResponse:
+        sampled_at = req.sampled_at_unix_s if req.HasField("sampled_at_unix_s") else None
+        if sampled_at is not None and not math.isfinite(sampled_at):
+            # Checked before parking: a NaN would fail the whole batch at the flush.
+            raise _invalid(f"sampled_at_unix_s must be a finite time, got {sampled_at}")
+        beat = store.Beat(
+            req.node_id, self.deps.clock(), wire.telemetry_values(req), sampled_at=sampled_at
+        )
+        if self.deps.ingest is not None:
+            self.deps.ingest.offer(beat)
+            return pb.HeartbeatResponse()
         with self.deps.sessions.begin() as s:
-            store.record_heartbeat(
-                s,
-                req.node_id,
-                wire.telemetry_rows(req),
-                now=self.deps.clock(),
-                policy=self.deps.telemetry,
-                sampled_at=req.sampled_at_unix_s if req.HasField("sampled_at_unix_s") else None,
-            )
+            if store.record_heartbeats(s, [beat], policy=self.deps.telemetry):
+                raise store.NotFoundError(f"unknown node {req.node_id!r}: register first")
         return pb.HeartbeatResponse()
 
     @rpc
@@ -163,7 +192,10 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
         self, req: pb.PollAssignmentsRequest, context: grpc.ServicerContext
     ) -> pb.PollAssignmentsResponse:
         out = pb.PollAssignmentsResponse()
-        with self.deps.sessions.begin() as s:
+        ingest, orders = self.deps.ingest, self.deps.orders
+        if ingest and orders and ingest.is_known(req.node_id) and not orders.may_have(req.node_id):
+            return out  # the common case, once a second per agent: nothing to do
+        with self._read() as s:
             store.get_node(s, req.node_id)
             specs: dict[str, JobSpec] = {}
             for rank in store.ranks_to_launch(s, req.node_id):
@@ -205,9 +237,12 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
             )
             # The last old rank confirmed stopped: place the restart now, not at the next sweep.
             recovery.replace_if_ready(s, job, self.deps.sweep_config(), now=now)
-            return pb.ReportRankStatusResponse(
+            reply = pb.ReportRankStatusResponse(
                 job_state=pb.JobState.Value(f"JOB_STATE_{job.state}")
             )
+        # After the commit: stop orders for the survivors, a restart's plan and launches.
+        self.deps.invalidate_caches()
+        return reply
 
     @rpc
     def AppendJobLogs(
@@ -283,11 +318,16 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
                         job_id=job.id,
                         now=now,
                     )
-            return tpb.ReportIntervalStatsResponse(plan=wire.plan_message(plan))
+            reply = wire.plan_message(plan)
+        if self.deps.plans is not None:
+            self.deps.plans.put(req.job_id, reply)
+        return tpb.ReportIntervalStatsResponse(plan=reply)
 
     @rpc
     def GetPlan(self, req: tpb.GetPlanRequest, context: grpc.ServicerContext) -> tpb.Plan:
-        with self.deps.sessions() as s:
+        if self.deps.plans is not None:
+            return self.deps.plans.get(req.job_id)
+        with self._read() as s:
             return wire.plan_message(store.latest_plan(s, store.get_job(s, req.job_id).id))
 
     # ---- users ---------------------------------------------------------------
@@ -314,6 +354,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
             job = store.create_job(s, spec, req.spec_yaml, placed, now=now)
             job_msg = self._job(s, job, detail=True)
             s.commit()
+        self.deps.invalidate_caches()  # its launches reach the agents at their next poll
         log.info(
             "job %s (%s) submitted: %d ranks, %s",
             job.id,
@@ -331,27 +372,29 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
         if req.limit < 0:
             raise _invalid(f"limit must be >= 0, got {req.limit}")
         limit = min(req.limit or 100, 1000)
-        with self.deps.sessions() as s:
+        with self._read() as s:
             jobs = store.list_jobs(s, states, limit)
             return pb.ListJobsResponse(jobs=[self._job(s, j) for j in jobs])
 
     @rpc
     def GetJob(self, req: pb.GetJobRequest, context: grpc.ServicerContext) -> pb.Job:
-        with self.deps.sessions() as s:
+        with self._read() as s:
             return self._job(s, store.get_job(s, req.job_id), detail=True)
 
     @rpc
     def CancelJob(self, req: pb.CancelJobRequest, context: grpc.ServicerContext) -> pb.Job:
         with self.deps.sessions.begin() as s:
             job = store.cancel_job(s, req.job_id, now=self.deps.clock())
-            return self._job(s, job, detail=True)
+            reply = self._job(s, job, detail=True)
+        self.deps.invalidate_caches()  # its stop orders
+        return reply
 
     @rpc
     def GetJobLogs(
         self, req: pb.GetJobLogsRequest, context: grpc.ServicerContext
     ) -> pb.GetJobLogsResponse:
         limit = min(req.limit or 1000, 10_000)
-        with self.deps.sessions() as s:
+        with self._read() as s:
             rows = store.job_logs(s, req.job_id, req.after_seq, limit)
             lines = [wire.log_message(r) for r in rows]
         next_seq = lines[-1].seq if lines else req.after_seq
@@ -361,7 +404,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
     def ListNodes(
         self, req: pb.ListNodesRequest, context: grpc.ServicerContext
     ) -> pb.ListNodesResponse:
-        with self.deps.sessions() as s:
+        with self._read() as s:
             return pb.ListNodesResponse(nodes=self._nodes(s))
 
     @rpc
@@ -383,7 +426,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
         if req.max_intervals < 0:
             raise _invalid(f"max_intervals must be >= 0, got {req.max_intervals}")
         after = req.after_step if req.HasField("after_step") else None
-        with self.deps.sessions() as s:
+        with self._read() as s:
             return views.job_detail(s, req.job_id, req.max_intervals, after)
 
     def WatchCluster(
@@ -407,7 +450,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
 
     def snapshot(self) -> pb.ClusterSnapshot:
         """The cluster now: what WatchCluster streams and the metrics endpoint exports."""
-        with self.deps.sessions() as s:
+        with self._read() as s:
             return views.cluster_snapshot(
                 s, now=self.deps.clock(), timeout_s=self.deps.heartbeat_timeout_s
             )

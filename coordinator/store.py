@@ -10,10 +10,21 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import delete, func, select
-from sqlalchemy.orm import Session
+from sqlalchemy import (
+    BindParameter,
+    Float,
+    Table,
+    bindparam,
+    case,
+    delete,
+    func,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.orm import Session, selectinload
 
 from hetero.coordinator import lifecycle
 from hetero.coordinator.balancer import Batches, RankInterval
@@ -84,7 +95,9 @@ def get_node(s: Session, node_id: str) -> NodeRow:
 
 
 def list_nodes(s: Session) -> list[NodeRow]:
-    return list(s.scalars(select(NodeRow).order_by(NodeRow.name)))
+    """Every node with its devices loaded (one query for all, not one per node)."""
+    query = select(NodeRow).options(selectinload(NodeRow.devices)).order_by(NodeRow.name)
+    return list(s.scalars(query))
 
 
 def find_node(s: Session, ref: str) -> NodeRow:
@@ -129,49 +142,137 @@ def mark_down(s: Session, node: NodeRow, silent_s: float, *, now: float) -> None
     )
 
 
-def record_heartbeat(
-    s: Session,
-    node_id: str,
-    samples: Iterable[TelemetryRow],
-    *,
-    now: float,
-    policy: TelemetryPolicy,
-    sampled_at: float | None = None,
-) -> None:
-    """Mark the node alive and keep ``samples`` (``device_index`` None = host).
+def _table(model: type[NodeRow] | type[TelemetryRow]) -> Table:
+    return cast(Table, model.__table__)
 
-    Each (device, bucket of ``period_s``) keeps one row holding its newest
-    sample; rows older than ``retention_s`` are deleted. ``sampled_at`` dates
-    telemetry an agent buffered while the coordinator was unreachable (never
-    later than ``now``); the node is alive ``now`` either way.
-    """
-    node = get_node(s, node_id)
-    node.last_heartbeat_unix_s = now
-    _heard_from(s, node, now)
-    at = now if sampled_at is None else min(sampled_at, now)
-    if now - at > policy.retention_s:
-        return
-    bucket = int(at // policy.period_s)
-    current = {
-        row.device_index: row
-        for row in s.scalars(
-            select(TelemetryRow).where(
-                TelemetryRow.node_id == node_id, TelemetryRow.bucket == bucket
-            )
+
+#: The measured columns of ``TelemetryRow``; a beat's samples may give any subset.
+_TELEMETRY_VALUES = tuple(
+    c.name
+    for c in TelemetryRow.__table__.columns
+    if c.name not in ("id", "node_id", "device_index", "bucket", "time_unix_s")
+)
+
+
+@dataclass(frozen=True)
+class Beat:
+    """One heartbeat as received: ``telemetry`` holds one dict of ``TelemetryRow`` column
+    values per sample (``device_index`` None = host). ``time_unix_s`` is when it
+    arrived; ``sampled_at`` dates telemetry an agent buffered while the coordinator
+    was unreachable (None = sampled on arrival)."""
+
+    node_id: str
+    time_unix_s: float
+    telemetry: tuple[dict[str, object], ...]
+    sampled_at: float | None = None
+
+    @property
+    def sample_time(self) -> float:
+        """When the telemetry was sampled: never later than its arrival."""
+        return (
+            self.time_unix_s if self.sampled_at is None else min(self.sampled_at, self.time_unix_s)
         )
-    }
-    for sample in samples:
-        sample.node_id, sample.bucket, sample.time_unix_s = node_id, bucket, at
-        old = current.get(sample.device_index)
-        if old is not None and old.time_unix_s > at:
-            continue  # a buffered sample never replaces a newer one of its bucket
-        if old is not None:
-            sample.id = old.id
-            s.merge(sample)
-        else:
-            s.add(sample)
-    oldest = int((now - policy.retention_s) // policy.period_s)
-    s.execute(delete(TelemetryRow).where(TelemetryRow.bucket < oldest))
+
+
+def record_heartbeats(s: Session, beats: Sequence[Beat], *, policy: TelemetryPolicy) -> set[str]:
+    """Mark each beat's node alive and keep its samples; return the node ids not known.
+
+    A batch of many nodes' heartbeats is one transaction of a few bulk statements
+    (the coordinator's ingest flushes them together: one transaction per heartbeat
+    did not keep up with 1,000 agents). A node is alive as of its newest beat's
+    arrival (never moved back), and a node marked down is up again (``node_up``).
+    Telemetry is dated by its sample time (``Beat.sample_time``): each (node,
+    device, bucket of ``period_s``) keeps one row holding its newest sample, a
+    buffered sample never replaces a newer one of its bucket, and samples older
+    than ``retention_s`` are dropped. A node's rows older than ``retention_s`` are
+    deleted when it reports (a node that never reports again keeps at most one
+    retention window of rows).
+    """
+    if not beats:
+        return set()
+    ids = {b.node_id for b in beats}
+    down_of = dict(s.execute(select(NodeRow.id, NodeRow.down).where(NodeRow.id.in_(ids))).all())
+    known = set(down_of)
+    newest: dict[tuple[str, int | None, int], dict[str, object]] = {}
+    alive: dict[str, float] = {}
+    ours = sorted(
+        (b for b in beats if b.node_id in known), key=lambda b: (b.sample_time, b.time_unix_s)
+    )
+    for b in ours:
+        alive[b.node_id] = max(b.time_unix_s, alive.get(b.node_id, b.time_unix_s))
+        at = b.sample_time
+        if b.time_unix_s - at > policy.retention_s:
+            continue  # buffered for longer than telemetry is kept
+        bucket = int(at // policy.period_s)
+        for sample in b.telemetry:
+            index = sample.get("device_index")
+            key = (b.node_id, index if isinstance(index, int) else None, bucket)
+            newest[key] = {
+                **{c: sample.get(c) for c in _TELEMETRY_VALUES},
+                "device_index": key[1],
+                "node_id": b.node_id,
+                "bucket": bucket,
+                "time_unix_s": at,
+            }
+    # Core statements, each one executemany: the ORM's bulk paths cost several
+    # times more CPU per row, and this runs for every agent every second.
+    conn = s.connection()
+    nodes, telemetry = _table(NodeRow), _table(TelemetryRow)
+    if alive:
+        # max(stored, t): two flushes (the ingest's and the sweeper's) may commit out of order.
+        t: BindParameter[float] = bindparam("t", type_=Float)
+        conn.execute(
+            update(nodes)
+            .where(nodes.c.id == bindparam("node"))
+            .values(
+                last_heartbeat_unix_s=case(
+                    (nodes.c.last_heartbeat_unix_s > t, nodes.c.last_heartbeat_unix_s), else_=t
+                )
+            ),
+            [{"node": node_id, "t": t_} for node_id, t_ in alive.items()],
+        )
+    for node_id in sorted(n for n in alive if down_of[n]):
+        # Rare (once per outage): the ORM path, shared with recovery's bookkeeping.
+        node = s.get(NodeRow, node_id)
+        if node is not None:
+            s.refresh(node, ["down"])
+            _heard_from(s, node, alive[node_id])
+    if newest:
+        buckets = {key[2] for key in newest}
+        existing = conn.execute(
+            select(
+                telemetry.c.id,
+                telemetry.c.node_id,
+                telemetry.c.device_index,
+                telemetry.c.bucket,
+                telemetry.c.time_unix_s,
+            ).where(telemetry.c.node_id.in_(alive), telemetry.c.bucket.in_(buckets))
+        )
+        rows = {(n, d, b_): (row_id, at) for row_id, n, d, b_, at in existing}
+        updates = [
+            {**v, "row": rows[k][0]}
+            for k, v in newest.items()
+            # A buffered sample never replaces a newer one of its bucket.
+            if k in rows and not rows[k][1] > cast(float, v["time_unix_s"])
+        ]
+        inserts = [v for k, v in newest.items() if k not in rows]
+        if updates:
+            columns: dict[str, Any] = {c: bindparam(c) for c in updates[0] if c != "row"}
+            conn.execute(
+                update(telemetry).where(telemetry.c.id == bindparam("row")).values(columns),
+                updates,
+            )
+        if inserts:
+            conn.execute(insert(telemetry), inserts)
+    if alive:
+        oldest = int((max(alive.values()) - policy.retention_s) // policy.period_s)
+        conn.execute(
+            delete(telemetry).where(
+                telemetry.c.node_id == bindparam("node"), telemetry.c.bucket < oldest
+            ),
+            [{"node": node_id} for node_id in alive],
+        )
+    return ids - known
 
 
 def latest_telemetry(s: Session, node_id: str) -> dict[int | None, TelemetryRow]:
@@ -442,6 +543,16 @@ def fail_restart(s: Session, job: JobRow, reason: str, *, now: float) -> None:
     apply_transition(s, job, lifecycle.Transition(lifecycle.FAILED, reason), now=now)
 
 
+def nodes_with_orders(s: Session) -> set[str]:
+    """Nodes for which ``ranks_to_launch`` or ``ranks_to_stop`` might return anything: one
+    query that lets the agents' once-a-second polls skip theirs. Keep it a superset of
+    those two functions' conditions."""
+    query = select(RankRow.node_id).where(
+        RankRow.state.in_((lifecycle.ASSIGNED, lifecycle.STOPPING))
+    )
+    return set(s.scalars(query.distinct()))
+
+
 def ranks_to_launch(s: Session, node_id: str) -> list[RankRow]:
     """Ranks placed on ``node_id`` that its agent has not reported started."""
     return list(
@@ -527,23 +638,49 @@ def add_interval(
     s.flush()
 
 
+def complete_steps(s: Session, job: JobRow, limit: int) -> list[int]:
+    """The newest ``limit`` end steps every rank of the current attempt reported, newest
+    first (a restart resumes from a checkpoint: its steps repeat the old attempt's).
+
+    Counting ranks per step over a job's whole history made every interval report
+    slower the longer the job ran; the newest ``2 * limit`` steps (an index-only
+    reverse scan) nearly always hold them, and only if not is the rest counted.
+    """
+    t = IntervalStatRow
+    recent = list(
+        s.scalars(
+            select(t.end_step)
+            .where(*_this_attempt(job))
+            .distinct()
+            .order_by(t.end_step.desc())
+            .limit(2 * limit)
+        )
+    )
+    if not recent:
+        return []
+    query = (
+        select(t.end_step)
+        .where(*_this_attempt(job))
+        .group_by(t.end_step)
+        .having(func.count(func.distinct(t.rank)) == job.world_size)
+        .order_by(t.end_step.desc())
+        .limit(limit)
+    )
+    if len(recent) == 2 * limit:
+        steps = list(s.scalars(query.where(t.end_step >= recent[-1])))
+        if len(steps) == limit:
+            return steps
+    return list(s.scalars(query))
+
+
 def interval_history(s: Session, job: JobRow, window: int) -> list[list[RankInterval]]:
     """The last ``window`` complete intervals (every rank reported) of the current
     attempt, oldest first."""
-    steps = list(
-        s.scalars(
-            select(IntervalStatRow.end_step)
-            .where(*_this_attempt(job))
-            .group_by(IntervalStatRow.end_step)
-            .having(func.count(func.distinct(IntervalStatRow.rank)) == job.world_size)
-            .order_by(IntervalStatRow.end_step.desc())
-            .limit(window)
-        )
-    )
+    steps = complete_steps(s, job, window)
     if not steps:
         return []
-    # Columns, not ORM rows: this runs on every stats report, and building a full
-    # row object per row was about a third of its time (1.6 -> 1.1 ms for 33 intervals).
+    # Columns, not ORM objects: this runs on every interval report of every job,
+    # and building the objects was most of a report's CPU.
     t = IntervalStatRow
     rows = s.execute(
         select(t.end_step, t.rank, t.batch, t.steps, t.compute_s, t.step_s, t.peak_memory_bytes)
@@ -551,10 +688,10 @@ def interval_history(s: Session, job: JobRow, window: int) -> list[list[RankInte
         .order_by(t.end_step, t.rank, t.id.desc())
     )
     by_step: dict[int, dict[int, RankInterval]] = {}
-    for end_step, rank, batch, n, compute_s, step_s, peak_bytes in rows:
+    for end_step, rank, batch, n, compute_s, step_s, peak in rows:
         # A re-sent report leaves duplicates: the newest row (highest id) wins.
         by_step.setdefault(end_step, {}).setdefault(
-            rank, RankInterval(rank, batch, n, compute_s, step_s, peak_bytes)
+            rank, RankInterval(rank, batch, n, compute_s, step_s, peak)
         )
     return [[by_step[step][rank] for rank in sorted(by_step[step])] for step in sorted(by_step)]
 
@@ -570,16 +707,10 @@ def _this_attempt(job: JobRow) -> tuple[Any, ...]:
 def latest_interval(s: Session, job: JobRow) -> list[IntervalStatRow]:
     """The newest complete interval's rows of the current attempt (one per rank, rank
     order); [] before any."""
-    step = s.scalar(
-        select(IntervalStatRow.end_step)
-        .where(*_this_attempt(job))
-        .group_by(IntervalStatRow.end_step)
-        .having(func.count(func.distinct(IntervalStatRow.rank)) == job.world_size)
-        .order_by(IntervalStatRow.end_step.desc())
-        .limit(1)
-    )
-    if step is None:
+    steps = complete_steps(s, job, 1)
+    if not steps:
         return []
+    step = steps[0]
     return _newest_per_rank(
         s.scalars(
             select(IntervalStatRow).where(*_this_attempt(job), IntervalStatRow.end_step == step)

@@ -82,20 +82,23 @@ _DEVICE_FIELDS = (
 _HOST_FIELDS = ("cpu_percent", "ram_used_bytes", "ram_total_bytes")
 
 
-def telemetry_rows(req: pb.HeartbeatRequest) -> list[TelemetryRow]:
-    rows = []
+def telemetry_values(req: pb.HeartbeatRequest) -> tuple[dict[str, object], ...]:
+    """A heartbeat's samples as ``TelemetryRow`` column values (``device_index`` None =
+    host): plain dicts, since the ingest writes them in bulk (an ORM object per
+    sample cost more than writing it)."""
+    rows: list[dict[str, object]] = []
     if req.HasField("host"):
-        host = TelemetryRow(device_index=None)
+        host: dict[str, object] = {"device_index": None}
         for field in _HOST_FIELDS:
-            setattr(host, field, _opt(req.host, field))
+            host[field] = _opt(req.host, field)
         rows.append(host)
     for d in req.devices:
-        row = TelemetryRow(device_index=d.device_index)
+        row: dict[str, object] = {"device_index": d.device_index}
         for field in _DEVICE_FIELDS:
-            setattr(row, field, _opt(d, field))
-        row.throttle_reasons = ",".join(d.throttle.reasons) if d.HasField("throttle") else None
+            row[field] = _opt(d, field)
+        row["throttle_reasons"] = ",".join(d.throttle.reasons) if d.HasField("throttle") else None
         rows.append(row)
-    return rows
+    return tuple(rows)
 
 
 def node_message(

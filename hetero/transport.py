@@ -251,7 +251,7 @@ def client_channel(
 
 def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     """``--token-file``, ``--tls-ca``, ``--tls-cert``, ``--tls-key`` for a client command."""
-    g = parser.add_argument_group("authentication (see docs/security.md)")
+    g = parser.add_argument_group("authentication (see docs/reliability.md#security)")
     g.add_argument(
         "--token-file",
         type=Path,
@@ -285,6 +285,6 @@ def warn_unverified_coordinator(address: str, security: ClientSecurity) -> None:
     if not is_loopback(address) and security.tls.ca is None:
         log.warning(
             "coordinator %s is reached without TLS: its identity is not verified, so anyone "
-            "who can impersonate it on the network can run commands here (docs/security.md)",
+            "who can impersonate it on the network can run commands here (docs/reliability.md#security)",
             address,
         )

@@ -59,6 +59,7 @@ from hetero.trainer.exchange import (
 )
 from hetero.trainer.gradients import WeightingState, weighted_allreduce_hook
 from hetero.trainer.metrics import MetricsWriter
+from hetero.trainer.netif import interface_toward
 from hetero.trainer.progress import ProgressFile
 from hetero.trainer.sampler import UnevenBatchSampler
 from hetero.trainer.timing import StepClock, StepTimes
@@ -166,6 +167,18 @@ def _pick_device(choice: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def _gloo_interface() -> None:
+    """Point Gloo at the interface toward ``MASTER_ADDR`` unless the user chose one
+    (``GLOO_SOCKET_IFNAME``): left alone it binds where the hostname resolves,
+    which is loopback on many hosts, and ranks on other hosts cannot reach it."""
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return
+    iface = interface_toward(os.environ.get("MASTER_ADDR", ""))
+    if iface is not None:
+        os.environ["GLOO_SOCKET_IFNAME"] = iface
+        log.info("Gloo uses interface %s (toward MASTER_ADDR)", iface)
+
+
 def _default_backend(device: torch.device) -> str:
     """NCCL only when every rank can be on CUDA, else Gloo; all ranks must agree.
 
@@ -214,6 +227,8 @@ class Context:
         if self.backend == "nccl" and self.device.type != "cuda":
             raise ConfigError(f"rank {self.rank} has no GPU but the job's backend is NCCL")
         if self.world_size > 1 and not dist.is_initialized():
+            if self.backend == "gloo":
+                _gloo_interface()
             try:
                 dist.init_process_group(
                     self.backend,

@@ -1,0 +1,121 @@
+"""Answers to the calls every agent and rank makes every second, from memory.
+
+An agent polls for orders every heartbeat and ranks ask for the plan every
+interval; for 1,000 agents and 256 ranks one query per call cost more CPU than
+the coordinator (one core of Python: the GIL) had, though almost every answer
+is the same as a moment ago. Each answer here is at most ``ttl_s`` seconds old.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from hetero.coordinator import store, wire
+from hetero.v1 import types_pb2 as tpb
+
+#: Seconds an answer is reused.
+DEFAULT_TTL_S = 0.25
+
+
+class PendingOrders:
+    """Which nodes have ranks to launch or stop, read at most every ``ttl_s`` seconds.
+
+    One query serves every poll within ``ttl_s``: a launch or stop reaches its
+    agent at most ``ttl_s`` later than it would otherwise.
+    """
+
+    def __init__(
+        self,
+        readers: sessionmaker[Session],
+        *,
+        ttl_s: float = DEFAULT_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.readers = readers
+        self.ttl_s = ttl_s
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._nodes: frozenset[str] = frozenset()
+        self._read_at = -math.inf
+        #: Bumped by ``invalidate``: a read that began before it is used once, not kept.
+        self._generation = 0
+
+    def invalidate(self) -> None:
+        """Forget the answer: a write just added or removed orders (the next poll reads)."""
+        with self._lock:
+            self._read_at = -math.inf
+            self._generation += 1
+
+    def may_have(self, node_id: str) -> bool:
+        """False only if ``node_id`` had no orders as of at most ``ttl_s`` ago (or since
+        the last ``invalidate``)."""
+        with self._lock:
+            if self.clock() - self._read_at < self.ttl_s:
+                return node_id in self._nodes
+            # Claim the refresh; concurrent polls keep the previous answer meanwhile.
+            self._read_at = self.clock()
+            generation = self._generation
+        with self.readers() as s:
+            nodes = frozenset(store.nodes_with_orders(s))
+        with self._lock:
+            self._nodes = nodes
+            if self._generation != generation:
+                # Invalidated while reading: the read may predate that write.
+                self._read_at = -math.inf
+        return node_id in nodes
+
+
+class LatestPlans:
+    """Each job's latest plan as ``GetPlan`` returns it, read at most every ``ttl_s``.
+
+    ``put`` records a plan this process just stored (the answer to an interval
+    report), so ``GetPlan`` never goes back behind it; a plan stored elsewhere
+    (a restart) drops the cache (``invalidate``, from ``Deps.invalidate_caches``)
+    and is seen at once, else within ``ttl_s``. A trainer ignores a plan whose
+    version it has already seen, so a late answer costs nothing.
+    """
+
+    def __init__(
+        self,
+        readers: sessionmaker[Session],
+        *,
+        ttl_s: float = DEFAULT_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.readers = readers
+        self.ttl_s = ttl_s
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._plans: dict[str, tuple[float, tpb.Plan]] = {}
+        #: Bumped by ``invalidate``: a read that began before it is not kept.
+        self._generation = 0
+
+    def put(self, job_id: str, plan: tpb.Plan) -> None:
+        with self._lock:
+            self._plans[job_id] = (self.clock(), plan)
+
+    def invalidate(self) -> None:
+        """Forget every plan: a write (a restart placed by the sweeper or by a rank's
+        exit) may have stored a newer one; the next ``get`` of each job reads."""
+        with self._lock:
+            self._plans.clear()
+            self._generation += 1
+
+    def get(self, job_id: str) -> tpb.Plan:
+        """The job's latest plan; raises ``store.NotFoundError`` for an unknown job."""
+        with self._lock:
+            hit = self._plans.get(job_id)
+            generation = self._generation
+        if hit is not None and self.clock() - hit[0] < self.ttl_s:
+            return hit[1]
+        with self.readers() as s:
+            plan = wire.plan_message(store.latest_plan(s, store.get_job(s, job_id).id))
+        with self._lock:
+            if self._generation == generation:
+                self._plans[job_id] = (self.clock(), plan)
+        return plan
