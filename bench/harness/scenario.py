@@ -16,11 +16,11 @@ import dataclasses
 import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from importlib import resources
 from typing import Any
 
 import yaml
 
+from hetero.bench.shipped import shipped_names, shipped_text
 from hetero.errors import ConfigError
 
 #: Policies ``hetero-train`` knows (checked here without importing the trainer).
@@ -234,19 +234,12 @@ def configure(
 
 def known_scenarios() -> list[str]:
     """Names of the shipped ``run`` scenarios (``bench/scenarios/*.yaml``), sorted."""
-    root = resources.files("hetero.bench").joinpath("scenarios")
-    return sorted(p.name[: -len(".yaml")] for p in root.iterdir() if p.name.endswith(".yaml"))
+    return shipped_names("scenarios")
 
 
 def load_scenario(name: str) -> Scenario:
     """The shipped scenario called ``name``; ``ConfigError`` naming the known ones if none."""
-    known = known_scenarios()
-    if name not in known:
-        close = difflib.get_close_matches(name, known, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"unknown scenario {name!r} (known: {', '.join(known)}){hint}")
-    text = resources.files("hetero.bench").joinpath("scenarios", f"{name}.yaml").read_text()
-    return parse_scenario(name, text)
+    return parse_scenario(name, shipped_text("scenarios", name))
 
 
 _TOP = {

@@ -11,12 +11,12 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from hetero.bench.shipped import shipped_names, shipped_text
 from hetero.errors import ConfigError
 
 #: Scenario files shipped with the package (``hetero.bench`` package data).
@@ -102,19 +102,12 @@ class Scenario:
 
 def known_scenarios() -> list[str]:
     """Names of the shipped scenarios (file names without ``.yaml``), sorted."""
-    root = resources.files("hetero.bench").joinpath(SCENARIO_DIR)
-    return sorted(p.name[: -len(".yaml")] for p in root.iterdir() if p.name.endswith(".yaml"))
+    return shipped_names(SCENARIO_DIR)
 
 
 def load_scenario(name: str) -> Scenario:
     """The shipped scenario called ``name``; ``ConfigError`` naming the known ones if none."""
-    known = known_scenarios()
-    if name not in known:
-        close = difflib.get_close_matches(name, known, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"unknown scenario {name!r} (known: {', '.join(known)}){hint}")
-    text = resources.files("hetero.bench").joinpath(SCENARIO_DIR, f"{name}.yaml").read_text()
-    return parse_scenario(name, text)
+    return parse_scenario(name, shipped_text(SCENARIO_DIR, name))
 
 
 def load_scenario_file(path: Path) -> Scenario:
