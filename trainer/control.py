@@ -27,9 +27,10 @@ from dataclasses import dataclass
 
 import grpc
 
-from hetero.auth import agent_token_from_env, with_token
+from hetero.auth import agent_token_from_env
 from hetero.coordinator.balancer import Constraints, Decision, History
 from hetero.trainer.exchange import Planner, RankSummary
+from hetero.transport import ClientSecurity, client_channel
 from hetero.v1 import agent_pb2_grpc
 from hetero.v1 import types_pb2 as tpb
 
@@ -168,7 +169,8 @@ class AgentPlanner:
 
     def _connect(self) -> agent_pb2_grpc.AgentLocalStub:
         if self._stub is None:
-            self._channel = with_token(grpc.insecure_channel(self.endpoint), agent_token_from_env())
+            security = ClientSecurity(token=agent_token_from_env())
+            self._channel = client_channel(self.endpoint, security)
             self._stub = agent_pb2_grpc.AgentLocalStub(self._channel)  # type: ignore[no-untyped-call, unused-ignore]
         return self._stub
 
