@@ -11,6 +11,8 @@ is back, and interval reports and telemetry wait in a bounded outbox
 (``agent.outbox``). Each launch carries its job's attempt number: a rank of an
 earlier attempt still running here is stopped before the new one starts, and
 reports name the attempt, so the coordinator ignores news of old placements.
+The agent polls for orders only after a heartbeat whose reply says some may be
+pending (``orders_pending``), not after every heartbeat.
 """
 
 from __future__ import annotations
@@ -49,6 +51,12 @@ CALL_TIMEOUT_S = 5.0
 TICK_S = 0.2
 #: Log lines per AppendJobLogs call.
 LOG_BATCH = 1000
+
+
+def orders_pending(reply: pb.HeartbeatResponse) -> bool:
+    """Whether to poll after this heartbeat: when the coordinator says so, and always
+    for one that predates the flag (it leaves it unset)."""
+    return not reply.HasField("orders_pending") or reply.orders_pending
 
 
 @dataclass
@@ -247,7 +255,11 @@ class Agent:
 
     def _heartbeat_and_poll(self) -> None:
         assert self.node_id is not None
-        self.stub.Heartbeat(self.telemetry.latest().heartbeat(self.node_id), timeout=CALL_TIMEOUT_S)
+        beat = self.stub.Heartbeat(
+            self.telemetry.latest().heartbeat(self.node_id), timeout=CALL_TIMEOUT_S
+        )
+        if not orders_pending(beat):
+            return
         orders = self.stub.PollAssignments(
             pb.PollAssignmentsRequest(node_id=self.node_id), timeout=CALL_TIMEOUT_S
         )

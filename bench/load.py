@@ -2,8 +2,8 @@
 
 Starts ``hetero-coord serve`` as a subprocess on a fresh SQLite file, then
 ``--processes`` load-generator processes (``hetero.bench.loadgen``) that play
-``--agents`` node agents (register, then heartbeat with telemetry and poll for
-orders every ``--heartbeat-s``) and ``--ranks`` training ranks in jobs of
+``--agents`` node agents (register, then heartbeat with telemetry every
+``--heartbeat-s`` and poll for orders when the reply says some are pending) and ``--ranks`` training ranks in jobs of
 ``--world-size`` (each interval rank 0 reports every rank's statistics, then
 every rank asks for the plan). After ``--warmup-s`` it measures for
 ``--duration-s``: achieved vs offered calls per second, p50/p99/max latency per
@@ -69,6 +69,10 @@ class LoadError(HeteroError):
     exit_code = 1
 
 
+#: When simulated agents poll for orders (``LoadConfig.poll``).
+POLL_MODES = ("asked", "always", "never")
+
+
 @dataclass(frozen=True)
 class LoadConfig:
     agents: int = 1000
@@ -80,7 +84,9 @@ class LoadConfig:
     heartbeat_s: float = 1.0
     interval_s: float = 1.0
     devices_per_agent: int = 4
-    poll: bool = True
+    #: ``asked``: poll after a heartbeat whose reply says orders are pending (the
+    #: agent); ``always``: after every heartbeat (agents before that flag); ``never``.
+    poll: str = "asked"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -94,6 +100,8 @@ class LoadConfig:
             raise ConfigError("durations and periods must be > 0 (--warmup-s >= 0)")
         if not 1 <= self.devices_per_agent <= 64:
             raise ConfigError("--devices-per-agent must be in [1, 64]")
+        if self.poll not in POLL_MODES:
+            raise ConfigError(f"--poll must be one of {', '.join(POLL_MODES)}, got {self.poll!r}")
 
     @property
     def jobs(self) -> int:
@@ -120,7 +128,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--interval-s", type=float, default=d.interval_s, metavar="S")
     p.add_argument("--devices-per-agent", type=int, default=d.devices_per_agent)
     p.add_argument(
-        "--no-poll", action="store_false", dest="poll", help="heartbeat without PollAssignments"
+        "--poll",
+        choices=POLL_MODES,
+        default=d.poll,
+        help="when agents call PollAssignments: 'asked' (default, as hetero-agent does: after "
+        "a heartbeat whose reply says orders are pending), 'always' (after every heartbeat, as "
+        "agents did before that flag) or 'never'",
     )
     p.add_argument("--out", type=Path, help="run directory (default: a new temporary one)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -409,7 +422,12 @@ def summarize(
         samples += r["error_samples"]
     offered = {
         "Heartbeat": config.agents / config.heartbeat_s,
-        "PollAssignments": config.agents / config.heartbeat_s if config.poll else 0.0,
+        # Polls on demand have no schedule: the table shows what was asked for.
+        "PollAssignments": config.agents / config.heartbeat_s
+        if config.poll == "always"
+        else math.nan
+        if config.poll == "asked"
+        else 0.0,
         "ReportIntervalStats": config.jobs / config.interval_s,
         "GetPlan": config.ranks / config.interval_s,
     }
@@ -492,10 +510,11 @@ def render(r: dict[str, Any]) -> str:
         f"{'max ms':>8} {'errors':>7} {'late':>6}",
     ]
     for name, m in r["methods"].items():
-        if not m["offered_per_s"]:
+        if not m["offered_per_s"] and not m["calls"]:
             continue
+        offered = "asked" if math.isnan(m["offered_per_s"]) else f"{m['offered_per_s']:.1f}"
         lines.append(
-            f"{name:<20} {m['offered_per_s']:>10.1f} {m['achieved_per_s']:>11.1f} "
+            f"{name:<20} {offered:>10} {m['achieved_per_s']:>11.1f} "
             f"{m['p50_ms']:>8.2f} {m['p99_ms']:>8.2f} {m['max_ms']:>8.1f} {m['errors']:>7d} "
             f"{m['late_starts']:>6d}"
         )

@@ -2,8 +2,9 @@
 
 Every simulated agent is a real gRPC client (``grpc.aio``, one channel per
 process) doing what ``hetero-agent`` does: ``RegisterNode`` once, then every
-``heartbeat_s`` a ``Heartbeat`` with telemetry for its host and devices
-followed by a ``PollAssignments`` (the real agent's contact). Every simulated
+``heartbeat_s`` a ``Heartbeat`` with telemetry for its host and devices,
+followed by a ``PollAssignments`` when the reply says orders are pending (the
+real agent's contact; ``poll`` = ``always`` polls after every heartbeat). Every simulated
 job plays its ranks through the real trainer API: each ``interval_s`` rank 0
 sends one ``ReportIntervalStats`` carrying every rank's statistics (as the
 trainer does after its all-gather) and then each rank calls ``GetPlan``.
@@ -60,7 +61,7 @@ class WorkerConfig:
     devices_per_agent: int
     heartbeat_s: float
     interval_s: float
-    poll: bool
+    poll: str
     job_indexes: tuple[int, ...]
     seed: int
 
@@ -187,8 +188,12 @@ class Worker:
                 return
             tick += 1
             req = heartbeat_request(resp.node_id, c.devices_per_agent, tick)
-            await self.rec.call("Heartbeat", stub.Heartbeat(req, timeout=CALL_TIMEOUT_S))
-            if c.poll:
+            reply = await self.rec.call("Heartbeat", stub.Heartbeat(req, timeout=CALL_TIMEOUT_S))
+            # The proto's rule, as hetero-agent applies it (agent.daemon.orders_pending).
+            asked = reply is not None and (
+                not reply.HasField("orders_pending") or reply.orders_pending
+            )
+            if c.poll == "always" or (c.poll == "asked" and asked):
                 poll = pb.PollAssignmentsRequest(node_id=resp.node_id)
                 await self.rec.call(
                     "PollAssignments", stub.PollAssignments(poll, timeout=CALL_TIMEOUT_S)

@@ -76,8 +76,10 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., host: _Optional[_Union[_types_pb2.HostTelemetry, _Mapping]] = ..., devices: _Optional[_Iterable[_Union[_types_pb2.DeviceTelemetry, _Mapping]]] = ..., sampled_at_unix_s: _Optional[float] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("orders_pending",)
+    ORDERS_PENDING_FIELD_NUMBER: _ClassVar[int]
+    orders_pending: bool
+    def __init__(self, orders_pending: bool = ...) -> None: ...
 
 class ProbeRequest(_message.Message):
     __slots__ = ("payload", "reply_bytes")
