@@ -74,6 +74,8 @@ def consistent(reference: Point, point: Point, threshold: float) -> bool:
     if b0 <= 0 or t0 <= 0 or t <= 0:
         return False
     scaled = t0 * b / b0
+    if not 0 < scaled < math.inf:
+        return False  # a batch of 0, or a product that under- or overflowed
     tol = math.log1p(threshold)
     lo = math.log(min(t0, scaled)) - tol
     hi = math.log(max(t0, scaled)) + tol

@@ -18,12 +18,13 @@ flagged.
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hetero.coordinator.balancer.model import StepModel, equal_time_plan, predict_step_s
 from hetero.coordinator.balancer.plan import Batches, Constraints
-from hetero.coordinator.balancer.stats import History, Interval
+from hetero.coordinator.balancer.stats import History, Interval, RankInterval
 from hetero.errors import ConfigError, PlanError
 
 #: Intervals a straggler's run is counted back over (the evidence says "at least" beyond).
@@ -111,7 +112,7 @@ def per_sample_ratios(interval: Interval) -> list[float | None]:
     ``None`` for a rank that ran no step, or when no other rank did.
     """
     per_sample = [
-        ri.compute_s / ri.batch if ri.steps > 0 and ri.batch > 0 and ri.compute_s > 0 else None
+        _per_sample(ri) if ri.steps > 0 and ri.batch > 0 and ri.compute_s > 0 else None
         for ri in interval
     ]
     ordered = sorted(p for p in per_sample if p is not None)
@@ -122,6 +123,13 @@ def per_sample_ratios(interval: Interval) -> list[float | None]:
             continue
         out.append(mine / _median_without(ordered, bisect.bisect_left(ordered, mine)))
     return out
+
+
+def _per_sample(ri: RankInterval) -> float | None:
+    """Compute seconds per sample; None if that is not a positive finite number (a
+    time so small that dividing it underflows to 0 says nothing either)."""
+    value = ri.compute_s / ri.batch
+    return value if 0 < value < math.inf else None
 
 
 def _median_without(ordered: Sequence[float], skip: int) -> float:
