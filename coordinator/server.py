@@ -11,55 +11,58 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from concurrent import futures
 from types import FrameType
 
 import grpc
+import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from sqlalchemy.engine import make_url
 
+from hetero.coordinator.asyncserver import CoordinatorServer, add_coordinator
 from hetero.coordinator.database import open_database, read_session_factory, session_factory
 from hetero.coordinator.ingest import HeartbeatIngest
 from hetero.coordinator.metrics import MetricsServer
-from hetero.coordinator.readcache import LatestPlans, PendingOrders
+from hetero.coordinator.readcache import IntervalHistories, LatestPlans, PendingOrders
 from hetero.coordinator.recovery import Sweeper
 from hetero.coordinator.service import CoordinatorService, Deps
 from hetero.coordinator.store import TelemetryPolicy
-from hetero.transport import ServerSecurity, bind, describe, new_server
-from hetero.v1 import coordinator_pb2, coordinator_pb2_grpc
+from hetero.coordinator.views import HISTORY_FOR_REPORT
+from hetero.transport import ServerSecurity, bind, describe, new_aio_server
+from hetero.v1 import coordinator_pb2
 
 log = logging.getLogger("hetero.coordinator")
 
 SERVICE_NAME = coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"].full_name
-#: Worker threads: WatchCluster streams hold one each for their lifetime.
-MAX_WORKERS = 32
 
 
 def create_server(
     address: str, deps: Deps, security: ServerSecurity | None = None
-) -> tuple[grpc.Server, int]:
+) -> tuple[CoordinatorServer, int]:
     """A server for ``address`` (``host:port``; port 0 = any free port) and the bound port.
 
     ``security`` (default: loopback only, no token, no TLS) is applied by
-    ``hetero.transport``: token check, TLS, message limit, and no UNKNOWN status."""
+    ``hetero.transport``: token check, TLS, message limit, and no UNKNOWN status.
+    The server is ``grpc.aio`` on a loop thread of its own (``asyncserver``)."""
     security = security or ServerSecurity()
-    server = new_server(
-        security,
-        what="coordinator",
-        hint="--token-file or $HETERO_TOKEN_FILE",
-        max_workers=MAX_WORKERS,
-        thread_name_prefix="rpc",
-    )
-    add_servicer = coordinator_pb2_grpc.add_CoordinatorServicer_to_server
-    add_servicer(CoordinatorService(deps), server)  # type: ignore[no-untyped-call, unused-ignore]
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    for name in ("", SERVICE_NAME):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    reflection.enable_server_reflection(
-        (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
-    return server, bind(server, address, security, "coordinator")
+
+    async def build(pool: futures.Executor) -> tuple[grpc.aio.Server, int]:
+        server = new_aio_server(
+            security, what="coordinator", hint="--token-file or $HETERO_TOKEN_FILE"
+        )
+        add_coordinator(server, deps, pool)
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        for name in ("", SERVICE_NAME):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
+        return server, bind(server, address, security, "coordinator")
+
+    server = CoordinatorServer(build)
+    return server, server.port
 
 
 def serve(
@@ -79,6 +82,9 @@ def serve(
     (``HeartbeatIngest``) and reads take no write lock. A sweeper thread marks silent
     nodes down and restarts their jobs (``recovery``); what it changes drops the
     order and plan caches (``readcache``) so polls and ``GetPlan`` see it at once."""
+    import sys
+
+    sys.setswitchinterval(float(__import__("os").environ.get("HSW", "0.005")))
     engine = open_database(db_url)
     if deps is None:
         sessions, readers = session_factory(engine), read_session_factory(engine)
@@ -89,6 +95,7 @@ def serve(
             ingest=HeartbeatIngest(sessions, readers, policy),
             orders=PendingOrders(readers),
             plans=LatestPlans(readers),
+            histories=IntervalHistories(HISTORY_FOR_REPORT),
             telemetry=policy,
             heartbeat_interval_s=heartbeat_interval_s,
             heartbeat_timeout_s=heartbeat_timeout_s,

@@ -20,12 +20,17 @@ import grpc
 from sqlalchemy.orm import Session, sessionmaker
 
 from hetero.coordinator import lifecycle, rebalance, recovery, store, validate, views, wire
-from hetero.coordinator.balancer import Constraints, DeviceProfile
+from hetero.coordinator.balancer import Constraints, DeviceProfile, RankInterval
 from hetero.coordinator.ingest import HeartbeatIngest
 from hetero.coordinator.jobspec import JobSpec, parse_jobspec
 from hetero.coordinator.models import JobRow
 from hetero.coordinator.placement import place, predict
-from hetero.coordinator.readcache import LatestPlans, PendingOrders
+from hetero.coordinator.readcache import (
+    IntervalHistories,
+    LatestPlans,
+    PendingOrders,
+    with_interval,
+)
 from hetero.errors import ConfigError, HeteroError
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
@@ -48,7 +53,8 @@ class Deps:
     ``readers`` (``database.read_session_factory``) serves the handlers that only
     read; None = ``sessions``. ``ingest`` parks heartbeats and writes them in
     batches; None = each heartbeat is written in its own transaction. ``orders``
-    answers most order polls and ``plans`` most ``GetPlan`` calls from memory
+    answers most order polls and ``plans`` most ``GetPlan`` calls from memory, and
+    ``histories`` keeps each job's recent intervals for its next report
     (``readcache``); None = every call queries.
     """
 
@@ -57,6 +63,7 @@ class Deps:
     ingest: HeartbeatIngest | None = None
     orders: PendingOrders | None = None
     plans: LatestPlans | None = None
+    histories: IntervalHistories | None = None
     clock: Callable[[], float] = time.time
     heartbeat_interval_s: float = 2.0
     heartbeat_timeout_s: float = 10.0
@@ -92,6 +99,8 @@ class Deps:
             self.orders.invalidate()
         if self.plans is not None:
             self.plans.invalidate()
+        if self.histories is not None:
+            self.histories.invalidate()
 
 
 def _abort(context: grpc.ServicerContext, exc: BaseException, method: str) -> None:
@@ -176,16 +185,19 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
         if sampled_at is not None and not math.isfinite(sampled_at):
             # Checked before parking: a NaN would fail the whole batch at the flush.
             raise _invalid(f"sampled_at_unix_s must be a finite time, got {sampled_at}")
-        beat = store.Beat(
-            req.node_id, self.deps.clock(), wire.telemetry_values(req), sampled_at=sampled_at
-        )
         if self.deps.ingest is not None:
-            self.deps.ingest.offer(beat)
-            return pb.HeartbeatResponse()
-        with self.deps.sessions.begin() as s:
-            if store.record_heartbeats(s, [beat], policy=self.deps.telemetry):
-                raise store.NotFoundError(f"unknown node {req.node_id!r}: register first")
-        return pb.HeartbeatResponse()
+            beat = store.Beat(req.node_id, self.deps.clock(), (), sampled_at=sampled_at)
+            self.deps.ingest.offer(beat, lambda: wire.telemetry_values(req))
+        else:
+            beat = store.Beat(
+                req.node_id, self.deps.clock(), wire.telemetry_values(req), sampled_at=sampled_at
+            )
+            with self.deps.sessions.begin() as s:
+                if store.record_heartbeats(s, [beat], policy=self.deps.telemetry):
+                    raise store.NotFoundError(f"unknown node {req.node_id!r}: register first")
+        # The agent polls only when told to: half the calls 1,000 agents make each second.
+        orders = self.deps.orders
+        return pb.HeartbeatResponse(orders_pending=orders is None or orders.may_have(req.node_id))
 
     @rpc
     def PollAssignments(
@@ -268,11 +280,13 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
         with self.deps.sessions.begin() as s:
             job = store.get_job(s, req.job_id)
             _check_report(req, job)
-            store.add_interval(
-                s, job, req.end_step, req.plan_version, wire.interval_rows(req), now=now
-            )
-            # One history read serves straggler detection and the balancer.
-            history = store.interval_history(s, job, views.HISTORY_FOR_REPORT)
+            rows = wire.interval_rows(req)
+            store.add_interval(s, job, req.end_step, req.plan_version, rows, now=now)
+            # One history serves straggler detection and the balancer.
+            attempt, steps = job.attempt_first_plan, self._history(job, req, rows)
+            if steps is None:
+                steps = store.interval_steps(s, job, views.HISTORY_FOR_REPORT)
+            history = [ranks for _, ranks in steps]
             for flag in views.new_stragglers(history):
                 store.add_event(s, "straggler", flag.message, job_id=job.id, now=now)
             plan = store.latest_plan(s, job.id)
@@ -319,9 +333,27 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
                         now=now,
                     )
             reply = wire.plan_message(plan)
+        # After the commit: what the next report of this job starts from.
+        if self.deps.histories is not None:
+            self.deps.histories.put(req.job_id, attempt, steps)
         if self.deps.plans is not None:
             self.deps.plans.put(req.job_id, reply)
         return tpb.ReportIntervalStatsResponse(plan=reply)
+
+    def _history(
+        self, job: JobRow, req: tpb.IntervalReport, rows: list[dict[str, Any]]
+    ) -> list[tuple[int, list[RankInterval]]] | None:
+        """The job's recent complete intervals with this report's (every report is
+        complete: ``_check_report``), from memory; None if not cached."""
+        if self.deps.histories is None:
+            return None
+        cached = self.deps.histories.get(job.id, job.attempt_first_plan)
+        if cached is None:
+            return None
+        if req.plan_version < job.attempt_first_plan:
+            return cached  # kept in the database, not part of this attempt's history
+        ranks = [store.rank_interval(r) for r in rows]
+        return with_interval(cached, req.end_step, ranks, views.HISTORY_FOR_REPORT)
 
     @rpc
     def GetPlan(self, req: tpb.GetPlanRequest, context: grpc.ServicerContext) -> tpb.Plan:
@@ -415,7 +447,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
         with self.deps.sessions.begin() as s:
             node = store.set_draining(s, req.node, not req.undrain, now=now)
             healthy = store.is_healthy(node, now, self.deps.heartbeat_timeout_s)
-            msg = wire.node_message(node, store.latest_telemetry(s, node.id), healthy)
+            msg = wire.node_message(node, views.telemetry(s, node.id, self._live()), healthy)
         log.info("node %s %s", msg.name, "drained" if msg.draining else "undrained")
         return msg
 
@@ -445,14 +477,22 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
     def _job(self, s: Session, job: JobRow, detail: bool = False) -> pb.Job:
         return views.job_message(s, job, detail)
 
+    def _live(self) -> views.Live | None:
+        return self.deps.ingest.current if self.deps.ingest is not None else None
+
     def _nodes(self, s: Session) -> list[pb.Node]:
-        return views.nodes(s, now=self.deps.clock(), timeout_s=self.deps.heartbeat_timeout_s)
+        return views.nodes(
+            s, now=self.deps.clock(), timeout_s=self.deps.heartbeat_timeout_s, live=self._live()
+        )
 
     def snapshot(self) -> pb.ClusterSnapshot:
         """The cluster now: what WatchCluster streams and the metrics endpoint exports."""
         with self._read() as s:
             return views.cluster_snapshot(
-                s, now=self.deps.clock(), timeout_s=self.deps.heartbeat_timeout_s
+                s,
+                now=self.deps.clock(),
+                timeout_s=self.deps.heartbeat_timeout_s,
+                live=self._live(),
             )
 
 

@@ -142,7 +142,7 @@ def mark_down(s: Session, node: NodeRow, silent_s: float, *, now: float) -> None
     )
 
 
-def _table(model: type[NodeRow] | type[TelemetryRow]) -> Table:
+def _table(model: type[NodeRow] | type[TelemetryRow] | type[IntervalStatRow]) -> Table:
     return cast(Table, model.__table__)
 
 
@@ -185,8 +185,9 @@ def record_heartbeats(s: Session, beats: Sequence[Beat], *, policy: TelemetryPol
     device, bucket of ``period_s``) keeps one row holding its newest sample, a
     buffered sample never replaces a newer one of its bucket, and samples older
     than ``retention_s`` are dropped. A node's rows older than ``retention_s`` are
-    deleted when it reports (a node that never reports again keeps at most one
-    retention window of rows).
+    deleted when its telemetry is written (a node that never reports again keeps at
+    most one retention window of rows). A beat without samples only marks its node
+    alive (the ingest writes liveness every flush, telemetry once its bucket closes).
     """
     if not beats:
         return set()
@@ -264,13 +265,13 @@ def record_heartbeats(s: Session, beats: Sequence[Beat], *, policy: TelemetryPol
             )
         if inserts:
             conn.execute(insert(telemetry), inserts)
-    if alive:
+    if newest:
         oldest = int((max(alive.values()) - policy.retention_s) // policy.period_s)
         conn.execute(
             delete(telemetry).where(
                 telemetry.c.node_id == bindparam("node"), telemetry.c.bucket < oldest
             ),
-            [{"node": node_id} for node_id in alive],
+            [{"node": node_id} for node_id in sorted({key[0] for key in newest})],
         )
     return ids - known
 
@@ -622,20 +623,36 @@ def add_interval(
     job: JobRow,
     end_step: int,
     plan_version: int,
-    ranks: Sequence[IntervalStatRow],
+    ranks: Sequence[dict[str, Any]],
     *,
     now: float,
 ) -> None:
-    for row in ranks:
-        row.job_id, row.end_step, row.plan_version, row.received_at_unix_s = (
-            job.id,
-            end_step,
-            plan_version,
-            now,
+    """Store one interval's ``IntervalStatRow`` column values (one dict per rank) in a
+    single statement."""
+    if ranks:
+        common = {
+            "job_id": job.id,
+            "end_step": end_step,
+            "plan_version": plan_version,
+            "received_at_unix_s": now,
+        }
+        s.connection().execute(
+            insert(_table(IntervalStatRow)), [{**row, **common} for row in ranks]
         )
-        s.add(row)
     job.last_step = max(job.last_step, end_step)
     s.flush()
+
+
+def rank_interval(row: dict[str, Any]) -> RankInterval:
+    """The balancer's view of one rank's ``IntervalStatRow`` column values."""
+    return RankInterval(
+        row["rank"],
+        row["batch"],
+        row["steps"],
+        row["compute_s"],
+        row["step_s"],
+        row["peak_memory_bytes"],
+    )
 
 
 def complete_steps(s: Session, job: JobRow, limit: int) -> list[int]:
@@ -676,6 +693,12 @@ def complete_steps(s: Session, job: JobRow, limit: int) -> list[int]:
 def interval_history(s: Session, job: JobRow, window: int) -> list[list[RankInterval]]:
     """The last ``window`` complete intervals (every rank reported) of the current
     attempt, oldest first."""
+    return [ranks for _, ranks in interval_steps(s, job, window)]
+
+
+def interval_steps(s: Session, job: JobRow, window: int) -> list[tuple[int, list[RankInterval]]]:
+    """``interval_history`` with each interval's end step: (end step, ranks in rank
+    order), oldest first."""
     steps = complete_steps(s, job, window)
     if not steps:
         return []
@@ -693,7 +716,9 @@ def interval_history(s: Session, job: JobRow, window: int) -> list[list[RankInte
         by_step.setdefault(end_step, {}).setdefault(
             rank, RankInterval(rank, batch, n, compute_s, step_s, peak)
         )
-    return [[by_step[step][rank] for rank in sorted(by_step[step])] for step in sorted(by_step)]
+    return [
+        (step, [by_step[step][rank] for rank in sorted(by_step[step])]) for step in sorted(by_step)
+    ]
 
 
 def _this_attempt(job: JobRow) -> tuple[Any, ...]:

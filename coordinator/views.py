@@ -6,14 +6,14 @@ Each function takes an open session and the current time; none writes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from sqlalchemy.orm import Session
 
 from hetero.coordinator import rebalance, store, wire
 from hetero.coordinator.balancer import RankInterval, StragglerEvidence, detect_stragglers
 from hetero.coordinator.balancer.straggler import LOOKBACK
-from hetero.coordinator.models import JobRow
+from hetero.coordinator.models import JobRow, TelemetryRow
 from hetero.v1 import coordinator_pb2 as pb
 
 #: Finished jobs stay in cluster snapshots this long, in seconds.
@@ -43,16 +43,25 @@ def job_message(s: Session, job: JobRow, detail: bool = False) -> pb.Job:
     return wire.job_message(job, plan, names, events, with_spec=detail, live=live)
 
 
-def nodes(s: Session, *, now: float, timeout_s: float) -> list[pb.Node]:
+#: A node's newest telemetry not yet in the database (``HeartbeatIngest.current``).
+Live = Callable[[str], dict[int | None, TelemetryRow] | None]
+
+
+def telemetry(s: Session, node_id: str, live: Live | None) -> dict[int | None, TelemetryRow]:
+    """A node's newest telemetry: from memory while its bucket is open, else stored."""
+    return (live(node_id) if live else None) or store.latest_telemetry(s, node_id)
+
+
+def nodes(s: Session, *, now: float, timeout_s: float, live: Live | None = None) -> list[pb.Node]:
     return [
-        wire.node_message(
-            node, store.latest_telemetry(s, node.id), store.is_healthy(node, now, timeout_s)
-        )
+        wire.node_message(node, telemetry(s, node.id, live), store.is_healthy(node, now, timeout_s))
         for node in store.list_nodes(s)
     ]
 
 
-def cluster_snapshot(s: Session, *, now: float, timeout_s: float) -> pb.ClusterSnapshot:
+def cluster_snapshot(
+    s: Session, *, now: float, timeout_s: float, live: Live | None = None
+) -> pb.ClusterSnapshot:
     """Every node, and the jobs not finished or finished within ``WATCH_FINISHED_JOBS_S``."""
     jobs = [
         job_message(s, j)
@@ -60,7 +69,7 @@ def cluster_snapshot(s: Session, *, now: float, timeout_s: float) -> pb.ClusterS
         if j.finished_at_unix_s is None or now - j.finished_at_unix_s < WATCH_FINISHED_JOBS_S
     ]
     return pb.ClusterSnapshot(
-        time_unix_s=now, nodes=nodes(s, now=now, timeout_s=timeout_s), jobs=jobs
+        time_unix_s=now, nodes=nodes(s, now=now, timeout_s=timeout_s, live=live), jobs=jobs
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from hetero.coordinator import placement as placement_mod
 from hetero.coordinator import store, throughput
@@ -329,23 +330,25 @@ def prediction_message(p: placement_mod.Prediction) -> pb.PolicyPrediction:
     )
 
 
-def interval_rows(report: tpb.IntervalReport) -> list[IntervalStatRow]:
+def interval_rows(report: tpb.IntervalReport) -> list[dict[str, Any]]:
+    """A report's ranks as ``IntervalStatRow`` column values (plain dicts: the store
+    inserts them in one statement, and an ORM object per rank cost more than that)."""
     return [
-        IntervalStatRow(
-            rank=r.rank,
-            batch=r.batch,
-            steps=r.steps,
-            compute_s=r.compute_s,
-            step_s=r.step_s,
-            peak_memory_bytes=_opt(r, "peak_memory_bytes"),
-            data_s=_opt(r, "data_s"),
-            comm_wait_s=_opt(r, "comm_wait_s"),
-            forward_s=_opt(r, "forward_s"),
-            backward_s=_opt(r, "backward_s"),
-            optimizer_s=_opt(r, "optimizer_s"),
-            loss_sum=_opt(r, "loss_sum"),
-            samples=_opt(r, "samples"),
-        )
+        {
+            "rank": r.rank,
+            "batch": r.batch,
+            "steps": r.steps,
+            "compute_s": r.compute_s,
+            "step_s": r.step_s,
+            "peak_memory_bytes": _opt(r, "peak_memory_bytes"),
+            "data_s": _opt(r, "data_s"),
+            "comm_wait_s": _opt(r, "comm_wait_s"),
+            "forward_s": _opt(r, "forward_s"),
+            "backward_s": _opt(r, "backward_s"),
+            "optimizer_s": _opt(r, "optimizer_s"),
+            "loss_sum": _opt(r, "loss_sum"),
+            "samples": _opt(r, "samples"),
+        }
         for r in report.ranks
     ]
 

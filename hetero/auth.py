@@ -29,11 +29,12 @@ import secrets
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
 import grpc
+import grpc.aio
 
 from hetero.errors import ConfigError
 
@@ -196,16 +197,21 @@ class TokenAuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc, unused
         continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler | None:
+        reason = self.refusal(details)
+        handler = continuation(details)
+        return handler if reason is None else _denied(handler, reason)
+
+    def refusal(self, details: grpc.HandlerCallDetails) -> str | None:
+        """None if the call may proceed, else the UNAUTHENTICATED message (logged)."""
         if details.method in OPEN_METHODS:
-            return continuation(details)
+            return None
         presented = _presented(details.invocation_metadata)
         if presented is not None:
             scheme, _, value = presented.partition(" ")
             if scheme.lower() == SCHEME.lower() and self._token.matches(value.strip()):
-                return continuation(details)
-        reason = self.missing if presented is None else self.wrong
+                return None
         self._log_rejection(details.method, "no token" if presented is None else "wrong token")
-        return _denied(continuation(details), reason)
+        return self.missing if presented is None else self.wrong
 
     def _log_rejection(self, method: str, why: str) -> None:
         with self._lock:
@@ -217,6 +223,44 @@ class TokenAuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc, unused
             summary = ", ".join(f"{n}x {k}" for k, n in self._unlogged.most_common(5))
             self._unlogged.clear()
         log.warning("rejected unauthenticated calls: %s", summary)
+
+
+class AioTokenAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc, unused-ignore]
+    """:class:`TokenAuthInterceptor` for a ``grpc.aio`` server: the same check and
+    messages, an ``async`` refusal."""
+
+    def __init__(self, token: Secret, what: str, hint: str) -> None:
+        self._check = TokenAuthInterceptor(token, what, hint)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        reason = self._check.refusal(details)
+        handler = await continuation(details)
+        return handler if reason is None else _denied_async(handler, reason)
+
+
+def _denied_async(handler: grpc.RpcMethodHandler | None, message: str) -> grpc.RpcMethodHandler:
+    """:func:`_denied` with coroutine handlers, as a ``grpc.aio`` server calls them."""
+
+    async def deny(_request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    async def deny_stream(
+        _request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[Any]:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        yield  # pragma: no cover - abort raises
+
+    if handler is not None and handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(deny_stream)
+    if handler is not None and handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(deny)
+    if handler is not None and handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(deny_stream)
+    return grpc.unary_unary_rpc_method_handler(deny)
 
 
 # ---- client side ------------------------------------------------------------------------

@@ -11,16 +11,18 @@ its own status.
 
 Oversized messages never reach a handler: the server's
 ``grpc.max_receive_message_length`` (:data:`hetero.transport.MAX_MESSAGE_BYTES`)
-makes gRPC answer RESOURCE_EXHAUSTED.
+makes gRPC answer RESOURCE_EXHAUSTED. ``AioGuardInterceptor`` does the same for a
+``grpc.aio`` server (the coordinator's).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import grpc
+import grpc.aio
 
 log = logging.getLogger("hetero.guard")
 
@@ -114,6 +116,96 @@ class GuardInterceptor(grpc.ServerInterceptor):  # type: ignore[misc, unused-ign
                     yield from stream(request, _Context(context))
                 except Exception as exc:
                     _internal(exc, context, method)
+
+            return grpc.unary_stream_rpc_method_handler(streaming, response_serializer=serializer)
+        return handler
+
+
+class _AsyncContext:
+    """:class:`_Context` for ``grpc.aio``: ``abort`` is a coroutine there."""
+
+    def __init__(self, inner: grpc.aio.ServicerContext[Any, Any]) -> None:
+        self._inner = inner
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        await self._inner.abort(code, one_line(details))
+
+    def set_details(self, details: str) -> None:
+        self._inner.set_details(one_line(details))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+async def _decode_async(
+    deserializer: Callable[[bytes], Any] | None,
+    raw: bytes,
+    context: grpc.aio.ServicerContext[Any, Any],
+    method: str,
+) -> Any:
+    if deserializer is None:
+        return raw
+    try:
+        return deserializer(raw)
+    except Exception:
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{method}: the request is not a valid message for this method",
+        )
+
+
+async def _internal_async(
+    exc: Exception, context: grpc.aio.ServicerContext[Any, Any], method: str
+) -> None:
+    """Re-raise an abort; turn anything else into INTERNAL."""
+    if isinstance(exc, grpc.aio.AbortError):
+        raise exc
+    log.error("internal error in %s", method, exc_info=exc)
+    await context.abort(
+        grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(exc).__name__}"
+    )
+
+
+class AioGuardInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc, unused-ignore]
+    """:class:`GuardInterceptor` for a ``grpc.aio`` server, whose handlers are
+    coroutines and async generators."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or handler.request_streaming:
+            return handler
+        method = details.method.rsplit("/", 1)[-1] or details.method
+        deserializer = handler.request_deserializer
+        serializer = handler.response_serializer
+
+        if handler.unary_unary is not None:
+            inner = handler.unary_unary
+
+            async def unary(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+                request = await _decode_async(deserializer, raw, context, method)
+                try:
+                    return await inner(request, _AsyncContext(context))
+                except Exception as exc:
+                    await _internal_async(exc, context, method)
+
+            return grpc.unary_unary_rpc_method_handler(unary, response_serializer=serializer)
+
+        if handler.unary_stream is not None:
+            stream = handler.unary_stream
+
+            async def streaming(
+                raw: bytes, context: grpc.aio.ServicerContext[Any, Any]
+            ) -> AsyncIterator[Any]:
+                request = await _decode_async(deserializer, raw, context, method)
+                try:
+                    async for item in stream(request, _AsyncContext(context)):
+                        yield item
+                except Exception as exc:
+                    await _internal_async(exc, context, method)
 
             return grpc.unary_stream_rpc_method_handler(streaming, response_serializer=serializer)
         return handler

@@ -24,10 +24,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+import grpc.aio
 
-from hetero.auth import Secret, TokenAuthInterceptor, load_token, with_token
+from hetero.auth import (
+    AioTokenAuthInterceptor,
+    Secret,
+    TokenAuthInterceptor,
+    load_token,
+    with_token,
+)
 from hetero.errors import ConfigError
-from hetero.guard import GuardInterceptor
+from hetero.guard import AioGuardInterceptor, GuardInterceptor
 
 log = logging.getLogger("hetero.transport")
 
@@ -214,7 +221,25 @@ def new_server(
     )
 
 
-def bind(server: grpc.Server, address: str, security: ServerSecurity, what: str) -> int:
+def new_aio_server(security: ServerSecurity, *, what: str, hint: str) -> grpc.aio.Server:
+    """:func:`new_server` for ``grpc.aio`` (the same interceptors and limit); call it
+    on the event loop that will run the server."""
+    interceptors: list[grpc.aio.ServerInterceptor] = []
+    if security.token is not None:
+        interceptors.append(AioTokenAuthInterceptor(security.token, what, hint))
+    interceptors.append(AioGuardInterceptor())
+    return grpc.aio.server(
+        interceptors=interceptors,
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ],
+    )
+
+
+def bind(
+    server: grpc.Server | grpc.aio.Server, address: str, security: ServerSecurity, what: str
+) -> int:
     """Check the listen policy, then bind ``address`` (port 0 = any free port); the port."""
     check_listen(address, security, what)
     credentials = security.tls.server_credentials()

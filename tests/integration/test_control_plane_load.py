@@ -5,6 +5,7 @@ writers; and ``hetero-bench load`` end to end at a CI size."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -22,11 +23,12 @@ from hetero.bench.loadgen import device_profiles, heartbeat_request
 from hetero.coordinator import store
 from hetero.coordinator.database import open_database, read_session_factory, session_factory
 from hetero.coordinator.ingest import HeartbeatIngest
-from hetero.coordinator.readcache import LatestPlans, PendingOrders
+from hetero.coordinator.readcache import IntervalHistories, LatestPlans, PendingOrders
 from hetero.coordinator.recovery import Sweeper
 from hetero.coordinator.server import create_server
 from hetero.coordinator.service import Deps
 from hetero.coordinator.store import TelemetryPolicy
+from hetero.coordinator.views import HISTORY_FOR_REPORT
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 from hetero.v1 import types_pb2 as tpb
@@ -76,6 +78,7 @@ def served(tmp_path: Path) -> Iterator[Served]:
         ingest=ingest,
         orders=PendingOrders(readers, ttl_s=0.0),
         plans=LatestPlans(readers, ttl_s=60.0),
+        histories=IntervalHistories(HISTORY_FOR_REPORT),
         telemetry=policy,
         clock=clock,
     )
@@ -106,21 +109,54 @@ def test_heartbeats_are_written_at_the_flush_and_old_telemetry_is_deleted(served
     clock.now += 5
     stub.Heartbeat(heartbeat_request(node, 2, tick=1), timeout=DEADLINE_S)
     assert _nodes(stub)["n1"].last_heartbeat_unix_s == registered_at  # parked, not written
-    assert served.ingest.flush() == 1
+    assert served.ingest.flush() == 1  # liveness; the telemetry's bucket is still open
     n1 = _nodes(stub)["n1"]
     assert n1.last_heartbeat_unix_s == clock.now
-    assert [t.device_index for t in n1.telemetry] == [0, 1]
+    assert [t.device_index for t in n1.telemetry] == [0, 1]  # from memory
     assert n1.host.ram_total_bytes > 0
+    assert _telemetry_buckets(served) == []
     # Two beats in one bucket keep one row per device holding the newest sample;
     # after the retention window a node's old rows go.
     clock.now += 1
     stub.Heartbeat(heartbeat_request(node, 2, tick=2), timeout=DEADLINE_S)
     clock.now += 120
     stub.Heartbeat(heartbeat_request(node, 2, tick=3), timeout=DEADLINE_S)
+    served.ingest.flush()  # the first bucket closed, was written and fell out of retention
+    assert _telemetry_buckets(served) == []
+    assert [t.device_index for t in _nodes(stub)["n1"].telemetry] == [0, 1]
+    served.ingest.flush(everything=True)  # as at shutdown: the open bucket too
+    assert _telemetry_buckets(served) == [(int(clock.now // 10), 3)]
+
+
+def test_telemetry_is_written_once_when_its_bucket_closes(served: Served) -> None:
+    stub, clock = served.stub, served.clock
+    node = _register(stub, "n1")
+    first = int(clock.now // 10) + 1
+    clock.now = first * 10.0 + 1  # one second into a bucket
+    for cpu in (10.0, 20.0, 30.0):  # three beats, three flushes, one open bucket
+        stub.Heartbeat(_host_beat(node, cpu), timeout=DEADLINE_S)
+        served.ingest.flush()
+        assert _telemetry_buckets(served) == []
+        assert _nodes(stub)["n1"].host.cpu_percent == cpu
+        clock.now += 2
+    # The bucket has closed; it is written at the node's turn within the next period.
+    clock.now = (first + 1) * 10.0
+    stub.Heartbeat(_host_beat(node, 40.0), timeout=DEADLINE_S)
+    served.ingest.flush()
+    assert _nodes(stub)["n1"].host.cpu_percent == 40.0
+    clock.now = (first + 2) * 10.0
+    stub.Heartbeat(_host_beat(node, 50.0), timeout=DEADLINE_S)
     served.ingest.flush()
     with served.deps.sessions() as s:
+        rows = s.execute(text("SELECT bucket, cpu_percent FROM telemetry")).all()
+    assert rows == [(first, 30.0)]  # the newest of its bucket, written once
+    assert _nodes(stub)["n1"].host.cpu_percent == 50.0
+
+
+def _telemetry_buckets(served: Served) -> list[tuple[int, int]]:
+    with served.deps.sessions() as s:
         rows = s.execute(text("SELECT bucket, count(*) FROM telemetry GROUP BY bucket")).all()
-    assert rows == [(int(clock.now // 10), 3)]
+    return [(int(b), int(n)) for b, n in rows]
 
 
 def test_a_heartbeat_of_an_unknown_node_is_refused_at_once(served: Served) -> None:
@@ -153,6 +189,33 @@ def test_polls_carry_new_launches_and_get_plan_never_goes_behind_a_report(served
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
 
 
+def test_the_history_kept_in_memory_is_the_one_the_database_holds(served: Served) -> None:
+    """Reports in order, a re-sent one and a late one: the history the next report
+    starts from is, step for step, what reading it back would give."""
+    stub = served.stub
+    node = _register(stub, "gpu")
+    stub.Heartbeat(heartbeat_request(node, 2, tick=1), timeout=DEADLINE_S)
+    job = stub.SubmitJob(pb.SubmitJobRequest(spec_yaml=JOB), timeout=DEADLINE_S).job
+    version = stub.GetPlan(tpb.GetPlanRequest(job_id=job.id), timeout=DEADLINE_S).version
+    for step, slow in ((10, 0.05), (20, 0.06), (30, 0.07), (30, 0.08), (50, 0.05), (40, 0.09)):
+        report = tpb.IntervalReport(job_id=job.id, end_step=step, plan_version=version)
+        for rank, seconds in enumerate((0.01, slow)):
+            report.ranks.add(rank=rank, batch=8, steps=10, compute_s=seconds, step_s=0.1)
+        version = stub.ReportIntervalStats(report, timeout=DEADLINE_S).plan.version
+    histories = served.deps.histories
+    assert histories is not None
+    with served.deps.sessions() as s:
+        row = store.get_job(s, job.id)
+        stored = store.interval_steps(s, row, HISTORY_FOR_REPORT)
+        attempt = row.attempt_first_plan
+    kept = histories.get(job.id, attempt)
+    assert kept == stored
+    assert [step for step, _ in stored] == [10, 20, 30, 40, 50]
+    assert stored[2][1][1].compute_s == 0.08  # the re-sent report won
+    served.deps.invalidate_caches()
+    assert histories.get(job.id, attempt) is None
+
+
 def _host_beat(node: str, cpu: float, sampled_at: float | None = None) -> pb.HeartbeatRequest:
     req = pb.HeartbeatRequest(node_id=node, host=tpb.HostTelemetry(cpu_percent=cpu))
     if sampled_at is not None:
@@ -176,7 +239,7 @@ def test_a_burst_of_buffered_telemetry_keeps_a_sample_per_bucket_it_was_sampled_
     for cpu, age in ((1.0, 35.0), (2.0, 25.0), (3.0, 15.0), (9.0, 90.0)):
         stub.Heartbeat(_host_beat(node, cpu, sampled_at=now - age), timeout=DEADLINE_S)
     stub.Heartbeat(_host_beat(node, 7.0, sampled_at=now - 0.5), timeout=DEADLINE_S)
-    served.ingest.flush()
+    served.ingest.flush(everything=True)
     with served.deps.sessions() as s:
         rows = s.execute(
             text("SELECT time_unix_s, cpu_percent FROM telemetry ORDER BY time_unix_s")
@@ -185,7 +248,7 @@ def test_a_burst_of_buffered_telemetry_keeps_a_sample_per_bucket_it_was_sampled_
     assert _nodes(stub)["n1"].last_heartbeat_unix_s == now  # alive as of arrival
     # Written separately, a late buffered sample never replaces the newer one either.
     stub.Heartbeat(_host_beat(node, 8.0, sampled_at=now - 0.25), timeout=DEADLINE_S)
-    served.ingest.flush()
+    served.ingest.flush(everything=True)
     with served.deps.sessions() as s:
         live = s.execute(
             text("SELECT cpu_percent FROM telemetry WHERE time_unix_s >= :t"), {"t": now - 1}
@@ -294,12 +357,17 @@ def test_hetero_bench_load_runs_a_small_cluster_without_errors(tmp_path: Path) -
     result = json.loads(done.stdout)
     assert result == json.loads((out / "load.json").read_text())
     assert result["errors_total"] == 0, result["error_samples"]
-    for method in ("Heartbeat", "PollAssignments", "ReportIntervalStats", "GetPlan"):
+    for method in ("Heartbeat", "ReportIntervalStats", "GetPlan"):
         assert result["methods"][method]["calls"] > 0, method
+    # The ranks were started before the window: no heartbeat asked for a poll.
+    assert result["methods"]["PollAssignments"]["calls"] == 0
     rows = result["database"]["rows_end"]
     assert rows["nodes"] == 50
-    assert rows["telemetry"] >= 50 * 3  # host + 2 devices... per node, at least one bucket
     assert rows["interval_stats"] > 0
+    # Telemetry is written as buckets close, and all of it at the coordinator's stop.
+    db = sqlite3.connect(out / "state" / "coordinator.db")
+    (nodes,) = db.execute("SELECT count(DISTINCT node_id) FROM telemetry").fetchone()
+    assert nodes == 50
     assert result["coordinator_cpu_cores"] > 0
 
 
