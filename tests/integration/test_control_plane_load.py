@@ -169,11 +169,14 @@ def test_a_heartbeat_of_an_unknown_node_is_refused_at_once(served: Served) -> No
 def test_polls_carry_new_launches_and_get_plan_never_goes_behind_a_report(served: Served) -> None:
     stub = served.stub
     node = _register(stub, "gpu")
-    stub.Heartbeat(heartbeat_request(node, 2, tick=1), timeout=DEADLINE_S)
+    beat = stub.Heartbeat(heartbeat_request(node, 2, tick=1), timeout=DEADLINE_S)
+    assert beat.HasField("orders_pending") and not beat.orders_pending  # the agent won't poll
     served.ingest.flush()
     poll = pb.PollAssignmentsRequest(node_id=node)
     assert not stub.PollAssignments(poll, timeout=DEADLINE_S).launches
     job = stub.SubmitJob(pb.SubmitJobRequest(spec_yaml=JOB), timeout=DEADLINE_S).job
+    beat = stub.Heartbeat(heartbeat_request(node, 2, tick=2), timeout=DEADLINE_S)
+    assert beat.orders_pending  # the next heartbeat tells the agent to poll
     assert len(stub.PollAssignments(poll, timeout=DEADLINE_S).launches) == 2
     first = stub.GetPlan(tpb.GetPlanRequest(job_id=job.id), timeout=DEADLINE_S)
     # A report that re-plans: GetPlan answers the new plan at once, though its cache

@@ -88,3 +88,18 @@ def test_exclusion_is_refused_when_the_other_ranks_memory_cannot_hold_the_batch(
     assert "cannot be excluded" in forecast.message
     with pytest.raises(PlanError):
         predict_exclusion(models, Constraints(256, 2), 5)
+
+
+def test_times_that_underflow_or_batches_of_zero_are_no_evidence_not_a_crash() -> None:
+    from hetero.coordinator.balancer.changepoint import consistent
+    from hetero.coordinator.balancer.straggler import per_sample_ratios
+
+    tiny = [
+        RankInterval(0, 8, 10, 5e-324),
+        RankInterval(1, 8, 10, 0.1),
+        RankInterval(2, 8, 10, 0.1),
+    ]
+    ratios = per_sample_ratios(tiny)
+    assert ratios[0] is None and ratios[1] == pytest.approx(1.0)
+    assert not consistent((8, 0.1), (0, 0.1), 0.15)
+    assert not consistent((8, 5e-324), (1, 5e-324), 0.15)  # t0 * b / b0 underflows to 0
