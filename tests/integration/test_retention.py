@@ -13,6 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from hetero.coordinator import lifecycle, store
+from hetero.coordinator.config import load_config, with_flags
 from hetero.coordinator.database import open_database, session_factory
 from hetero.coordinator.jobspec import parse_jobspec
 from hetero.coordinator.models import DeviceRow, IntervalStatRow
@@ -265,3 +266,25 @@ def test_a_bad_policy_is_a_config_error_naming_its_key(
     with pytest.raises(ConfigError) as info:
         IntervalRetention(**fields)  # type: ignore[arg-type]
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_coordinator_yaml_and_flags_set_both_retention_policies(tmp_path: Path) -> None:
+    path = tmp_path / "coordinator.yaml"
+    path.write_text(
+        "telemetry_retention_h: 2\ninterval_stats_raw_h: 6\n"
+        "interval_stats_thin: 5\ninterval_stats_keep_days: 7\n"
+    )
+    config = load_config(path)
+    assert config.telemetry.retention_s == 2 * HOUR
+    assert config.interval_retention == IntervalRetention(
+        raw_s=6 * HOUR, thin_every=5, keep_s=7 * 86400.0
+    )
+    flagged = with_flags(config, interval_stats_thin=1, telemetry_retention_h=None)
+    assert flagged.interval_retention.thin_every == 1 and flagged.telemetry.retention_s == 2 * HOUR
+    with pytest.raises(ConfigError, match="interval_stats_keep_days"):
+        with_flags(config, interval_stats_keep_days=0.1)
+    with pytest.raises(ConfigError, match="telemetry_retention_h must be at least"):
+        with_flags(config, telemetry_retention_h=0.001)
+    path.write_text("interval_stats_thin: 0\n")
+    with pytest.raises(ConfigError, match="interval_stats_thin"):
+        load_config(path)
