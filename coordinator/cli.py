@@ -142,7 +142,7 @@ def _parser() -> argparse.ArgumentParser:
         "--telemetry-retention-h",
         type=float,
         metavar="H",
-        help="hours of telemetry kept, one row per device per 10 s (default 24)",
+        help="hours of telemetry kept, one row per device per 10 s, at least 1/60 (default 24)",
     )
     keep.add_argument(
         "--interval-stats-raw-h",
@@ -240,6 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from hetero.coordinator.server import serve
+    from hetero.coordinator.store import TelemetryPolicy
 
     config: CoordinatorConfig = with_flags(
         load_config(args.config),
@@ -281,7 +282,7 @@ def _serve(args: argparse.Namespace) -> int:
         heartbeat_interval_s=config.heartbeat_interval_s,
         heartbeat_timeout_s=config.heartbeat_timeout_s,
         master_port_base=config.master_port_base,
-        telemetry=config.telemetry,
+        telemetry=TelemetryPolicy(retention_s=config.telemetry_retention_h * 3600),
         interval_retention=config.interval_retention,
     )
     return 0

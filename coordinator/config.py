@@ -14,7 +14,6 @@ from pathlib import Path
 from hetero.coordinator.database import sqlite_url
 from hetero.coordinator.retention import IntervalRetention
 from hetero.coordinator.roots import default_roots, normalize_root
-from hetero.coordinator.store import TelemetryPolicy
 from hetero.coordinator.yamlfields import Fields
 from hetero.errors import ConfigError
 
@@ -56,7 +55,7 @@ class CoordinatorConfig:
     allowed_roots: tuple[str, ...] | None = None
     #: First rendezvous port (MASTER_PORT) handed to jobs; each job and restart takes the next.
     master_port_base: int = 29500
-    #: Telemetry kept per node (``TelemetryPolicy.retention_s``), in hours.
+    #: Telemetry kept per node (``store.TelemetryPolicy.retention_s``), in hours.
     telemetry_retention_h: float = 24.0
     #: Interval statistics (``retention.IntervalRetention``): whole for ``_raw_h``
     #: hours, then every ``_thin``-th interval, deleted after ``_keep_days``.
@@ -75,13 +74,9 @@ class CoordinatorConfig:
         for root in self.allowed_roots or ():
             if not Path(root).expanduser().is_absolute():
                 raise ConfigError(f"allowed_roots: {root!r} must be an absolute path")
-        period_s = TelemetryPolicy.period_s
-        if not (
-            math.isfinite(self.telemetry_retention_h)
-            and self.telemetry_retention_h * 3600 >= period_s
-        ):
+        if not (math.isfinite(self.telemetry_retention_h) and self.telemetry_retention_h >= 1 / 60):
             raise ConfigError(
-                f"telemetry_retention_h must be at least one telemetry period ({period_s:g} s), "
+                f"telemetry_retention_h must be at least 1/60 (a minute), "
                 f"got {self.telemetry_retention_h:g}"
             )
         _ = self.interval_retention  # built now so a bad value fails at startup, by its key
@@ -95,10 +90,6 @@ class CoordinatorConfig:
         if self.allowed_roots is None:
             return default_roots(self.resolved_state_dir)
         return tuple(normalize_root(r) for r in self.allowed_roots)
-
-    @property
-    def telemetry(self) -> TelemetryPolicy:
-        return TelemetryPolicy(retention_s=self.telemetry_retention_h * 3600)
 
     @property
     def interval_retention(self) -> IntervalRetention:

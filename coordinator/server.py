@@ -21,9 +21,10 @@ from sqlalchemy.engine import make_url
 from hetero.coordinator.database import open_database, read_session_factory, session_factory
 from hetero.coordinator.ingest import HeartbeatIngest
 from hetero.coordinator.metrics import MetricsServer
+from hetero.coordinator.pruning import IntervalPruner
 from hetero.coordinator.readcache import LatestPlans, PendingOrders
 from hetero.coordinator.recovery import Sweeper
-from hetero.coordinator.retention import IntervalPruner, IntervalRetention
+from hetero.coordinator.retention import IntervalRetention
 from hetero.coordinator.service import CoordinatorService, Deps
 from hetero.coordinator.store import TelemetryPolicy
 from hetero.transport import ServerSecurity, bind, describe, new_server
@@ -83,7 +84,7 @@ def serve(
     nodes down and restarts their jobs (``recovery``); what it changes drops the
     order and plan caches (``readcache``) so polls and ``GetPlan`` see it at once.
     Telemetry is kept as ``telemetry`` says; a pruner thread keeps interval statistics
-    within ``interval_retention`` (``retention``). Defaults: each policy's own."""
+    within ``interval_retention`` (``pruning``). Defaults: each policy's own."""
     engine = open_database(db_url)
     if deps is None:
         sessions, readers = session_factory(engine), read_session_factory(engine)

@@ -1,5 +1,5 @@
 """Retention of interval statistics on a real SQLite file: the store's own functions
-write jobs and interval reports (dated by hand), ``retention.prune_batch`` and the
+write jobs and interval reports (dated by hand), ``pruning.prune_batch`` and the
 ``IntervalPruner`` prune them."""
 
 from __future__ import annotations
@@ -18,12 +18,8 @@ from hetero.coordinator.database import open_database, session_factory
 from hetero.coordinator.jobspec import parse_jobspec
 from hetero.coordinator.models import DeviceRow, IntervalStatRow
 from hetero.coordinator.placement import place
-from hetero.coordinator.retention import (
-    IntervalPruner,
-    IntervalRetention,
-    PruneState,
-    prune_batch,
-)
+from hetero.coordinator.pruning import IntervalPruner, PruneState, prune_batch
+from hetero.coordinator.retention import IntervalRetention
 from hetero.coordinator.views import HISTORY_FOR_REPORT
 from hetero.errors import ConfigError
 
@@ -275,12 +271,12 @@ def test_coordinator_yaml_and_flags_set_both_retention_policies(tmp_path: Path) 
         "interval_stats_thin: 5\ninterval_stats_keep_days: 7\n"
     )
     config = load_config(path)
-    assert config.telemetry.retention_s == 2 * HOUR
+    assert config.telemetry_retention_h == 2
     assert config.interval_retention == IntervalRetention(
         raw_s=6 * HOUR, thin_every=5, keep_s=7 * 86400.0
     )
     flagged = with_flags(config, interval_stats_thin=1, telemetry_retention_h=None)
-    assert flagged.interval_retention.thin_every == 1 and flagged.telemetry.retention_s == 2 * HOUR
+    assert flagged.interval_retention.thin_every == 1 and flagged.telemetry_retention_h == 2
     with pytest.raises(ConfigError, match="interval_stats_keep_days"):
         with_flags(config, interval_stats_keep_days=0.1)
     with pytest.raises(ConfigError, match="telemetry_retention_h must be at least"):
