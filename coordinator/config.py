@@ -58,7 +58,7 @@ class CoordinatorConfig:
     #: Telemetry kept per node (``store.TelemetryPolicy.retention_s``), in hours.
     telemetry_retention_h: float = 24.0
     #: Interval statistics (``retention.IntervalRetention``): whole for ``_raw_h``
-    #: hours, then every ``_thin``-th interval, deleted after ``_keep_days``.
+    #: hours, then 1 interval in ``_thin`` of each job, deleted after ``_keep_days``.
     interval_stats_raw_h: float = 24.0
     interval_stats_thin: int = 10
     interval_stats_keep_days: float = 30.0
@@ -71,6 +71,7 @@ class CoordinatorConfig:
                 f"heartbeat_timeout_s ({self.heartbeat_timeout_s:g}) must exceed "
                 f"heartbeat_interval_s ({self.heartbeat_interval_s:g})"
             )
+
         for root in self.allowed_roots or ():
             if not Path(root).expanduser().is_absolute():
                 raise ConfigError(f"allowed_roots: {root!r} must be an absolute path")

@@ -44,7 +44,7 @@ BATCH_PAUSE_S = 0.02
 #: at the head of the table; the walk passes over at most this many pages of them.
 _HEAD_PAGES = 10
 #: Ids per ``... WHERE id IN (...)`` (below every database's parameter limit).
-_DELETE_CHUNK = 500
+_IN_CHUNK = 500
 
 
 @dataclass(frozen=True)
@@ -122,13 +122,14 @@ def prune_batch(s: Session, policy: IntervalRetention, state: PruneState, *, now
         more = more or walk_more
     elif policy.thin_every > 1:
         more = True
-    removed = 0
+    # Every doomed id was read in this transaction: all are deleted (an executemany's
+    # rowcount is the last statement's on some drivers, so it is not counted here).
+    removed = len(doomed)
     if doomed:
         # A report's rows have consecutive ids, and so do most doomed rows: one
         # executemany of id ranges costs a fraction of one parameter per id.
         runs = delete(t).where(t.c.id.between(bindparam("lo"), bindparam("hi")))
-        removed = s.connection().execute(runs, _runs(doomed)).rowcount
-    if removed:
+        s.connection().execute(runs, _runs(doomed))
         # SQLite gives the next row the newest remaining id + 1: if the newest row just
         # went, that id may be at or below the cursor, and the walk must not skip it.
         cursor = min(cursor, s.scalar(select(func.max(t.c.id))) or 0)
@@ -177,8 +178,8 @@ def _released(
     that leaves ``deferred`` (released, or its row gone) is removed from it."""
     ids = sorted(deferred)
     rows: list[Sequence[Any]] = []
-    for i in range(0, len(ids), _DELETE_CHUNK):
-        chunk = ids[i : i + _DELETE_CHUNK]
+    for i in range(0, len(ids), _IN_CHUNK):
+        chunk = ids[i : i + _IN_CHUNK]
         rows += s.execute(
             select(t.c.id, t.c.job_id, t.c.end_step, t.c.plan_version).where(t.c.id.in_(chunk))
         ).all()
