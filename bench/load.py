@@ -9,7 +9,7 @@ every rank asks for the plan). After ``--warmup-s`` it measures for
 ``--duration-s``: achieved vs offered calls per second, p50/p99/max latency per
 method, errors, the coordinator's CPU (psutil, in cores), the load
 generators' CPU, and the database's growth, extrapolated per hour, with the
-telemetry steady state that retention bounds it to.
+steady states that retention bounds telemetry and interval statistics to.
 
 The load generators share the machine with the coordinator; their CPU is
 reported beside the coordinator's so the reader can tell who used the cores.
@@ -405,6 +405,7 @@ def summarize(
     cpu_series: list[float],
     register_s: float,
 ) -> dict[str, Any]:
+    from hetero.coordinator.retention import IntervalRetention
     from hetero.coordinator.store import TelemetryPolicy
 
     latencies: dict[str, list[float]] = {}
@@ -464,6 +465,11 @@ def summarize(
         config.agents * (config.devices_per_agent + 1) * policy.retention_s / policy.period_s
     )
     telemetry_bound = telemetry_rows_bound * bytes_per_row.get("telemetry", math.nan)
+    # Rank 0 reports a row per rank at every boundary (end steps step by the spec's
+    # rebalance_interval), so thinning keeps exactly 1 interval in thin_every.
+    kept = IntervalRetention()
+    intervals_rows_bound = kept.bound_rows(config.ranks / config.interval_s)
+    intervals_bound = intervals_rows_bound * bytes_per_row.get("interval_stats", math.nan)
     cores = os.cpu_count() or 1
     return {
         "config": asdict(config),
@@ -490,6 +496,11 @@ def summarize(
             "telemetry_retention_s": policy.retention_s,
             "telemetry_rows_bound": telemetry_rows_bound,
             "telemetry_bytes_bound": telemetry_bound,
+            "interval_stats_raw_s": kept.raw_s,
+            "interval_stats_thin_every": kept.thin_every,
+            "interval_stats_keep_s": kept.keep_s,
+            "interval_stats_rows_bound": intervals_rows_bound,
+            "interval_stats_bytes_bound": intervals_bound,
         },
         "target_p99_ms": TARGET_P99_S * 1e3,
         "target_met": all(
@@ -533,7 +544,12 @@ def render(r: dict[str, Any]) -> str:
         ),
         f"telemetry is bounded by its retention ({db['telemetry_retention_s'] / 3600:g} h at "
         f"{db['telemetry_period_s']:g} s): {db['telemetry_rows_bound']:.3g} rows, "
-        f"~{db['telemetry_bytes_bound'] / 1e9:.2f} GB; interval stats have no retention",
+        f"~{db['telemetry_bytes_bound'] / 1e9:.2f} GB",
+        f"interval stats are bounded by their retention (whole for "
+        f"{db['interval_stats_raw_s'] / 3600:g} h, then 1 interval in "
+        f"{db['interval_stats_thin_every']}, deleted after {db['interval_stats_keep_s'] / 86400:g} "
+        f"d): {db['interval_stats_rows_bound']:.3g} rows, "
+        f"~{db['interval_stats_bytes_bound'] / 1e9:.2f} GB",
         f"errors: {r['errors_total']}; p99 target {r['target_p99_ms']:g} ms for Heartbeat and "
         f"GetPlan: {'met' if r['target_met'] else 'MISSED'}",
         f"run directory: {r['out']}",

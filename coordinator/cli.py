@@ -137,6 +137,32 @@ def _parser() -> argparse.ArgumentParser:
         metavar="S",
         help="a node silent this long is down and its jobs restart (default 10)",
     )
+    keep = serve.add_argument_group("retention (see docs/reliability.md#database-size)")
+    keep.add_argument(
+        "--telemetry-retention-h",
+        type=float,
+        metavar="H",
+        help="hours of telemetry kept, one row per device per 10 s, at least 1/60 (default 24)",
+    )
+    keep.add_argument(
+        "--interval-stats-raw-h",
+        type=float,
+        metavar="H",
+        help="hours interval statistics are kept whole, at least 1/60 (default 24)",
+    )
+    keep.add_argument(
+        "--interval-stats-thin",
+        type=int,
+        metavar="N",
+        help="past --interval-stats-raw-h, keep 1 interval in N of each job (those whose end "
+        "step / rebalance_interval is a multiple of N); 1 keeps all (default 10)",
+    )
+    keep.add_argument(
+        "--interval-stats-keep-days",
+        type=float,
+        metavar="D",
+        help="days after which interval statistics are deleted (default 30)",
+    )
 
     def client(name: str, help_text: str, json_flag: bool = True) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
@@ -214,6 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from hetero.coordinator.server import serve
+    from hetero.coordinator.store import TelemetryPolicy
 
     config: CoordinatorConfig = with_flags(
         load_config(args.config),
@@ -229,6 +256,10 @@ def _serve(args: argparse.Namespace) -> int:
         insecure=args.insecure,
         heartbeat_interval_s=args.heartbeat_interval_s,
         heartbeat_timeout_s=args.heartbeat_timeout_s,
+        telemetry_retention_h=args.telemetry_retention_h,
+        interval_stats_raw_h=args.interval_stats_raw_h,
+        interval_stats_thin=args.interval_stats_thin,
+        interval_stats_keep_days=args.interval_stats_keep_days,
     )
     configure_logging(config.log_format)
     security = server_security(
@@ -251,6 +282,8 @@ def _serve(args: argparse.Namespace) -> int:
         heartbeat_interval_s=config.heartbeat_interval_s,
         heartbeat_timeout_s=config.heartbeat_timeout_s,
         master_port_base=config.master_port_base,
+        telemetry=TelemetryPolicy(retention_s=config.telemetry_retention_h * 3600),
+        interval_retention=config.interval_retention,
     )
     return 0
 

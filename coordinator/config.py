@@ -6,11 +6,13 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hetero.coordinator.database import sqlite_url
+from hetero.coordinator.retention import IntervalRetention
 from hetero.coordinator.roots import default_roots, normalize_root
 from hetero.coordinator.yamlfields import Fields
 from hetero.errors import ConfigError
@@ -30,7 +32,8 @@ def default_state_dir() -> Path:
 
 @dataclass(frozen=True)
 class CoordinatorConfig:
-    """Seconds for the heartbeat settings; ``db`` None = SQLite under ``state_dir``."""
+    """Seconds for the heartbeat settings, hours and days for retention (as their
+    flags); ``db`` None = SQLite under ``state_dir``."""
 
     listen: str = DEFAULT_LISTEN
     state_dir: Path | None = None
@@ -52,6 +55,13 @@ class CoordinatorConfig:
     allowed_roots: tuple[str, ...] | None = None
     #: First rendezvous port (MASTER_PORT) handed to jobs; each job and restart takes the next.
     master_port_base: int = 29500
+    #: Telemetry kept per node (``store.TelemetryPolicy.retention_s``), in hours.
+    telemetry_retention_h: float = 24.0
+    #: Interval statistics (``retention.IntervalRetention``): whole for ``_raw_h``
+    #: hours, then 1 interval in ``_thin`` of each job, deleted after ``_keep_days``.
+    interval_stats_raw_h: float = 24.0
+    interval_stats_thin: int = 10
+    interval_stats_keep_days: float = 30.0
 
     def __post_init__(self) -> None:
         if self.log_format not in LOG_FORMATS:
@@ -65,6 +75,12 @@ class CoordinatorConfig:
         for root in self.allowed_roots or ():
             if not Path(root).expanduser().is_absolute():
                 raise ConfigError(f"allowed_roots: {root!r} must be an absolute path")
+        if not (math.isfinite(self.telemetry_retention_h) and self.telemetry_retention_h >= 1 / 60):
+            raise ConfigError(
+                f"telemetry_retention_h must be at least 1/60 (a minute), "
+                f"got {self.telemetry_retention_h:g}"
+            )
+        _ = self.interval_retention  # built now so a bad value fails at startup, by its key
 
     @property
     def resolved_state_dir(self) -> Path:
@@ -75,6 +91,14 @@ class CoordinatorConfig:
         if self.allowed_roots is None:
             return default_roots(self.resolved_state_dir)
         return tuple(normalize_root(r) for r in self.allowed_roots)
+
+    @property
+    def interval_retention(self) -> IntervalRetention:
+        return IntervalRetention(
+            raw_s=self.interval_stats_raw_h * 3600,
+            thin_every=self.interval_stats_thin,
+            keep_s=self.interval_stats_keep_days * 86400,
+        )
 
     @property
     def db_url(self) -> str:
@@ -103,6 +127,10 @@ def load_config(path: Path | None) -> CoordinatorConfig:
         insecure=f.boolean("insecure", False),
         allowed_roots=f.strings("allowed_roots"),
         master_port_base=f.integer("master_port_base", 29500, minimum=1024) or 29500,
+        telemetry_retention_h=f.number("telemetry_retention_h", 24.0, positive=True) or 24.0,
+        interval_stats_raw_h=f.number("interval_stats_raw_h", 24.0, positive=True) or 24.0,
+        interval_stats_thin=f.integer("interval_stats_thin", 10, minimum=1) or 10,
+        interval_stats_keep_days=f.number("interval_stats_keep_days", 30.0, positive=True) or 30.0,
     )
     f.finish()
     return config

@@ -24,8 +24,10 @@ from hetero.coordinator.asyncserver import CoordinatorServer, add_coordinator
 from hetero.coordinator.database import open_database, read_session_factory, session_factory
 from hetero.coordinator.ingest import HeartbeatIngest
 from hetero.coordinator.metrics import MetricsServer
+from hetero.coordinator.pruning import IntervalPruner
 from hetero.coordinator.readcache import IntervalHistories, LatestPlans, PendingOrders
 from hetero.coordinator.recovery import Sweeper
+from hetero.coordinator.retention import IntervalRetention
 from hetero.coordinator.service import CoordinatorService, Deps
 from hetero.coordinator.store import TelemetryPolicy
 from hetero.coordinator.views import HISTORY_FOR_REPORT
@@ -76,19 +78,20 @@ def serve(
     heartbeat_interval_s: float = 2.0,
     heartbeat_timeout_s: float = 10.0,
     master_port_base: int = 29500,
+    telemetry: TelemetryPolicy | None = None,
+    interval_retention: IntervalRetention | None = None,
 ) -> None:
     """Run the coordinator until SIGTERM or SIGINT; with ``metrics_listen`` (host:port)
     also serve Prometheus ``/metrics`` there. Heartbeats are written in batches
     (``HeartbeatIngest``) and reads take no write lock. A sweeper thread marks silent
     nodes down and restarts their jobs (``recovery``); what it changes drops the
-    order and plan caches (``readcache``) so polls and ``GetPlan`` see it at once."""
-    import sys
-
-    sys.setswitchinterval(float(__import__("os").environ.get("HSW", "0.005")))
+    order and plan caches (``readcache``) so polls and ``GetPlan`` see it at once.
+    Telemetry is kept as ``telemetry`` says; a pruner thread keeps interval statistics
+    within ``interval_retention`` (``pruning``). Defaults: each policy's own."""
     engine = open_database(db_url)
     if deps is None:
         sessions, readers = session_factory(engine), read_session_factory(engine)
-        policy = TelemetryPolicy()
+        policy = telemetry or TelemetryPolicy()
         deps = Deps(
             sessions=sessions,
             readers=readers,
@@ -109,6 +112,8 @@ def serve(
         before=deps.ingest.flush if deps.ingest is not None else None,
         on_change=deps.invalidate_caches,
     )
+    kept = interval_retention or IntervalRetention()
+    pruner = IntervalPruner(deps.sessions, kept, clock=deps.clock)
     server, port = create_server(address, deps, security)
     metrics = (
         MetricsServer(metrics_listen, CoordinatorService(deps).snapshot) if metrics_listen else None
@@ -117,12 +122,21 @@ def serve(
         deps.ingest.start()
     server.start()
     sweeper.start()
+    pruner.start()
     log.info(
         "coordinator listening on %s (port %d, %s), database %s",
         address,
         port,
         describe(security),
         make_url(db_url).render_as_string(hide_password=True),
+    )
+    log.info(
+        "retention: telemetry %g h; interval stats whole for %g h, then 1 interval in %d, "
+        "deleted after %g days",
+        deps.telemetry.retention_s / 3600,
+        kept.raw_s / 3600,
+        kept.thin_every,
+        kept.keep_s / 86400,
     )
     if metrics is not None:
         metrics.start()
@@ -139,6 +153,7 @@ def serve(
     finally:
         deps.stopping.set()
         sweeper.stop()
+        pruner.stop()
         if metrics is not None:
             metrics.stop()
         server.stop(grace_s).wait()

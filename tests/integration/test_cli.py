@@ -92,6 +92,25 @@ def test_serve_refuses_a_database_of_another_schema_version(tmp_path: Path) -> N
     assert "has schema version 999, this coordinator needs" in _one_error_line(result)
 
 
+def test_serve_refuses_bad_retention_flags_in_one_line(tmp_path: Path) -> None:
+    db = ("--db", f"sqlite:///{tmp_path / 'c.db'}", "--listen", "127.0.0.1:0")
+    cases = [
+        (("--interval-stats-raw-h", "0.001"), "interval_stats_raw_h: the raw window must be"),
+        (("--interval-stats-thin", "0"), "interval_stats_thin must be a whole number >= 1"),
+        (("--interval-stats-thin", "two"), "argument --interval-stats-thin: invalid int value"),
+        (
+            ("--interval-stats-raw-h", "48", "--interval-stats-keep-days", "1"),
+            "interval_stats_keep_days (1 d) must be at least the raw window",
+        ),
+        (("--telemetry-retention-h", "nan"), "telemetry_retention_h must be at least"),
+    ]
+    for flags, message in cases:
+        result = _cli("serve", *db, *flags)
+        assert result.returncode == 2, (flags, result.stderr)
+        assert message in _one_error_line(result)
+    assert not (tmp_path / "c.db").exists(), "refused before opening the database"
+
+
 def test_logs_filters_by_rank_prints_json_and_follow_ends_with_the_job(coordinator) -> None:  # type: ignore[no-untyped-def]
     coordinator.stub.RegisterNode(
         pb.RegisterNodeRequest(
