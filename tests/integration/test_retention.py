@@ -81,7 +81,14 @@ def _start(s: Session, job_id: str) -> None:
 def _report(s: Session, job_id: str, end_step: int, at: float) -> None:
     job = store.get_job(s, job_id)
     rows = [
-        IntervalStatRow(rank=r, batch=8, steps=5, compute_s=0.5, step_s=0.6)
+        {
+            "rank": r,
+            "batch": 8,
+            "steps": 5,
+            "compute_s": 0.5,
+            "step_s": 0.6,
+            "peak_memory_bytes": None,
+        }
         for r in range(job.world_size)
     ]
     store.add_interval(s, job, end_step, job.attempt_first_plan, rows, now=at)
