@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -110,16 +111,33 @@ def latency(n: int) -> dict[str, Any]:
     }
 
 
-def _train_args(steps: int, out: Path) -> list[str]:
-    return [
-        "--model", "simple_cnn", "--global-batch", "64", "--steps", str(steps),
-        "--policy", "equal", "--rebalance-interval", "10", "--ideal-steps", "0",
-        "--summary-json", str(out), "--quiet", "--json",
-    ]  # fmt: skip
+@dataclass(frozen=True)
+class Workload:
+    """The job both sides of ``overhead`` run: two ranks, equal policy, interval 10."""
+
+    steps: int = 200
+    model: str = "simple_cnn"
+    global_batch: int = 64
+    device: str = "cpu"
+
+    def train_args(self, out: Path) -> list[str]:
+        return [
+            "--model", self.model, "--global-batch", str(self.global_batch),
+            "--steps", str(self.steps), "--device", self.device,
+            "--policy", "equal", "--rebalance-interval", "10", "--ideal-steps", "0",
+            "--summary-json", str(out), "--quiet", "--json",
+        ]  # fmt: skip
+
+    def spec(self) -> str:
+        return (
+            f"name: overhead\nmodel: {self.model}\nglobal_batch: {self.global_batch}\n"
+            f"steps: {self.steps}\npolicy: equal\nrebalance_interval: 10\n"
+            f"resources:\n  ranks: 2\n  device: {self.device}\n"
+        )
 
 
-def _alone(steps: int, out: Path) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "hetero.trainer.cli", "--nproc", "2", *_train_args(steps, out)]
+def _alone(work: Workload, out: Path) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "hetero.trainer.cli", "--nproc", "2", *work.train_args(out)]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     result: dict[str, Any] = json.loads(out.read_text())
     return result
@@ -136,18 +154,17 @@ def _daemon_cpu_s(cluster: LocalCluster) -> dict[str, float]:
 
 
 def _under_control_plane(
-    cluster: LocalCluster, steps: int
+    cluster: LocalCluster, work: Workload
 ) -> tuple[dict[str, Any], dict[str, float], float]:
     """The job's summary, each daemon's CPU seconds and the wall seconds from submit
     to finish."""
     from hetero.demo import summary_from_logs
 
-    spec = (
-        f"name: overhead\nmodel: simple_cnn\nglobal_batch: 64\nsteps: {steps}\npolicy: equal\n"
-        "rebalance_interval: 10\nresources:\n  ranks: 2\n  device: cpu\n"
-    )
+    spec = work.spec()
     cpu0, t0 = _daemon_cpu_s(cluster), time.perf_counter()
-    job = cluster.wait(cluster.submit(spec), timeout_s=600)
+    # Polled every 2 s, not 0.5: each GetJob assembles the job's live view, and the
+    # bench's own polling was a fifth of the coordinator's CPU it then charged the job.
+    job = cluster.wait(cluster.submit(spec), timeout_s=600, period_s=2.0)
     wall_s = time.perf_counter() - t0
     cpu = {name: used - cpu0[name] for name, used in _daemon_cpu_s(cluster).items()}
     summary = summary_from_logs(cluster.logs(job.id))
@@ -159,7 +176,10 @@ def _spread(xs: list[float]) -> dict[str, float]:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
 
 
-def overhead(steps: int, repeats: int) -> dict[str, Any]:
+def overhead(work: Workload, repeats: int) -> dict[str, Any]:
+    """``repeats`` pairs of the job alone then under the control plane. On CUDA one
+    agent holds both GPUs (two agents on one host would each offer both, and two
+    ranks could land on one GPU); on the CPU two agents, one rank each."""
     alone: list[float] = []
     under: list[float] = []
     blocked: list[float] = []
@@ -168,12 +188,13 @@ def overhead(steps: int, repeats: int) -> dict[str, Any]:
     daemon_cpu: list[float] = []
     busy: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="hetero-overhead-") as tmp:
-        agents = [AgentSpec("node-a"), AgentSpec("node-b")]
+        names = ["node-a"] if work.device == "cuda" else ["node-a", "node-b"]
+        agents = [AgentSpec(name) for name in names]
         with LocalCluster(Path(tmp) / "cluster", agents) as cluster:
             for k in range(repeats):
-                s = _alone(steps, Path(tmp) / f"alone{k}.json")
+                s = _alone(work, Path(tmp) / f"alone{k}.json")
                 alone.append(s["train_wall_s"] / s["steps"])
-                s, cpu, wall_s = _under_control_plane(cluster, steps)
+                s, cpu, wall_s = _under_control_plane(cluster, work)
                 under.append(s["train_wall_s"] / s["steps"])
                 plane = s["control_plane"]
                 # Before the worker thread, the round trip itself was on the step path.
@@ -186,6 +207,7 @@ def overhead(steps: int, repeats: int) -> dict[str, Any]:
     a, u = statistics.median(alone), statistics.median(under)
     ms = [[x * 1e3 for x in xs] for xs in (alone, under, blocked, blocked_p50, rpc, daemon_cpu)]
     return {
+        "workload": asdict(work),
         "ms_per_step_alone": ms[0],
         "ms_per_step_under_control_plane": ms[1],
         "median_alone_ms": a * 1e3,
@@ -214,10 +236,18 @@ def main(argv: list[str] | None = None) -> int:
     lat = sub.add_parser("latency")
     lat.add_argument("-n", type=int, default=1000)
     ovh = sub.add_parser("overhead")
-    ovh.add_argument("--steps", type=int, default=200)
+    d = Workload()
+    ovh.add_argument("--steps", type=int, default=d.steps)
     ovh.add_argument("--repeats", type=int, default=5)
+    ovh.add_argument("--model", default=d.model, help=f"hetero-train --model (default {d.model})")
+    ovh.add_argument("--global-batch", type=int, default=d.global_batch)
+    ovh.add_argument("--device", choices=("cpu", "cuda"), default=d.device)
     args = p.parse_args(argv)
-    result = latency(args.n) if args.what == "latency" else overhead(args.steps, args.repeats)
+    if args.what == "latency":
+        result = latency(args.n)
+    else:
+        work = Workload(args.steps, args.model, args.global_batch, args.device)
+        result = overhead(work, args.repeats)
     print(json.dumps(result, indent=2))
     return 0
 
