@@ -8,6 +8,8 @@ sends at a boundary: stored in SQLite, re-planned; each report names the plan
 version of the previous answer, as from a trainer that ran every plan, so the
 coordinator re-plans on every one). Prints p50/p99 in milliseconds.
 
+``idle``: each daemon's CPU with no job running, over ``--seconds``.
+
 ``overhead``: the same ``hetero-train`` job (equal policy, so the work is
 identical) run alone and under a coordinator with two agents, alternating;
 prints seconds per step of each, their ratio (medians, and per alternating
@@ -228,6 +230,19 @@ def overhead(work: Workload, repeats: int) -> dict[str, Any]:
     }
 
 
+def idle(seconds: float) -> dict[str, float]:
+    """Each daemon's CPU, in % of one core, over ``seconds`` with no job: a coordinator
+    and two agents heartbeating and sampling telemetry, nothing else."""
+    with tempfile.TemporaryDirectory(prefix="hetero-idle-") as tmp:
+        agents = [AgentSpec("node-a"), AgentSpec("node-b")]
+        with LocalCluster(Path(tmp) / "cluster", agents) as cluster:
+            time.sleep(5.0)  # past registration and profiling
+            before = _daemon_cpu_s(cluster)
+            time.sleep(seconds)
+            after = _daemon_cpu_s(cluster)
+    return {name: 100 * (after[name] - before[name]) / seconds for name in before}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m hetero.agent.controlbench", description=__doc__.splitlines()[0]
@@ -242,9 +257,13 @@ def main(argv: list[str] | None = None) -> int:
     ovh.add_argument("--model", default=d.model, help=f"hetero-train --model (default {d.model})")
     ovh.add_argument("--global-batch", type=int, default=d.global_batch)
     ovh.add_argument("--device", choices=("cpu", "cuda"), default=d.device)
+    idl = sub.add_parser("idle", help="the daemons' CPU with no job (%% of one core)")
+    idl.add_argument("--seconds", type=float, default=30.0)
     args = p.parse_args(argv)
     if args.what == "latency":
-        result = latency(args.n)
+        result: Any = latency(args.n)
+    elif args.what == "idle":
+        result = idle(args.seconds)
     else:
         work = Workload(args.steps, args.model, args.global_batch, args.device)
         result = overhead(work, args.repeats)

@@ -6,8 +6,9 @@ at 1 Hz, 256 ranks) the thread-pool server had the CPU to spare (0.7 of its one
 core of Python) yet a Heartbeat p99 of 100 to 300 ms: each call crossed threads
 twice (the server's poller, then a worker), and every crossing waited for the GIL
 behind whichever of 32 workers or the heartbeat writer held it. Here a heartbeat
-of a known node, a ``GetPlan`` whose plan is cached and a ``Probe`` are answered
-on the loop thread itself (``_INLINE``); everything else, the calls that touch
+of a known node, a ``GetPlan`` whose plan is cached, a poll of a node the order
+cache knows has none, and a ``Probe`` are answered on the loop thread itself
+(``_inline``); everything else, the calls that touch
 the database, runs unchanged (``CoordinatorService``'s own methods) on
 ``DB_THREADS`` threads.
 
@@ -62,6 +63,10 @@ def _inline(deps: Deps, method: str, request: Any) -> bool:
         return deps.ingest is not None and deps.ingest.is_known(request.node_id)
     if method == "GetPlan":
         return deps.plans is not None and deps.plans.cached(request.job_id)
+    if method == "PollAssignments":  # agents that predate orders_pending poll every beat
+        ingest, orders = deps.ingest, deps.orders
+        node = request.node_id
+        return bool(ingest and orders and ingest.is_known(node) and orders.known_idle(node))
     return method == "Probe"
 
 

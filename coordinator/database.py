@@ -31,8 +31,9 @@ SQLITE_BUSY_TIMEOUT_MS = 10_000
 _READ_ONLY = "hetero_read_only"
 #: ``Connection.info`` key: this connection holds the process's write lock.
 _WRITER = "hetero_writer"
-#: Pooled SQLite connections: one per gRPC worker thread (``server.MAX_WORKERS``)
-#: plus the daemon's own threads, so no request waits for a connection.
+#: Pooled SQLite connections: more than the server's database threads
+#: (``asyncserver.DB_THREADS``) plus the daemon's own (ingest, sweeper, pruner, metrics),
+#: so no request waits for a connection.
 SQLITE_POOL_SIZE = 40
 
 

@@ -52,6 +52,12 @@ class PendingOrders:
             self._read_at = -math.inf
             self._generation += 1
 
+    def known_idle(self, node_id: str) -> bool:
+        """True if a fresh answer (no read needed) says ``node_id`` has no orders."""
+        with self._lock:
+            fresh = self.clock() - self._read_at < self.ttl_s
+            return fresh and node_id not in self._nodes
+
     def may_have(self, node_id: str) -> bool:
         """False only if ``node_id`` had no orders as of at most ``ttl_s`` ago (or since
         the last ``invalidate``)."""
