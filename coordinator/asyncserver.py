@@ -8,9 +8,8 @@ twice (the server's poller, then a worker), and every crossing waited for the GI
 behind whichever of 32 workers or the heartbeat writer held it. Here a heartbeat
 of a known node, a ``GetPlan`` whose plan is cached, a poll of a node the order
 cache knows has none, and a ``Probe`` are answered on the loop thread itself
-(``_inline``); everything else, the calls that touch
-the database, runs unchanged (``CoordinatorService``'s own methods) on
-``DB_THREADS`` threads.
+(``_inline``); everything else, the calls that touch the database, runs
+unchanged (``CoordinatorService``'s own methods) on ``DB_THREADS`` threads.
 
 ``CoordinatorServer`` runs the loop on a thread of its own and is driven like a
 ``grpc.Server``: ``start()``, ``stop(grace).wait()``.
@@ -27,7 +26,7 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 import grpc.aio
 
-from hetero.coordinator.service import CoordinatorService, Deps
+from hetero.coordinator.service import CoordinatorService, Deps, abort_for
 from hetero.v1 import coordinator_pb2, coordinator_pb2_grpc
 
 T = TypeVar("T")
@@ -106,14 +105,21 @@ class AsyncCoordinator:
         loop = asyncio.get_running_loop()
         while not stopping.is_set():
             try:
-                snapshot = await loop.run_in_executor(self.pool, self.service.snapshot)
-            except Exception as exc:
-                await context.abort(grpc.StatusCode.INTERNAL, f"WatchCluster: {exc}")
+                snapshot = await loop.run_in_executor(self.pool, self._snapshot)
+            except _Aborted as aborted:
+                await context.abort(aborted.code, aborted.details)
             yield snapshot
             waited = 0.0
             while waited < period_s and not stopping.is_set():
                 await asyncio.sleep(min(0.2, period_s - waited))
                 waited += 0.2
+
+    def _snapshot(self) -> Any:
+        try:
+            return self.service.snapshot()
+        except Exception as exc:
+            abort_for(_ThreadContext(), exc, "WatchCluster")
+            raise
 
 
 class _Stopping:

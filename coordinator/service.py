@@ -103,7 +103,9 @@ class Deps:
             self.histories.invalidate()
 
 
-def _abort(context: grpc.ServicerContext, exc: BaseException, method: str) -> None:
+def abort_for(context: grpc.ServicerContext, exc: BaseException, method: str) -> None:
+    """Abort the call with ``exc``'s status (a ``HeteroError``'s own code, else INTERNAL
+    naming the method and the exception type, logged with its traceback)."""
     if isinstance(exc, HeteroError):
         code = getattr(grpc.StatusCode, exc.grpc_code, grpc.StatusCode.FAILED_PRECONDITION)
         context.abort(code, str(exc))
@@ -119,7 +121,7 @@ def rpc(method: Handler[Req, Resp]) -> Handler[Req, Resp]:
         try:
             return method(self, request, context)
         except Exception as exc:
-            _abort(context, exc, method.__name__)
+            abort_for(context, exc, method.__name__)
             raise  # unreachable: abort raises
 
     return wrapper
@@ -470,7 +472,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
                 yield self.snapshot()
                 self.deps.stopping.wait(period_s)
         except Exception as exc:
-            _abort(context, exc, "WatchCluster")
+            abort_for(context, exc, "WatchCluster")
 
     # ---- shared reads ----------------------------------------------------------
 
