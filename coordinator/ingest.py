@@ -181,7 +181,9 @@ class HeartbeatIngest:
             due = [k for k, p in self._samples.items() if everything or p.due <= now]
             parked = [self._samples.pop(key) for key in due]
         beats = [store.Beat(n, t, ()) for n, t in alive.items()]
-        beats += [dataclasses.replace(p.beat, telemetry=p.samples()) for p in parked]
+        # Samples only: a node's liveness is its newest arrival, written above; a closed
+        # bucket's sample arrived earlier and must not mark a node up that went down since.
+        beats += [dataclasses.replace(p.beat, telemetry=p.samples(), alive=False) for p in parked]
         if not beats:
             return 0
         with self.sessions.begin() as s:

@@ -159,12 +159,15 @@ class Beat:
     """One heartbeat as received: ``telemetry`` holds one dict of ``TelemetryRow`` column
     values per sample (``device_index`` None = host). ``time_unix_s`` is when it
     arrived; ``sampled_at`` dates telemetry an agent buffered while the coordinator
-    was unreachable (None = sampled on arrival)."""
+    was unreachable (None = sampled on arrival). ``alive`` False: only the samples
+    count, not the arrival (the ingest writes a closed bucket's sample up to a
+    period after it arrived, when its node may have been marked down since)."""
 
     node_id: str
     time_unix_s: float
     telemetry: tuple[dict[str, object], ...]
     sampled_at: float | None = None
+    alive: bool = True
 
     @property
     def sample_time(self) -> float:
@@ -200,7 +203,8 @@ def record_heartbeats(s: Session, beats: Sequence[Beat], *, policy: TelemetryPol
         (b for b in beats if b.node_id in known), key=lambda b: (b.sample_time, b.time_unix_s)
     )
     for b in ours:
-        alive[b.node_id] = max(b.time_unix_s, alive.get(b.node_id, b.time_unix_s))
+        if b.alive:
+            alive[b.node_id] = max(b.time_unix_s, alive.get(b.node_id, b.time_unix_s))
         at = b.sample_time
         if b.time_unix_s - at > policy.retention_s:
             continue  # buffered for longer than telemetry is kept
@@ -247,7 +251,10 @@ def record_heartbeats(s: Session, beats: Sequence[Beat], *, policy: TelemetryPol
                 telemetry.c.device_index,
                 telemetry.c.bucket,
                 telemetry.c.time_unix_s,
-            ).where(telemetry.c.node_id.in_(alive), telemetry.c.bucket.in_(buckets))
+            ).where(
+                telemetry.c.node_id.in_({key[0] for key in newest}),
+                telemetry.c.bucket.in_(buckets),
+            )
         )
         rows = {(n, d, b_): (row_id, at) for row_id, n, d, b_, at in existing}
         updates = [
@@ -266,7 +273,8 @@ def record_heartbeats(s: Session, beats: Sequence[Beat], *, policy: TelemetryPol
         if inserts:
             conn.execute(insert(telemetry), inserts)
     if newest:
-        oldest = int((max(alive.values()) - policy.retention_s) // policy.period_s)
+        arrived = max(b.time_unix_s for b in ours)
+        oldest = int((arrived - policy.retention_s) // policy.period_s)
         conn.execute(
             delete(telemetry).where(
                 telemetry.c.node_id == bindparam("node"), telemetry.c.bucket < oldest

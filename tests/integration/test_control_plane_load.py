@@ -283,6 +283,27 @@ def test_a_node_marked_down_is_up_again_when_its_batched_heartbeat_is_written(
         assert store.silent_nodes(s, since=clock.now - 10) == []
 
 
+def test_a_sample_written_after_its_node_went_down_does_not_mark_it_up(served: Served) -> None:
+    """A closed bucket's sample is written up to a period after it arrived: by then the
+    node may have been marked down (its agent was killed), and it must stay down."""
+    stub, clock = served.stub, served.clock
+    node = _register(stub, "n1")
+    stub.Heartbeat(_host_beat(node, 5.0), timeout=DEADLINE_S)
+    served.ingest.flush()  # liveness written; the sample's bucket is still open
+    with served.deps.sessions.begin() as s:
+        store.mark_down(s, store.get_node(s, node), 11.0, now=clock.now + 11)
+    other = _register(stub, "n2")
+    clock.now += 30  # n1's bucket closed long ago; n2 keeps the clock moving
+    stub.Heartbeat(_host_beat(other, 1.0), timeout=DEADLINE_S)
+    served.ingest.flush()
+    with served.deps.sessions() as s:
+        assert store.get_node(s, node).down
+        written = s.execute(
+            text("SELECT cpu_percent FROM telemetry WHERE node_id = :n"), {"n": node}
+        )
+        assert written.scalars().all() == [5.0]  # the sample itself is kept
+
+
 def test_a_plan_stored_outside_a_report_is_served_once_the_caches_are_dropped(
     served: Served,
 ) -> None:
