@@ -140,7 +140,7 @@ class CoordinatorServicer(object):
 
     def PollAssignments(self, request, context):
         """Launch orders for the ranks placed on a node, and stop orders for ranks of
-        cancelled jobs. Agents poll it after every heartbeat.
+        cancelled jobs. Agents poll it after a heartbeat whose reply sets orders_pending.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
