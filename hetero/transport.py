@@ -217,6 +217,9 @@ def new_server(
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            # gRPC sets SO_REUSEPORT by default: a second daemon on a taken port would
+            # bind too and silently take half the connections (half the agents).
+            ("grpc.so_reuseport", 0),
         ],
     )
 
@@ -233,6 +236,9 @@ def new_aio_server(security: ServerSecurity, *, what: str, hint: str) -> grpc.ai
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            # gRPC sets SO_REUSEPORT by default: a second daemon on a taken port would
+            # bind too and silently take half the connections (half the agents).
+            ("grpc.so_reuseport", 0),
         ],
     )
 

@@ -29,6 +29,7 @@ from hetero.auth import Secret
 from hetero.coordinator.database import open_database, session_factory
 from hetero.coordinator.server import create_server
 from hetero.coordinator.service import Deps
+from hetero.errors import ConfigError
 from hetero.transport import ClientSecurity, ServerSecurity, TLSFiles, client_channel
 from hetero.v1 import agent_pb2_grpc, coordinator_pb2_grpc
 from hetero.v1 import coordinator_pb2 as pb
@@ -427,3 +428,23 @@ def test_a_job_runs_with_tokens_end_to_end_and_the_token_is_nowhere_on_disk(tmp_
     assert any(p.name == "rank0.log" for p in files)
     leaks = [p for p in files if TOKEN.encode() in p.read_bytes()]
     assert leaks == [], f"the token leaked into {leaks}"
+
+
+def test_a_second_daemon_on_a_taken_port_is_refused(tmp_path: Path) -> None:
+    """gRPC's default SO_REUSEPORT would let it bind and take half the agents."""
+    engine = open_database(f"sqlite:///{tmp_path / 'c.db'}")
+    deps = Deps(sessions=session_factory(engine))
+    first, port = create_server("127.0.0.1:0", deps)
+    try:
+        with pytest.raises(ConfigError, match=f"cannot listen on 127.0.0.1:{port}"):
+            create_server(f"127.0.0.1:{port}", deps)
+        plans = PlanCache()
+        local, local_port = create_local_server("127.0.0.1:0", AgentLocalService(None, plans))  # type: ignore[arg-type]
+        try:
+            with pytest.raises(ConfigError, match="cannot listen"):
+                create_local_server(f"127.0.0.1:{local_port}", AgentLocalService(None, plans))  # type: ignore[arg-type]
+        finally:
+            local.stop(0).wait()
+    finally:
+        first.stop(0).wait()
+        engine.dispose()
