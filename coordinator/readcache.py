@@ -141,10 +141,11 @@ class IntervalHistories:
 
     Only ``ReportIntervalStats`` writes intervals, and only after its commit does it
     ``put`` the history it computed, keyed by the job's attempt (a restart's first
-    plan version): a restart starts a new history, and ``invalidate`` drops them all.
-    A job's reports come one at a time from its rank 0; two that overlapped could
-    leave one interval out of the history one decision sees, never out of the
-    database.
+    plan version): a restart starts a new history, and ``invalidate`` drops them all
+    (with the other caches, at every submission, cancel, rank exit and restart), so
+    memory holds only jobs that reported since. A job's reports come one at a time
+    from its rank 0; two that overlapped could leave one interval out of the
+    history one decision sees, never out of the database.
     """
 
     def __init__(self, window: int) -> None:
