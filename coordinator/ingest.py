@@ -34,7 +34,6 @@ flush, never written against a missing row.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 import threading
 import zlib
@@ -45,8 +44,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from hetero.coordinator import store
 from hetero.coordinator.models import NodeRow, TelemetryRow
-
-log = logging.getLogger("hetero.coordinator")
+from hetero.coordinator.periodic import Periodic
 
 #: Seconds between flushes of parked heartbeats.
 DEFAULT_FLUSH_S = 0.25
@@ -98,8 +96,14 @@ class HeartbeatIngest:
         #: beats' own clock, so a test's hand-moved clock moves it too.
         self._now = -math.inf
         self._known: set[str] = set()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        # Never lose the flusher: the next round writes what arrives by then.
+        self._flusher = Periodic(
+            "heartbeat-ingest",
+            flush_s,
+            self.flush,
+            failure="writing heartbeats failed",
+            last=lambda: self.flush(everything=True),
+        )
         self.flushes = 0
         self.written = 0
 
@@ -199,23 +203,10 @@ class HeartbeatIngest:
         self.written += len(beats) - sum(b.node_id in gone for b in beats)
         return len(beats)
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.flush_s):
-            try:
-                self.flush()
-            except Exception:
-                # Never lose the flusher: the next round writes what arrives by then.
-                log.exception("writing heartbeats failed")
-        self.flush(everything=True)
-
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="heartbeat-ingest", daemon=True)
-        self._thread.start()
+        self._flusher.start()
 
     def stop(self) -> None:
         """Stop the flusher after a last flush (everything parked is written, open
         telemetry buckets included)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._flusher.stop(timeout_s=None)

@@ -16,7 +16,6 @@ the primary key: no index on ``received_at_unix_s``, no schema change.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from hetero.coordinator import lifecycle, store
 from hetero.coordinator.models import IntervalStatRow, JobRow
+from hetero.coordinator.periodic import Periodic
 from hetero.coordinator.retention import IntervalRetention
 from hetero.coordinator.views import HISTORY_FOR_REPORT
 
@@ -253,16 +253,15 @@ class IntervalPruner:
         self.max_batches = max_batches
         self.pause_s = pause_s
         self.state = PruneState()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="pruner", daemon=True)
+        self._loop = Periodic(
+            "pruner", period_s, self._pass, failure="pruning interval statistics failed"
+        )
 
     def start(self) -> None:
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5.0)
+        self._loop.stop()
 
     def run_pass(self) -> int:
         """Prune until caught up (or ``max_batches``); the number of rows removed."""
@@ -272,15 +271,11 @@ class IntervalPruner:
                 batch = prune_batch(s, self.policy, self.state, now=self.clock())
             self.state = batch.state  # only once committed
             removed += batch.removed
-            if not batch.more or self._stop.wait(self.pause_s):
+            if not batch.more or self._loop.stopping.wait(self.pause_s):
                 break
         return removed
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.period_s):
-            try:
-                removed = self.run_pass()
-                if removed:
-                    log.info("pruned %d interval statistics rows", removed)
-            except Exception:  # the next pass tries again; never let the thread die
-                log.exception("pruning interval statistics failed")
+    def _pass(self) -> None:
+        removed = self.run_pass()
+        if removed:
+            log.info("pruned %d interval statistics rows", removed)

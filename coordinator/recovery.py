@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from hetero.coordinator import lifecycle, store
 from hetero.coordinator.jobspec import JobSpec, parse_jobspec
 from hetero.coordinator.models import JobRow
+from hetero.coordinator.periodic import Periodic
 from hetero.coordinator.placement import Placement, PlacementError, initial_plan, place
 from hetero.errors import HeteroError
 
@@ -161,24 +161,18 @@ class Sweeper:
         self.clock = clock
         self.before = before
         self.on_change = on_change
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="sweeper", daemon=True)
+        self._loop = Periodic("sweeper", period_s, self.sweep_once, failure="sweep failed")
 
     def start(self) -> None:
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5.0)
+        self._loop.stop()
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.period_s):
-            try:
-                if self.before is not None:
-                    self.before()
-                with self.sessions.begin() as s:
-                    changed = sweep(s, self.cfg, now=self.clock())
-                if changed and self.on_change is not None:
-                    self.on_change()
-            except Exception:  # the next sweep tries again; never let the thread die
-                log.exception("sweep failed")
+    def sweep_once(self) -> None:
+        if self.before is not None:
+            self.before()
+        with self.sessions.begin() as s:
+            changed = sweep(s, self.cfg, now=self.clock())
+        if changed and self.on_change is not None:
+            self.on_change()
