@@ -185,6 +185,26 @@ def _events(cluster: LocalCluster, job_id: str | None = None) -> list[tuple[floa
     return [(t, k, m) for t, k, m in rows]
 
 
+def _restart_figures(
+    job: pb.Job, timeline: Timeline, loss: float, reference_loss: float, rank_processes: int
+) -> dict[str, Any]:
+    """What every restarted chaos job records: when it restarted and ran again, and how
+    its final loss compares with the uninterrupted run."""
+    return {
+        "detect_job_restarting_s": timeline.first(lambda st, r, s: st == pb.JOB_STATE_RESTARTING),
+        "recover_running_again_s": timeline.first(
+            lambda st, r, s: r == 1 and st == pb.JOB_STATE_RUNNING
+        ),
+        "restarts": job.restarts,
+        "message": job.message,
+        "final_loss": loss,
+        "reference_loss": reference_loss,
+        "loss_rel_diff": abs(loss - reference_loss) / abs(reference_loss),
+        "rank_processes_seen": rank_processes,
+        "orphans": 0,
+    }
+
+
 def _record(name: str, figures: dict[str, Any]) -> None:
     out = os.environ.get("HETERO_CHAOS_REPORT")
     if out:
@@ -263,19 +283,7 @@ def test_kill_9_of_an_agent_resumes_the_job_on_the_other_from_its_checkpoint(
             "fault": "kill -9 of the agent of rank 1 (its rank died with it)",
             "step_at_fault": step_at_fault,
             "detect_node_down_s": down[0] - killed_at,
-            "detect_job_restarting_s": timeline.first(
-                lambda st, r, s: st == pb.JOB_STATE_RESTARTING
-            ),
-            "recover_running_again_s": timeline.first(
-                lambda st, r, s: r == 1 and st == pb.JOB_STATE_RUNNING
-            ),
-            "restarts": job.restarts,
-            "message": job.message,
-            "final_loss": loss,
-            "reference_loss": reference_loss,
-            "loss_rel_diff": abs(loss - reference_loss) / abs(reference_loss),
-            "rank_processes_seen": rank_processes,
-            "orphans": 0,
+            **_restart_figures(job, timeline, loss, reference_loss, rank_processes),
         },
     )
 
@@ -306,19 +314,7 @@ def test_kill_9_of_a_rank_restarts_the_job_which_completes(
         {
             "fault": "kill -9 of rank 1's process",
             "step_at_fault": step_at_fault,
-            "detect_job_restarting_s": timeline.first(
-                lambda st, r, s: st == pb.JOB_STATE_RESTARTING
-            ),
-            "recover_running_again_s": timeline.first(
-                lambda st, r, s: r == 1 and st == pb.JOB_STATE_RUNNING
-            ),
-            "restarts": job.restarts,
-            "message": job.message,
-            "final_loss": loss,
-            "reference_loss": reference_loss,
-            "loss_rel_diff": abs(loss - reference_loss) / abs(reference_loss),
-            "rank_processes_seen": rank_processes,
-            "orphans": 0,
+            **_restart_figures(job, timeline, loss, reference_loss, rank_processes),
         },
     )
 
@@ -403,16 +399,7 @@ def test_a_hung_rank_ends_by_the_collective_timeout_and_the_job_restarts(
         {
             "fault": "SIGSTOP of rank 1 (hung peer), collective_timeout_s 8",
             "step_at_fault": step_at_fault,
+            **_restart_figures(job, timeline, loss, reference_loss, rank_processes),
             "detect_job_restarting_s": detect,
-            "recover_running_again_s": timeline.first(
-                lambda st, r, s: r == 1 and st == pb.JOB_STATE_RUNNING
-            ),
-            "restarts": job.restarts,
-            "message": job.message,
-            "final_loss": loss,
-            "reference_loss": reference_loss,
-            "loss_rel_diff": abs(loss - reference_loss) / abs(reference_loss),
-            "rank_processes_seen": rank_processes,
-            "orphans": 0,
         },
     )
