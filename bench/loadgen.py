@@ -189,7 +189,7 @@ class Worker:
             tick += 1
             req = heartbeat_request(resp.node_id, c.devices_per_agent, tick)
             reply = await self.rec.call("Heartbeat", stub.Heartbeat(req, timeout=CALL_TIMEOUT_S))
-            # The proto's rule, as hetero-agent applies it (agent.daemon.orders_pending).
+            # The proto's rule, as hetero-agent applies it (agent.link.orders_pending).
             asked = reply is not None and (
                 not reply.HasField("orders_pending") or reply.orders_pending
             )
