@@ -237,8 +237,8 @@ def _with_solo_scores(spec: RunSpec, specs: list[RunSpec]) -> RunSpec:
     """``proportional`` and ``hybrid`` get each GPU's solo throughput as its score.
 
     The plain-DDP baseline runs first and measures every rank alone at B/W; a
-    static split by those rates is DESIGN.md's "static split by solo
-    throughput". Without a baseline summary the policies fall back to equal.
+    static split by those rates is the "static split by solo throughput" of
+    ``docs/design.md``. Without a baseline summary the policies fall back to equal.
     """
     if spec.name not in ("proportional", "hybrid"):
         return spec
