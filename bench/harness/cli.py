@@ -101,7 +101,7 @@ def run_command(args: argparse.Namespace) -> int:
     from hetero.bench.harness.gpu_monitor import GpuMonitor
 
     runner.preflight(scenario)
-    # `timeout`, a batch system or the device tool stop the harness with SIGTERM: turn it
+    # `timeout`, a batch system or a job scheduler stop the harness with SIGTERM: turn it
     # into the same path as Ctrl-C, so every run and neighbour (each in its own session)
     # is stopped before the harness exits.
     signal.signal(signal.SIGTERM, _interrupt)
