@@ -52,7 +52,7 @@ TYPECHECK_TREE := build/typecheck
 typecheck: $(STAMP)  ## mypy --strict on the packages, under their installed names
 	@rm -rf $(TYPECHECK_TREE) && mkdir -p $(TYPECHECK_TREE)/hetero
 	@for f in hetero/*.py; do ln -s ../../../$$f $(TYPECHECK_TREE)/hetero/; done
-	@for d in coordinator agent trainer tui bench; do ln -s ../../../$$d $(TYPECHECK_TREE)/hetero/$$d; done
+	@for d in core coordinator agent trainer tui bench; do ln -s ../../../$$d $(TYPECHECK_TREE)/hetero/$$d; done
 	@ln -s ../../../proto/hetero/v1 $(TYPECHECK_TREE)/hetero/v1
 	@cd $(TYPECHECK_TREE) && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p hetero
 
@@ -63,7 +63,7 @@ PYROOT := build/pyroot
 pyroot:  ## hetero importable without installing: export PYTHONPATH=$PWD/build/pyroot
 	@rm -rf $(PYROOT) && mkdir -p $(PYROOT)/hetero
 	@for f in hetero/*.py; do ln -s ../../../$$f $(PYROOT)/hetero/; done
-	@for d in coordinator agent trainer tui bench; do ln -s ../../../$$d $(PYROOT)/hetero/$$d; done
+	@for d in core coordinator agent trainer tui bench; do ln -s ../../../$$d $(PYROOT)/hetero/$$d; done
 	@ln -s ../../../proto/hetero/v1 $(PYROOT)/hetero/v1
 	@echo "export PYTHONPATH=$(CURDIR)/$(PYROOT)"
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import yaml
 
-from hetero.coordinator.balancer import POLICIES
 from hetero.coordinator.roots import path_problem
 from hetero.coordinator.yamlfields import Fields
+from hetero.core.balancer import POLICIES
 from hetero.errors import ConfigError
 
 MODELS = ("debug", "simple_cnn", "resnet18", "resnet50")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hetero.coordinator.balancer import (
+from hetero.core.balancer import (
     Batches,
     Constraints,
     Decision,

@@ -20,7 +20,6 @@ import grpc
 from sqlalchemy.orm import Session, sessionmaker
 
 from hetero.coordinator import lifecycle, rebalance, recovery, store, validate, views, wire
-from hetero.coordinator.balancer import Constraints, DeviceProfile, RankInterval
 from hetero.coordinator.ingest import HeartbeatIngest
 from hetero.coordinator.jobspec import JobSpec, parse_jobspec
 from hetero.coordinator.models import JobRow
@@ -31,6 +30,7 @@ from hetero.coordinator.readcache import (
     PendingOrders,
     with_interval,
 )
+from hetero.core.balancer import Constraints, DeviceProfile, RankInterval
 from hetero.errors import ConfigError, HeteroError
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc

@@ -27,7 +27,6 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session, selectinload
 
 from hetero.coordinator import lifecycle
-from hetero.coordinator.balancer import Batches, RankInterval
 from hetero.coordinator.jobspec import JobSpec
 from hetero.coordinator.models import (
     DeviceRow,
@@ -41,6 +40,7 @@ from hetero.coordinator.models import (
     TelemetryRow,
 )
 from hetero.coordinator.placement import DeviceSlot, InitialPlan, Placement, initial_plan
+from hetero.core.balancer import Batches, RankInterval
 from hetero.errors import HeteroError
 
 

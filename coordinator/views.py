@@ -11,9 +11,9 @@ from collections.abc import Callable, Sequence
 from sqlalchemy.orm import Session
 
 from hetero.coordinator import rebalance, store, wire
-from hetero.coordinator.balancer import RankInterval, StragglerEvidence, detect_stragglers
-from hetero.coordinator.balancer.straggler import LOOKBACK
 from hetero.coordinator.models import JobRow, TelemetryRow
+from hetero.core.balancer import RankInterval, StragglerEvidence, detect_stragglers
+from hetero.core.balancer.straggler import LOOKBACK
 from hetero.v1 import coordinator_pb2 as pb
 
 #: Finished jobs stay in cluster snapshots this long, in seconds.

@@ -12,7 +12,6 @@ from typing import Any
 
 from hetero.coordinator import placement as placement_mod
 from hetero.coordinator import store, throughput
-from hetero.coordinator.balancer import StragglerEvidence
 from hetero.coordinator.jobspec import JobSpec
 from hetero.coordinator.models import (
     DeviceRow,
@@ -25,6 +24,7 @@ from hetero.coordinator.models import (
     RankRow,
     TelemetryRow,
 )
+from hetero.core.balancer import StragglerEvidence
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
 

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hetero.coordinator.balancer import RankInterval
+from hetero.core.balancer import RankInterval
 from hetero.errors import CheckpointError
 from hetero.trainer.context import Context, PlanRecord
 

@@ -15,7 +15,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from hetero.coordinator.balancer import POLICIES
+from hetero.core.balancer import POLICIES
 from hetero.errors import ConfigError, HeteroError
 from hetero.trainer.datasets import DATASETS
 from hetero.trainer.models import MODELS

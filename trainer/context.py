@@ -41,7 +41,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from hetero.coordinator.balancer import (
+from hetero.core.balancer import (
     Constraints,
     DeviceProfile,
     Interval,

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import grpc
 
 from hetero.auth import agent_token_from_env
-from hetero.coordinator.balancer import Constraints, Decision, History
+from hetero.core.balancer import Constraints, Decision, History
 from hetero.trainer.exchange import Planner, RankSummary
 from hetero.transport import ClientSecurity, client_channel
 from hetero.v1 import agent_pb2_grpc

@@ -17,7 +17,7 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from hetero.coordinator.balancer import (
+from hetero.core.balancer import (
     Constraints,
     Decision,
     DeviceProfile,

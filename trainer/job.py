@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hetero.coordinator.balancer import DeviceProfile
+from hetero.core.balancer import DeviceProfile
 from hetero.errors import ConfigError, DistributedError, HeteroError
 from hetero.trainer.checkpoint import load_checkpoint, save_checkpoint
 from hetero.trainer.context import Context, init

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from hetero.coordinator.balancer import Constraints, round_to_plan
+from hetero.core.balancer import Constraints, round_to_plan
 from hetero.errors import HeteroError, PlanError
 from hetero.trainer.context import Context, PlanRecord
 from hetero.trainer.sampler import PlanSchedule

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from hetero.coordinator.balancer import Constraints, round_to_plan
+from hetero.core.balancer import Constraints, round_to_plan
 from hetero.errors import ConfigError, PlanError
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hetero.coordinator.balancer import (
+from hetero.core.balancer import (
     Constraints,
     Dynamic,
     RankInterval,

@@ -8,7 +8,7 @@ import sys
 
 def test_importing_the_balancer_loads_no_grpc_torch_sqlalchemy_or_bench() -> None:
     code = (
-        "import sys, hetero.coordinator.balancer\n"
+        "import sys, hetero.core.balancer\n"
         "bad = [m for m in ('grpc', 'torch', 'sqlalchemy', 'hetero.bench', 'yaml', 'rich')"
         " if m in sys.modules]\n"
         "print(','.join(bad))\n"

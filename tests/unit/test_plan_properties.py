@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import assume, given, reject, settings
 from hypothesis import strategies as st
 
-from hetero.coordinator.balancer import (
+from hetero.core.balancer import (
     Constraints,
     Dynamic,
     RankInterval,

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from hetero.coordinator.balancer import (
+from hetero.core.balancer import (
     Constraints,
     DeviceProfile,
     Dynamic,
