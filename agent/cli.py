@@ -22,7 +22,7 @@ from types import FrameType
 from typing import Any
 
 from hetero.agent.config import AgentConfig, load_config, with_flags
-from hetero.errors import ConfigError, HeteroError
+from hetero.core.errors import ConfigError, HeteroError
 from hetero.logs import configure_logging
 from hetero.transport import ServerSecurity, add_client_arguments, check_listen, client_security
 

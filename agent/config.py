@@ -13,7 +13,7 @@ from pathlib import Path
 
 from hetero.coordinator.config import default_state_dir
 from hetero.coordinator.yamlfields import Fields
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 
 DEFAULT_CONFIG_PATH = Path("/etc/hetero/agent.yaml")
 DEFAULT_COORDINATOR = "127.0.0.1:7070"

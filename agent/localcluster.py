@@ -23,9 +23,9 @@ from typing import IO
 import grpc
 
 from hetero.auth import load_token, scrub_environment
-from hetero.errors import HeteroError
+from hetero.core.errors import HeteroError
 from hetero.trainer.launch import free_port
-from hetero.transport import ClientSecurity, client_channel
+from hetero.transport import ClientSecurity, client_channel, remote_error
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 
@@ -158,7 +158,7 @@ class LocalCluster:
         try:
             return str(self.stub.SubmitJob(req, timeout=CALL_TIMEOUT_S).job_id)
         except grpc.RpcError as exc:
-            raise ClusterError(f"submit failed: {exc.details()}") from None
+            raise ClusterError(f"submit failed: {remote_error(exc, 'the coordinator')}") from None
 
     def wait(
         self,

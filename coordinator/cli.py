@@ -26,12 +26,13 @@ from hetero.coordinator import export, render
 from hetero.coordinator.config import CoordinatorConfig, load_config, with_flags
 from hetero.coordinator.export import FORMATS, TABLES
 from hetero.coordinator.jobspec import load_jobspec
-from hetero.errors import HeteroError
+from hetero.core.errors import HeteroError
 from hetero.logs import configure_logging
 from hetero.transport import (
     add_client_arguments,
     client_channel,
     client_security_from_args,
+    remote_error,
     server_security,
 )
 from hetero.v1 import coordinator_pb2 as pb
@@ -61,10 +62,6 @@ examples:
 The coordinator address comes from --coordinator, else $HETERO_COORDINATOR, else 127.0.0.1:7070.
 The job file format is documented in docs/jobspec.md.
 """
-
-
-class ClientError(HeteroError):
-    """A failed RPC, carrying the server's one-line message."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -295,15 +292,7 @@ def _call(address: str, fn: Callable[[], T]) -> T:
     try:
         return fn()
     except grpc.RpcError as exc:
-        code = exc.code() if hasattr(exc, "code") else None
-        details = exc.details() if hasattr(exc, "details") else str(exc)
-        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-            error = ClientError(f"cannot reach the coordinator at {address} ({details})")
-            error.exit_code = 3
-            raise error from None
-        error = ClientError(str(details))
-        error.exit_code = 2 if code == grpc.StatusCode.INVALID_ARGUMENT else 1
-        raise error from None
+        raise remote_error(exc, f"the coordinator at {address}") from None
 
 
 def _emit(args: argparse.Namespace, message: Message, human: Callable[[Console], None]) -> None:

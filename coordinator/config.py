@@ -15,7 +15,7 @@ from hetero.coordinator.database import sqlite_url
 from hetero.coordinator.retention import IntervalRetention
 from hetero.coordinator.roots import default_roots, normalize_root
 from hetero.coordinator.yamlfields import Fields
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 
 DEFAULT_CONFIG_PATH = Path("/etc/hetero/coordinator.yaml")
 DEFAULT_LISTEN = "127.0.0.1:7070"

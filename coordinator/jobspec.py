@@ -19,7 +19,7 @@ import yaml
 from hetero.coordinator.roots import path_problem
 from hetero.coordinator.yamlfields import Fields
 from hetero.core.balancer import POLICIES
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 
 MODELS = ("debug", "simple_cnn", "resnet18", "resnet50")
 DATASETS = ("synthetic", "imagefolder")

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hetero.errors import HeteroError
+from hetero.core.errors import HeteroError
 
 PENDING, RUNNING, SUCCEEDED, FAILED, CANCELLED, RESTARTING = (
     "PENDING",

@@ -32,7 +32,7 @@ from hetero.core.balancer import (
     make_policy,
     predict_step_s,
 )
-from hetero.errors import HeteroError
+from hetero.core.errors import HeteroError
 
 
 class PlacementError(HeteroError):

@@ -32,7 +32,7 @@ from hetero.coordinator.jobspec import JobSpec, parse_jobspec
 from hetero.coordinator.models import JobRow
 from hetero.coordinator.periodic import Periodic
 from hetero.coordinator.placement import Placement, PlacementError, initial_plan, place
-from hetero.errors import HeteroError
+from hetero.core.errors import HeteroError
 
 log = logging.getLogger("hetero.coordinator.recovery")
 

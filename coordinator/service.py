@@ -31,7 +31,7 @@ from hetero.coordinator.readcache import (
     with_interval,
 )
 from hetero.core.balancer import Constraints, DeviceProfile, RankInterval
-from hetero.errors import ConfigError, HeteroError
+from hetero.core.errors import ConfigError, HeteroError
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 from hetero.v1 import types_pb2 as tpb

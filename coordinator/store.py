@@ -41,7 +41,7 @@ from hetero.coordinator.models import (
 )
 from hetero.coordinator.placement import DeviceSlot, InitialPlan, Placement, initial_plan
 from hetero.core.balancer import Batches, RankInterval
-from hetero.errors import HeteroError
+from hetero.core.errors import HeteroError
 
 
 class NotFoundError(HeteroError):

@@ -25,7 +25,7 @@ import yaml
 from rich.console import Console
 
 from hetero.agent.localcluster import AgentSpec, ClusterError, LocalCluster
-from hetero.errors import HeteroError
+from hetero.core.errors import HeteroError
 from hetero.trainer.demo import print_comparison
 from hetero.v1 import coordinator_pb2 as pb
 

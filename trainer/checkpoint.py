@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hetero.core.balancer import RankInterval
-from hetero.errors import CheckpointError
+from hetero.core.errors import CheckpointError
 from hetero.trainer.context import Context, PlanRecord
 
 FORMAT = "hetero-checkpoint-v1"

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hetero.core.balancer import POLICIES
-from hetero.errors import ConfigError, HeteroError
+from hetero.core.errors import ConfigError, HeteroError
 from hetero.trainer.datasets import DATASETS
 from hetero.trainer.models import MODELS
 from hetero.trainer.simulate import check_args, launch_simulated

@@ -47,7 +47,7 @@ from hetero.core.balancer import (
     Interval,
     make_policy,
 )
-from hetero.errors import ConfigError, DistributedError
+from hetero.core.errors import ConfigError, DistributedError
 from hetero.trainer import control
 from hetero.trainer.emulation import Slowdown, emulate_wait, parse_slowdowns
 from hetero.trainer.exchange import (

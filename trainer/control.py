@@ -29,8 +29,9 @@ import grpc
 
 from hetero.auth import agent_token_from_env
 from hetero.core.balancer import Constraints, Decision, History
+from hetero.core.errors import UnreachableError
 from hetero.trainer.exchange import Planner, RankSummary
-from hetero.transport import ClientSecurity, client_channel
+from hetero.transport import ClientSecurity, client_channel, remote_error
 from hetero.v1 import agent_pb2_grpc
 from hetero.v1 import types_pb2 as tpb
 
@@ -311,11 +312,12 @@ class AgentPlanner:
         backoff_s = min(30.0, 2.0 ** (self.failures - 1))
         self.retry_at = self.clock() + backoff_s
         if self.failures == 1:
-            code = exc.code().name if hasattr(exc, "code") else "error"
+            error = remote_error(exc, f"agent {self.endpoint}")
             log.warning(
-                "agent %s did not answer (%s); using the embedded policy, retrying in %.0f s",
-                self.endpoint,
-                code,
+                "%s; using the embedded policy, retrying in %.0f s",
+                error
+                if isinstance(error, UnreachableError)
+                else f"agent {self.endpoint} refused the report ({error.status}: {error})",
                 backoff_s,
             )
 

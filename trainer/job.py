@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from hetero.core.balancer import DeviceProfile
-from hetero.errors import ConfigError, DistributedError, HeteroError
+from hetero.core.errors import ConfigError, DistributedError, HeteroError
 from hetero.trainer.checkpoint import load_checkpoint, save_checkpoint
 from hetero.trainer.context import Context, init
 from hetero.trainer.control import AgentPlanner

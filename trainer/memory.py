@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from hetero.core.balancer import Constraints, round_to_plan
-from hetero.errors import HeteroError, PlanError
+from hetero.core.errors import HeteroError, PlanError
 from hetero.trainer.context import Context, PlanRecord
 from hetero.trainer.sampler import PlanSchedule
 

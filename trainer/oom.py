@@ -50,7 +50,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hetero.core.balancer import Constraints, round_to_plan
-from hetero.errors import ConfigError, HeteroError, PlanError
+from hetero.core.errors import ConfigError, HeteroError, PlanError
 from hetero.trainer.context import Context
 from hetero.trainer.memory import MemoryMonitor
 

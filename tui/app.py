@@ -23,7 +23,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static, TabbedContent, TabPane
 
-from hetero.errors import HeteroError, UnreachableError
+from hetero.core.errors import HeteroError, UnreachableError
 from hetero.transport import ClientSecurity, add_client_arguments, client_security_from_args
 from hetero.tui.client import CoordinatorClient
 from hetero.tui.screens import ConfirmScreen, HelpScreen, JobDetailScreen

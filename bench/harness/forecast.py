@@ -22,7 +22,7 @@ from hetero.core.balancer import (
     predict_exclusion,
     predict_step_s,
 )
-from hetero.errors import HeteroError
+from hetero.core.errors import HeteroError
 
 
 def history_from_metrics(ranks: list[list[dict[str, Any]]]) -> list[tuple[RankInterval, ...]]:

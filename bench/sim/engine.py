@@ -28,7 +28,7 @@ from hetero.core.balancer import (
     estimate_comm_s,
 )
 from hetero.core.balancer.straggler import per_sample_ratios
-from hetero.errors import PlanError
+from hetero.core.errors import PlanError
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from hetero.core.balancer.model import StepModel, equal_time_plan, predict_step_
 from hetero.core.balancer.plan import Batches, Constraints, equal_batches, round_to_plan
 from hetero.core.balancer.robust_fit import RankFit, fit_rank
 from hetero.core.balancer.stats import DeviceProfile, History, Interval
-from hetero.errors import ConfigError, PlanError
+from hetero.core.errors import ConfigError, PlanError
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from hetero.core.balancer.decision import Decision, Policy
 from hetero.core.balancer.dynamic import Dynamic, Hybrid
 from hetero.core.balancer.plan import Batches, Constraints, equal_batches, round_to_plan
 from hetero.core.balancer.stats import DeviceProfile, History
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 
 __all__ = [
     "POLICIES",

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from hetero.core.balancer.model import StepModel, equal_time_plan, predict_step_s
 from hetero.core.balancer.plan import Batches, Constraints
 from hetero.core.balancer.stats import History, Interval, RankInterval
-from hetero.errors import ConfigError, PlanError
+from hetero.core.errors import ConfigError, PlanError
 
 #: Intervals a straggler's run is counted back over (the evidence says "at least" beyond).
 LOOKBACK = 32

@@ -13,7 +13,7 @@ from hetero.core.balancer import (
     equal_time_plan,
     round_to_plan,
 )
-from hetero.errors import PlanError
+from hetero.core.errors import PlanError
 
 per_sample = st.floats(min_value=1e-5, max_value=1e-2)
 fixed = st.floats(min_value=0.0, max_value=0.1)

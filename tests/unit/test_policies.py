@@ -18,7 +18,7 @@ from hetero.core.balancer import (
     make_policy,
     predict_step_s,
 )
-from hetero.errors import ConfigError, PlanError
+from hetero.core.errors import ConfigError, PlanError
 
 Models = Sequence[StepModel]
 

@@ -14,7 +14,7 @@ from hetero.core.balancer import (
     detect_stragglers,
     predict_exclusion,
 )
-from hetero.errors import ConfigError, PlanError
+from hetero.core.errors import ConfigError, PlanError
 
 
 def per_sample_interval(seconds_per_sample: list[float], batch: int = 100):
