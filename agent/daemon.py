@@ -39,6 +39,7 @@ from hetero.agent.supervisor import Exit, Line, Supervisor
 from hetero.agent.telemetry import TelemetrySampler
 from hetero.auth import new_token
 from hetero.core.errors import UnknownNameError, UnreachableError, UnsupportedError
+from hetero.core.states import job_terminal
 from hetero.transport import (
     ClientSecurity,
     client_channel,
@@ -396,11 +397,7 @@ class Agent:
                     exc.details(),
                 )
             else:
-                finished = resp.job_state in (
-                    pb.JOB_STATE_SUCCEEDED,
-                    pb.JOB_STATE_FAILED,
-                    pb.JOB_STATE_CANCELLED,
-                )
+                finished = job_terminal(resp.job_state)
                 if (
                     finished
                     and req.state == pb.RANK_STATE_RUNNING

@@ -24,6 +24,7 @@ import grpc
 
 from hetero.auth import load_token, scrub_environment
 from hetero.core.errors import HeteroError
+from hetero.core.states import job_label, job_terminal
 from hetero.trainer.launch import free_port
 from hetero.transport import ClientSecurity, client_channel, remote_error
 from hetero.v1 import coordinator_pb2 as pb
@@ -31,7 +32,6 @@ from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 
 #: Seconds each RPC to the local coordinator may take.
 CALL_TIMEOUT_S = 5.0
-FINISHED = (pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED)
 
 
 class ClusterError(HeteroError):
@@ -173,11 +173,11 @@ class LocalCluster:
             job: pb.Job = self.stub.GetJob(pb.GetJobRequest(job_id=job_id), timeout=CALL_TIMEOUT_S)
             if on_poll is not None:
                 on_poll(job)
-            if job.state in FINISHED:
+            if job_terminal(job.state):
                 return job
             if time.monotonic() > deadline:
                 raise ClusterError(
-                    f"job {job_id} still {pb.JobState.Name(job.state)} after {timeout_s:.0f} s"
+                    f"job {job_id} still {job_label(job.state)} after {timeout_s:.0f} s"
                 )
             self._check_alive()
             time.sleep(period_s)

@@ -27,6 +27,7 @@ from hetero.coordinator.config import CoordinatorConfig, load_config, with_flags
 from hetero.coordinator.export import FORMATS, TABLES
 from hetero.coordinator.jobspec import load_jobspec
 from hetero.core.errors import HeteroError
+from hetero.core.states import JobState, job_terminal
 from hetero.logs import configure_logging
 from hetero.transport import (
     add_client_arguments,
@@ -371,11 +372,7 @@ def _logs(args: argparse.Namespace, stub: Any, call: Callable[[Callable[[], Any]
             return 0
         job = call(lambda: stub.GetJob(pb.GetJobRequest(job_id=args.job_id), timeout=t))
         # One more pass after the job ends: agents ship the last lines as ranks exit.
-        finished = job.state in (
-            pb.JOB_STATE_SUCCEEDED,
-            pb.JOB_STATE_FAILED,
-            pb.JOB_STATE_CANCELLED,
-        )
+        finished = job_terminal(job.state)
         time.sleep(FOLLOW_POLL_S)
 
 
@@ -445,10 +442,10 @@ def _wait(
                 file=sys.stderr,
             )
             last = state
-        if job.state in (pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED):
+        if job_terminal(job.state):
             if args.json:
                 _emit(args, job, lambda c: None)
-            return 0 if job.state == pb.JOB_STATE_SUCCEEDED else 1
+            return 0 if job.state == JobState.SUCCEEDED else 1
         time.sleep(WAIT_POLL_S)
 
 

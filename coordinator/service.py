@@ -32,6 +32,7 @@ from hetero.coordinator.readcache import (
 )
 from hetero.core.balancer import Constraints, DeviceProfile, RankInterval
 from hetero.core.errors import ConfigError, HeteroError
+from hetero.core.states import JobState, RankState
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 from hetero.v1 import types_pb2 as tpb
@@ -231,7 +232,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
     def ReportRankStatus(
         self, req: pb.ReportRankStatusRequest, context: grpc.ServicerContext
     ) -> pb.ReportRankStatusResponse:
-        state = _enum_name(pb.RankState, req.state, "state")
+        state = _state_name(RankState, req.state, "state")
         if state not in (lifecycle.RUNNING, lifecycle.EXITED):
             raise _invalid(f"rank state must be RUNNING or EXITED, got {state}")
         if state == lifecycle.EXITED and not req.HasField("exit_code"):
@@ -251,9 +252,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
             )
             # The last old rank confirmed stopped: place the restart now, not at the next sweep.
             recovery.replace_if_ready(s, job, self.deps.sweep_config(), now=now)
-            reply = pb.ReportRankStatusResponse(
-                job_state=pb.JobState.Value(f"JOB_STATE_{job.state}")
-            )
+            reply = pb.ReportRankStatusResponse(job_state=JobState[job.state].value)
         # After the commit: stop orders for the survivors, a restart's plan and launches.
         self.deps.invalidate_caches()
         return reply
@@ -402,7 +401,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
     def ListJobs(
         self, req: pb.ListJobsRequest, context: grpc.ServicerContext
     ) -> pb.ListJobsResponse:
-        states = [_enum_name(pb.JobState, st, "states") for st in req.states]
+        states = [_state_name(JobState, st, "states") for st in req.states]
         if req.limit < 0:
             raise _invalid(f"limit must be >= 0, got {req.limit}")
         limit = min(req.limit or 100, 1000)
@@ -509,13 +508,12 @@ def _running_plan(req: tpb.IntervalReport, job: JobRow) -> tuple[int, ...] | Non
     return batches if valid and sum(batches) == job.global_batch else None
 
 
-def _enum_name(enum: Any, value: int, field: str) -> str:
-    """``JOB_STATE_RUNNING`` -> ``RUNNING``; a number the enum lacks is INVALID_ARGUMENT."""
+def _state_name(states: type[JobState] | type[RankState], value: int, field: str) -> str:
+    """``2`` -> ``RUNNING``; a number the enum lacks is INVALID_ARGUMENT."""
     try:
-        name: str = enum.Name(value)
+        return states(value).name
     except ValueError:
         raise _invalid(f"{field}: unknown value {value}") from None
-    return name.split("_STATE_", 1)[-1]
 
 
 def _source_name(name: str) -> str:

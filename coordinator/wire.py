@@ -25,6 +25,7 @@ from hetero.coordinator.models import (
     TelemetryRow,
 )
 from hetero.core.balancer import StragglerEvidence
+from hetero.core.states import JobState, RankState
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
 
@@ -158,7 +159,7 @@ def rank_message(r: RankRow, node_name: str) -> pb.RankPlacement:
         device_kind=KIND_TO_PB.get(r.device_kind, tpb.DEVICE_KIND_UNSPECIFIED),
         device_name=r.device_name,
         local_rank=r.local_rank,
-        state=pb.RankState.Value(f"RANK_STATE_{r.state}"),
+        state=RankState[r.state].value,
         emulated_slowdown=r.emulated_slowdown,
     )
     if r.exit_code is not None:
@@ -177,7 +178,7 @@ def job_message(
     msg = pb.Job(
         id=job.id,
         name=job.name,
-        state=pb.JobState.Value(f"JOB_STATE_{job.state}"),
+        state=JobState[job.state].value,
         policy=job.policy,
         global_batch=job.global_batch,
         world_size=job.world_size,
