@@ -23,6 +23,7 @@ from typing import IO
 import grpc
 
 from hetero.auth import load_token, scrub_environment
+from hetero.core import defaults
 from hetero.core.errors import HeteroError
 from hetero.core.states import job_label, job_terminal
 from hetero.trainer.launch import free_port
@@ -53,8 +54,8 @@ class LocalCluster:
 
     root: Path
     agents: Sequence[AgentSpec]
-    heartbeat_timeout_s: float = 10.0
-    heartbeat_interval_s: float = 2.0
+    heartbeat_timeout_s: float = defaults.HEARTBEAT_TIMEOUT_S
+    heartbeat_interval_s: float = defaults.HEARTBEAT_INTERVAL_S
     python: str = sys.executable
     #: Token file every daemon and this client use; None = no authentication (loopback).
     token_file: Path | None = None

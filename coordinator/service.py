@@ -30,6 +30,7 @@ from hetero.coordinator.readcache import (
     PendingOrders,
     with_interval,
 )
+from hetero.core import defaults
 from hetero.core.balancer import Constraints, DeviceProfile, RankInterval
 from hetero.core.errors import ConfigError, HeteroError
 from hetero.core.states import JobState, RankState
@@ -66,11 +67,11 @@ class Deps:
     plans: LatestPlans | None = None
     histories: IntervalHistories | None = None
     clock: Callable[[], float] = time.time
-    heartbeat_interval_s: float = 2.0
-    heartbeat_timeout_s: float = 10.0
+    heartbeat_interval_s: float = defaults.HEARTBEAT_INTERVAL_S
+    heartbeat_timeout_s: float = defaults.HEARTBEAT_TIMEOUT_S
     telemetry: store.TelemetryPolicy = field(default_factory=store.TelemetryPolicy)
-    master_port_base: int = 29500
-    master_port_span: int = 1000
+    master_port_base: int = defaults.MASTER_PORT_BASE
+    master_port_span: int = defaults.MASTER_PORT_SPAN
     #: Set on shutdown: ends WatchCluster streams so a graceful stop does not wait for them.
     stopping: threading.Event = field(default_factory=threading.Event)
     #: Directories jobs' checkpoint.dir and data_dir must lie under (coordinator.roots);
@@ -252,7 +253,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unu
             )
             # The last old rank confirmed stopped: place the restart now, not at the next sweep.
             recovery.replace_if_ready(s, job, self.deps.sweep_config(), now=now)
-            reply = pb.ReportRankStatusResponse(job_state=JobState[job.state].value)
+            reply = pb.ReportRankStatusResponse(job_state=wire.job_state(job.state))
         # After the commit: stop orders for the survivors, a restart's plan and launches.
         self.deps.invalidate_caches()
         return reply

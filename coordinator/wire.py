@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from hetero.coordinator import placement as placement_mod
 from hetero.coordinator import store, throughput
@@ -159,12 +159,19 @@ def rank_message(r: RankRow, node_name: str) -> pb.RankPlacement:
         device_kind=KIND_TO_PB.get(r.device_kind, tpb.DEVICE_KIND_UNSPECIFIED),
         device_name=r.device_name,
         local_rank=r.local_rank,
-        state=RankState[r.state].value,
+        state=cast("pb.RankState", RankState[r.state].value),
         emulated_slowdown=r.emulated_slowdown,
     )
     if r.exit_code is not None:
         msg.exit_code = r.exit_code
     return msg
+
+
+def job_state(name: str) -> pb.JobState:
+    """A stored state name as the message's enum value. The numbers are the proto's
+    (``hetero.core.states``, pinned by a test); protoc's stubs type an enum field as
+    its own ``int`` subclass, so the cast is for mypy alone."""
+    return cast("pb.JobState", JobState[name].value)
 
 
 def job_message(
@@ -178,7 +185,7 @@ def job_message(
     msg = pb.Job(
         id=job.id,
         name=job.name,
-        state=JobState[job.state].value,
+        state=job_state(job.state),
         policy=job.policy,
         global_batch=job.global_batch,
         world_size=job.world_size,

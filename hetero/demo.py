@@ -72,7 +72,7 @@ def run_policy(
             )
 
     job = cluster.wait(job_id, timeout_s, on_poll=progress)
-    if job.state != JobState.SUCCEEDED:
+    if JobState(job.state) is not JobState.SUCCEEDED:
         raise ClusterError(f"the {policy} job ended {job_label(job.state)}: {job.message}")
     summary = summary_from_logs(cluster.logs(job_id))
     if summary is None:

@@ -41,6 +41,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, default_collate
 
+from hetero.core import defaults
 from hetero.core.balancer import (
     Constraints,
     DeviceProfile,
@@ -71,15 +72,13 @@ _DEBUG_TIMING = os.environ.get("HETERO_DEBUG_TIMING") == "1"
 
 #: Set by the coordinator for agent-launched ranks (the job spec's ``collective_timeout_s``).
 COLLECTIVE_TIMEOUT_ENV = "HETERO_COLLECTIVE_TIMEOUT_S"
-#: Seconds a collective waits for a peer outside an agent (torch's own default).
-DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
 
 
 def _collective_timeout_s() -> float:
     """``HETERO_COLLECTIVE_TIMEOUT_S`` if set (agent-launched jobs), else 600 s."""
     raw = os.environ.get(COLLECTIVE_TIMEOUT_ENV, "")
     if not raw:
-        return DEFAULT_COLLECTIVE_TIMEOUT_S
+        return defaults.COLLECTIVE_TIMEOUT_S
     try:
         value = float(raw)
     except ValueError:
@@ -94,7 +93,7 @@ class TrainerConfig:
     """How a training process balances. Validated on construction."""
 
     policy: str = "dynamic"
-    rebalance_interval: int = 10
+    rebalance_interval: int = defaults.REBALANCE_INTERVAL_STEPS
     min_batch: int = 1
     max_batch: tuple[int | None, ...] | None = None
     emulate_slowdown: str | None = None
@@ -717,7 +716,7 @@ def _to_device(batch: Any, device: torch.device) -> Any:
 def init(
     policy: str = "dynamic",
     *,
-    rebalance_interval: int = 10,
+    rebalance_interval: int = defaults.REBALANCE_INTERVAL_STEPS,
     profiles: Sequence[DeviceProfile] | None = None,
     **options: Any,
 ) -> Context:

@@ -25,11 +25,11 @@ def test_the_states_are_the_proto_enums_by_name_and_number() -> None:
 
 def test_succeeded_failed_and_cancelled_are_the_terminal_job_states() -> None:
     assert {s for s in JobState if s.is_terminal} == JOB_TERMINAL
-    assert JOB_TERMINAL == {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED}
+    assert {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED} == JOB_TERMINAL
     assert job_terminal(pb.JOB_STATE_CANCELLED) and not job_terminal(pb.JOB_STATE_RESTARTING)
     assert not job_terminal(99)  # a newer coordinator's state
-    assert TERMINAL_LABELS == {"succeeded", "failed", "cancelled"}
-    assert lifecycle.FINISHED == {"SUCCEEDED", "FAILED", "CANCELLED"}
+    assert {"succeeded", "failed", "cancelled"} == TERMINAL_LABELS
+    assert {"SUCCEEDED", "FAILED", "CANCELLED"} == lifecycle.FINISHED
 
 
 def test_an_exited_rank_is_terminal_and_the_others_may_be_live() -> None:
