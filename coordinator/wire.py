@@ -25,6 +25,7 @@ from hetero.coordinator.models import (
     TelemetryRow,
 )
 from hetero.core.balancer import StragglerEvidence
+from hetero.core.rankenv import RankEnv
 from hetero.core.states import JobState, RankState
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
@@ -409,22 +410,21 @@ def launch_message(job: JobRow, rank: RankRow, spec: JobSpec, plan: PlanRow) -> 
         args.checkpoint_dir = spec.checkpoint.dir
         args.checkpoint_interval_steps = spec.checkpoint.interval_steps
         args.resume = job.restarts > 0
-    env = {
-        "RANK": str(rank.rank),
-        "WORLD_SIZE": str(job.world_size),
-        "LOCAL_RANK": str(rank.local_rank),
-        "MASTER_ADDR": job.master_addr,
-        "MASTER_PORT": str(job.master_port),
-        "HETERO_JOB_ID": job.id,
-        "HETERO_BACKEND": job.backend,
-        "HETERO_DEVICE": "cpu" if rank.device_kind == "cpu" else f"cuda:{rank.device_index}",
-        "HETERO_EMULATE_SLOWDOWN": f"{rank.emulated_slowdown:g}",
+    # The job's part of the rank's environment; the agent adds what only it knows.
+    env = RankEnv(
+        rank=rank.rank,
+        world_size=job.world_size,
+        local_rank=rank.local_rank,
+        master_addr=job.master_addr,
+        master_port=job.master_port,
+        backend=job.backend,
+        device="cpu" if rank.device_kind == "cpu" else f"cuda:{rank.device_index}",
+        job_id=job.id,
+        emulate_slowdown=rank.emulated_slowdown,
         # A collective stuck on a dead peer ends within this bound (no hangs).
-        "HETERO_COLLECTIVE_TIMEOUT_S": f"{spec.collective_timeout_s:g}",
-        "HETERO_ATTEMPT": str(job.restarts),
-    }
-    if job.backend == "nccl":
-        env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
+        collective_timeout_s=spec.collective_timeout_s,
+        attempt=job.restarts,
+    ).to_env()
     return pb.RankLaunch(
         job_id=job.id,
         rank=rank.rank,
