@@ -22,13 +22,14 @@ from sqlalchemy.engine import make_url
 
 from hetero.coordinator.asyncserver import CoordinatorServer, add_coordinator
 from hetero.coordinator.database import open_database, read_session_factory, session_factory
+from hetero.coordinator.deps import Deps
 from hetero.coordinator.ingest import HeartbeatIngest
 from hetero.coordinator.metrics import MetricsServer
 from hetero.coordinator.pruning import IntervalPruner
 from hetero.coordinator.readcache import IntervalHistories, LatestPlans, PendingOrders
 from hetero.coordinator.recovery import Sweeper
 from hetero.coordinator.retention import IntervalRetention
-from hetero.coordinator.service import CoordinatorService, Deps
+from hetero.coordinator.service import CoordinatorService
 from hetero.coordinator.store import TelemetryPolicy
 from hetero.coordinator.views import HISTORY_FOR_REPORT
 from hetero.core import defaults

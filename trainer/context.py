@@ -41,7 +41,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from hetero.core import defaults, rankenv
+from hetero.core import defaults, rankenv, replan
 from hetero.core.balancer import (
     Constraints,
     DeviceProfile,
@@ -408,7 +408,7 @@ class Context:
         self._interval.global_samples += sum(self._step_sizes)
         self.global_step += 1
         self.progress.beat()
-        if self.global_step % self.config.rebalance_interval == 0:
+        if replan.is_boundary(self.global_step, self.config.rebalance_interval):
             self._rebalance()
 
     def _summarize(self, times: list[StepTimes]) -> RankSummary:

@@ -88,7 +88,7 @@ class AgentPlanner:
 
     Each report carries the coordinator plan version the interval *ran* (the one
     adopted at the boundary before), which the coordinator stores with the stats
-    and re-plans only against its newest plan (``coordinator/service.py``).
+    and re-plans only against its newest plan (``hetero.core.replan.should_replan``).
 
     ``fallback`` (the embedded policy) answers while the agent fails: an error or a
     missed deadline starts a backoff (1 s, doubling up to 30 s) during which
