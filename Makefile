@@ -42,9 +42,18 @@ chaos: $(STAMP)  ## kill -9 agents, ranks and the coordinator of a local cluster
 load: $(STAMP)  ## control-plane scale test: 1,000 agents, 256 ranks, 120 s (hetero-bench load)
 	@$(BIN)/hetero-bench load --agents 1000 --ranks 256 --duration 120
 
-lint: $(STAMP)  ## ruff
+# import-linter cannot follow the editable install's folder->package mapping either:
+# it reads the contracts in pyproject.toml over a tree of symlinks like mypy's.
+IMPORTS_TREE := build/imports
+lint: $(STAMP)  ## ruff, and the import contracts of pyproject.toml (import-linter)
 	@$(BIN)/ruff check .
 	@$(BIN)/ruff format --check .
+	@rm -rf $(IMPORTS_TREE) && mkdir -p $(IMPORTS_TREE)/hetero
+	@for f in hetero/*.py; do ln -s ../../../$$f $(IMPORTS_TREE)/hetero/; done
+	@for d in core coordinator agent trainer tui bench; do ln -s ../../../$$d $(IMPORTS_TREE)/hetero/$$d; done
+	@ln -s ../../../proto/hetero/v1 $(IMPORTS_TREE)/hetero/v1
+	@ln -s ../../pyproject.toml $(IMPORTS_TREE)/pyproject.toml
+	@cd $(IMPORTS_TREE) && PYTHONPATH=. ../../$(BIN)/lint-imports --no-cache --no-logo
 
 # mypy cannot follow the editable install's folder->package mapping, so it checks
 # a tree of symlinks laid out as the installed `hetero` package.

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 
-from hetero.core import defaults
-
 # The agent forks rank processes while gRPC threads run; gRPC's fork handlers only
 # print warnings then. Must be set before grpc is imported.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
@@ -24,6 +22,7 @@ from types import FrameType
 from typing import Any
 
 from hetero.agent.config import AgentConfig, load_config, with_flags
+from hetero.core import defaults
 from hetero.core.errors import ConfigError, HeteroError
 from hetero.logs import configure_logging
 from hetero.transport import ServerSecurity, add_client_arguments, check_listen, client_security
