@@ -65,9 +65,10 @@ typecheck: $(STAMP)  ## mypy --strict on the packages, under their installed nam
 	@ln -s ../../../proto/hetero/v1 $(TYPECHECK_TREE)/hetero/v1
 	@cd $(TYPECHECK_TREE) && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p hetero
 
-# A machine with torch but no network (the rented GPU box) cannot pip-install hetero's
-# dependencies; hetero-bench run and hetero-train need none beyond torch, torchvision,
-# pyyaml and (optionally) nvidia-ml-py, so a symlink tree on PYTHONPATH is enough.
+# A machine with torch but no network (a GPU host without internet access) cannot
+# pip-install hetero's dependencies; hetero-bench run and hetero-train need none beyond
+# torch, torchvision, pyyaml and (optionally) nvidia-ml-py, so a symlink tree on
+# PYTHONPATH is enough.
 PYROOT := build/pyroot
 pyroot:  ## hetero importable without installing: export PYTHONPATH=$PWD/build/pyroot
 	@rm -rf $(PYROOT) && mkdir -p $(PYROOT)/hetero

@@ -2,8 +2,8 @@
 
 Every run is its own process tree, started in a new session so that stopping
 it (timeout, error, Ctrl-C) signals the whole group and leaves no rank
-behind. A run that fails is recorded and the next one starts: on a rented GPU
-machine one bad run should not cost the others. Each run leaves
+behind. A run that fails is recorded and the next one starts: on a GPU host
+booked for a limited time one bad run should not cost the others. Each run leaves
 ``runs/<name>/run.json`` (command, exit status, wall seconds, neighbour
 switches), which ``hetero-bench report`` reads back together with the run's
 ``summary.json`` and ``metrics/``.
