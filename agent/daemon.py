@@ -38,7 +38,7 @@ from hetero.agent.profile import NodeProfile
 from hetero.agent.supervisor import Exit, Line, Supervisor
 from hetero.agent.telemetry import TelemetrySampler
 from hetero.auth import new_token
-from hetero.core.errors import UnknownNameError, UnreachableError, UnsupportedError
+from hetero.core.errors import ConfigError, UnknownNameError, UnreachableError, UnsupportedError
 from hetero.core.states import job_terminal
 from hetero.transport import (
     ClientSecurity,
@@ -302,14 +302,26 @@ class Agent:
         out_dir = self.supervisor.job_dir(order.job_id) / f"rank{order.rank}"
         progress = out_dir / "progress"
         argv = rank_command(order, self.config.python, out_dir)
-        env = rank_environment(
-            order,
-            agent_endpoint=self.endpoint,
-            threads=self._threads(order),
-            local_world_size=local_world_size,
-            agent_token=self.local_token,
-            progress_file=progress,
-        )
+        try:
+            env = rank_environment(
+                order,
+                agent_endpoint=self.endpoint,
+                threads=self._threads(order),
+                local_world_size=local_world_size,
+                agent_token=self.local_token,
+                progress_file=progress,
+            )
+        except ConfigError as exc:  # a value no rank could read: fail the rank, not the agent
+            log.error("job %s rank %d: bad launch order: %s", order.job_id, order.rank, exc)
+            self._queue(
+                order.job_id,
+                order.rank,
+                pb.RANK_STATE_EXITED,
+                2,
+                f"bad launch order: {exc}",
+                order.attempt,
+            )
+            return
         emu = (
             f" (EMULATED slowdown {order.emulated_slowdown:g}x)"
             if order.emulated_slowdown > 1

@@ -17,6 +17,8 @@ log = logging.getLogger("hetero.coordinator")
 
 
 class JobHandlers(Handlers):
+    """SubmitJob, ListJobs, GetJob, CancelJob, GetJobLogs, GetJobDetail."""
+
     @rpc
     def SubmitJob(
         self, req: pb.SubmitJobRequest, context: grpc.ServicerContext

@@ -22,6 +22,9 @@ MAX_PROBE_BYTES = 4 * 1024 * 1024 - 1024
 
 
 class NodeHandlers(Handlers):
+    """RegisterNode, Heartbeat, PollAssignments, ReportRankStatus, AppendJobLogs,
+    Probe (agents); ListNodes, DrainNode (users)."""
+
     @rpc
     def RegisterNode(
         self, req: pb.RegisterNodeRequest, context: grpc.ServicerContext

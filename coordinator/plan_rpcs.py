@@ -20,6 +20,8 @@ from hetero.v1 import types_pb2 as tpb
 
 
 class PlanHandlers(Handlers):
+    """ReportIntervalStats and GetPlan, which rank 0 calls through its agent."""
+
     @rpc
     def ReportIntervalStats(
         self, req: tpb.IntervalReport, context: grpc.ServicerContext

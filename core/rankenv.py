@@ -135,8 +135,7 @@ class RankEnv:
             raise ConfigError(f"{MASTER_PORT} must be in 1..65535, got {self.master_port}")
         if self.backend is not None and self.backend not in BACKENDS:
             raise ConfigError(f"{BACKEND} must be gloo or nccl, got {self.backend!r}")
-        if self.device is not None:
-            self.device_index  # noqa: B018 (parses, raising ConfigError)
+        _cuda_index(self.device)  # a device that does not parse fails here, by its name
         for name, value in (
             (EMULATE_SLOWDOWN, self.emulate_slowdown),
             (COLLECTIVE_TIMEOUT_S, self.collective_timeout_s),
@@ -151,12 +150,7 @@ class RankEnv:
     @property
     def device_index(self) -> int | None:
         """The CUDA device index of ``HETERO_DEVICE`` (None for ``cpu`` or unset)."""
-        if self.device is None or self.device == "cpu":
-            return None
-        kind, _, index = self.device.partition(":")
-        if kind != "cuda" or not index.isdigit():
-            raise ConfigError(f"{DEVICE} must be cpu or cuda:N, got {self.device!r}")
-        return int(index)
+        return _cuda_index(self.device)
 
     def cuda_index(self, cuda_devices: int) -> int | None:
         """The CUDA device this rank uses on a node with ``cuda_devices`` of them, or
@@ -251,6 +245,16 @@ class RankEnv:
         """``HETERO_LAUNCHED=1`` without parsing the rest (for an exit path that must
         not fail)."""
         return (os.environ if environ is None else environ).get(LAUNCHED) == "1"
+
+
+def _cuda_index(device: str | None) -> int | None:
+    """``N`` of ``cuda:N``; None for ``cpu`` or None; anything else is a ConfigError."""
+    if device is None or device == "cpu":
+        return None
+    kind, _, index = device.partition(":")
+    if kind != "cuda" or not index.isdigit():
+        raise ConfigError(f"{DEVICE} must be cpu or cuda:N, got {device!r}")
+    return int(index)
 
 
 def _number_text(value: float) -> str:
