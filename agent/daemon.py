@@ -30,7 +30,7 @@ import grpc
 from hetero import __version__
 from hetero.agent.config import AgentConfig, outbound_address
 from hetero.agent.local import AgentLocalService, PlanCache, create_local_server
-from hetero.agent.network import CHANNEL_OPTIONS, is_unreachable, measure_network
+from hetero.agent.network import CHANNEL_OPTIONS, measure_network
 from hetero.agent.nvml import Nvml
 from hetero.agent.orders import rank_command, rank_environment
 from hetero.agent.outbox import Outbox
@@ -38,7 +38,15 @@ from hetero.agent.profile import NodeProfile
 from hetero.agent.supervisor import Exit, Line, Supervisor
 from hetero.agent.telemetry import TelemetrySampler
 from hetero.auth import new_token
-from hetero.transport import ClientSecurity, client_channel, warn_unverified_coordinator
+from hetero.core.errors import ConfigError, UnknownNameError, UnreachableError, UnsupportedError
+from hetero.core.states import job_terminal
+from hetero.transport import (
+    ClientSecurity,
+    client_channel,
+    is_unreachable,
+    remote_error,
+    warn_unverified_coordinator,
+)
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 from hetero.v1 import types_pb2 as tpb
@@ -195,8 +203,8 @@ class Agent:
         self._next_contact = time.perf_counter() + self.heartbeat_interval_s
 
     def _failed(self, exc: grpc.RpcError) -> None:
-        code = exc.code() if hasattr(exc, "code") else None
-        if code == grpc.StatusCode.NOT_FOUND and self.node_id is not None:
+        error = remote_error(exc, f"coordinator {self.config.coordinator}")
+        if isinstance(error, UnknownNameError) and self.node_id is not None:
             log.warning(
                 "coordinator does not know node %s (database reset?): registering again",
                 self.node_id,
@@ -205,16 +213,16 @@ class Agent:
             self._next_contact = time.perf_counter()
             return
         delay = self.backoff.failed()
-        if not self._unreachable_logged or not is_unreachable(exc):
-            details = exc.details() if hasattr(exc, "details") else str(exc)
+        unreachable = isinstance(error, UnreachableError)
+        if not self._unreachable_logged or not unreachable:
             log.warning(
                 "coordinator %s: %s (%s); retrying in %.1f s",
                 self.config.coordinator,
-                code.name if code else "error",
-                details,
+                error.status,
+                error,
                 delay,
             )
-            self._unreachable_logged = is_unreachable(exc)
+            self._unreachable_logged = unreachable
         self._next_contact = time.perf_counter() + delay
 
     def _register(self) -> None:
@@ -223,7 +231,7 @@ class Agent:
             net = measure_network(self.stub, timeout_s=CALL_TIMEOUT_S)
             profile = replace(profile, network_rtt_s=net.rtt_s, network_bytes_per_s=net.bytes_per_s)
         except grpc.RpcError as exc:
-            if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+            if not isinstance(remote_error(exc, "the coordinator"), UnsupportedError):
                 raise
         resp = self.stub.RegisterNode(
             pb.RegisterNodeRequest(
@@ -294,14 +302,26 @@ class Agent:
         out_dir = self.supervisor.job_dir(order.job_id) / f"rank{order.rank}"
         progress = out_dir / "progress"
         argv = rank_command(order, self.config.python, out_dir)
-        env = rank_environment(
-            order,
-            agent_endpoint=self.endpoint,
-            threads=self._threads(order),
-            local_world_size=local_world_size,
-            agent_token=self.local_token,
-            progress_file=progress,
-        )
+        try:
+            env = rank_environment(
+                order,
+                agent_endpoint=self.endpoint,
+                threads=self._threads(order),
+                local_world_size=local_world_size,
+                agent_token=self.local_token,
+                progress_file=progress,
+            )
+        except ConfigError as exc:  # a value no rank could read: fail the rank, not the agent
+            log.error("job %s rank %d: bad launch order: %s", order.job_id, order.rank, exc)
+            self._queue(
+                order.job_id,
+                order.rank,
+                pb.RANK_STATE_EXITED,
+                2,
+                f"bad launch order: {exc}",
+                order.attempt,
+            )
+            return
         emu = (
             f" (EMULATED slowdown {order.emulated_slowdown:g}x)"
             if order.emulated_slowdown > 1
@@ -389,11 +409,7 @@ class Agent:
                     exc.details(),
                 )
             else:
-                finished = resp.job_state in (
-                    pb.JOB_STATE_SUCCEEDED,
-                    pb.JOB_STATE_FAILED,
-                    pb.JOB_STATE_CANCELLED,
-                )
+                finished = job_terminal(resp.job_state)
                 if (
                     finished
                     and req.state == pb.RANK_STATE_RUNNING

@@ -26,18 +26,20 @@ from hetero.coordinator import export, render
 from hetero.coordinator.config import CoordinatorConfig, load_config, with_flags
 from hetero.coordinator.export import FORMATS, TABLES
 from hetero.coordinator.jobspec import load_jobspec
-from hetero.errors import HeteroError
+from hetero.core import defaults
+from hetero.core.errors import HeteroError
+from hetero.core.states import JobState, job_terminal
 from hetero.logs import configure_logging
 from hetero.transport import (
     add_client_arguments,
     client_channel,
     client_security_from_args,
+    remote_error,
     server_security,
 )
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 
-DEFAULT_COORDINATOR = "127.0.0.1:7070"
 #: Seconds each client RPC may take.
 DEFAULT_TIMEOUT_S = 10.0
 #: Seconds between job polls of ``submit --wait``.
@@ -63,10 +65,6 @@ The job file format is documented in docs/jobspec.md.
 """
 
 
-class ClientError(HeteroError):
-    """A failed RPC, carrying the server's one-line message."""
-
-
 class _Parser(argparse.ArgumentParser):
     """argparse, but usage mistakes are one ``error:`` line like every other failure."""
 
@@ -86,9 +84,13 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the coordinator daemon")
     serve.add_argument(
-        "--config", type=Path, help="YAML config (default /etc/hetero/coordinator.yaml if present)"
+        "--config",
+        type=Path,
+        help=f"YAML config (default {defaults.COORDINATOR_CONFIG_PATH} if present)",
     )
-    serve.add_argument("--listen", help="host:port to serve gRPC on (default 127.0.0.1:7070)")
+    serve.add_argument(
+        "--listen", help=f"host:port to serve gRPC on (default {defaults.COORDINATOR_ADDRESS})"
+    )
     serve.add_argument(
         "--state-dir",
         type=Path,
@@ -98,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
         "--db", help="SQLAlchemy database URL (default: SQLite file in the state directory)"
     )
     serve.add_argument(
-        "--log-format", choices=("text", "json"), help="stderr log format (default text)"
+        "--log-format", choices=defaults.LOG_FORMATS, help="stderr log format (default text)"
     )
     serve.add_argument(
         "--metrics-listen",
@@ -128,14 +130,16 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         dest="heartbeat_interval_s",
         metavar="S",
-        help="seconds between agents' heartbeats, told to them at registration (default 2)",
+        help="seconds between agents' heartbeats, told to them at registration "
+        f"(default {defaults.HEARTBEAT_INTERVAL_S:g})",
     )
     serve.add_argument(
         "--heartbeat-timeout",
         type=float,
         dest="heartbeat_timeout_s",
         metavar="S",
-        help="a node silent this long is down and its jobs restart (default 10)",
+        help="a node silent this long is down and its jobs restart "
+        f"(default {defaults.HEARTBEAT_TIMEOUT_S:g})",
     )
     keep = serve.add_argument_group("retention (see docs/reliability.md#database-size)")
     keep.add_argument(
@@ -168,7 +172,7 @@ def _parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
         p.add_argument(
             "--coordinator",
-            default=os.environ.get("HETERO_COORDINATOR", DEFAULT_COORDINATOR),
+            default=os.environ.get("HETERO_COORDINATOR", defaults.COORDINATOR_ADDRESS),
             help="coordinator host:port",
         )
         p.add_argument(
@@ -295,15 +299,7 @@ def _call(address: str, fn: Callable[[], T]) -> T:
     try:
         return fn()
     except grpc.RpcError as exc:
-        code = exc.code() if hasattr(exc, "code") else None
-        details = exc.details() if hasattr(exc, "details") else str(exc)
-        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-            error = ClientError(f"cannot reach the coordinator at {address} ({details})")
-            error.exit_code = 3
-            raise error from None
-        error = ClientError(str(details))
-        error.exit_code = 2 if code == grpc.StatusCode.INVALID_ARGUMENT else 1
-        raise error from None
+        raise remote_error(exc, f"the coordinator at {address}") from None
 
 
 def _emit(args: argparse.Namespace, message: Message, human: Callable[[Console], None]) -> None:
@@ -382,11 +378,7 @@ def _logs(args: argparse.Namespace, stub: Any, call: Callable[[Callable[[], Any]
             return 0
         job = call(lambda: stub.GetJob(pb.GetJobRequest(job_id=args.job_id), timeout=t))
         # One more pass after the job ends: agents ship the last lines as ranks exit.
-        finished = job.state in (
-            pb.JOB_STATE_SUCCEEDED,
-            pb.JOB_STATE_FAILED,
-            pb.JOB_STATE_CANCELLED,
-        )
+        finished = job_terminal(job.state)
         time.sleep(FOLLOW_POLL_S)
 
 
@@ -456,10 +448,10 @@ def _wait(
                 file=sys.stderr,
             )
             last = state
-        if job.state in (pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED):
+        if job_terminal(job.state):
             if args.json:
                 _emit(args, job, lambda c: None)
-            return 0 if job.state == pb.JOB_STATE_SUCCEEDED else 1
+            return 0 if JobState(job.state) is JobState.SUCCEEDED else 1
         time.sleep(WAIT_POLL_S)
 
 

@@ -27,7 +27,6 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session, selectinload
 
 from hetero.coordinator import lifecycle
-from hetero.coordinator.balancer import Batches, RankInterval
 from hetero.coordinator.jobspec import JobSpec
 from hetero.coordinator.models import (
     DeviceRow,
@@ -41,7 +40,8 @@ from hetero.coordinator.models import (
     TelemetryRow,
 )
 from hetero.coordinator.placement import DeviceSlot, InitialPlan, Placement, initial_plan
-from hetero.errors import HeteroError
+from hetero.core.balancer import Batches, RankInterval
+from hetero.core.errors import HeteroError
 
 
 class NotFoundError(HeteroError):

@@ -41,13 +41,15 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from hetero.coordinator.balancer import (
+from hetero.core import defaults, rankenv, replan
+from hetero.core.balancer import (
     Constraints,
     DeviceProfile,
     Interval,
     make_policy,
 )
-from hetero.errors import ConfigError, DistributedError
+from hetero.core.errors import ConfigError, DistributedError
+from hetero.core.rankenv import RankEnv
 from hetero.trainer import control
 from hetero.trainer.emulation import Slowdown, emulate_wait, parse_slowdowns
 from hetero.trainer.exchange import (
@@ -69,24 +71,9 @@ log = logging.getLogger("hetero.trainer")
 _DEBUG_TIMING = os.environ.get("HETERO_DEBUG_TIMING") == "1"
 
 
-#: Set by the coordinator for agent-launched ranks (the job spec's ``collective_timeout_s``).
-COLLECTIVE_TIMEOUT_ENV = "HETERO_COLLECTIVE_TIMEOUT_S"
-#: Seconds a collective waits for a peer outside an agent (torch's own default).
-DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
-
-
 def _collective_timeout_s() -> float:
     """``HETERO_COLLECTIVE_TIMEOUT_S`` if set (agent-launched jobs), else 600 s."""
-    raw = os.environ.get(COLLECTIVE_TIMEOUT_ENV, "")
-    if not raw:
-        return DEFAULT_COLLECTIVE_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{COLLECTIVE_TIMEOUT_ENV}={raw!r} is not a number") from None
-    if not value > 0:
-        raise ConfigError(f"{COLLECTIVE_TIMEOUT_ENV} must be > 0, got {raw}")
-    return value
+    return RankEnv.from_env().collective_timeout_s or defaults.COLLECTIVE_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -94,7 +81,7 @@ class TrainerConfig:
     """How a training process balances. Validated on construction."""
 
     policy: str = "dynamic"
-    rebalance_interval: int = 10
+    rebalance_interval: int = defaults.REBALANCE_INTERVAL_STEPS
     min_batch: int = 1
     max_batch: tuple[int | None, ...] | None = None
     emulate_slowdown: str | None = None
@@ -147,23 +134,17 @@ class _Interval:
     global_samples: int = 0
 
 
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise ConfigError(f"environment variable {name}={value!r} is not an integer") from None
-
-
-def _pick_device(choice: str, local_rank: int) -> torch.device:
-    has_cuda = torch.cuda.is_available() and local_rank < torch.cuda.device_count()
-    if choice == "cuda" and not has_cuda:
-        raise ConfigError(f"device cuda requested but local rank {local_rank} has no GPU")
-    if choice == "cuda" or (choice == "auto" and has_cuda):
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
+def _pick_device(choice: str, env: RankEnv) -> torch.device:
+    """``choice`` (auto, cpu, cuda) on the device ``env`` gives this rank."""
+    index = env.cuda_index(torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    if choice == "cuda" and index is None:
+        placed = f" ({rankenv.DEVICE}={env.device})" if env.device else ""
+        raise ConfigError(
+            f"device cuda requested but local rank {env.local_rank} has no GPU{placed}"
+        )
+    if index is not None and choice in ("cuda", "auto"):
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
     return torch.device("cpu")
 
 
@@ -179,7 +160,7 @@ def _gloo_interface() -> None:
         log.info("Gloo uses interface %s (toward MASTER_ADDR)", iface)
 
 
-def _default_backend(device: torch.device) -> str:
+def _default_backend(device: torch.device, env: RankEnv) -> str:
     """NCCL only when every rank can be on CUDA, else Gloo; all ranks must agree.
 
     A launcher that knows the whole job (``hetero-train --nproc``, an agent, the
@@ -187,13 +168,9 @@ def _default_backend(device: torch.device) -> str:
     from its own node: NCCL if it is on CUDA and the node has a GPU for every
     local rank, so a node mixing GPU and CPU ranks picks Gloo on every rank.
     """
-    chosen = os.environ.get("HETERO_BACKEND")
-    if chosen:
-        if chosen not in ("gloo", "nccl"):
-            raise ConfigError(f"HETERO_BACKEND must be gloo or nccl, got {chosen!r}")
-        return chosen
-    local_world = _env_int("LOCAL_WORLD_SIZE", 1)
-    if device.type == "cuda" and torch.cuda.device_count() >= local_world:
+    if env.backend is not None:
+        return env.backend
+    if device.type == "cuda" and torch.cuda.device_count() >= (env.local_world_size or 1):
         return "nccl"
     return "gloo"
 
@@ -203,14 +180,11 @@ class Context:
 
     def __init__(self, config: TrainerConfig, *, profiles: Sequence[DeviceProfile] | None = None):
         self.config = config
-        self.rank = _env_int("RANK", 0)
-        self.world_size = _env_int("WORLD_SIZE", 1)
-        self.local_rank = _env_int("LOCAL_RANK", 0)
-        if not 0 <= self.rank < self.world_size:
-            raise ConfigError(f"RANK={self.rank} outside WORLD_SIZE={self.world_size}")
-        self.device = _pick_device(config.device, self.local_rank)
+        self.env = env = RankEnv.from_env()
+        self.rank, self.world_size, self.local_rank = env.rank, env.world_size, env.local_rank
+        self.device = _pick_device(config.device, env)
         # Under an agent a user script's emulated slowdown arrives in the environment.
-        slowdown_spec = config.emulate_slowdown or control.emulated_slowdown_from_env(self.rank)
+        slowdown_spec = config.emulate_slowdown or env.slowdown_spec
         self.slowdowns: dict[int, Slowdown] = parse_slowdowns(slowdown_spec)
         bad = [r for r in self.slowdowns if r >= self.world_size]
         if bad:
@@ -223,7 +197,7 @@ class Context:
         if profiles is not None and len(profiles) != self.world_size:
             raise ConfigError(f"{len(profiles)} device profiles for {self.world_size} ranks")
         self.profiles = profiles
-        self.backend = config.backend or _default_backend(self.device)
+        self.backend = config.backend or _default_backend(self.device, env)
         if self.backend == "nccl" and self.device.type != "cuda":
             raise ConfigError(f"rank {self.rank} has no GPU but the job's backend is NCCL")
         if self.world_size > 1 and not dist.is_initialized():
@@ -239,7 +213,7 @@ class Context:
                 )
             except (RuntimeError, ValueError) as exc:
                 raise DistributedError(f"joining the process group failed: {exc}") from None
-        self.progress = ProgressFile.from_env()
+        self.progress = ProgressFile(env.progress_file)
         self.progress.beat()
         self.clock = StepClock(self.device)
         self.weighting = WeightingState(on_grads_ready=self._on_grads_ready)
@@ -339,7 +313,7 @@ class Context:
         )
         policy = make_policy(self.config.policy)
         # Under an agent every rank starts on the coordinator's plan (same env on all ranks).
-        launched = control.launch_plan(constraints)
+        launched = control.launch_plan(constraints, self.env.plan)
         initial = launched.batches if launched else policy.initial(constraints, self.profiles)
         sampler = UnevenBatchSampler(
             len(dataset),  # type: ignore[arg-type]
@@ -351,6 +325,7 @@ class Context:
         )
         if self.planner is None:
             self.planner = control.planner_from_env(
+                self.env,
                 EmbeddedPlanner(policy, constraints, self.profiles),
                 constraints,
                 lambda: (self.global_step, self.summaries[-1] if self.summaries else None),
@@ -433,7 +408,7 @@ class Context:
         self._interval.global_samples += sum(self._step_sizes)
         self.global_step += 1
         self.progress.beat()
-        if self.global_step % self.config.rebalance_interval == 0:
+        if replan.is_boundary(self.global_step, self.config.rebalance_interval):
             self._rebalance()
 
     def _summarize(self, times: list[StepTimes]) -> RankSummary:
@@ -717,7 +692,7 @@ def _to_device(batch: Any, device: torch.device) -> Any:
 def init(
     policy: str = "dynamic",
     *,
-    rebalance_interval: int = 10,
+    rebalance_interval: int = defaults.REBALANCE_INTERVAL_STEPS,
     profiles: Sequence[DeviceProfile] | None = None,
     **options: Any,
 ) -> Context:
