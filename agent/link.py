@@ -19,11 +19,12 @@ import grpc
 
 from hetero import __version__
 from hetero.agent.config import AgentConfig, outbound_address
-from hetero.agent.network import CHANNEL_OPTIONS, is_unreachable, measure_network
+from hetero.agent.network import CHANNEL_OPTIONS, measure_network
 from hetero.agent.outbox import Outbox
 from hetero.agent.profile import NodeProfile
 from hetero.agent.telemetry import TelemetrySampler
-from hetero.transport import ClientSecurity, client_channel
+from hetero.core.errors import UnknownNameError, UnreachableError, UnsupportedError
+from hetero.transport import ClientSecurity, client_channel, is_unreachable, remote_error
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 
@@ -113,8 +114,8 @@ class CoordinatorLink:
         self.channel.close()
 
     def _failed(self, exc: grpc.RpcError) -> None:
-        code = exc.code() if hasattr(exc, "code") else None
-        if code == grpc.StatusCode.NOT_FOUND and self.node_id is not None:
+        error = remote_error(exc, f"coordinator {self.config.coordinator}")
+        if isinstance(error, UnknownNameError) and self.node_id is not None:
             log.warning(
                 "coordinator does not know node %s (database reset?): registering again",
                 self.node_id,
@@ -123,16 +124,16 @@ class CoordinatorLink:
             self._next_contact = time.perf_counter()
             return
         delay = self.backoff.failed()
-        if not self._unreachable_logged or not is_unreachable(exc):
-            details = exc.details() if hasattr(exc, "details") else str(exc)
+        unreachable = isinstance(error, UnreachableError)
+        if not self._unreachable_logged or not unreachable:
             log.warning(
                 "coordinator %s: %s (%s); retrying in %.1f s",
                 self.config.coordinator,
-                code.name if code else "error",
-                details,
+                error.status,
+                error,
                 delay,
             )
-            self._unreachable_logged = is_unreachable(exc)
+            self._unreachable_logged = unreachable
         self._next_contact = time.perf_counter() + delay
 
     def _register(self) -> None:
@@ -141,7 +142,7 @@ class CoordinatorLink:
             net = measure_network(self.stub, timeout_s=CALL_TIMEOUT_S)
             profile = replace(profile, network_rtt_s=net.rtt_s, network_bytes_per_s=net.bytes_per_s)
         except grpc.RpcError as exc:
-            if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+            if not isinstance(remote_error(exc, "the coordinator"), UnsupportedError):
                 raise
         resp = self.stub.RegisterNode(
             pb.RegisterNodeRequest(

@@ -20,6 +20,7 @@ from hetero.agent.orders import rank_command, rank_environment
 from hetero.agent.shipper import Shipper
 from hetero.agent.supervisor import Supervisor
 from hetero.auth import Secret
+from hetero.core.errors import ConfigError
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
 
@@ -81,14 +82,26 @@ class Reconciler:
         out_dir = self.supervisor.job_dir(order.job_id) / f"rank{order.rank}"
         progress = out_dir / "progress"
         argv = rank_command(order, self.config.python, out_dir)
-        env = rank_environment(
-            order,
-            agent_endpoint=self.endpoint,
-            threads=self._threads(order),
-            local_world_size=local_world_size,
-            agent_token=self.local_token,
-            progress_file=progress,
-        )
+        try:
+            env = rank_environment(
+                order,
+                agent_endpoint=self.endpoint,
+                threads=self._threads(order),
+                local_world_size=local_world_size,
+                agent_token=self.local_token,
+                progress_file=progress,
+            )
+        except ConfigError as exc:  # a value no rank could read: fail the rank, not the agent
+            log.error("job %s rank %d: bad launch order: %s", order.job_id, order.rank, exc)
+            self.shipper.queue(
+                order.job_id,
+                order.rank,
+                pb.RANK_STATE_EXITED,
+                2,
+                f"bad launch order: {exc}",
+                order.attempt,
+            )
+            return
         emu = (
             f" (EMULATED slowdown {order.emulated_slowdown:g}x)"
             if order.emulated_slowdown > 1

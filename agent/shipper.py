@@ -22,9 +22,10 @@ import grpc
 from hetero.agent.config import AgentConfig
 from hetero.agent.link import CALL_TIMEOUT_S, CoordinatorLink
 from hetero.agent.local import PlanCache
-from hetero.agent.network import is_unreachable
 from hetero.agent.outbox import Outbox
 from hetero.agent.supervisor import Exit, Line, Supervisor
+from hetero.core.states import job_terminal
+from hetero.transport import is_unreachable
 from hetero.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger("hetero.agent")
@@ -92,11 +93,7 @@ class Shipper:
                     exc.details(),
                 )
             else:
-                finished = resp.job_state in (
-                    pb.JOB_STATE_SUCCEEDED,
-                    pb.JOB_STATE_FAILED,
-                    pb.JOB_STATE_CANCELLED,
-                )
+                finished = job_terminal(resp.job_state)
                 if (
                     finished
                     and req.state == pb.RANK_STATE_RUNNING

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hetero.errors import ConfigError, HeteroError
+from hetero.core.errors import ConfigError, HeteroError
 
 
 class LoadError(HeteroError):

@@ -122,6 +122,7 @@ def _wait_ready(procs: list[subprocess.Popen[bytes]], out: Path, agents: int) ->
 def _submit_jobs(address: str, config: LoadConfig) -> list[str]:
     import grpc
 
+    from hetero.transport import remote_error
     from hetero.v1 import coordinator_pb2 as pb
     from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 
@@ -135,7 +136,9 @@ def _submit_jobs(address: str, config: LoadConfig) -> list[str]:
             try:
                 resp = stub.SubmitJob(pb.SubmitJobRequest(spec_yaml=spec), timeout=30.0)
             except grpc.RpcError as exc:
-                raise LoadError(f"submitting load job {i}: {exc.details()}") from None
+                raise LoadError(
+                    f"submitting load job {i}: {remote_error(exc, f'the coordinator at {address}')}"
+                ) from None
             ids.append(resp.job_id)
             # As the agents would: the ranks start, so polls stop carrying launch orders.
             for r in resp.job.ranks:

@@ -18,11 +18,11 @@ from typing import Any
 from hetero.coordinator import commands
 from hetero.coordinator.config import CoordinatorConfig, load_config, with_flags
 from hetero.coordinator.export import FORMATS, TABLES
-from hetero.errors import HeteroError
+from hetero.core import defaults
+from hetero.core.errors import HeteroError
 from hetero.logs import configure_logging
 from hetero.transport import add_client_arguments, server_security
 
-DEFAULT_COORDINATOR = "127.0.0.1:7070"
 #: Seconds each client RPC may take.
 DEFAULT_TIMEOUT_S = 10.0
 
@@ -63,9 +63,13 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the coordinator daemon")
     serve.add_argument(
-        "--config", type=Path, help="YAML config (default /etc/hetero/coordinator.yaml if present)"
+        "--config",
+        type=Path,
+        help=f"YAML config (default {defaults.COORDINATOR_CONFIG_PATH} if present)",
     )
-    serve.add_argument("--listen", help="host:port to serve gRPC on (default 127.0.0.1:7070)")
+    serve.add_argument(
+        "--listen", help=f"host:port to serve gRPC on (default {defaults.COORDINATOR_ADDRESS})"
+    )
     serve.add_argument(
         "--state-dir",
         type=Path,
@@ -75,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
         "--db", help="SQLAlchemy database URL (default: SQLite file in the state directory)"
     )
     serve.add_argument(
-        "--log-format", choices=("text", "json"), help="stderr log format (default text)"
+        "--log-format", choices=defaults.LOG_FORMATS, help="stderr log format (default text)"
     )
     serve.add_argument(
         "--metrics-listen",
@@ -105,14 +109,16 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         dest="heartbeat_interval_s",
         metavar="S",
-        help="seconds between agents' heartbeats, told to them at registration (default 2)",
+        help="seconds between agents' heartbeats, told to them at registration "
+        f"(default {defaults.HEARTBEAT_INTERVAL_S:g})",
     )
     serve.add_argument(
         "--heartbeat-timeout",
         type=float,
         dest="heartbeat_timeout_s",
         metavar="S",
-        help="a node silent this long is down and its jobs restart (default 10)",
+        help="a node silent this long is down and its jobs restart "
+        f"(default {defaults.HEARTBEAT_TIMEOUT_S:g})",
     )
     keep = serve.add_argument_group("retention (see docs/reliability.md#database-size)")
     keep.add_argument(
@@ -145,7 +151,7 @@ def _parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
         p.add_argument(
             "--coordinator",
-            default=os.environ.get("HETERO_COORDINATOR", DEFAULT_COORDINATOR),
+            default=os.environ.get("HETERO_COORDINATOR", defaults.COORDINATOR_ADDRESS),
             help="coordinator host:port",
         )
         p.add_argument(

@@ -1,9 +1,9 @@
 """The client commands of ``hetero-coord``: submit, jobs, job, nodes, cancel, drain,
 logs and export, each a thin gRPC client of the coordinator.
 
-Every call carries a deadline (``--timeout``); a failed one becomes a
-``ClientError`` with the server's one-line message (exit 3: the coordinator is
-unreachable; 2: invalid input; else 1). Tables come from ``render``, files from
+Every call carries a deadline (``--timeout``); a failed one becomes the
+``HeteroError`` its status maps to (``transport.remote_error``), with the
+server's one-line message. Tables come from ``render``, files from
 ``export``; ``--json`` prints the reply as JSON instead.
 """
 
@@ -24,8 +24,9 @@ from rich.console import Console
 
 from hetero.coordinator import export, render
 from hetero.coordinator.jobspec import load_jobspec
-from hetero.errors import HeteroError
-from hetero.transport import client_channel, client_security_from_args
+from hetero.core.errors import HeteroError
+from hetero.core.states import JobState, job_terminal
+from hetero.transport import client_channel, client_security_from_args, remote_error
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 
@@ -35,23 +36,11 @@ WAIT_POLL_S = 1.0
 T = TypeVar("T")
 
 
-class ClientError(HeteroError):
-    """A failed RPC, carrying the server's one-line message."""
-
-
 def _call(address: str, fn: Callable[[], T]) -> T:
     try:
         return fn()
     except grpc.RpcError as exc:
-        code = exc.code() if hasattr(exc, "code") else None
-        details = exc.details() if hasattr(exc, "details") else str(exc)
-        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-            error = ClientError(f"cannot reach the coordinator at {address} ({details})")
-            error.exit_code = 3
-            raise error from None
-        error = ClientError(str(details))
-        error.exit_code = 2 if code == grpc.StatusCode.INVALID_ARGUMENT else 1
-        raise error from None
+        raise remote_error(exc, f"the coordinator at {address}") from None
 
 
 def _emit(args: argparse.Namespace, message: Message, human: Callable[[Console], None]) -> None:
@@ -130,11 +119,7 @@ def _logs(args: argparse.Namespace, stub: Any, call: Callable[[Callable[[], Any]
             return 0
         job = call(lambda: stub.GetJob(pb.GetJobRequest(job_id=args.job_id), timeout=t))
         # One more pass after the job ends: agents ship the last lines as ranks exit.
-        finished = job.state in (
-            pb.JOB_STATE_SUCCEEDED,
-            pb.JOB_STATE_FAILED,
-            pb.JOB_STATE_CANCELLED,
-        )
+        finished = job_terminal(job.state)
         time.sleep(FOLLOW_POLL_S)
 
 
@@ -204,8 +189,8 @@ def _wait(
                 file=sys.stderr,
             )
             last = state
-        if job.state in (pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED):
+        if job_terminal(job.state):
             if args.json:
                 _emit(args, job, lambda c: None)
-            return 0 if job.state == pb.JOB_STATE_SUCCEEDED else 1
+            return 0 if JobState(job.state) is JobState.SUCCEEDED else 1
         time.sleep(WAIT_POLL_S)

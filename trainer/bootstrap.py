@@ -1,6 +1,6 @@
-"""What ``ht.init`` does before training: the validated ``TrainerConfig``, this rank's
-place from the environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``), its device,
-its emulated slowdown, the backend every rank agrees on, and the process group.
+"""What ``ht.init`` does before training: the validated ``TrainerConfig``, and from this
+rank's environment (``hetero.core.rankenv.RankEnv``) its device, its emulated
+slowdown, the backend every rank agrees on, and the process group.
 """
 
 from __future__ import annotations
@@ -14,33 +14,19 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from hetero.coordinator.balancer import make_policy
-from hetero.errors import ConfigError, DistributedError
-from hetero.trainer import control
+from hetero.core import defaults, rankenv
+from hetero.core.balancer import make_policy
+from hetero.core.errors import ConfigError, DistributedError
+from hetero.core.rankenv import RankEnv
 from hetero.trainer.emulation import Slowdown, parse_slowdowns
 from hetero.trainer.netif import interface_toward
 
 log = logging.getLogger("hetero.trainer")
 
 
-#: Set by the coordinator for agent-launched ranks (the job spec's ``collective_timeout_s``).
-COLLECTIVE_TIMEOUT_ENV = "HETERO_COLLECTIVE_TIMEOUT_S"
-#: Seconds a collective waits for a peer outside an agent (torch's own default).
-DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
-
-
 def _collective_timeout_s() -> float:
     """``HETERO_COLLECTIVE_TIMEOUT_S`` if set (agent-launched jobs), else 600 s."""
-    raw = os.environ.get(COLLECTIVE_TIMEOUT_ENV, "")
-    if not raw:
-        return DEFAULT_COLLECTIVE_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{COLLECTIVE_TIMEOUT_ENV}={raw!r} is not a number") from None
-    if not value > 0:
-        raise ConfigError(f"{COLLECTIVE_TIMEOUT_ENV} must be > 0, got {raw}")
-    return value
+    return RankEnv.from_env().collective_timeout_s or defaults.COLLECTIVE_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -48,7 +34,7 @@ class TrainerConfig:
     """How a training process balances. Validated on construction."""
 
     policy: str = "dynamic"
-    rebalance_interval: int = 10
+    rebalance_interval: int = defaults.REBALANCE_INTERVAL_STEPS
     min_batch: int = 1
     max_batch: tuple[int | None, ...] | None = None
     emulate_slowdown: str | None = None
@@ -81,23 +67,17 @@ class TrainerConfig:
         parse_slowdowns(self.emulate_slowdown)
 
 
-def env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise ConfigError(f"environment variable {name}={value!r} is not an integer") from None
-
-
-def pick_device(choice: str, local_rank: int) -> torch.device:
-    has_cuda = torch.cuda.is_available() and local_rank < torch.cuda.device_count()
-    if choice == "cuda" and not has_cuda:
-        raise ConfigError(f"device cuda requested but local rank {local_rank} has no GPU")
-    if choice == "cuda" or (choice == "auto" and has_cuda):
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
+def pick_device(choice: str, env: RankEnv) -> torch.device:
+    """``choice`` (auto, cpu, cuda) on the device ``env`` gives this rank."""
+    index = env.cuda_index(torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    if choice == "cuda" and index is None:
+        placed = f" ({rankenv.DEVICE}={env.device})" if env.device else ""
+        raise ConfigError(
+            f"device cuda requested but local rank {env.local_rank} has no GPU{placed}"
+        )
+    if index is not None and choice in ("cuda", "auto"):
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
     return torch.device("cpu")
 
 
@@ -113,7 +93,7 @@ def _gloo_interface() -> None:
         log.info("Gloo uses interface %s (toward MASTER_ADDR)", iface)
 
 
-def default_backend(device: torch.device) -> str:
+def default_backend(device: torch.device, env: RankEnv) -> str:
     """NCCL only when every rank can be on CUDA, else Gloo; all ranks must agree.
 
     A launcher that knows the whole job (``hetero-train --nproc``, an agent, the
@@ -121,27 +101,23 @@ def default_backend(device: torch.device) -> str:
     from its own node: NCCL if it is on CUDA and the node has a GPU for every
     local rank, so a node mixing GPU and CPU ranks picks Gloo on every rank.
     """
-    chosen = os.environ.get("HETERO_BACKEND")
-    if chosen:
-        if chosen not in ("gloo", "nccl"):
-            raise ConfigError(f"HETERO_BACKEND must be gloo or nccl, got {chosen!r}")
-        return chosen
-    local_world = env_int("LOCAL_WORLD_SIZE", 1)
-    if device.type == "cuda" and torch.cuda.device_count() >= local_world:
+    if env.backend is not None:
+        return env.backend
+    if device.type == "cuda" and torch.cuda.device_count() >= (env.local_world_size or 1):
         return "nccl"
     return "gloo"
 
 
 def emulated_slowdowns(
-    config: TrainerConfig, rank: int, world_size: int, device: torch.device
+    config: TrainerConfig, env: RankEnv, device: torch.device
 ) -> dict[int, Slowdown]:
     """The job's emulated slowdowns by rank: the config's, else (under an agent, for a
     user script) the environment's."""
-    slowdown_spec = config.emulate_slowdown or control.emulated_slowdown_from_env(rank)
+    slowdown_spec = config.emulate_slowdown or env.slowdown_spec
     slowdowns: dict[int, Slowdown] = parse_slowdowns(slowdown_spec)
-    bad = [r for r in slowdowns if r >= world_size]
+    bad = [r for r in slowdowns if r >= env.world_size]
     if bad:
-        raise ConfigError(f"--emulate-slowdown names rank {bad[0]} of a {world_size}-rank job")
+        raise ConfigError(f"--emulate-slowdown names rank {bad[0]} of a {env.world_size}-rank job")
     if slowdowns and device.type == "cuda":
         raise ConfigError("emulated slowdown is for CPU ranks; on GPUs use real load")
     return slowdowns

@@ -39,19 +39,20 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
-from hetero.coordinator.balancer import (
+from hetero.core import defaults, replan
+from hetero.core.balancer import (
     Constraints,
     DeviceProfile,
     Interval,
     make_policy,
 )
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
+from hetero.core.rankenv import RankEnv
 from hetero.trainer import control
 from hetero.trainer.bootstrap import (
     TrainerConfig,
     default_backend,
     emulated_slowdowns,
-    env_int,
     join_process_group,
     pick_device,
 )
@@ -73,24 +74,21 @@ class Context:
 
     def __init__(self, config: TrainerConfig, *, profiles: Sequence[DeviceProfile] | None = None):
         self.config = config
-        self.rank = env_int("RANK", 0)
-        self.world_size = env_int("WORLD_SIZE", 1)
-        self.local_rank = env_int("LOCAL_RANK", 0)
-        if not 0 <= self.rank < self.world_size:
-            raise ConfigError(f"RANK={self.rank} outside WORLD_SIZE={self.world_size}")
-        self.device = pick_device(config.device, self.local_rank)
-        self.slowdowns = emulated_slowdowns(config, self.rank, self.world_size, self.device)
+        self.env = env = RankEnv.from_env()
+        self.rank, self.world_size, self.local_rank = env.rank, env.world_size, env.local_rank
+        self.device = pick_device(config.device, env)
+        self.slowdowns = emulated_slowdowns(config, env, self.device)
         self.emulated = bool(self.slowdowns)
         if profiles is not None and len(profiles) != self.world_size:
             raise ConfigError(f"{len(profiles)} device profiles for {self.world_size} ranks")
         self.profiles = profiles
-        self.backend = config.backend or default_backend(self.device)
+        self.backend = config.backend or default_backend(self.device, env)
         if self.backend == "nccl" and self.device.type != "cuda":
             raise ConfigError(f"rank {self.rank} has no GPU but the job's backend is NCCL")
         join_process_group(
             self.backend, self.rank, self.world_size, self.device, config.collective_timeout_s
         )
-        self.progress = ProgressFile.from_env()
+        self.progress = ProgressFile(env.progress_file)
         self.progress.beat()
         self.clock = StepClock(self.device)
         self.hooks = PhaseHooks(self.clock, lambda: self.slowdown_at(self.global_step))
@@ -176,7 +174,7 @@ class Context:
         )
         policy = make_policy(self.config.policy)
         # Under an agent every rank starts on the coordinator's plan (same env on all ranks).
-        launched = control.launch_plan(constraints)
+        launched = control.launch_plan(constraints, self.env.plan)
         initial = launched.batches if launched else policy.initial(constraints, self.profiles)
         sampler = UnevenBatchSampler(
             len(dataset),  # type: ignore[arg-type]
@@ -188,6 +186,7 @@ class Context:
         )
         if self.planner is None:
             self.planner = control.planner_from_env(
+                self.env,
                 EmbeddedPlanner(policy, constraints, self.profiles),
                 constraints,
                 lambda: (self.global_step, self.summaries[-1] if self.summaries else None),
@@ -270,7 +269,7 @@ class Context:
         self._interval.global_samples += sum(self._step_sizes)
         self.global_step += 1
         self.progress.beat()
-        if self.global_step % self.config.rebalance_interval == 0:
+        if replan.is_boundary(self.global_step, self.config.rebalance_interval):
             rebalance(self)
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -298,7 +297,7 @@ class Context:
 def init(
     policy: str = "dynamic",
     *,
-    rebalance_interval: int = 10,
+    rebalance_interval: int = defaults.REBALANCE_INTERVAL_STEPS,
     profiles: Sequence[DeviceProfile] | None = None,
     **options: Any,
 ) -> Context:

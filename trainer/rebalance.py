@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from hetero.errors import DistributedError
+from hetero.core.errors import DistributedError
 from hetero.trainer.exchange import RankSummary, all_gather_summaries, broadcast_plan
 from hetero.trainer.metrics import interval_record
 from hetero.trainer.timing import StepTimes

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 from hetero.trainer.context import Context
 
 

@@ -34,7 +34,7 @@ from hetero.bench.harness.scenario import (
     known_scenarios,
     load_scenario,
 )
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

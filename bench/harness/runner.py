@@ -31,7 +31,7 @@ from hetero.bench.harness.commands import SAFE_ENV, RunSpec, neighbour_argv, nei
 from hetero.bench.harness.gpu_monitor import GpuMonitor, write_samples
 from hetero.bench.harness.neighbour import NeighbourProcess
 from hetero.bench.harness.scenario import Neighbour, Scenario
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 
 POLL_S = 0.02
 

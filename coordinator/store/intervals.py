@@ -9,9 +9,9 @@ from typing import Any
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
-from hetero.coordinator.balancer import RankInterval
 from hetero.coordinator.models import IntervalStatRow, JobRow
 from hetero.coordinator.store.rows import table
+from hetero.core.balancer import RankInterval
 
 
 def add_interval(

@@ -6,9 +6,9 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from hetero.coordinator.balancer import Batches
 from hetero.coordinator.models import PlanRow
 from hetero.coordinator.store.rows import NotFoundError
+from hetero.core.balancer import Batches
 
 
 def add_plan(

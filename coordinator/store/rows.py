@@ -8,7 +8,7 @@ from typing import cast
 from sqlalchemy import Table
 
 from hetero.coordinator.models import IntervalStatRow, NodeRow, TelemetryRow
-from hetero.errors import HeteroError
+from hetero.core.errors import HeteroError
 
 
 class NotFoundError(HeteroError):
