@@ -35,7 +35,8 @@ import torch.distributed as dist
 from hetero.core.balancer import Constraints, round_to_plan
 from hetero.core.errors import HeteroError, PlanError
 from hetero.core.rankenv import RankEnv
-from hetero.trainer.context import Context, PlanRecord
+from hetero.trainer.context import Context
+from hetero.trainer.rebalance import PlanRecord
 from hetero.trainer.sampler import PlanSchedule
 
 log = logging.getLogger("hetero.trainer.memory")
