@@ -22,6 +22,7 @@ from hetero.core import defaults
 from hetero.core.balancer import DeviceProfile
 from hetero.core.errors import ConfigError, DistributedError, HeteroError
 from hetero.trainer.checkpoint import load_checkpoint, save_checkpoint
+from hetero.trainer.commsched import check_comm
 from hetero.trainer.context import Context, init
 from hetero.trainer.control import AgentPlanner
 from hetero.trainer.datasets import TEXT_DATASETS, build_dataset
@@ -53,6 +54,8 @@ class JobConfig:
     num_classes: int = 10
     num_samples: int = 8192
     num_workers: int = 0
+    scale_workers: bool = True
+    comm: str = "auto"
     emulate_slowdown: str | None = None
     device: str = "auto"
     output_dir: str | None = None
@@ -94,6 +97,7 @@ class JobConfig:
         if self.lr is not None and self.lr <= 0:
             raise ConfigError(f"--lr must be > 0, got {self.lr}")
         check_amp(self.amp)
+        check_comm(self.comm)
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}")
         if self.seq_len is not None and self.seq_len < 1:
@@ -218,6 +222,7 @@ def run_job(cfg: JobConfig) -> dict[str, Any] | None:
         # Simulated nodes share one GPU, which NCCL refuses; Gloo moves CUDA tensors.
         backend=cfg.backend or ("gloo" if cfg.simulate_nodes else None),
         profiles=cfg.profiles(),
+        comm=cfg.comm,
     )
     try:
         return _train(ctx, cfg)
@@ -306,7 +311,13 @@ def _train(ctx: Context, cfg: JobConfig) -> dict[str, Any] | None:
     model = ctx.wrap(raw, sync_batchnorm=cfg.sync_batchnorm)
     optimizer = make_optimizer(cfg, task, model, ctx.world_size)
     zero = optimizer is not _local_optimizer(optimizer)
-    loader = ctx.loader(dataset, cfg.global_batch, seed=cfg.seed, num_workers=cfg.num_workers)
+    loader = ctx.loader(
+        dataset,
+        cfg.global_batch,
+        seed=cfg.seed,
+        num_workers=cfg.num_workers,
+        scale_workers=cfg.scale_workers,
+    )
     if cfg.resume:
         path = Path(cfg.resume) if cfg.resume != "auto" else cfg.checkpoint_path
         if path is None:
@@ -526,6 +537,11 @@ def summarize(
         "per_rank_compute_s": [r.compute_s for r in last],
         "per_rank_per_sample_ms": [r.compute_s / r.batch * 1e3 if r.batch else None for r in last],
         "channels_last": cfg.channels_last,
+        "comm": ctx.comm_choice,
+        "comm_final": ctx.comm_mode,
+        "comm_changes": [asdict(c) for c in ctx.comm_changes],
+        "interval_comm": list(ctx.interval_comm),
+        "loader_worker_counts": [list(c) for c in ctx._require_loader().worker_counts],
         "control_plane": ctx.planner.stats() if isinstance(ctx.planner, AgentPlanner) else None,
         "emulated": ctx.emulated,
         "emulated_slowdown": format_slowdowns(ctx.slowdowns) or None,
