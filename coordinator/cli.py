@@ -25,9 +25,9 @@ from rich.console import Console
 from hetero.coordinator import export, render
 from hetero.coordinator.config import CoordinatorConfig, load_config, with_flags
 from hetero.coordinator.export import FORMATS, TABLES
-from hetero.coordinator.jobspec import load_jobspec
 from hetero.core import defaults
 from hetero.core.errors import HeteroError
+from hetero.core.jobspec import load_jobspec
 from hetero.core.states import JobState, job_terminal
 from hetero.logs import configure_logging
 from hetero.transport import (

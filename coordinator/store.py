@@ -27,7 +27,6 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session, selectinload
 
 from hetero.coordinator import lifecycle
-from hetero.coordinator.jobspec import JobSpec
 from hetero.coordinator.models import (
     DeviceRow,
     EventRow,
@@ -42,6 +41,7 @@ from hetero.coordinator.models import (
 from hetero.coordinator.placement import DeviceSlot, InitialPlan, Placement, initial_plan
 from hetero.core.balancer import Batches, RankInterval
 from hetero.core.errors import HeteroError
+from hetero.core.jobspec import JobSpec
 
 
 class NotFoundError(HeteroError):

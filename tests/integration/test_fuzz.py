@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hetero.agent.local import AgentLocalService, PlanCache, create_local_server
-from hetero.coordinator.jobspec import parse_jobspec
+from hetero.core.jobspec import parse_jobspec
 from hetero.coordinator.placement import DeviceSlot, place, predict
 from hetero.coordinator.wire import dry_run_job, prediction_message
 from hetero.core.errors import ConfigError, HeteroError

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from hetero.coordinator import lifecycle, store
 from hetero.coordinator.config import load_config, with_flags
 from hetero.coordinator.database import open_database, session_factory
-from hetero.coordinator.jobspec import parse_jobspec
+from hetero.core.jobspec import parse_jobspec
 from hetero.coordinator.models import DeviceRow, IntervalStatRow
 from hetero.coordinator.placement import place
 from hetero.coordinator.pruning import IntervalPruner, PruneState, prune_batch

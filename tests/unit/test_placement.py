@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from hetero.coordinator.jobspec import parse_jobspec
+from hetero.core.jobspec import parse_jobspec
 from hetero.coordinator.placement import DeviceSlot, PlacementError, place, predict
 
 
