@@ -38,6 +38,39 @@ MAX_COMMAND_ARGS = 4096
 #: Bytes of one command argument (Linux MAX_ARG_STRLEN).
 MAX_ARG_BYTES = 128 * 1024
 
+#: job.yaml's keys that are not training options, for the docs' table (key, type, default,
+#: meaning); the parser below reads them.
+CLUSTER_FIELDS: tuple[tuple[str, str, str, str], ...] = (
+    (
+        "resources.ranks",
+        f"integer, 1 … {MAX_RANKS:,}",
+        "required",
+        "training processes (world size)",
+    ),
+    ("resources.device", "`cuda`, `cpu`, `any`", "`any`", "device kind; `any` prefers CUDA"),
+    (
+        "resources.allow_cpu",
+        "true or false",
+        "`true`",
+        "with `device: any`, may ranks use CPU devices",
+    ),
+    ("resources.nodes", "list of node names", "all", "nodes the job may use"),
+    (
+        "command",
+        "string (split like a shell) or list of strings",
+        "—",
+        "your script, using the trainer API, instead of a built-in model; takes only the "
+        "options the coordinator uses (name, batch, length, policy, checkpoint, slowdown)",
+    ),
+    (
+        "max_restarts",
+        f"integer, 0 … {MAX_RESTARTS:,}",
+        "`0`",
+        "restarts after a lost node or a failed rank: the job resumes from its checkpoint on "
+        "the healthy devices ([reliability](reliability.md))",
+    ),
+)
+
 #: Options read outside the generic loop: the job's name, the ``checkpoint:`` mapping
 #: and the per-rank form of ``emulate_slowdown``.
 _SPECIAL = ("name", "checkpoint_dir", "checkpoint_interval", "emulate_slowdown")

@@ -36,14 +36,26 @@ GROUPS = {
 
 #: The flags people arriving from the origin documents type, and what they become
 #: (the migration table of docs/trainer.md is written from this).
-ORIGIN_FLAGS: tuple[tuple[str, str], ...] = (
-    ("--batch-size B", "`--batch-size B`: B samples per rank, a global batch of B × ranks"),
-    ("--epochs N", "`--epochs N`: N passes over the dataset's real size"),
-    ("--gpu-profiles FILE.json", "`--gpu-profiles FILE.json` (compute scores from the file)"),
-    ("--experiment-name NAME", "`--name NAME` (the summary, metrics and runs/NAME)"),
-    ("--enable-load-balancing --load-balance-policy P", "`--policy P`"),
-    ("--load-balance-policy P without --enable-load-balancing", "`--policy equal`"),
-    ("--dataset synthetic_image", "`--dataset synthetic`"),
+ORIGIN_FLAGS: tuple[tuple[str, str, str], ...] = (
+    (
+        "--batch-size B",
+        "`--batch-size B`: B samples per rank, a global batch of B × ranks",
+        "`batch_size: B`",
+    ),
+    ("--epochs N", "`--epochs N`: N passes over the dataset's real size", "`epochs: N`"),
+    (
+        "--gpu-profiles FILE.json",
+        "`--gpu-profiles FILE.json`: the ranks' compute scores from the file",
+        "(the agents measure the nodes)",
+    ),
+    ("--experiment-name NAME", "`--name NAME`: the summary, metrics and runs/NAME", "`name: NAME`"),
+    ("--enable-load-balancing --load-balance-policy P", "`--policy P`", "`policy: P`"),
+    (
+        "--load-balance-policy P without --enable-load-balancing",
+        "`--policy equal`",
+        "`policy: equal`",
+    ),
+    ("--dataset synthetic_image", "`--dataset synthetic`", "`dataset: synthetic`"),
 )
 
 _ENABLE = "origin_enable_load_balancing"

@@ -42,7 +42,7 @@ def bound(n: float) -> str:
     """A bound for people: ``2^24``, ``10^8``, ``2^63 − 1``, else the number with separators."""
     if n == 2**63 - 1:
         return "2^63 − 1"
-    if isinstance(n, int) and n >= 1024 and n & (n - 1) == 0:
+    if isinstance(n, int) and n >= 65536 and n & (n - 1) == 0:
         return f"2^{n.bit_length() - 1}"
     if isinstance(n, int) and n >= 10_000 and str(n).rstrip("0") == "1":
         return f"10^{len(str(n)) - 1}"

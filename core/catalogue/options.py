@@ -47,8 +47,8 @@ class Option:
     the field: "the model's", "100 without epochs"). ``yaml_key`` is job.yaml's
     key when it is not the name (``checkpoint.dir``); ``aliases`` are further
     command-line spellings, from the origin documents. ``init``: also a keyword
-    of ``ht.init``, the options a user's own training loop has. ``yaml_note`` and
-    ``yaml_type`` add what only job.yaml's reader needs to know. ``help`` may
+    of ``ht.init``, the options a user's own training loop has. ``yaml_note``,
+    ``yaml_type`` and ``yaml_default`` say what differs for a reader of job.yaml. ``help`` may
     mention other options through :func:`ref`; :meth:`help_for` spells them.
     """
 
@@ -65,6 +65,7 @@ class Option:
     init: bool = False
     yaml_note: str = ""
     yaml_type: str | None = None
+    yaml_default: str | None = None
 
     @property
     def flag(self) -> str:

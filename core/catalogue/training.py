@@ -67,7 +67,7 @@ NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
 
 CLI = frozenset({Entry.CLI})
 CLI_API = frozenset({Entry.CLI, Entry.API})
-_PLACED = "job.yaml: the coordinator plans from the profiles its agents measured"
+_PLACED = "the coordinator plans a job.yaml job from the profiles its agents measured"
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,8 @@ class TrainingOptions:
         "names the run: its summary, its metrics and the default output directory runs/NAME",
         "job",
         aliases=("--experiment-name",),
-        yaml_note="required: the job's name in `hetero-coord jobs`",
+        yaml_note="the job's name in `hetero-coord jobs`",
+        yaml_default="required",
     )
     model: str = opt("simple_cnn", Choice(MODEL_NAMES), "built-in model (docs/models.md)", "job")
     dataset: str | None = opt(
@@ -304,7 +305,7 @@ class TrainingOptions:
         "auto: the rank's GPU if it has one, else the CPU",
         "processes",
         where=CLI_API,
-        absent="job.yaml: resources.device, and the coordinator places each rank",
+        absent="job.yaml has resources.device, and the coordinator places each rank",
         init=True,
     )
     backend: str | None = opt(
@@ -314,7 +315,7 @@ class TrainingOptions:
         "processes",
         default_doc="nccl if this rank has a GPU, else gloo",
         where=CLI_API,
-        absent="job.yaml: the coordinator picks NCCL only when every rank is on CUDA",
+        absent="the coordinator picks NCCL only when every rank of a job is on CUDA",
         init=True,
     )
 
@@ -326,7 +327,7 @@ class TrainingOptions:
         "output",
         default_doc=f"runs/NAME when {ref('name')} is given",
         where=CLI_API,
-        absent="job.yaml: each rank writes under its agent's state directory",
+        absent="each rank of a job.yaml job writes under its agent's state directory",
         init=True,
     )
     tensorboard: str | None = opt(None, PathKind(), "per-rank TensorBoard scalars here", "output")
@@ -335,8 +336,9 @@ class TrainingOptions:
         PathKind(),
         "where checkpoints go (a directory every rank's node sees)",
         "output",
-        default_doc="OUTPUT_DIR/checkpoints",
+        default_doc="OUTPUT_DIR/checkpoints (for resume; none are written without an interval)",
         yaml_key="checkpoint.dir",
+        yaml_default="none: no checkpoints",
     )
     checkpoint_interval: int | None = opt(
         None,
@@ -352,7 +354,7 @@ class TrainingOptions:
         "resume from a checkpoint ('auto': the last one, if any)",
         "output",
         where=CLI_API,
-        absent="job.yaml: a restarted job resumes from checkpoint.dir by itself",
+        absent="a restarted job.yaml job resumes from checkpoint.dir by itself",
     )
     ideal_steps: int = opt(
         8,
@@ -367,7 +369,7 @@ class TrainingOptions:
         "write the run's summary here",
         "output",
         where=CLI,
-        absent="ht.train returns the summary; an agent writes it beside the rank's log",
+        absent="ht.train returns the summary; an agent writes each rank's summary into its output directory",
     )
     json: bool = opt(
         False,
@@ -375,7 +377,7 @@ class TrainingOptions:
         "print the summary as JSON instead of a table",
         "output",
         where=CLI,
-        absent="ht.train returns the summary; an agent asks for JSON itself",
+        absent="ht.train returns the summary as a dict; an agent asks for JSON itself",
     )
 
     def __post_init__(self) -> None:

@@ -6,8 +6,8 @@ import textwrap
 
 import pytest
 
-from hetero.core.jobspec import JobSpec, parse_jobspec
 from hetero.core.errors import ConfigError
+from hetero.core.jobspec import JobSpec, parse_jobspec
 
 GOOD = """\
 name: demo
