@@ -33,7 +33,8 @@ from torch import nn
 
 from hetero.core.balancer import RankInterval
 from hetero.core.errors import CheckpointError
-from hetero.trainer.context import Context, PlanRecord
+from hetero.trainer.context import Context
+from hetero.trainer.rebalance import PlanRecord
 
 FORMAT = "hetero-checkpoint-v1"
 

@@ -36,7 +36,8 @@ from hetero.core.balancer import Constraints, round_to_plan
 from hetero.core.catalogue import BY_NAME, OptionError
 from hetero.core.errors import HeteroError, PlanError
 from hetero.core.rankenv import RankEnv
-from hetero.trainer.context import Context, PlanRecord
+from hetero.trainer.context import Context
+from hetero.trainer.rebalance import PlanRecord
 from hetero.trainer.sampler import PlanSchedule
 
 log = logging.getLogger("hetero.trainer.memory")

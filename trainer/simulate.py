@@ -56,5 +56,5 @@ def launch_simulated(cfg: TrainingOptions, argv: list[str]) -> int:
     run_dir = cfg.run_dir
     log_dir = Path(run_dir) / "logs" if run_dir else None
     cmd = [sys.executable, "-m", "hetero.trainer.cli", *argv]
-    # Every rank on device 0: LOCAL_RANK picks the GPU (Context._pick_device).
+    # Every rank on device 0: LOCAL_RANK picks the GPU (bootstrap.pick_device).
     return launch_local(cmd, cfg.simulate_nodes, log_dir=log_dir, extra_env={"LOCAL_RANK": "0"})
