@@ -24,7 +24,7 @@ import yaml
 from hetero.core import defaults
 from hetero.core.catalogue import BY_NAME, OPTIONS, Entry, OptionError, TrainingOptions
 from hetero.core.catalogue.kinds import ListKind, PathKind
-from hetero.core.catalogue.training import MAX_RANKS
+from hetero.core.catalogue.limits import MAX_RANKS
 from hetero.core.errors import ConfigError
 from hetero.core.roots import path_problem
 from hetero.core.slowdown import MAX_FACTOR

@@ -20,6 +20,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from hetero.core import defaults
+from hetero.core.catalogue import limits
 from hetero.core.catalogue.entries import (
     DATASET_ALIASES,
     DATASET_NAMES,
@@ -43,28 +44,6 @@ from hetero.core.catalogue.kinds import (
 )
 from hetero.core.catalogue.options import Entry, Option, described, opt, ref
 
-# Upper bounds: a value past these is a typo (or an attack), and some travel as int32
-# in hetero.v1 messages, where a larger value could not be sent at all.
-MAX_GLOBAL_BATCH = 2**24
-MAX_STEPS = 10**8
-MAX_EPOCHS = 10**6
-MAX_INTERVAL_STEPS = 10**8
-MAX_SEED = 2**63 - 1
-MAX_RANKS = 4096
-
-DEFAULT_GLOBAL_BATCH = 96
-DEFAULT_STEPS = 100
-#: Steps between checkpoints when a checkpoint directory is given without an interval.
-DEFAULT_CHECKPOINT_INTERVAL = 500
-SGD_LR = 0.05
-ADAMW_LR = 6e-4
-
-OPTIMIZERS = ("auto", "sgd", "adamw")
-AMP_MODES = ("none", "bf16", "fp16")
-DEVICES = ("auto", "cpu", "cuda")
-BACKENDS = ("gloo", "nccl")
-NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
-
 CLI = frozenset({Entry.CLI})
 CLI_API = frozenset({Entry.CLI, Entry.API})
 _PLACED = "the coordinator plans a job.yaml job from the profiles its agents measured"
@@ -78,7 +57,7 @@ class TrainingOptions:
     name: str | None = opt(
         None,
         Text(
-            NAME_PATTERN,
+            limits.NAME_PATTERN,
             "1-64 letters, digits, '.', '_' or '-'",
             "1–64 of `A-Z a-z 0-9 . _ -`",
             "NAME",
@@ -136,46 +115,48 @@ class TrainingOptions:
     # ---- length and batch ------------------------------------------------------------------
     global_batch: int | None = opt(
         None,
-        Int(1, MAX_GLOBAL_BATCH, "samples"),
+        Int(1, limits.MAX_GLOBAL_BATCH, "samples"),
         "samples per step over all ranks; never changes when the plan does",
         "length",
-        default_doc=f"{DEFAULT_GLOBAL_BATCH}, or {ref('batch_size')} × ranks",
+        default_doc=f"{limits.DEFAULT_GLOBAL_BATCH}, or {ref('batch_size')} × ranks",
     )
     batch_size: int | None = opt(
         None,
-        Int(1, MAX_GLOBAL_BATCH, "samples"),
+        Int(1, limits.MAX_GLOBAL_BATCH, "samples"),
         f"per-rank base batch: the global batch is this × ranks; excludes {ref('global_batch')}",
         "length",
     )
     steps: int | None = opt(
         None,
-        Int(1, MAX_STEPS),
+        Int(1, limits.MAX_STEPS),
         f"optimizer steps in total; excludes {ref('epochs')}",
         "length",
-        default_doc=f"{DEFAULT_STEPS} without {ref('epochs')}",
+        default_doc=f"{limits.DEFAULT_STEPS} without {ref('epochs')}",
     )
     epochs: int | None = opt(
         None,
-        Int(1, MAX_EPOCHS),
+        Int(1, limits.MAX_EPOCHS),
         f"passes over the dataset, counted from its real size once built; excludes {ref('steps')}",
         "length",
     )
     lr: float | None = opt(
         None, Float(above=0.0, maximum=1e3), "learning rate", "length",
-        default_doc=f"{SGD_LR:g} for SGD, {ADAMW_LR:g} for AdamW",
+        default_doc=f"{limits.SGD_LR:g} for SGD, {limits.ADAMW_LR:g} for AdamW",
     )  # fmt: skip
     optimizer: str = opt(
         "auto",
-        Choice(OPTIMIZERS),
+        Choice(limits.OPTIMIZERS),
         "auto: SGD with momentum for image models, AdamW for language models",
         "length",
     )
-    seed: int = opt(0, Int(0, MAX_SEED), "seed of the model's init and the data order", "length")
+    seed: int = opt(
+        0, Int(0, limits.MAX_SEED), "seed of the model's init and the data order", "length"
+    )
 
     # ---- precision and memory --------------------------------------------------------------
     amp: str = opt(
         "none",
-        Choice(AMP_MODES),
+        Choice(limits.AMP_MODES),
         "autocast to bf16 or fp16 (fp16 with a gradient scaler)",
         "memory",
     )
@@ -215,7 +196,7 @@ class TrainingOptions:
     )
     simulate_nodes: int = opt(
         0,
-        Int(0, MAX_RANKS),
+        Int(0, limits.MAX_RANKS),
         "N ranks on one GPU over Gloo, each a simulated node (docs/models.md)",
         "memory",
         where=CLI,
@@ -232,13 +213,13 @@ class TrainingOptions:
     )
     rebalance_interval: int = opt(
         defaults.REBALANCE_INTERVAL_STEPS,
-        Int(1, MAX_INTERVAL_STEPS, "steps"),
+        Int(1, limits.MAX_INTERVAL_STEPS, "steps"),
         "steps between re-plans",
         "balancing",
         init=True,
     )
     min_batch: int = opt(
-        1, Int(1, MAX_GLOBAL_BATCH, "samples"), "smallest batch a plan gives a rank", "balancing",
+        1, Int(1, limits.MAX_GLOBAL_BATCH, "samples"), "smallest batch a plan gives a rank", "balancing",
         init=True,
     )  # fmt: skip
     compute_scores: str | None = opt(
@@ -292,7 +273,7 @@ class TrainingOptions:
     # ---- processes -------------------------------------------------------------------------
     nproc: int = opt(
         1,
-        Int(1, MAX_RANKS),
+        Int(1, limits.MAX_RANKS),
         "local ranks to start (Gloo on CPU, NCCL when every rank has a GPU)",
         "processes",
         where=CLI,
@@ -301,7 +282,7 @@ class TrainingOptions:
     )
     device: str = opt(
         "auto",
-        Choice(DEVICES),
+        Choice(limits.DEVICES),
         "auto: the rank's GPU if it has one, else the CPU",
         "processes",
         where=CLI_API,
@@ -310,7 +291,7 @@ class TrainingOptions:
     )
     backend: str | None = opt(
         None,
-        Choice(BACKENDS),
+        Choice(limits.BACKENDS),
         "process-group backend; a job mixing GPU and CPU ranks needs gloo",
         "processes",
         default_doc="nccl if this rank has a GPU, else gloo",
@@ -342,10 +323,10 @@ class TrainingOptions:
     )
     checkpoint_interval: int | None = opt(
         None,
-        Int(1, MAX_INTERVAL_STEPS, "steps"),
+        Int(1, limits.MAX_INTERVAL_STEPS, "steps"),
         "steps between checkpoints",
         "output",
-        default_doc=f"{DEFAULT_CHECKPOINT_INTERVAL} with {ref('checkpoint_dir')}, else none",
+        default_doc=f"{limits.DEFAULT_CHECKPOINT_INTERVAL} with {ref('checkpoint_dir')}, else none",
         yaml_key="checkpoint.interval_steps",
     )
     resume: str | None = opt(
@@ -397,7 +378,7 @@ class TrainingOptions:
             return self.global_batch
         if self.batch_size is not None:
             return self.batch_size * world_size
-        return DEFAULT_GLOBAL_BATCH
+        return limits.DEFAULT_GLOBAL_BATCH
 
     def steps_for(self, steps_per_epoch: int) -> int:
         """Optimizer steps in total, given the dataset's steps per epoch."""
@@ -405,7 +386,7 @@ class TrainingOptions:
             return self.steps
         if self.epochs is not None:
             return self.epochs * max(steps_per_epoch, 1)
-        return DEFAULT_STEPS
+        return limits.DEFAULT_STEPS
 
     @property
     def run_dir(self) -> str | None:
@@ -419,7 +400,7 @@ class TrainingOptions:
         """Steps between checkpoints (0: none)."""
         if self.checkpoint_interval is not None:
             return self.checkpoint_interval
-        return DEFAULT_CHECKPOINT_INTERVAL if self.checkpoint_dir else 0
+        return limits.DEFAULT_CHECKPOINT_INTERVAL if self.checkpoint_dir else 0
 
     @property
     def checkpoint_file(self) -> str | None:
@@ -439,7 +420,7 @@ class TrainingOptions:
         """``lr``, else the default of ``optimizer`` (``sgd`` or ``adamw``)."""
         if self.lr is not None:
             return self.lr
-        return SGD_LR if optimizer == "sgd" else ADAMW_LR
+        return limits.SGD_LR if optimizer == "sgd" else limits.ADAMW_LR
 
     def given(self) -> dict[str, Any]:
         """The options whose value differs from their default, by name."""
