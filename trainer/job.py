@@ -140,7 +140,7 @@ class _Run:
 def _setup(ctx: Context, cfg: JobConfig) -> tuple[_Run, float | None, Any]:
     fraction = apply_memory_fraction(ctx, parse_fractions(cfg.memory_fraction, ctx.world_size))
     if fraction is None and cfg.memory_fraction and ctx.rank == 0:
-        print("hetero-train: memory_fraction ignored on CPU ranks (CUDA only)", file=sys.stderr)
+        print("hetero-train: --memory-fraction ignored on CPU ranks (CUDA only)", file=sys.stderr)
     caps = parse_max_batch(cfg.max_batch, ctx.world_size)
     if caps is not None:
         ctx.set_max_batch(caps)
