@@ -33,19 +33,21 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
 
-from hetero.core.errors import ConfigError
+from hetero.core.catalogue import BY_NAME
+from hetero.core.catalogue.limits import COMM_MODES
 from hetero.trainer.gradients import DEFERRED, MODES, OVERLAP
 
 AUTO = "auto"
-#: What ``comm=`` accepts (``ht.init``, ``ctx.wrap``, ``hetero-train --comm``).
-COMM_CHOICES = (AUTO, OVERLAP, DEFERRED)
+#: What ``comm=`` accepts (``ht.init``, ``ctx.wrap``, ``hetero-train --comm``, job.yaml).
+COMM_CHOICES = COMM_MODES
+assert set(COMM_CHOICES) == {AUTO, *MODES}
 
 
 def check_comm(choice: str) -> str:
-    """``choice`` if it is one of :data:`COMM_CHOICES`; else a ``ConfigError`` naming them."""
-    if choice not in COMM_CHOICES:
-        raise ConfigError(f"comm must be one of {', '.join(COMM_CHOICES)}, got {choice!r}")
-    return choice
+    """``choice`` if it is one of :data:`COMM_CHOICES`; else a ``ConfigError`` naming them
+    (the catalogue's check, as for ``ht.init(comm=...)``)."""
+    checked: str = BY_NAME["comm"].check(choice)
+    return checked
 
 
 def mode_code(mode: str) -> int:
