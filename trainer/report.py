@@ -217,7 +217,12 @@ def print_summary(summary: dict[str, Any]) -> None:
 
 
 def _comm_text(summary: dict[str, Any]) -> str:
-    """``deferred (comm=auto: deferred kept: overlap 86.0 ms vs deferred 85.1 ms per step)``."""
-    last = summary["comm_changes"][-1] if summary.get("comm_changes") else None
-    why = f": {last['reason']}" if last and last["reason"] else ""
-    return f"{summary['comm_final']} (comm={summary['comm']}{why})"
+    """The mode the run ended in, and why: ``deferred (comm=auto: deferred kept: overlap
+    86.0 ms vs deferred 85.1 ms per step)``."""
+    final, choice = summary["comm_final"], summary["comm"]
+    changes = summary.get("comm_changes") or []
+    if choice != "auto":
+        return f"{final} (comm={choice})"
+    if len(changes) <= 1:
+        return f"{final} (comm=auto: no plan ran unchanged long enough for a trial of overlap)"
+    return f"{final} (comm=auto: {changes[-1]['reason']})"
