@@ -1,12 +1,14 @@
 """What ``ht.init`` does before training: the validated ``TrainerConfig``, and from this
 rank's environment (``hetero.core.rankenv.RankEnv``) its device, its emulated
-slowdown, the backend every rank agrees on, and the process group.
+slowdown, the backend every rank agrees on, the process group, and which ranks
+share its host.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -18,6 +20,7 @@ from hetero.core import defaults, rankenv
 from hetero.core.catalogue import BY_NAME
 from hetero.core.errors import ConfigError, DistributedError
 from hetero.core.rankenv import RankEnv
+from hetero.trainer.commsched import AUTO
 from hetero.trainer.emulation import Slowdown, parse_slowdowns
 from hetero.trainer.netif import interface_toward
 
@@ -44,6 +47,8 @@ class TrainerConfig:
     warmup_steps: int = 1
     settle_steps: int = 1
     history_intervals: int = 32
+    #: When gradient all-reduces start: ``auto`` (measured), ``overlap``, ``deferred``.
+    comm: str = AUTO
     #: Seconds a collective may wait for a peer before failing (a dead peer must not
     #: hang the job): ``HETERO_COLLECTIVE_TIMEOUT_S`` under an agent, else 600.
     collective_timeout_s: float = field(default_factory=_collective_timeout_s)
@@ -60,7 +65,7 @@ class TrainerConfig:
 #: The fields of ``TrainerConfig`` that are catalogue options checked by value.
 _CHECKED = (
     "policy", "rebalance_interval", "min_batch", "emulate_slowdown", "device", "backend",
-    "warmup_steps", "settle_steps", "history_intervals", "collective_timeout_s",
+    "warmup_steps", "settle_steps", "history_intervals", "collective_timeout_s", "comm",
 )  # fmt: skip
 
 
@@ -138,3 +143,27 @@ def join_process_group(
             )
         except (RuntimeError, ValueError) as exc:
             raise DistributedError(f"joining the process group failed: {exc}") from None
+
+
+def node_identity() -> str:
+    """This host, as ranks compare it: the hostname and, where Linux has one, the boot
+    id (two machines that share a hostname differ in it)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            boot = fh.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def local_peers(rank: int, world_size: int) -> tuple[int, ...]:
+    """The ranks on this rank's host, ascending, itself included: one all-gather of host
+    identities at init (launchers number ranks per node in different ways)."""
+    if world_size == 1 or not dist.is_initialized():
+        return (rank,)
+    identities: list[object] = [None] * world_size
+    try:
+        dist.all_gather_object(identities, node_identity())
+    except RuntimeError as exc:
+        raise DistributedError(f"exchanging host names failed: {exc}") from None
+    return tuple(r for r, who in enumerate(identities) if who == identities[rank])

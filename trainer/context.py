@@ -19,7 +19,8 @@ each rebalance boundary, exchanges statistics and applies the next plan on
 every rank at the same step.
 
 ``Context`` is the facade over the parts: ``bootstrap`` (config, device, backend,
-process group), ``timing`` (step phases, hooks), ``loader`` (``HeteroLoader``),
+process group), ``timing`` (step phases, hooks), ``gradients`` and ``commsched``
+(the comm hook and when its all-reduces start), ``loader`` (``HeteroLoader``),
 ``rebalance`` (the protocol at each boundary) and ``metrics`` (one record per
 interval).
 """
@@ -54,17 +55,20 @@ from hetero.trainer.bootstrap import (
     default_backend,
     emulated_slowdowns,
     join_process_group,
+    local_peers,
     pick_device,
 )
+from hetero.trainer.commsched import AUTO, CommRecord, check_comm, comm_policy
 from hetero.trainer.emulation import Slowdown
 from hetero.trainer.exchange import EmbeddedPlanner, Planner, RankSummary
-from hetero.trainer.gradients import WeightingState, weighted_allreduce_hook
+from hetero.trainer.gradients import DEFERRED, WeightingState, weighted_allreduce_hook
 from hetero.trainer.loader import HeteroLoader
 from hetero.trainer.metrics import MetricsWriter
 from hetero.trainer.progress import ProgressFile
 from hetero.trainer.rebalance import IntervalTotals, PlanRecord, rebalance
 from hetero.trainer.sampler import UnevenBatchSampler
 from hetero.trainer.timing import PhaseHooks, StepClock
+from hetero.trainer.workerscale import WorkerShare
 
 __all__ = ["Context", "HeteroLoader", "PlanRecord", "TrainerConfig", "init"]
 
@@ -88,11 +92,19 @@ class Context:
         join_process_group(
             self.backend, self.rank, self.world_size, self.device, config.collective_timeout_s
         )
+        #: The ranks on this rank's host, itself included (DataLoader worker budget).
+        self.local_peers = local_peers(self.rank, self.world_size)
         self.progress = ProgressFile(env.progress_file)
         self.progress.beat()
         self.clock = StepClock(self.device)
         self.hooks = PhaseHooks(self.clock, lambda: self.slowdown_at(self.global_step))
         self.weighting = WeightingState(on_grads_ready=self.hooks.grads_ready)
+        self.comm_choice = config.comm
+        self.comm = comm_policy(config.comm)
+        #: Every change of comm mode, from the one set at ``wrap`` on.
+        self.comm_changes: list[CommRecord] = []
+        #: The comm mode each interval ran (None without DDP), as ``summaries``.
+        self.interval_comm: list[str | None] = []
         self.metrics = MetricsWriter(config.output_dir, self.rank)
         self.history: collections.deque[Interval] = collections.deque(
             maxlen=config.history_intervals
@@ -120,6 +132,11 @@ class Context:
         return self._require_loader().sampler.schedule.plans[-1]
 
     @property
+    def comm_mode(self) -> str | None:
+        """When the gradient all-reduces start this step (None without DDP)."""
+        return self.weighting.mode if self._ddp else None
+
+    @property
     def slowdown(self) -> Slowdown | None:
         return self.slowdowns.get(self.rank)
 
@@ -129,14 +146,24 @@ class Context:
 
     # -- model ------------------------------------------------------------------------
     def wrap(
-        self, model: nn.Module, *, sync_batchnorm: bool = False, **ddp_kwargs: Any
+        self,
+        model: nn.Module,
+        *,
+        sync_batchnorm: bool = False,
+        comm: str | None = None,
+        **ddp_kwargs: Any,
     ) -> nn.Module:
         """Move ``model`` to this rank's device and wrap it for uneven-batch data parallelism.
 
         BatchNorm statistics are computed over each rank's own batch (as in
         plain DDP, where they come from B/W samples); pass ``sync_batchnorm=True``
-        to compute them over the whole global batch instead.
+        to compute them over the whole global batch instead. ``comm`` (``auto``,
+        ``overlap``, ``deferred``; default: ``init``'s) says when the gradient
+        all-reduces start; give the same on every rank.
         """
+        if comm is not None:
+            self.comm_choice = check_comm(comm)
+            self.comm = comm_policy(comm)
         model = model.to(self.device)
         self.hooks.attach(model)
         self._model = model
@@ -150,6 +177,11 @@ class Context:
         ddp = DistributedDataParallel(model, device_ids=device_ids, **ddp_kwargs)
         ddp.register_comm_hook(self.weighting, weighted_allreduce_hook)
         self._ddp = True
+        # auto plans in deferred (trainer/commsched.py); a fixed choice is its own mode.
+        self.weighting.mode = DEFERRED if self.comm_choice == AUTO else self.comm_choice
+        self.comm_changes.append(
+            CommRecord(self.global_step, self.weighting.mode, f"initial (comm={self.comm_choice})")
+        )
         return ddp
 
     # -- data -------------------------------------------------------------------------
@@ -163,11 +195,15 @@ class Context:
         prefetch_factor: int = 2,
         drop_last: bool = False,
         pin_memory: bool | None = None,
+        scale_workers: bool = True,
     ) -> HeteroLoader:
         """This rank's share of each global batch of ``global_batch`` samples.
 
         Plans start from the policy's initial plan and change only at steps the
-        exchange schedules, the same on every rank.
+        exchange schedules, the same on every rank. ``num_workers`` is the
+        DataLoader workers per rank at an equal share; with ``scale_workers``
+        each rank gets its node's ``num_workers × local ranks`` in proportion to
+        its batch (``trainer.workerscale``), else ``num_workers`` always.
         """
         constraints = Constraints(
             global_batch, self.world_size, self.config.min_batch, self.max_batch
@@ -199,6 +235,9 @@ class Context:
             num_workers=num_workers,
             prefetch_factor=prefetch_factor,
             pin_memory=self.device.type == "cuda" if pin_memory is None else pin_memory,
+            share=WorkerShare(num_workers, self.local_peers, self.rank)
+            if scale_workers and num_workers > 0
+            else None,
         )
         return self._loader
 
@@ -308,7 +347,7 @@ def init(
     ``hetero-train``'s flags and job.yaml's keys): ``min_batch``, ``max_batch``,
     ``emulate_slowdown``, ``output_dir``, ``device``, ``backend``, ``warmup_steps``,
     ``settle_steps``, ``history_intervals``, ``collective_timeout_s``,
-    ``compute_scores``, ``gpu_profiles``. A bad one is a ``ConfigError`` naming it.
+    ``compute_scores``, ``gpu_profiles``, ``comm``. A bad one is a ``ConfigError`` naming it.
     """
     from hetero.core.catalogue.keywords import init_keywords
 

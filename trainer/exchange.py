@@ -3,9 +3,11 @@
 Every ``rebalance_interval`` steps each rank summarizes its interval into a
 fixed-size vector; an all-gather gives every rank everyone's summary; rank 0
 asks its planner for the next plan (the embedded policy, or later the agent
-and coordinator) and broadcasts ``(changed, version, apply_at_step, plan)``.
-All ranks then schedule the identical plan at the identical step. Two small
-collectives per interval; nothing on the per-step path.
+and coordinator) and broadcasts ``(changed, version, apply_at_step, plan, comm)``,
+``comm`` being the gradient all-reduce mode for the next interval
+(``trainer.commsched``). All ranks then schedule the identical plan at the
+identical step and switch mode at the same step. Two small collectives per
+interval; nothing on the per-step path.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from hetero.core.balancer import (
     Policy,
     RankInterval,
 )
+from hetero.trainer.commsched import mode_code, mode_of
 
 #: Order of the fields of one rank's summary vector.
 SUMMARY_FIELDS = (
@@ -43,6 +46,7 @@ SUMMARY_FIELDS = (
     "samples",
     "peak_memory_bytes",
     "slowdown",
+    "lookahead",
 )
 
 
@@ -65,6 +69,9 @@ class RankSummary:
     samples: int  # samples processed in the interval, every step counted
     peak_memory_bytes: int
     slowdown: float
+    #: Steps this rank's sampler had produced beyond the boundary (loader prefetch): a
+    #: plan scheduled sooner would reach steps already cut under the old one.
+    lookahead: int = 0
 
     def to_interval(self) -> RankInterval:
         return RankInterval(
@@ -98,6 +105,7 @@ class RankSummary:
             samples=int(d["samples"]),
             peak_memory_bytes=int(d["peak_memory_bytes"]),
             slowdown=d["slowdown"],
+            lookahead=int(d["lookahead"]),
         )
 
 
@@ -131,20 +139,27 @@ def all_gather_summaries(
     return [RankSummary.from_vector(r, t.tolist()) for r, t in enumerate(gathered)]
 
 
+#: ``(changed, version, apply_at_step, plan)``: rank 0's plan decision at a boundary.
+PlanDecision = tuple[bool, int, int, tuple[int, ...]]
+
+
 def broadcast_plan(
-    decision: tuple[bool, int, int, tuple[int, ...]] | None,
+    decision: PlanDecision | None,
+    comm: str | None,
     world_size: int,
     device: torch.device,
-) -> tuple[bool, int, int, tuple[int, ...]]:
-    """Rank 0's ``(changed, version, apply_at_step, plan)`` on every rank."""
+) -> tuple[bool, int, int, tuple[int, ...], str]:
+    """Rank 0's ``(changed, version, apply_at_step, plan)`` and comm mode on every rank
+    (``decision`` and ``comm`` are read on rank 0 only)."""
     if world_size == 1:
-        assert decision is not None
-        return decision
-    buf = torch.zeros(3 + world_size, dtype=torch.int64, device=device)
-    if decision is not None:
+        assert decision is not None and comm is not None
+        return (*decision, comm)
+    buf = torch.zeros(4 + world_size, dtype=torch.int64, device=device)
+    if decision is not None and comm is not None:
         changed, version, apply_at, plan = decision
-        buf[0], buf[1], buf[2] = int(changed), version, apply_at
-        buf[3:] = torch.tensor(plan, dtype=torch.int64)
+        buf[0], buf[1], buf[2], buf[3] = int(changed), version, apply_at, mode_code(comm)
+        buf[4:] = torch.tensor(plan, dtype=torch.int64)
     dist.broadcast(buf, src=0)
     v = buf.tolist()
-    return bool(v[0]), int(v[1]), int(v[2]), tuple(int(b) for b in v[3:])
+    plan_ = tuple(int(b) for b in v[4:])
+    return bool(v[0]), int(v[1]), int(v[2]), plan_, mode_of(int(v[3]))

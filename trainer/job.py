@@ -70,6 +70,7 @@ def run_job(cfg: JobConfig) -> dict[str, Any] | None:
         settle_steps=cfg.settle_steps,
         history_intervals=cfg.history_intervals,
         collective_timeout_s=cfg.collective_timeout_s,
+        comm=cfg.comm,
         profiles=profiles(cfg),
     )
     try:
@@ -150,7 +151,13 @@ def _setup(ctx: Context, cfg: JobConfig) -> tuple[_Run, float | None, Any]:
     model = ctx.wrap(built.model, sync_batchnorm=cfg.sync_batchnorm)
     optimizer = make_optimizer(cfg, model, ctx.world_size)
     global_batch = cfg.global_batch_for(ctx.world_size)
-    loader = ctx.loader(built.dataset, global_batch, seed=cfg.seed, num_workers=cfg.num_workers)
+    loader = ctx.loader(
+        built.dataset,
+        global_batch,
+        seed=cfg.seed,
+        num_workers=cfg.num_workers,
+        scale_workers=cfg.scale_workers,
+    )
     if cfg.resume:
         _resume(ctx, cfg, model, optimizer)
     monitor = MemoryMonitor(

@@ -3,6 +3,14 @@
 The uneven sampler (``trainer.sampler``) cuts each global batch by the plan in
 force at that step; the loader tells the context each step's sizes (the
 gradient weighting) and keeps its position for checkpoints.
+
+Through a ``DataLoader`` it also copies the next batch to a CUDA device while
+this one computes (``trainer.prefetch``) and gives the rank DataLoader workers
+in proportion to its share of its node (``trainer.workerscale``): when a new
+plan moves the rounded count, the DataLoader's iterator is rebuilt with the
+new count at the step that plan applies from. The sampler is a pure function
+of (epoch, step, plans), so the rebuilt iterator continues the same order:
+no sample is dropped or repeated.
 """
 
 from __future__ import annotations
@@ -10,10 +18,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
+from hetero.trainer.prefetch import device_batches, to_device
 from hetero.trainer.sampler import UnevenBatchSampler
+from hetero.trainer.workerscale import WorkerShare
 
 if TYPE_CHECKING:
     from hetero.trainer.context import Context
@@ -24,8 +33,12 @@ class HeteroLoader:
 
     Datasets with a ``get_batch(indices, device)`` method are gathered directly
     (fast, no worker processes); others go through a ``DataLoader`` whose
-    ``batch_sampler`` is the uneven sampler. A loader that prefetches ``depth``
-    batches gets plan changes scheduled ``depth`` steps ahead.
+    ``batch_sampler`` is the uneven sampler. Plan changes are scheduled after
+    the steps the loaders have already drawn (``lookahead``, gathered from every
+    rank at each boundary).
+
+    ``share`` (None: a fixed ``num_workers``) sets the worker count per plan;
+    ``worker_counts`` lists ``(global step, count)`` from the first step on.
     """
 
     def __init__(
@@ -37,23 +50,25 @@ class HeteroLoader:
         num_workers: int,
         prefetch_factor: int,
         pin_memory: bool,
+        share: WorkerShare | None = None,
     ) -> None:
         self.ctx = ctx
         self.dataset = dataset
         self.sampler = sampler
         self.num_workers = num_workers
+        self.prefetch_factor = prefetch_factor
+        self.pin_memory = pin_memory
+        self.share = share
         self.fast = hasattr(dataset, "get_batch") and num_workers == 0
-        self.prefetch_depth = num_workers * prefetch_factor if num_workers > 0 else 0
-        self._dataloader: DataLoader[Any] | None = None
-        if not self.fast:
-            self._dataloader = DataLoader(
-                dataset,
-                batch_sampler=sampler,
-                num_workers=num_workers,
-                prefetch_factor=prefetch_factor if num_workers > 0 else None,
-                pin_memory=pin_memory,
-            )
+        #: Worker processes of the DataLoader now (0 on the ``get_batch`` path).
+        self.workers = share.initial(sampler.current_batches()) if share else num_workers
+        self.worker_counts: list[tuple[int, int]] = [(sampler.global_step, self.workers)]
         self._consumed = (sampler.epoch, sampler.step_in_epoch, sampler.global_step)
+
+    @property
+    def lookahead(self) -> int:
+        """Steps the sampler has cut beyond the last one handed out (loader prefetch)."""
+        return max(self.sampler.global_step - self._consumed[2], 0)
 
     def __len__(self) -> int:
         return self.sampler.steps_per_epoch - self._consumed[1]
@@ -77,11 +92,12 @@ class HeteroLoader:
         s = self.sampler
         s.epoch, s.step_in_epoch, s.global_step = self._position()
         epoch, step_in_epoch, gstep = s.epoch, s.step_in_epoch, s.global_step
+        device = self.ctx.device
         source: Iterator[Any]
-        if self._dataloader is not None:
-            source = iter(self._dataloader)
+        if self.fast:
+            source = (to_device(self._fetch(idx), device) for idx in s)
         else:
-            source = (self._fetch(idx) for idx in s)
+            source = device_batches(self._host_batches(), device)
         for batch in source:
             sizes = s.batches_at(step_in_epoch, gstep)
             s.schedule.prune(gstep)
@@ -89,7 +105,56 @@ class HeteroLoader:
             step_in_epoch += 1
             gstep += 1
             self._consumed = (epoch, step_in_epoch, gstep)
-            yield _to_device(batch, self.ctx.device)
+            yield batch
+
+    def _host_batches(self) -> Iterator[Any]:
+        """The rest of this epoch from a ``DataLoader``, its iterator (re)built whenever
+        the plan of the next step to draw asks for another worker count."""
+        s = self.sampler
+        epoch, step_in_epoch, gstep = s.epoch, s.step_in_epoch, s.global_step
+        it: Iterator[Any] | None = None
+        while step_in_epoch < s.steps_per_epoch:
+            want = self._workers_for(gstep, fresh=it is None)
+            if it is None or want != self.workers:
+                # Dropping the old iterator shuts its workers down; the sampler restarts
+                # at the next step to hand out, so their prefetched batches are drawn again.
+                it = None
+                self._set_workers(gstep, want)
+                s.epoch, s.step_in_epoch, s.global_step = epoch, step_in_epoch, gstep
+                it = iter(self._dataloader_with(want))
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            step_in_epoch += 1
+            gstep += 1
+            yield batch
+
+    def _workers_for(self, step: int, fresh: bool) -> int:
+        """Workers for drawing ``step``: with a ``share``, the plan's rounded share when
+        workers start anyway (``fresh``: an epoch's first iterator), else with hysteresis."""
+        if self.share is None:
+            return self.workers
+        plan = self.sampler.schedule.at(step)
+        return self.share.initial(plan) if fresh else self.share.next_count(plan, self.workers)
+
+    def _set_workers(self, step: int, count: int) -> None:
+        if count == self.workers:
+            return
+        self.workers = count
+        if self.worker_counts[-1][0] == step:
+            self.worker_counts[-1] = (step, count)
+        else:
+            self.worker_counts.append((step, count))
+
+    def _dataloader_with(self, workers: int) -> DataLoader[Any]:
+        return DataLoader(
+            self.dataset,
+            batch_sampler=self.sampler,
+            num_workers=workers,
+            prefetch_factor=self.prefetch_factor if workers > 0 else None,
+            pin_memory=self.pin_memory,
+        )
 
     def redraw(self, plan: Sequence[int]) -> Any:
         """This rank's share of the step last yielded, cut again by ``plan``.
@@ -105,7 +170,7 @@ class HeteroLoader:
         start = step_in_epoch * s.global_batch + sum(sizes[: self.ctx.rank])
         indices = s._permutation(epoch)[start : start + sizes[self.ctx.rank]]
         self.ctx._begin_step(sizes)
-        return _to_device(self._fetch(indices), self.ctx.device)
+        return to_device(self._fetch(indices), self.ctx.device)
 
     def state_dict(self) -> dict[str, Any]:
         state = self.sampler.state_dict()
@@ -116,13 +181,3 @@ class HeteroLoader:
         """Restore the position; ``plans=False`` keeps this run's plans (another world size)."""
         self.sampler.load_state_dict(state, plans=plans)
         self._consumed = (self.sampler.epoch, self.sampler.step_in_epoch, self.sampler.global_step)
-
-
-def _to_device(batch: Any, device: torch.device) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_to_device(b, device) for b in batch)
-    if isinstance(batch, dict):
-        return {k: _to_device(v, device) for k, v in batch.items()}
-    return batch

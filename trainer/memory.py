@@ -113,11 +113,16 @@ def gather_caps(mine: int | None, world_size: int, device: torch.device) -> Caps
     return tuple(None if int(t.item()) < 0 else int(t.item()) for t in out)
 
 
-def apply_caps(ctx: Context, caps: Caps, reason: str) -> tuple[int, ...] | None:
-    """Make ``caps`` binding from the next step on; the new plan if one was needed.
+def apply_caps(
+    ctx: Context, caps: Caps, reason: str, first: int | None = None
+) -> tuple[int, ...] | None:
+    """Make ``caps`` binding from step ``first`` on; the new plan if one was needed.
 
-    Call identically on every rank (the caps are gathered, so they are).
-    Raises ``HeteroError`` when the caps together cannot hold the global batch.
+    Call identically on every rank (the caps are gathered, so they are), with a
+    ``first`` no rank's loader has cut yet, the same on every rank: loaders with
+    different worker counts prefetch to different depths. Default: this rank's
+    sampler's next step (right alone). Raises ``HeteroError`` when the caps
+    together cannot hold the global batch.
     """
     loader = ctx._require_loader()
     plan = ctx.plan
@@ -136,7 +141,7 @@ def apply_caps(ctx: Context, caps: Caps, reason: str) -> tuple[int, ...] | None:
     # Every plan that applies from the next step the sampler produces: the one in
     # force then and any scheduled later (steps already produced keep their cut).
     sampler = loader.sampler
-    first = sampler.global_step
+    first = max(sampler.global_step, first or 0)
     sched = sampler.schedule
     keep = [(s, p) for s, p in zip(sched.starts, sched.plans, strict=True) if s < first]
     later = [(s, p) for s, p in zip(sched.starts, sched.plans, strict=True) if s > first]
@@ -205,7 +210,9 @@ class MemoryMonitor:
         if self.measure:
             self.measured = gather_caps(self._estimate(), self.ctx.world_size, self.ctx.device)
         self._max_batch = 0
-        self.update()
+        # Past every rank's loader lookahead, which the boundary's summaries carry.
+        lookahead = max(s.lookahead for s in self.ctx.summaries[-1])
+        self.update(first=self.ctx.global_step + lookahead)
 
     def learn(self, rank: int, cap: int) -> None:
         """Lower ``rank``'s cap after it ran out of memory (identically on every rank)."""
@@ -214,12 +221,15 @@ class MemoryMonitor:
         learned[rank] = cap if old is None else min(old, cap)
         self.learned = tuple(learned)
 
-    def update(self, reason: str = "memory caps") -> tuple[int, ...] | None:
+    def update(
+        self, reason: str = "memory caps", first: int | None = None
+    ) -> tuple[int, ...] | None:
+        """Apply the combined caps if they changed, from step ``first`` (``apply_caps``)."""
         caps = combine(self.configured, self.measured, self.learned)
         if caps is None or caps == self.caps:
             return None
         self.caps = caps
-        return apply_caps(self.ctx, caps, f"{reason} {list(caps)}")
+        return apply_caps(self.ctx, caps, f"{reason} {list(caps)}", first)
 
     def _estimate(self) -> int | None:
         ctx = self.ctx

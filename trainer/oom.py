@@ -14,8 +14,9 @@ protocol, run by :meth:`OomGuard.run` for every step, is:
    comm hook's scale at 0. Buckets already sent are not sent again (their
    parameters are not in the drain graph), so every rank issues the same
    all-reduces in the same order and the reducer finishes its iteration.
-3. **Vote.** One all-reduce of a ``W``-vector where each rank writes the batch
-   it failed at (0 if it did not fail). Every rank learns the same outcome.
+3. **Vote.** One all-reduce of a ``2W``-vector where each rank writes the batch
+   it failed at (0 if it did not fail) and the next step its loader would cut.
+   Every rank learns the same outcome, and the first step whose cut may change.
    This is the per-step price of the guard: one tiny collective and one host
    synchronization, which is why ``--oom-retry`` is opt-in.
 4. **Re-plan and re-cut (only after a failure, identically on every rank).**
@@ -167,11 +168,11 @@ class OomGuard:
                         f"only rank (lower --global-batch)"
                     )
                 self._drain()
-            failed = self._vote(failed_at)
+            failed, first = self._vote(failed_at)
             if not failed:
                 assert loss is not None
                 return batch, loss
-            batch = self._recover(failed, attempt)
+            batch = self._recover(failed, first)
         raise HeteroError(
             f"step {ctx.global_step} still ran out of memory after {self.max_retries} retries"
         )
@@ -202,16 +203,21 @@ class OomGuard:
         zero = torch.stack([p.reshape(-1)[0] for p in pending]).sum() * 0.0
         zero.backward()
 
-    def _vote(self, failed_at: int) -> dict[int, int]:
+    def _vote(self, failed_at: int) -> tuple[dict[int, int], int]:
+        """The batch each failed rank failed at, and the first step no rank's loader has
+        cut yet (loaders with different worker counts prefetch to different depths)."""
         ctx = self.ctx
+        produced = ctx._require_loader().sampler.global_step
         if ctx.world_size == 1:
-            return {}
-        votes = torch.zeros(ctx.world_size, dtype=torch.int64, device=ctx.device)
-        votes[ctx.rank] = failed_at
+            return {}, produced
+        w = ctx.world_size
+        votes = torch.zeros(2 * w, dtype=torch.int64, device=ctx.device)
+        votes[ctx.rank], votes[w + ctx.rank] = failed_at, produced
         dist.all_reduce(votes)
-        return {r: int(b) for r, b in enumerate(votes.tolist()) if b}
+        v = votes.tolist()
+        return {r: int(b) for r, b in enumerate(v[:w]) if b}, max(v[w:])
 
-    def _recover(self, failed: dict[int, int], attempt: int) -> Any:
+    def _recover(self, failed: dict[int, int], first: int) -> Any:
         ctx = self.ctx
         for p in self.inner.parameters():
             p.grad = None  # this attempt's gradients are partial: no optimizer step on them
@@ -236,7 +242,9 @@ class OomGuard:
                 f"rank(s) {sorted(failed)} ran out of memory at step {ctx.global_step} and the "
                 f"others cannot take their share: {exc} (lower --global-batch)"
             ) from None
-        self.monitor.update("out of memory on rank(s) " + ",".join(map(str, sorted(failed))))
+        self.monitor.update(
+            "out of memory on rank(s) " + ",".join(map(str, sorted(failed))), first=first
+        )
         self.events.append(OomEvent(ctx.global_step, dict(failed), plan, self.injecting))
         if ctx.rank == 0:
             lost = ", ".join(f"rank {r} at batch {b}" for r, b in sorted(failed.items()))

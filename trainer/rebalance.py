@@ -1,6 +1,7 @@
 """The rebalance protocol, run by every rank at each boundary (``rebalance_interval``
 steps): summarize this rank's interval, all-gather the summaries, decide the next
-plan on rank 0, broadcast it, and schedule it on every rank at the same step.
+plan and the next interval's comm mode on rank 0, broadcast them, and schedule
+the plan on every rank at the same step (the mode applies from the next step).
 
 The collectives are ``trainer.exchange``'s; the state (history, summaries, plans)
 lives on the ``Context``, which these functions advance.
@@ -20,7 +21,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from hetero.core.errors import DistributedError
-from hetero.trainer.exchange import RankSummary, all_gather_summaries, broadcast_plan
+from hetero.trainer.commsched import AUTO, CommRecord
+from hetero.trainer.exchange import (
+    PlanDecision,
+    RankSummary,
+    all_gather_summaries,
+    broadcast_plan,
+)
+from hetero.trainer.gradients import DEFERRED, OVERLAP
 from hetero.trainer.metrics import interval_record
 from hetero.trainer.timing import StepTimes
 
@@ -66,24 +74,41 @@ def rebalance(ctx: Context) -> None:
     except RuntimeError as exc:
         raise DistributedError(f"stats exchange at step {ctx.global_step} failed: {exc}") from None
     wall_s = time.perf_counter() - ctx._interval.started_s
-    if all(s.steps > 0 for s in summaries):
+    ran = ctx.comm_mode
+    # Under comm="auto" only deferred intervals are planned from: in overlap a rank's
+    # compute grows into its slack (trainer/commsched.py).
+    if all(s.steps > 0 for s in summaries) and (ctx.comm_choice != AUTO or ran != OVERLAP):
         ctx.history.append(tuple(s.to_interval() for s in summaries))
     # Before deciding: a planner under an agent reports this interval's summaries.
     ctx.summaries.append(summaries)
     current = ctx.plan
-    decision: tuple[bool, int, int, tuple[int, ...]] | None = None
-    reason = ""
+    decision: PlanDecision | None = None
+    reason = comm = comm_reason = ""
     if ctx.rank == 0:
-        decision, reason = decide(ctx, current, loader.prefetch_depth)
+        depth = max(s.lookahead for s in summaries)
+        decision, reason = decide(ctx, current, depth)
+        comm, comm_reason = next_comm(ctx, summaries, decision[0])
     try:
-        changed, version, apply_at, plan = broadcast_plan(decision, ctx.world_size, ctx.device)
+        changed, version, apply_at, plan, comm = broadcast_plan(
+            decision, comm or None, ctx.world_size, ctx.device
+        )
     except RuntimeError as exc:
         raise DistributedError(f"plan broadcast at step {ctx.global_step} failed: {exc}") from None
     if changed:
         loader.sampler.set_plan(plan, apply_at)
         ctx.plans.append(PlanRecord(version, apply_at, plan, reason))
+    if ctx.comm_mode is not None and comm != ran:
+        ctx.weighting.mode = comm
+        ctx.comm_changes.append(CommRecord(ctx.global_step, comm, comm_reason))
     ctx.interval_walls.append(wall_s)
-    ctx.metrics.write(interval_record(ctx, summaries, wall_s, changed, plan, apply_at, reason))
+    ctx.interval_comm.append(ran)
+    record = interval_record(ctx, summaries, wall_s, changed, plan, apply_at, reason)
+    record.update(
+        comm=ran,
+        comm_reason=comm_reason if ctx.rank == 0 else None,
+        loader_workers=loader.workers,
+    )
+    ctx.metrics.write(record)
     ctx._interval = IntervalTotals()
     ctx.clock.restart()
 
@@ -132,13 +157,23 @@ def summarize(ctx: Context, times: list[StepTimes]) -> RankSummary:
         samples=ctx._interval.samples,
         peak_memory_bytes=peak,
         slowdown=ctx.slowdown_at(ctx.global_step - 1),
+        lookahead=ctx._require_loader().lookahead,
     )
 
 
-def decide(
-    ctx: Context, current: tuple[int, ...], depth: int
-) -> tuple[tuple[bool, int, int, tuple[int, ...]], str]:
-    """Rank 0 only. Never raises: a failing planner keeps the current plan."""
+def next_comm(ctx: Context, summaries: list[RankSummary], plan_changed: bool) -> tuple[str, str]:
+    """Rank 0 only: the comm mode of the next interval and why (``DEFERRED`` without DDP)."""
+    if ctx.comm_mode is None:
+        return DEFERRED, ""
+    measured = all(s.steps > 0 for s in summaries)
+    batches = tuple(s.batch for s in summaries) if measured else None
+    step_s = max(s.step_s for s in summaries) if measured else None
+    return ctx.comm.next_mode(batches, step_s, plan_changed)
+
+
+def decide(ctx: Context, current: tuple[int, ...], depth: int) -> tuple[PlanDecision, str]:
+    """Rank 0 only. Never raises: a failing planner keeps the current plan. A new plan
+    applies ``depth`` steps after the boundary (the ranks' loader lookahead)."""
     version = ctx.plans[-1].version
     if not ctx.history or ctx.planner is None:
         return (False, version, ctx.global_step, current), "no complete interval yet"

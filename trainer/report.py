@@ -116,6 +116,11 @@ def summarize(
         "per_rank_compute_s": [r.compute_s for r in last],
         "per_rank_per_sample_ms": [r.compute_s / r.batch * 1e3 if r.batch else None for r in last],
         "channels_last": cfg.channels_last,
+        "comm": ctx.comm_choice,
+        "comm_final": ctx.comm_mode,
+        "comm_changes": [asdict(c) for c in ctx.comm_changes],
+        "interval_comm": list(ctx.interval_comm),
+        "loader_worker_counts": [list(c) for c in ctx._require_loader().worker_counts],
         "control_plane": ctx.planner.stats() if isinstance(ctx.planner, AgentPlanner) else None,
         "emulated": ctx.emulated,
         "emulated_slowdown": format_slowdowns(ctx.slowdowns) or None,
@@ -186,6 +191,8 @@ def print_summary(summary: dict[str, Any]) -> None:
             f"(job reaches {summary['pct_of_side_by_side']:.1f}%)",
         )
     t.add_row("final plan", str(summary["final_plan"]))
+    if summary.get("comm_final"):
+        t.add_row("gradient all-reduce", _comm_text(summary))
     if any(c is not None for c in summary.get("memory_caps") or []):
         t.add_row("memory caps (samples)", summary["memory_caps_text"])
     if summary.get("oom_retries"):
@@ -207,3 +214,15 @@ def print_summary(summary: dict[str, Any]) -> None:
     if summary["emulated"]:
         t.add_row("heterogeneity", f"EMULATED ({summary['emulated_slowdown']})")
     Console().print(t)
+
+
+def _comm_text(summary: dict[str, Any]) -> str:
+    """The mode the run ended in, and why: ``deferred (comm=auto: deferred kept: overlap
+    86.0 ms vs deferred 85.1 ms per step)``."""
+    final, choice = summary["comm_final"], summary["comm"]
+    changes = summary.get("comm_changes") or []
+    if choice != "auto":
+        return f"{final} (comm={choice})"
+    if len(changes) <= 1:
+        return f"{final} (comm=auto: no plan ran unchanged long enough for a trial of overlap)"
+    return f"{final} (comm=auto: {changes[-1]['reason']})"

@@ -24,4 +24,6 @@ OPTIMIZERS = ("auto", "sgd", "adamw")
 AMP_MODES = ("none", "bf16", "fp16")
 DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("gloo", "nccl")
+#: When gradient all-reduces start (hetero.trainer.commsched).
+COMM_MODES = ("auto", "overlap", "deferred")
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"

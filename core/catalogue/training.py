@@ -104,7 +104,21 @@ class TrainingOptions:
         "job",
         default_doc="the model's",
     )
-    num_workers: int = opt(0, Int(0, 256), "DataLoader worker processes per rank", "job")
+    num_workers: int = opt(
+        0,
+        Int(0, 256),
+        "DataLoader worker processes per rank at an equal share: a host's ranks share "
+        f"{ref('num_workers')} x their number in proportion to their batches (see "
+        f"{ref('scale_workers')})",
+        "job",
+    )
+    scale_workers: bool = opt(
+        True,
+        Bool(),
+        "give each rank DataLoader workers in proportion to its batch; off: "
+        f"{ref('num_workers')} on every rank",
+        "job",
+    )
     eval_samples: int = opt(
         512,
         Int(0, 10**9),
@@ -297,6 +311,15 @@ class TrainingOptions:
         default_doc="nccl if this rank has a GPU, else gloo",
         where=CLI_API,
         absent="the coordinator picks NCCL only when every rank of a job is on CUDA",
+        init=True,
+    )
+    comm: str = opt(
+        "auto",
+        Choice(limits.COMM_MODES),
+        "when gradient all-reduces start: overlap (during backward), deferred (once the last "
+        "bucket is ready), auto (deferred while planning, overlap kept if a trial interval "
+        "is faster)",
+        "processes",
         init=True,
     )
 

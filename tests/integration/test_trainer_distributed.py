@@ -43,6 +43,8 @@ def _single_process_reference(mode: str, steps: int, global_batch: int) -> dict[
     "mode",
     [
         "scripted",
+        "overlap",
+        "deferred",
         "dynamic",
         "workers",
         "plainbackward",
@@ -67,6 +69,17 @@ def test_uneven_ddp_equals_single_process_over_the_global_batch(run_ranks, tmp_p
     else:
         # The emulated 4x-slow rank 2 was given less than an equal share at the end.
         assert got["plans"][-1][2] < 8, got["plans"]
+    held = got["held_at_last"]  # buckets deferral held when the step's last one arrived
+    if mode == "overlap":
+        assert got["comm"] == [(0, "overlap")] and set(held) == {0}
+    elif mode == "deferred":
+        # From step 1 on (DDP re-buckets after step 0) every step held several buckets.
+        assert got["comm"] == [(0, "deferred")] and min(held[1:]) >= 2, held
+    elif mode == "scripted":
+        # comm=auto: deferred while the plans settle, an overlap trial once (2, 5, 17) ran
+        # for two intervals, switched on every rank at the same step.
+        assert got["comm"][:2] == [(0, "deferred"), (9, "overlap")], got["comm"]
+        assert min(held[1:9]) >= 2 and set(held[9:]) == {0}, held
     ref = _single_process_reference(mode, 12, 24)
     for name, value in ref.items():
         if name.endswith("num_batches_tracked"):
@@ -88,3 +101,47 @@ def test_compute_only_time_finds_a_rank_slowed_inside_backward(run_ranks, tmp_pa
     assert fast["compute_s"] < 0.5 * slow["compute_s"]
     # The fast rank spends the difference waiting for communication.
     assert fast["comm_s"] > 0.03
+
+
+def test_a_rank_waiting_for_its_input_shows_it_as_data_time_not_compute(run_ranks, tmp_path):
+    prefix = tmp_path / "timing"
+    run_ranks("timing.py", 2, str(prefix), "input")
+    fast, slow = (torch.load(f"{prefix}.rank{r}")[r] for r in range(2))
+    # Rank 1 waits ~50 ms per step for its batch: data time, while its compute stays
+    # that of the fast rank (the planner must not mistake an input-bound rank for a slow one).
+    assert slow["data_s"] > 0.035, (fast, slow)
+    assert fast["data_s"] < 0.5 * slow["data_s"], (fast, slow)
+    assert slow["compute_s"] < 0.5 * slow["data_s"], (fast, slow)
+    # The fast rank waits for it in the all-reduce.
+    assert fast["comm_s"] > 0.03, (fast, slow)
+
+
+@pytest.mark.parametrize("scale", [True, False])
+def test_loader_workers_follow_the_plan_and_every_sample_is_still_seen_once(
+    run_ranks, tmp_path: Path, scale: bool
+):
+    prefix = tmp_path / "loader"
+    run_ranks("loader_workers.py", 3, str(prefix), "1" if scale else "0")
+    got = [torch.load(f"{prefix}.rank{r}") for r in range(3)]
+    assert all(g["peers"] == (0, 1, 2) for g in got)  # one host: one budget of 3 workers
+    plans = {0: (14, 7, 3), 5: (2, 5, 17), 9: (1, 22, 1)}
+    # round(3 x b_i / 24), at least 1; mid-epoch only past the hysteresis (0.5 + 0.25).
+    expected = [[(0, 2), (5, 1)], [(0, 1), (9, 3)], [(0, 1), (5, 2), (9, 1)]]
+    for rank, g in enumerate(got):
+        counts = dict(g["worker_counts"]) if scale else {0: 1}
+        assert g["worker_counts"] == (expected[rank] if scale else [(0, 1)])
+        for step, indices, workers in g["steps"]:
+            # Every sample of a step came from a DataLoader with the count in force there.
+            in_force = counts[max(s for s in counts if s <= step)]
+            assert set(workers) == {in_force}, (rank, step, workers)
+            # ...and is exactly the sampler's cut of the epoch's order: rebuilding the
+            # DataLoader changed neither which samples a rank gets nor their order.
+            plan = plans[max(s for s in plans if s <= step)]
+            epoch, k = divmod(step, 4)
+            start = k * 24 + sum(plan[:rank])
+            assert indices == epoch_permutation(96, 3, epoch)[start : start + plan[rank]]
+    for epoch in (0, 1):  # the complete epochs: every sample exactly once over the ranks
+        seen = sorted(
+            i for g in got for step, idx, _ in g["steps"] if step // 4 == epoch for i in idx
+        )
+        assert seen == list(range(96))

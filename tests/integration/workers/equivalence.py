@@ -1,7 +1,10 @@
 """Rank worker: K optimizer steps with uneven, changing plans; rank 0 saves the parameters.
 
 Usage: equivalence.py OUT_PATH MODE
-  scripted       plans set by hand: uneven from step 0, changed at steps 5 and 9
+  scripted       plans set by hand: uneven from step 0, changed at steps 5 and 9; comm=auto,
+                 which plans in deferred and switches to an overlap trial at step 9
+  overlap        scripted, every all-reduce started as its bucket is ready
+  deferred       scripted, every all-reduce started once the step's last bucket is ready
   dynamic        the dynamic policy, rank 2 emulated 4x slower
   workers        dynamic, through a DataLoader with 2 worker processes (prefetching)
   plainbackward  scripted, but the loop calls loss.backward() itself
@@ -65,7 +68,18 @@ def main() -> None:
         emulate_slowdown="2:4" if mode in ("dynamic", "workers") else None,
         warmup_steps=0,
     )
-    ddp = ctx.wrap(model, sync_batchnorm=mode == "syncbn")
+    comm = mode if mode in ("overlap", "deferred") else "auto"
+    # Tiny buckets (bytes), so DDP hands the hook several per step and deferral holds some.
+    ddp = ctx.wrap(model, sync_batchnorm=mode == "syncbn", comm=comm, bucket_cap_mb=0.0001)
+    # Buckets the hook held back when the step's last one arrived, per step (deferral).
+    held_at_last: list[int] = []
+    grads_ready = ctx.weighting.on_grads_ready
+
+    def count_held() -> None:
+        held_at_last.append(len(ctx.weighting.held))
+        grads_ready()
+
+    ctx.weighting.on_grads_ready = count_held
     opt = torch.optim.SGD(ddp.parameters(), lr=0.5, momentum=0.9)
     data = SyntheticImages(240, 8, 10, seed=1)
     if mode == "workers":
@@ -97,6 +111,8 @@ def main() -> None:
             {
                 "params": {k: v.detach().clone() for k, v in ddp.module.state_dict().items()},
                 "plans": [p.batches for p in ctx.plans],
+                "comm": [(c.step, c.mode) for c in ctx.comm_changes],
+                "held_at_last": held_at_last,
             },
             out,
         )

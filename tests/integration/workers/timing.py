@@ -1,6 +1,8 @@
-"""Rank worker: rank 1's backward is slowed by 50 ms; each rank saves its step timings.
+"""Rank worker: rank 1 is slowed by 50 ms per step; each rank saves its step timings.
 
-Usage: timing.py OUT_PREFIX
+Usage: timing.py OUT_PREFIX [WHERE]
+  backward  (default) inside backward, like a slow device
+  input     in loading its batch (a DataLoader whose dataset is slow on rank 1)
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from dataclasses import asdict
 
 import torch
 from torch import nn
+from torch.utils.data import Dataset
 
 from hetero import trainer as ht
 from hetero.trainer.datasets import SyntheticImages
@@ -45,13 +48,33 @@ class Slowed(nn.Module):
         return SleepInBackward.apply(out) if self.slow else out
 
 
+class SlowItems(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """The samples without ``get_batch`` (the DataLoader path); each costs ``delay_s``."""
+
+    def __init__(self, inner: SyntheticImages, delay_s: float) -> None:
+        self.inner, self.delay_s = inner, delay_s
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        time.sleep(self.delay_s)
+        return self.inner[i]
+
+
 def main() -> None:
     prefix = sys.argv[1]
+    where = sys.argv[2] if len(sys.argv) > 2 else "backward"
     torch.manual_seed(0)
     ctx = ht.init("equal", rebalance_interval=10, warmup_steps=2)
-    model = ctx.wrap(Slowed(DebugNet(10, 8), slow=ctx.rank == 1))
+    slow = ctx.rank == 1
+    model = ctx.wrap(Slowed(DebugNet(10, 8), slow=slow and where == "backward"))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = ctx.loader(SyntheticImages(512, 8, 10), 32)
+    data = SyntheticImages(512, 8, 10)
+    if where == "input":  # 16 samples per rank: 50 ms per batch on rank 1
+        loader = ctx.loader(SlowItems(data, SLOW_S / 16 if slow else 0.0), 32)
+    else:
+        loader = ctx.loader(data, 32)
     loss_fn = nn.CrossEntropyLoss()
     for x, y in loader:
         loss = loss_fn(model(x), y)
