@@ -22,7 +22,6 @@ every rank at the same step.
 from __future__ import annotations
 
 import collections
-import contextlib
 import logging
 import os
 import resource
@@ -48,7 +47,7 @@ from hetero.coordinator.balancer import (
     make_policy,
 )
 from hetero.errors import ConfigError, DistributedError
-from hetero.trainer import control
+from hetero.trainer import control, procgroup
 from hetero.trainer.emulation import Slowdown, emulate_wait, parse_slowdowns
 from hetero.trainer.exchange import (
     EmbeddedPlanner,
@@ -230,7 +229,7 @@ class Context:
             if self.backend == "gloo":
                 _gloo_interface()
             try:
-                dist.init_process_group(
+                procgroup.join(
                     self.backend,
                     rank=self.rank,
                     world_size=self.world_size,
@@ -591,18 +590,16 @@ class Context:
     def close(self) -> None:
         """Flush metrics and leave the process group.
 
-        The barrier first makes sure no collective is still in flight: Gloo's
-        worker threads holding pending work at teardown can abort the process.
+        The group, and Gloo's threads with it, ends here if the model that
+        :meth:`wrap` returned is gone (``hetero-train`` drops it first), else when
+        that model goes: its DDP reducer holds the group (see ``procgroup``).
         """
         self.metrics.close()
         close_planner = getattr(self.planner, "close", None)
         if close_planner is not None:
             close_planner()
-        if self.world_size > 1 and dist.is_initialized():
-            # A peer that is already gone makes the barrier fail: just leave.
-            with contextlib.suppress(RuntimeError):
-                dist.barrier()
-            dist.destroy_process_group()
+        if self.world_size > 1:
+            procgroup.leave()
 
 
 class HeteroLoader:
