@@ -6,15 +6,15 @@ the TCPStore server thread, is destroyed and its threads joined when the *last*
 reference goes. Anything that still holds the group keeps those threads running
 into interpreter finalization, and there they can kill a finished rank:
 
-A Gloo worker keeps its last collective until it next takes its queue's lock. If
-the Python tensors of that collective are gone by then, the worker owns their
-Python objects, and freeing them needs the GIL. CPython ends any thread that asks
-for the GIL while the interpreter finalizes (``pthread_exit``); the unwinding
-crosses the work's ``noexcept`` destructor, so ``std::terminate`` aborts the
-process: "terminate called without an active exception", exit status 134, after
-the job wrote its results. Rare, and likelier on a loaded machine, where the
-worker waits longest for a CPU. The native stack of that abort (torch 2.14,
-CPython 3.11)::
+A Gloo worker drops its reference to a collective only after completing it, when
+it next gets a CPU; the caller may have moved on long before. If the collective's
+Python tensors are gone by then, the worker owns their Python objects, and freeing
+them needs the GIL. CPython ends any thread that asks for the GIL while the
+interpreter finalizes (``pthread_exit``); the unwinding crosses the work's
+``noexcept`` destructor, so ``std::terminate`` aborts the process: "terminate
+called without an active exception", exit status 134, after the job wrote its
+results. Rare, and likelier on a loaded machine, where the worker waits longest
+for a CPU. The native stack of that abort (torch 2.14.1, CPython 3.11)::
 
     std::terminate <- _Unwind_ForcedUnwind <- pthread_exit <- PyThread_exit_thread
     <- take_gil <- THPVariable_dealloc <- TensorImpl::decref_pyobject
