@@ -42,9 +42,18 @@ chaos: $(STAMP)  ## kill -9 agents, ranks and the coordinator of a local cluster
 load: $(STAMP)  ## control-plane scale test: 1,000 agents, 256 ranks, 120 s (hetero-bench load)
 	@$(BIN)/hetero-bench load --agents 1000 --ranks 256 --duration 120
 
-lint: $(STAMP)  ## ruff
+# import-linter cannot follow the editable install's folder->package mapping either:
+# it reads the contracts in pyproject.toml over a tree of symlinks like mypy's.
+IMPORTS_TREE := build/imports
+lint: $(STAMP)  ## ruff, and the import contracts of pyproject.toml (import-linter)
 	@$(BIN)/ruff check .
 	@$(BIN)/ruff format --check .
+	@rm -rf $(IMPORTS_TREE) && mkdir -p $(IMPORTS_TREE)/hetero
+	@for f in hetero/*.py; do ln -s ../../../$$f $(IMPORTS_TREE)/hetero/; done
+	@for d in core coordinator agent trainer tui bench; do ln -s ../../../$$d $(IMPORTS_TREE)/hetero/$$d; done
+	@ln -s ../../../proto/hetero/v1 $(IMPORTS_TREE)/hetero/v1
+	@ln -s ../../pyproject.toml $(IMPORTS_TREE)/pyproject.toml
+	@cd $(IMPORTS_TREE) && PYTHONPATH=. ../../$(BIN)/lint-imports --no-cache --no-logo
 
 # mypy cannot follow the editable install's folder->package mapping, so it checks
 # a tree of symlinks laid out as the installed `hetero` package.
@@ -52,18 +61,19 @@ TYPECHECK_TREE := build/typecheck
 typecheck: $(STAMP)  ## mypy --strict on the packages, under their installed names
 	@rm -rf $(TYPECHECK_TREE) && mkdir -p $(TYPECHECK_TREE)/hetero
 	@for f in hetero/*.py; do ln -s ../../../$$f $(TYPECHECK_TREE)/hetero/; done
-	@for d in coordinator agent trainer tui bench; do ln -s ../../../$$d $(TYPECHECK_TREE)/hetero/$$d; done
+	@for d in core coordinator agent trainer tui bench; do ln -s ../../../$$d $(TYPECHECK_TREE)/hetero/$$d; done
 	@ln -s ../../../proto/hetero/v1 $(TYPECHECK_TREE)/hetero/v1
 	@cd $(TYPECHECK_TREE) && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p hetero
 
-# A machine with torch but no network (the rented GPU box) cannot pip-install hetero's
-# dependencies; hetero-bench run and hetero-train need none beyond torch, torchvision,
-# pyyaml and (optionally) nvidia-ml-py, so a symlink tree on PYTHONPATH is enough.
+# A machine with torch but no network (a GPU host without internet access) cannot
+# pip-install hetero's dependencies; hetero-bench run and hetero-train need none beyond
+# torch, torchvision, pyyaml and (optionally) nvidia-ml-py, so a symlink tree on
+# PYTHONPATH is enough.
 PYROOT := build/pyroot
 pyroot:  ## hetero importable without installing: export PYTHONPATH=$PWD/build/pyroot
 	@rm -rf $(PYROOT) && mkdir -p $(PYROOT)/hetero
 	@for f in hetero/*.py; do ln -s ../../../$$f $(PYROOT)/hetero/; done
-	@for d in coordinator agent trainer tui bench; do ln -s ../../../$$d $(PYROOT)/hetero/$$d; done
+	@for d in core coordinator agent trainer tui bench; do ln -s ../../../$$d $(PYROOT)/hetero/$$d; done
 	@ln -s ../../../proto/hetero/v1 $(PYROOT)/hetero/v1
 	@echo "export PYTHONPATH=$(CURDIR)/$(PYROOT)"
 

@@ -22,7 +22,8 @@ from types import FrameType
 from typing import Any
 
 from hetero.agent.config import AgentConfig, load_config, with_flags
-from hetero.errors import ConfigError, HeteroError
+from hetero.core import defaults
+from hetero.core.errors import ConfigError, HeteroError
 from hetero.logs import configure_logging
 from hetero.transport import ServerSecurity, add_client_arguments, check_listen, client_security
 
@@ -53,10 +54,14 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     common = _Parser(add_help=False)
     common.add_argument(
-        "--config", type=Path, help="YAML config (default /etc/hetero/agent.yaml if present)"
+        "--config",
+        type=Path,
+        help=f"YAML config (default {defaults.AGENT_CONFIG_PATH} if present)",
     )
     common.add_argument("--state-dir", type=Path, help="profile cache and rank logs")
-    common.add_argument("--coordinator", help="coordinator host:port (default 127.0.0.1:7070)")
+    common.add_argument(
+        "--coordinator", help=f"coordinator host:port (default {defaults.COORDINATOR_ADDRESS})"
+    )
     common.add_argument(
         "--emulate-slowdown",
         type=float,
@@ -68,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
         "--refresh-profile", action="store_true", help="measure again, ignoring the cache"
     )
     common.add_argument(
-        "--log-format", choices=("text", "json"), help="stderr log format (default text)"
+        "--log-format", choices=defaults.LOG_FORMATS, help="stderr log format (default text)"
     )
     run = sub.add_parser("run", parents=[common], help="run the agent daemon (default)")
     add_client_arguments(run)
@@ -81,7 +86,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--name", help="node name (default: the hostname)")
     run.add_argument("--address", help="address other nodes reach this node at")
     run.add_argument(
-        "--local-listen", help="host:port for trainers' AgentLocal (default 127.0.0.1:7071)"
+        "--local-listen",
+        help=f"host:port for trainers' AgentLocal (default {defaults.AGENT_LOCAL_ADDRESS})",
     )
     run.add_argument("--cpu-threads", type=int, help="threads per CPU rank")
     run.add_argument(

@@ -1,7 +1,7 @@
 """The agent daemon's configuration: ``/etc/hetero/agent.yaml`` overridden by flags.
 
 Every key is optional; unknown keys are errors with a "did you mean" hint.
-The YAML reader is the coordinator's (a pure module shared by both daemons).
+The YAML reader and the shared defaults are ``hetero.core``'s.
 """
 
 from __future__ import annotations
@@ -11,27 +11,23 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from hetero.coordinator.config import default_state_dir
-from hetero.coordinator.yamlfields import Fields
-from hetero.errors import ConfigError
-
-DEFAULT_CONFIG_PATH = Path("/etc/hetero/agent.yaml")
-DEFAULT_COORDINATOR = "127.0.0.1:7070"
-DEFAULT_LOCAL_LISTEN = "127.0.0.1:7071"
-LOG_FORMATS = ("text", "json")
+from hetero.core import defaults
+from hetero.core.defaults import LOG_FORMATS, default_state_dir
+from hetero.core.errors import ConfigError
+from hetero.core.yamlfields import Fields
 
 
 @dataclass(frozen=True)
 class AgentConfig:
     """Seconds for every ``*_s``. ``None`` means "work it out at start"."""
 
-    coordinator: str = DEFAULT_COORDINATOR
+    coordinator: str = defaults.COORDINATOR_ADDRESS
     #: Node name registered with the coordinator (default: the hostname).
     name: str | None = None
     #: Address other nodes reach this node at (MASTER_ADDR when rank 0 runs here).
     address: str | None = None
     #: Where the agent serves AgentLocal to its trainers.
-    local_listen: str = DEFAULT_LOCAL_LISTEN
+    local_listen: str = defaults.AGENT_LOCAL_ADDRESS
     state_dir: Path | None = None
     log_format: str = "text"
     #: Emulated slowdown of every device of this node (1 = none; demos and tests only).
@@ -85,28 +81,29 @@ class AgentConfig:
 
 def load_config(path: Path | None) -> AgentConfig:
     """The file's settings; defaults if ``path`` is None and the default file is absent."""
-    f = Fields.read_config(path, DEFAULT_CONFIG_PATH)
+    f = Fields.read_config(path, defaults.AGENT_CONFIG_PATH)
     if f is None:
         return AgentConfig()
+    d = AgentConfig()
     state_dir = f.string("state_dir")
     config = AgentConfig(
-        coordinator=f.string("coordinator", DEFAULT_COORDINATOR) or DEFAULT_COORDINATOR,
+        coordinator=f.string("coordinator", d.coordinator) or d.coordinator,
         name=f.string("name"),
         address=f.string("address"),
-        local_listen=f.string("local_listen", DEFAULT_LOCAL_LISTEN) or DEFAULT_LOCAL_LISTEN,
+        local_listen=f.string("local_listen", d.local_listen) or d.local_listen,
         state_dir=Path(state_dir).expanduser() if state_dir else None,
         log_format=f.choice("log_format", LOG_FORMATS, "text") or "text",
         emulate_slowdown=f.number("emulate_slowdown", 1.0, minimum=1.0) or 1.0,
         cpu_threads=f.integer("cpu_threads", None, minimum=1),
         quick_profile=f.boolean("quick_profile", False),
-        stop_grace_s=f.number("stop_grace_s", 10.0, minimum=0.0) or 0.0,
+        stop_grace_s=f.number("stop_grace_s", d.stop_grace_s, minimum=0.0) or 0.0,
         python=f.string("python", sys.executable) or sys.executable,
         token_file=f.path("token_file"),
         tls_ca=f.path("tls_ca"),
         tls_cert=f.path("tls_cert"),
         tls_key=f.path("tls_key"),
         insecure=f.boolean("insecure", False),
-        watchdog_s=f.number("watchdog_s", 300.0, positive=True) or 300.0,
+        watchdog_s=f.number("watchdog_s", d.watchdog_s, positive=True) or d.watchdog_s,
     )
     f.finish()
     return config

@@ -15,10 +15,9 @@ import threading
 
 import grpc
 
-from hetero.agent.network import is_unreachable
 from hetero.agent.outbox import Outbox
 from hetero.auth import AGENT_TOKEN_ENV, Secret
-from hetero.transport import ServerSecurity, bind, new_server
+from hetero.transport import ServerSecurity, bind, is_unreachable, new_server
 from hetero.v1 import agent_pb2_grpc
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 from hetero.v1 import types_pb2 as tpb

@@ -23,15 +23,16 @@ from typing import IO
 import grpc
 
 from hetero.auth import load_token, scrub_environment
-from hetero.errors import HeteroError
+from hetero.core import defaults
+from hetero.core.errors import HeteroError
+from hetero.core.states import job_label, job_terminal
 from hetero.trainer.launch import free_port
-from hetero.transport import ClientSecurity, client_channel
+from hetero.transport import ClientSecurity, client_channel, remote_error
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 
 #: Seconds each RPC to the local coordinator may take.
 CALL_TIMEOUT_S = 5.0
-FINISHED = (pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED)
 
 
 class ClusterError(HeteroError):
@@ -53,8 +54,8 @@ class LocalCluster:
 
     root: Path
     agents: Sequence[AgentSpec]
-    heartbeat_timeout_s: float = 10.0
-    heartbeat_interval_s: float = 2.0
+    heartbeat_timeout_s: float = defaults.HEARTBEAT_TIMEOUT_S
+    heartbeat_interval_s: float = defaults.HEARTBEAT_INTERVAL_S
     python: str = sys.executable
     #: Token file every daemon and this client use; None = no authentication (loopback).
     token_file: Path | None = None
@@ -158,7 +159,7 @@ class LocalCluster:
         try:
             return str(self.stub.SubmitJob(req, timeout=CALL_TIMEOUT_S).job_id)
         except grpc.RpcError as exc:
-            raise ClusterError(f"submit failed: {exc.details()}") from None
+            raise ClusterError(f"submit failed: {remote_error(exc, 'the coordinator')}") from None
 
     def wait(
         self,
@@ -173,11 +174,11 @@ class LocalCluster:
             job: pb.Job = self.stub.GetJob(pb.GetJobRequest(job_id=job_id), timeout=CALL_TIMEOUT_S)
             if on_poll is not None:
                 on_poll(job)
-            if job.state in FINISHED:
+            if job_terminal(job.state):
                 return job
             if time.monotonic() > deadline:
                 raise ClusterError(
-                    f"job {job_id} still {pb.JobState.Name(job.state)} after {timeout_s:.0f} s"
+                    f"job {job_id} still {job_label(job.state)} after {timeout_s:.0f} s"
                 )
             self._check_alive()
             time.sleep(period_s)

@@ -6,8 +6,6 @@ import statistics
 import time
 from dataclasses import dataclass
 
-import grpc
-
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 
@@ -52,8 +50,3 @@ def measure_network(
         best = min(best, time.perf_counter() - t0)
     transfer_s = best - rtt
     return NetworkMeasure(rtt, PROBE_BYTES / transfer_s if transfer_s > 0 else None)
-
-
-def is_unreachable(exc: grpc.RpcError) -> bool:
-    code = exc.code() if hasattr(exc, "code") else None
-    return code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)

@@ -1,10 +1,11 @@
 """Launch orders into processes: the argv and environment of one rank.
 
 A built-in job runs ``hetero-train`` as that rank; a user job runs its own
-``command``. Both get the torch.distributed environment from the coordinator
-(``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``),
-the NCCL settings every hetero process uses (``trainer.launch.rank_env``), the
-job id, the agent's local endpoint and the coordinator's initial plan.
+``command``. Both get one ``hetero.core.rankenv.RankEnv``: the job's part from the
+coordinator (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
+``MASTER_PORT``, the backend, the device, the job id ...), completed here with
+what only the agent knows (its local endpoint, the ranks on this node, the
+initial plan, the progress file, the CPU threads).
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from hetero.auth import AGENT_TOKEN_ENV, Secret, scrub_environment
-from hetero.trainer.launch import rank_env
+from hetero.core.rankenv import LaunchPlan, RankEnv
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
 
@@ -87,25 +89,44 @@ def rank_environment(
     job's variables and, if the agent has one, its endpoint token (never in argv).
     ``progress_file`` is the file the trainer touches as it steps
     (``HETERO_PROGRESS_FILE``), which the agent's watchdog reads."""
-    env = rank_env(
-        order.rank,
-        order.world_size,
-        order.master_port,
-        threads=threads,
-        base=scrub_environment(os.environ if base is None else base),
-    )
-    env.update(order.env)  # the coordinator's RANK, MASTER_ADDR, HETERO_JOB_ID, ...
-    plan = order.plan
+    env = dict(scrub_environment(os.environ if base is None else base))
+    env.update(order.env)  # a newer coordinator's variables reach the rank too
     env.update(
-        LOCAL_WORLD_SIZE=str(local_world_size),
-        HETERO_AGENT_ENDPOINT=agent_endpoint,
-        HETERO_JOB_ID=order.job_id,
-        HETERO_EMULATE_SLOWDOWN=f"{order.emulated_slowdown:g}",
-        HETERO_PLAN=f"{plan.version}:{','.join(str(b) for b in plan.batches)}",
-        PYTHONUNBUFFERED="1",
+        order_rank_env(order, agent_endpoint, threads, local_world_size, progress_file).to_env()
     )
+    env["PYTHONUNBUFFERED"] = "1"
     if agent_token is not None:
         env[AGENT_TOKEN_ENV] = agent_token.reveal()
-    if progress_file is not None:
-        env["HETERO_PROGRESS_FILE"] = str(progress_file)
     return env
+
+
+def order_rank_env(
+    order: pb.RankLaunch,
+    agent_endpoint: str,
+    threads: int,
+    local_world_size: int,
+    progress_file: Path | None = None,
+) -> RankEnv:
+    """The coordinator's part of the environment (``order.env``, which wins over the
+    order's own fields as it always has) completed with the agent's."""
+    fields = RankEnv(
+        rank=order.rank,
+        world_size=order.world_size,
+        local_rank=order.local_rank,
+        master_addr=order.master_addr or None,
+        master_port=order.master_port or None,
+        backend=order.backend or None,
+    )
+    job = RankEnv.from_env({**fields.to_env(), **order.env})
+    plan = order.plan
+    return replace(
+        job,
+        local_world_size=local_world_size,
+        agent_endpoint=agent_endpoint,
+        job_id=order.job_id,
+        emulate_slowdown=order.emulated_slowdown or 1.0,
+        plan=LaunchPlan(plan.version, tuple(plan.batches)) if plan.batches else None,
+        progress_file=progress_file,
+        threads=threads,
+        launched=True,
+    )

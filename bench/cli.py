@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from hetero.bench import load, simulate_nodes
 from hetero.bench.harness import cli as harness_cli
 from hetero.bench.sim import report as sim_report
-from hetero.errors import HeteroError
+from hetero.core.errors import HeteroError
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,7 +13,7 @@ The schedule is open-loop without catch-up: a call starts at its slot, or at
 once if the previous call of the same client ran past the slot; a saturated
 coordinator therefore shows as achieved < offered, never as a burst.
 
-Run by the orchestrator (``hetero.bench.load``) as
+Run by the orchestrator (``hetero.bench.loadrun``) as
 ``python -m hetero.bench.loadgen CONFIG.json``; it registers its agents, writes
 ``ready`` beside its config, waits for ``go.json`` (job ids and the measurement
 window, in Unix seconds) and writes ``result.json``: raw per-call latencies of
@@ -189,7 +189,7 @@ class Worker:
             tick += 1
             req = heartbeat_request(resp.node_id, c.devices_per_agent, tick)
             reply = await self.rec.call("Heartbeat", stub.Heartbeat(req, timeout=CALL_TIMEOUT_S))
-            # The proto's rule, as hetero-agent applies it (agent.daemon.orders_pending).
+            # The proto's rule, as hetero-agent applies it (agent.link.orders_pending).
             asked = reply is not None and (
                 not reply.HasField("orders_pending") or reply.orders_pending
             )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 from importlib import resources
 
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 
 
 def shipped_names(folder: str) -> list[str]:

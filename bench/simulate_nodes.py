@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hetero.errors import ConfigError, HeteroError
+from hetero.core.errors import ConfigError, HeteroError
 
 ROWS = (
     ("time per epoch (s)", "time_per_epoch_s", "{:.2f}"),

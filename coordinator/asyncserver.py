@@ -26,7 +26,9 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 import grpc.aio
 
-from hetero.coordinator.service import CoordinatorService, Deps, abort_for
+from hetero.coordinator.deps import Deps
+from hetero.coordinator.rpc import abort_for
+from hetero.coordinator.service import CoordinatorService
 from hetero.v1 import coordinator_pb2, coordinator_pb2_grpc
 
 T = TypeVar("T")
@@ -51,9 +53,6 @@ class _ThreadContext:
 
     def abort(self, code: grpc.StatusCode, details: str) -> NoReturn:
         raise _Aborted(code, details)
-
-    def is_active(self) -> bool:
-        return True
 
 
 def _inline(deps: Deps, method: str, request: Any) -> bool:

@@ -1,49 +1,30 @@
 """``hetero-coord``: run the coordinator daemon, and submit and inspect jobs.
 
-The process wiring of the coordinator: argument parsing, logging, and the thin
-gRPC client behind the user commands. Every client call carries a deadline;
-every failure prints one ``error: ...`` line on stderr and exits non-zero.
+The process wiring of the coordinator: argument parsing, logging, and ``serve``,
+which starts the daemon from its config file and flags. The user commands
+(submit, jobs, ...) are thin gRPC clients in ``commands``. Every failure prints
+one ``error: ...`` line on stderr and exits non-zero.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
-import json
 import os
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import grpc
-from google.protobuf.json_format import MessageToDict
-from google.protobuf.message import Message
-from rich.console import Console
-
-from hetero.coordinator import export, render
+from hetero.coordinator import commands
 from hetero.coordinator.config import CoordinatorConfig, load_config, with_flags
 from hetero.coordinator.export import FORMATS, TABLES
-from hetero.coordinator.jobspec import load_jobspec
-from hetero.errors import HeteroError
+from hetero.core import defaults
+from hetero.core.errors import HeteroError
 from hetero.logs import configure_logging
-from hetero.transport import (
-    add_client_arguments,
-    client_channel,
-    client_security_from_args,
-    server_security,
-)
-from hetero.v1 import coordinator_pb2 as pb
-from hetero.v1 import coordinator_pb2_grpc as pb_grpc
+from hetero.transport import add_client_arguments, server_security
 
-DEFAULT_COORDINATOR = "127.0.0.1:7070"
 #: Seconds each client RPC may take.
 DEFAULT_TIMEOUT_S = 10.0
-#: Seconds between job polls of ``submit --wait``.
-WAIT_POLL_S = 1.0
-
-T = TypeVar("T")
 
 EPILOG = """\
 examples:
@@ -61,10 +42,6 @@ examples:
 The coordinator address comes from --coordinator, else $HETERO_COORDINATOR, else 127.0.0.1:7070.
 The job file format is documented in docs/jobspec.md.
 """
-
-
-class ClientError(HeteroError):
-    """A failed RPC, carrying the server's one-line message."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -86,9 +63,13 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the coordinator daemon")
     serve.add_argument(
-        "--config", type=Path, help="YAML config (default /etc/hetero/coordinator.yaml if present)"
+        "--config",
+        type=Path,
+        help=f"YAML config (default {defaults.COORDINATOR_CONFIG_PATH} if present)",
     )
-    serve.add_argument("--listen", help="host:port to serve gRPC on (default 127.0.0.1:7070)")
+    serve.add_argument(
+        "--listen", help=f"host:port to serve gRPC on (default {defaults.COORDINATOR_ADDRESS})"
+    )
     serve.add_argument(
         "--state-dir",
         type=Path,
@@ -98,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
         "--db", help="SQLAlchemy database URL (default: SQLite file in the state directory)"
     )
     serve.add_argument(
-        "--log-format", choices=("text", "json"), help="stderr log format (default text)"
+        "--log-format", choices=defaults.LOG_FORMATS, help="stderr log format (default text)"
     )
     serve.add_argument(
         "--metrics-listen",
@@ -128,14 +109,16 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         dest="heartbeat_interval_s",
         metavar="S",
-        help="seconds between agents' heartbeats, told to them at registration (default 2)",
+        help="seconds between agents' heartbeats, told to them at registration "
+        f"(default {defaults.HEARTBEAT_INTERVAL_S:g})",
     )
     serve.add_argument(
         "--heartbeat-timeout",
         type=float,
         dest="heartbeat_timeout_s",
         metavar="S",
-        help="a node silent this long is down and its jobs restart (default 10)",
+        help="a node silent this long is down and its jobs restart "
+        f"(default {defaults.HEARTBEAT_TIMEOUT_S:g})",
     )
     keep = serve.add_argument_group("retention (see docs/reliability.md#database-size)")
     keep.add_argument(
@@ -168,7 +151,7 @@ def _parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
         p.add_argument(
             "--coordinator",
-            default=os.environ.get("HETERO_COORDINATOR", DEFAULT_COORDINATOR),
+            default=os.environ.get("HETERO_COORDINATOR", defaults.COORDINATOR_ADDRESS),
             help="coordinator host:port",
         )
         p.add_argument(
@@ -227,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return _serve(args)
-        return _client_command(args)
+        return commands.run(args)
     except HeteroError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -286,181 +269,6 @@ def _serve(args: argparse.Namespace) -> int:
         interval_retention=config.interval_retention,
     )
     return 0
-
-
-# ---- client commands --------------------------------------------------------------------
-
-
-def _call(address: str, fn: Callable[[], T]) -> T:
-    try:
-        return fn()
-    except grpc.RpcError as exc:
-        code = exc.code() if hasattr(exc, "code") else None
-        details = exc.details() if hasattr(exc, "details") else str(exc)
-        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-            error = ClientError(f"cannot reach the coordinator at {address} ({details})")
-            error.exit_code = 3
-            raise error from None
-        error = ClientError(str(details))
-        error.exit_code = 2 if code == grpc.StatusCode.INVALID_ARGUMENT else 1
-        raise error from None
-
-
-def _emit(args: argparse.Namespace, message: Message, human: Callable[[Console], None]) -> None:
-    if getattr(args, "json", False):
-        print(json.dumps(MessageToDict(message, preserving_proto_field_name=True), indent=2))
-    else:
-        human(Console())
-
-
-def _client_command(args: argparse.Namespace) -> int:
-    if args.command == "submit":
-        # Parse locally first: precise errors without a round trip, and nothing is sent.
-        load_jobspec(args.job_file)
-    with client_channel(args.coordinator, client_security_from_args(args)) as channel:
-        stub = pb_grpc.CoordinatorStub(channel)  # type: ignore[no-untyped-call, unused-ignore]
-        t = args.timeout
-        call: Callable[[Callable[[], Any]], Any] = lambda fn: _call(args.coordinator, fn)  # noqa: E731
-        if args.command == "submit":
-            return _submit(args, stub, call)
-        if args.command == "jobs":
-            resp = call(lambda: stub.ListJobs(pb.ListJobsRequest(), timeout=t))
-            _emit(args, resp, lambda c: c.print(render.jobs_table(resp.jobs)))
-        elif args.command == "job":
-            job = call(lambda: stub.GetJob(pb.GetJobRequest(job_id=args.job_id), timeout=t))
-            _emit(args, job, lambda c: render.print_job(c, job))
-        elif args.command == "nodes":
-            resp = call(lambda: stub.ListNodes(pb.ListNodesRequest(), timeout=t))
-            _emit(args, resp, lambda c: c.print(render.nodes_table(resp.nodes)))
-        elif args.command == "cancel":
-            job = call(lambda: stub.CancelJob(pb.CancelJobRequest(job_id=args.job_id), timeout=t))
-            _emit(args, job, lambda c: c.print(f"job {job.id} {render.state_name(job)}"))
-        elif args.command == "drain":
-            request = pb.DrainNodeRequest(node=args.node, undrain=args.undo)
-            node = call(lambda: stub.DrainNode(request, timeout=t))
-            what = "drained: no new ranks" if node.draining else "undrained: takes new ranks"
-            _emit(args, node, lambda c: c.print(f"node {node.name} {what}"))
-        elif args.command == "export":
-            return _export(args, stub, call)
-        elif args.command == "logs":
-            return _logs(args, stub, call)
-    return 0
-
-
-#: Seconds between polls of ``logs --follow`` when nothing new arrived.
-FOLLOW_POLL_S = 1.0
-
-
-def _logs(args: argparse.Namespace, stub: Any, call: Callable[[Callable[[], Any]], Any]) -> int:
-    """Page through GetJobLogs; with ``--follow`` poll until the job ends, then drain."""
-    t = args.timeout
-
-    def page(after_seq: int) -> Any:
-        request = pb.GetJobLogsRequest(job_id=args.job_id, after_seq=after_seq)
-        return call(lambda: stub.GetJobLogs(request, timeout=t))
-
-    after = 0
-    finished = False
-    while True:
-        resp = page(after)
-        for line in resp.lines:
-            if args.rank is not None and line.rank != args.rank:
-                continue
-            if args.json:
-                entry = MessageToDict(
-                    line,
-                    preserving_proto_field_name=True,
-                    always_print_fields_with_no_presence=True,  # rank 0 is a rank
-                )
-                print(json.dumps(entry))
-            else:
-                print(f"[rank {line.rank} {line.stream}] {line.text.rstrip()}")
-        after = max(after, resp.next_seq)
-        if resp.lines:
-            continue  # more pages may be waiting
-        if not args.follow or finished:
-            return 0
-        job = call(lambda: stub.GetJob(pb.GetJobRequest(job_id=args.job_id), timeout=t))
-        # One more pass after the job ends: agents ship the last lines as ranks exit.
-        finished = job.state in (
-            pb.JOB_STATE_SUCCEEDED,
-            pb.JOB_STATE_FAILED,
-            pb.JOB_STATE_CANCELLED,
-        )
-        time.sleep(FOLLOW_POLL_S)
-
-
-#: Intervals per GetJobDetail page of an export (a page stays far below gRPC's 4 MiB).
-EXPORT_PAGE = 500
-
-
-def _export(args: argparse.Namespace, stub: Any, call: Callable[[Callable[[], Any]], Any]) -> int:
-    """Page through the job's intervals from the start, then write one document."""
-    intervals: list[Any] = []
-    after = -1
-    while True:
-        request = pb.GetJobDetailRequest(
-            job_id=args.job_id, max_intervals=EXPORT_PAGE, after_step=after
-        )
-        detail = call(functools.partial(stub.GetJobDetail, request, timeout=args.timeout))
-        intervals.extend(detail.intervals)
-        if not detail.more or not detail.intervals:
-            break
-        after = detail.intervals[-1].end_step
-    text = export.render(args.format, args.table, detail.job, detail.plans, intervals)
-    if args.out is None:
-        sys.stdout.write(text)
-        return 0
-    try:
-        args.out.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise HeteroError(f"cannot write {args.out}: {exc.strerror}") from None
-    print(f"wrote {len(intervals)} intervals of job {args.job_id} to {args.out}", file=sys.stderr)
-    return 0
-
-
-def _submit(args: argparse.Namespace, stub: Any, call: Callable[[Callable[[], Any]], Any]) -> int:
-    text = args.job_file.read_text(encoding="utf-8")
-    request = pb.SubmitJobRequest(
-        spec_yaml=text, source_name=str(args.job_file), dry_run=args.dry_run
-    )
-    resp = call(lambda: stub.SubmitJob(request, timeout=args.timeout))
-    if args.dry_run:
-
-        def human(c: Console) -> None:
-            render.print_job(c, resp.job)
-            c.print(render.predictions_table(resp.predictions, resp.job.global_batch))
-
-        _emit(args, resp, human)
-        return 0
-    if args.json and not args.wait:
-        _emit(args, resp, lambda c: None)
-    elif not args.json:
-        print(resp.job_id)
-    if not args.wait:
-        return 0
-    return _wait(args, stub, call, resp.job_id)
-
-
-def _wait(
-    args: argparse.Namespace, stub: Any, call: Callable[[Callable[[], Any]], Any], job_id: str
-) -> int:
-    """Poll the job until it finishes; print each state change on stderr."""
-    last = None
-    while True:
-        job = call(lambda: stub.GetJob(pb.GetJobRequest(job_id=job_id), timeout=args.timeout))
-        state = render.state_name(job)
-        if state != last:
-            print(
-                f"job {job_id}: {state}" + (f" ({job.message})" if job.message else ""),
-                file=sys.stderr,
-            )
-            last = state
-        if job.state in (pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED):
-            if args.json:
-                _emit(args, job, lambda c: None)
-            return 0 if job.state == pb.JOB_STATE_SUCCEEDED else 1
-        time.sleep(WAIT_POLL_S)
 
 
 if __name__ == "__main__":

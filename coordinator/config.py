@@ -7,27 +7,16 @@
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hetero.coordinator.database import sqlite_url
 from hetero.coordinator.retention import IntervalRetention
 from hetero.coordinator.roots import default_roots, normalize_root
-from hetero.coordinator.yamlfields import Fields
-from hetero.errors import ConfigError
-
-DEFAULT_CONFIG_PATH = Path("/etc/hetero/coordinator.yaml")
-DEFAULT_LISTEN = "127.0.0.1:7070"
-LOG_FORMATS = ("text", "json")
-
-
-def default_state_dir() -> Path:
-    """``/var/lib/hetero`` for root, ``~/.local/state/hetero`` (XDG) otherwise."""
-    if os.geteuid() == 0:
-        return Path("/var/lib/hetero")
-    xdg = os.environ.get("XDG_STATE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".local" / "state") / "hetero"
+from hetero.core import defaults
+from hetero.core.defaults import LOG_FORMATS, default_state_dir
+from hetero.core.errors import ConfigError
+from hetero.core.yamlfields import Fields
 
 
 @dataclass(frozen=True)
@@ -35,13 +24,13 @@ class CoordinatorConfig:
     """Seconds for the heartbeat settings, hours and days for retention (as their
     flags); ``db`` None = SQLite under ``state_dir``."""
 
-    listen: str = DEFAULT_LISTEN
+    listen: str = defaults.COORDINATOR_ADDRESS
     state_dir: Path | None = None
     db: str | None = None
     log_format: str = "text"
-    heartbeat_interval_s: float = 2.0
-    heartbeat_timeout_s: float = 10.0
-    grace_s: float = 5.0
+    heartbeat_interval_s: float = defaults.HEARTBEAT_INTERVAL_S
+    heartbeat_timeout_s: float = defaults.HEARTBEAT_TIMEOUT_S
+    grace_s: float = defaults.SHUTDOWN_GRACE_S
     #: host:port for Prometheus /metrics; None = off.
     metrics_listen: str | None = None
     #: Authentication and TLS (docs/reliability.md#security); the token itself is never in the config.
@@ -54,7 +43,7 @@ class CoordinatorConfig:
     #: of ``coordinator.roots.default_roots``.
     allowed_roots: tuple[str, ...] | None = None
     #: First rendezvous port (MASTER_PORT) handed to jobs; each job and restart takes the next.
-    master_port_base: int = 29500
+    master_port_base: int = defaults.MASTER_PORT_BASE
     #: Telemetry kept per node (``store.TelemetryPolicy.retention_s``), in hours.
     telemetry_retention_h: float = 24.0
     #: Interval statistics (``retention.IntervalRetention``): whole for ``_raw_h``
@@ -107,18 +96,21 @@ class CoordinatorConfig:
 
 def load_config(path: Path | None) -> CoordinatorConfig:
     """The config file's settings (defaults if ``path`` is None and the default file is absent)."""
-    f = Fields.read_config(path, DEFAULT_CONFIG_PATH)
+    f = Fields.read_config(path, defaults.COORDINATOR_CONFIG_PATH)
     if f is None:
         return CoordinatorConfig()
+    d = CoordinatorConfig()
     state_dir = f.string("state_dir")
     config = CoordinatorConfig(
-        listen=f.string("listen", DEFAULT_LISTEN) or DEFAULT_LISTEN,
+        listen=f.string("listen", d.listen) or d.listen,
         state_dir=Path(state_dir).expanduser() if state_dir else None,
         db=f.string("db"),
         log_format=f.choice("log_format", LOG_FORMATS, "text") or "text",
-        heartbeat_interval_s=f.number("heartbeat_interval_s", 2.0, positive=True) or 2.0,
-        heartbeat_timeout_s=f.number("heartbeat_timeout_s", 10.0, positive=True) or 10.0,
-        grace_s=f.number("grace_s", 5.0, minimum=0.0) or 0.0,
+        heartbeat_interval_s=f.number("heartbeat_interval_s", d.heartbeat_interval_s, positive=True)
+        or d.heartbeat_interval_s,
+        heartbeat_timeout_s=f.number("heartbeat_timeout_s", d.heartbeat_timeout_s, positive=True)
+        or d.heartbeat_timeout_s,
+        grace_s=f.number("grace_s", d.grace_s, minimum=0.0) or 0.0,
         metrics_listen=f.string("metrics_listen"),
         token_file=f.path("token_file"),
         tls_cert=f.path("tls_cert"),
@@ -126,7 +118,8 @@ def load_config(path: Path | None) -> CoordinatorConfig:
         tls_ca=f.path("tls_ca"),
         insecure=f.boolean("insecure", False),
         allowed_roots=f.strings("allowed_roots"),
-        master_port_base=f.integer("master_port_base", 29500, minimum=1024) or 29500,
+        master_port_base=f.integer("master_port_base", d.master_port_base, minimum=1024)
+        or d.master_port_base,
         telemetry_retention_h=f.number("telemetry_retention_h", 24.0, positive=True) or 24.0,
         interval_stats_raw_h=f.number("interval_stats_raw_h", 24.0, positive=True) or 24.0,
         interval_stats_thin=f.integer("interval_stats_thin", 10, minimum=1) or 10,

@@ -23,7 +23,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from hetero.coordinator.models import SCHEMA_VERSION, Base, SchemaVersion
-from hetero.errors import HeteroError
+from hetero.core.errors import HeteroError
 
 #: How long a transaction waits for another thread's write lock, in milliseconds.
 SQLITE_BUSY_TIMEOUT_MS = 10_000

@@ -15,6 +15,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from hetero.core.states import job_label
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
 
@@ -126,7 +127,7 @@ def to_json(job: pb.Job, plans: Sequence[tpb.Plan], intervals: Sequence[tpb.Inte
         "job": {
             "id": job.id,
             "name": job.name,
-            "state": str(pb.JobState.Name(job.state)).removeprefix("JOB_STATE_").lower(),
+            "state": job_label(job.state),
             "policy": job.policy,
             "global_batch": job.global_batch,
             "world_size": job.world_size,

@@ -16,19 +16,17 @@ from pathlib import Path
 
 import yaml
 
-from hetero.coordinator.balancer import POLICIES
 from hetero.coordinator.roots import path_problem
-from hetero.coordinator.yamlfields import Fields
-from hetero.errors import ConfigError
+from hetero.core import defaults
+from hetero.core.balancer import POLICIES
+from hetero.core.errors import ConfigError
+from hetero.core.yamlfields import Fields
 
 MODELS = ("debug", "simple_cnn", "resnet18", "resnet50")
 DATASETS = ("synthetic", "imagefolder")
 DEVICE_KINDS = ("any", "cuda", "cpu")
 #: A slowdown factor above this is a typo, not a demo.
 MAX_EMULATED_SLOWDOWN = 100.0
-#: Seconds a collective may wait for a peer in agent-launched jobs (default): a rank
-#: stuck on a dead peer ends with an error within this bound instead of hanging.
-DEFAULT_COLLECTIVE_TIMEOUT_S = 60.0
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # Upper bounds: a value past these is a typo (or an attack), and several travel as
 # int32 in hetero.v1 messages, where a larger value could not be sent at all.
@@ -90,7 +88,7 @@ class JobSpec:
     lr: float = 0.1
     seed: int = 0
     min_batch: int = 1
-    collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
+    collective_timeout_s: float = defaults.JOB_COLLECTIVE_TIMEOUT_S
 
     @property
     def world_size(self) -> int:
@@ -149,7 +147,13 @@ def parse_jobspec(
 
     policy = top.choice("policy", sorted(POLICIES), "dynamic") or "dynamic"
     rebalance_interval = (
-        top.integer("rebalance_interval", 20, minimum=1, maximum=MAX_INTERVAL_STEPS) or 20
+        top.integer(
+            "rebalance_interval",
+            defaults.JOB_REBALANCE_INTERVAL_STEPS,
+            minimum=1,
+            maximum=MAX_INTERVAL_STEPS,
+        )
+        or defaults.JOB_REBALANCE_INTERVAL_STEPS
     )
     spec = JobSpec(
         name=name,
@@ -170,9 +174,12 @@ def parse_jobspec(
         seed=top.integer("seed", 0, minimum=0, maximum=MAX_SEED) or 0,
         min_batch=min_batch,
         collective_timeout_s=top.number(
-            "collective_timeout_s", DEFAULT_COLLECTIVE_TIMEOUT_S, positive=True, maximum=86400.0
+            "collective_timeout_s",
+            defaults.JOB_COLLECTIVE_TIMEOUT_S,
+            positive=True,
+            maximum=86400.0,
         )
-        or DEFAULT_COLLECTIVE_TIMEOUT_S,
+        or defaults.JOB_COLLECTIVE_TIMEOUT_S,
     )
     top.finish()
     return spec

@@ -1,6 +1,7 @@
 """Job and rank state transitions: pure functions of the ranks' states.
 
-States are the ``hetero.v1`` enum names without prefix. A job is PENDING until
+States are the names of ``hetero.core.states``' enums (the ``hetero.v1`` enum
+names without prefix). A job is PENDING until
 a rank runs, RUNNING while any does, SUCCEEDED when every rank exited 0.
 Finished states (SUCCEEDED, FAILED, CANCELLED) never change again.
 
@@ -24,21 +25,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hetero.errors import HeteroError
+from hetero.core.errors import HeteroError
+from hetero.core.states import JOB_TERMINAL, RANK_LIVE, JobState, RankState
 
-PENDING, RUNNING, SUCCEEDED, FAILED, CANCELLED, RESTARTING = (
-    "PENDING",
-    "RUNNING",
-    "SUCCEEDED",
-    "FAILED",
-    "CANCELLED",
-    "RESTARTING",
-)
-FINISHED = frozenset({SUCCEEDED, FAILED, CANCELLED})
-ASSIGNED, EXITED, STOPPING = "ASSIGNED", "EXITED", "STOPPING"
-RANK_STATES = frozenset({ASSIGNED, RUNNING, EXITED, STOPPING})
+# The store keeps states by name; the states and their sets are hetero.core.states'.
+PENDING, RUNNING, SUCCEEDED = JobState.PENDING.name, JobState.RUNNING.name, JobState.SUCCEEDED.name
+FAILED, CANCELLED = JobState.FAILED.name, JobState.CANCELLED.name
+RESTARTING = JobState.RESTARTING.name
+FINISHED = frozenset(s.name for s in JOB_TERMINAL)
+ASSIGNED, EXITED, STOPPING = RankState.ASSIGNED.name, RankState.EXITED.name, RankState.STOPPING.name
 #: Rank states of a process that exists, or may exist, on its node.
-LIVE_RANK_STATES = frozenset({ASSIGNED, RUNNING, STOPPING})
+LIVE_RANK_STATES = frozenset(s.name for s in RANK_LIVE)
 
 
 class TransitionError(HeteroError):

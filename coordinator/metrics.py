@@ -22,7 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
+from hetero.core.states import job_label
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
 
@@ -164,7 +165,7 @@ def _device_telemetry(out: Exposition, labels: Labels, t: tpb.DeviceTelemetry) -
 
 def _job(out: Exposition, job: pb.Job, node_names: dict[str, str]) -> None:
     j: Labels = (("job", job.id),)
-    state = str(pb.JobState.Name(job.state)).removeprefix("JOB_STATE_").lower()
+    state = job_label(job.state)
     info = (*j, ("name", job.name), ("policy", job.policy), ("backend", job.backend))
     out.add("hetero_job_info", "gauge", "A job; name, policy and backend as labels.", info, 1)
     out.add(

@@ -21,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hetero.coordinator.balancer import (
+from hetero.coordinator.jobspec import JobSpec
+from hetero.core.balancer import (
     Batches,
     Constraints,
     DeviceProfile,
@@ -31,8 +32,7 @@ from hetero.coordinator.balancer import (
     make_policy,
     predict_step_s,
 )
-from hetero.coordinator.jobspec import JobSpec
-from hetero.errors import HeteroError
+from hetero.core.errors import HeteroError
 
 
 class PlacementError(HeteroError):

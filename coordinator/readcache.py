@@ -16,7 +16,7 @@ from collections.abc import Callable
 from sqlalchemy.orm import Session, sessionmaker
 
 from hetero.coordinator import store, wire
-from hetero.coordinator.balancer import RankInterval
+from hetero.core.balancer import RankInterval
 from hetero.v1 import types_pb2 as tpb
 
 #: Seconds an answer is reused.

@@ -32,7 +32,8 @@ from hetero.coordinator.jobspec import JobSpec, parse_jobspec
 from hetero.coordinator.models import JobRow
 from hetero.coordinator.periodic import Periodic
 from hetero.coordinator.placement import Placement, PlacementError, initial_plan, place
-from hetero.errors import HeteroError
+from hetero.core import defaults
+from hetero.core.errors import HeteroError
 
 log = logging.getLogger("hetero.coordinator.recovery")
 
@@ -46,8 +47,8 @@ class SweepConfig:
 
     heartbeat_timeout_s: float
     started_at: float
-    master_port_base: int = 29500
-    master_port_span: int = 1000
+    master_port_base: int = defaults.MASTER_PORT_BASE
+    master_port_span: int = defaults.MASTER_PORT_SPAN
     stop_timeout_s: float = STOP_TIMEOUT_S
 
 

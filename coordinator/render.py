@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
+from hetero.core.states import job_label, rank_label
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
 
@@ -18,7 +19,7 @@ NA = "n/a"
 
 
 def state_name(job: pb.Job) -> str:
-    return str(pb.JobState.Name(job.state)).removeprefix("JOB_STATE_").lower()
+    return job_label(job.state)
 
 
 def _age(unix_s: float) -> str:
@@ -86,7 +87,7 @@ def ranks_table(job: pb.Job) -> Table:
     table = Table("rank", "node", "local", "device", "batch", "state", "note")
     for r in job.ranks:
         batch = str(job.plan.batches[r.rank]) if r.rank < len(job.plan.batches) else NA
-        state = str(pb.RankState.Name(r.state)).removeprefix("RANK_STATE_").lower()
+        state = rank_label(r.state)
         state = "-" if state == "unspecified" else state
         if r.HasField("exit_code"):
             state += f" ({r.exit_code})"

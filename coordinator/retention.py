@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 
 #: The shortest raw window, in seconds: what operators watch (hetero-top, GetJobDetail's
 #: newest intervals) stays whole; what reports read is protected whatever the window.

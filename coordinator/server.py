@@ -22,15 +22,17 @@ from sqlalchemy.engine import make_url
 
 from hetero.coordinator.asyncserver import CoordinatorServer, add_coordinator
 from hetero.coordinator.database import open_database, read_session_factory, session_factory
+from hetero.coordinator.deps import Deps
 from hetero.coordinator.ingest import HeartbeatIngest
 from hetero.coordinator.metrics import MetricsServer
 from hetero.coordinator.pruning import IntervalPruner
 from hetero.coordinator.readcache import IntervalHistories, LatestPlans, PendingOrders
 from hetero.coordinator.recovery import Sweeper
 from hetero.coordinator.retention import IntervalRetention
-from hetero.coordinator.service import CoordinatorService, Deps
+from hetero.coordinator.service import CoordinatorService
 from hetero.coordinator.store import TelemetryPolicy
 from hetero.coordinator.views import HISTORY_FOR_REPORT
+from hetero.core import defaults
 from hetero.transport import ServerSecurity, bind, describe, new_aio_server
 from hetero.v1 import coordinator_pb2
 
@@ -70,14 +72,14 @@ def create_server(
 def serve(
     address: str,
     db_url: str,
-    grace_s: float = 5.0,
+    grace_s: float = defaults.SHUTDOWN_GRACE_S,
     deps: Deps | None = None,
     metrics_listen: str | None = None,
     security: ServerSecurity | None = None,
     allowed_roots: tuple[str, ...] | None = None,
-    heartbeat_interval_s: float = 2.0,
-    heartbeat_timeout_s: float = 10.0,
-    master_port_base: int = 29500,
+    heartbeat_interval_s: float = defaults.HEARTBEAT_INTERVAL_S,
+    heartbeat_timeout_s: float = defaults.HEARTBEAT_TIMEOUT_S,
+    master_port_base: int = defaults.MASTER_PORT_BASE,
     telemetry: TelemetryPolicy | None = None,
     interval_retention: IntervalRetention | None = None,
 ) -> None:

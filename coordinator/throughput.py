@@ -11,7 +11,7 @@ balancing buy, and how much is left":
   ranks: the slowest per-sample compute time times ``B/W``, plus the per-step
   overhead the interval measured outside compute (all-reduce, optimizer,
   data), which does not depend on the split;
-- *ideal*: DESIGN's yardstick, Σ over ranks of each rank's standalone
+- *ideal*: the yardstick of ``docs/design.md``, Σ over ranks of each rank's standalone
   throughput at its batch; standalone time is the rank's wall step time less
   its wait for peers (or its compute time when the wait was not measured).
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
 

@@ -10,10 +10,11 @@ from collections.abc import Callable, Sequence
 
 from sqlalchemy.orm import Session
 
-from hetero.coordinator import rebalance, store, wire
-from hetero.coordinator.balancer import RankInterval, StragglerEvidence, detect_stragglers
-from hetero.coordinator.balancer.straggler import LOOKBACK
+from hetero.coordinator import store, wire
 from hetero.coordinator.models import JobRow, TelemetryRow
+from hetero.core import replan
+from hetero.core.balancer import RankInterval, StragglerEvidence, detect_stragglers
+from hetero.core.balancer.straggler import LOOKBACK
 from hetero.v1 import coordinator_pb2 as pb
 
 #: Finished jobs stay in cluster snapshots this long, in seconds.
@@ -91,7 +92,7 @@ def job_detail(s: Session, job_id: str, max_intervals: int, after_step: int | No
 
 
 #: Intervals a stats report reads: enough for :func:`new_stragglers` and the balancer.
-HISTORY_FOR_REPORT = max(LOOKBACK + 1, rebalance.HISTORY_WINDOW)
+HISTORY_FOR_REPORT = max(LOOKBACK + 1, replan.HISTORY_WINDOW)
 
 
 def new_stragglers(history: Sequence[Sequence[RankInterval]]) -> Sequence[StragglerEvidence]:

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from hetero.coordinator import placement as placement_mod
 from hetero.coordinator import store, throughput
-from hetero.coordinator.balancer import StragglerEvidence
 from hetero.coordinator.jobspec import JobSpec
 from hetero.coordinator.models import (
     DeviceRow,
@@ -25,6 +24,9 @@ from hetero.coordinator.models import (
     RankRow,
     TelemetryRow,
 )
+from hetero.core.balancer import StragglerEvidence
+from hetero.core.rankenv import RankEnv
+from hetero.core.states import JobState, RankState
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
 
@@ -158,12 +160,19 @@ def rank_message(r: RankRow, node_name: str) -> pb.RankPlacement:
         device_kind=KIND_TO_PB.get(r.device_kind, tpb.DEVICE_KIND_UNSPECIFIED),
         device_name=r.device_name,
         local_rank=r.local_rank,
-        state=pb.RankState.Value(f"RANK_STATE_{r.state}"),
+        state=cast("pb.RankState", RankState[r.state].value),
         emulated_slowdown=r.emulated_slowdown,
     )
     if r.exit_code is not None:
         msg.exit_code = r.exit_code
     return msg
+
+
+def job_state(name: str) -> pb.JobState:
+    """A stored state name as the message's enum value. The numbers are the proto's
+    (``hetero.core.states``, pinned by a test); protoc's stubs type an enum field as
+    its own ``int`` subclass, so the cast is for mypy alone."""
+    return cast("pb.JobState", JobState[name].value)
 
 
 def job_message(
@@ -177,7 +186,7 @@ def job_message(
     msg = pb.Job(
         id=job.id,
         name=job.name,
-        state=pb.JobState.Value(f"JOB_STATE_{job.state}"),
+        state=job_state(job.state),
         policy=job.policy,
         global_batch=job.global_batch,
         world_size=job.world_size,
@@ -401,22 +410,21 @@ def launch_message(job: JobRow, rank: RankRow, spec: JobSpec, plan: PlanRow) -> 
         args.checkpoint_dir = spec.checkpoint.dir
         args.checkpoint_interval_steps = spec.checkpoint.interval_steps
         args.resume = job.restarts > 0
-    env = {
-        "RANK": str(rank.rank),
-        "WORLD_SIZE": str(job.world_size),
-        "LOCAL_RANK": str(rank.local_rank),
-        "MASTER_ADDR": job.master_addr,
-        "MASTER_PORT": str(job.master_port),
-        "HETERO_JOB_ID": job.id,
-        "HETERO_BACKEND": job.backend,
-        "HETERO_DEVICE": "cpu" if rank.device_kind == "cpu" else f"cuda:{rank.device_index}",
-        "HETERO_EMULATE_SLOWDOWN": f"{rank.emulated_slowdown:g}",
+    # The job's part of the rank's environment; the agent adds what only it knows.
+    env = RankEnv(
+        rank=rank.rank,
+        world_size=job.world_size,
+        local_rank=rank.local_rank,
+        master_addr=job.master_addr,
+        master_port=job.master_port,
+        backend=job.backend,
+        device="cpu" if rank.device_kind == "cpu" else f"cuda:{rank.device_index}",
+        job_id=job.id,
+        emulate_slowdown=rank.emulated_slowdown,
         # A collective stuck on a dead peer ends within this bound (no hangs).
-        "HETERO_COLLECTIVE_TIMEOUT_S": f"{spec.collective_timeout_s:g}",
-        "HETERO_ATTEMPT": str(job.restarts),
-    }
-    if job.backend == "nccl":
-        env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
+        collective_timeout_s=spec.collective_timeout_s,
+        attempt=job.restarts,
+    ).to_env()
     return pb.RankLaunch(
         job_id=job.id,
         rank=rank.rank,

@@ -5,7 +5,7 @@ this one namespace: ``hetero.trainer``, ``hetero.coordinator``, ``hetero.agent``
 ``hetero.tui``, ``hetero.bench`` and the generated gRPC modules ``hetero.v1``.
 """
 
-from hetero.errors import HeteroError
+from hetero.core.errors import HeteroError
 
 __all__ = ["HeteroError", "__version__"]
 __version__ = "0.1.0"

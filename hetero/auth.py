@@ -36,7 +36,7 @@ from typing import Any, NoReturn
 import grpc
 import grpc.aio
 
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 
 log = logging.getLogger("hetero.auth")
 

@@ -25,7 +25,8 @@ import yaml
 from rich.console import Console
 
 from hetero.agent.localcluster import AgentSpec, ClusterError, LocalCluster
-from hetero.errors import HeteroError
+from hetero.core.errors import HeteroError
+from hetero.core.states import JobState, job_label
 from hetero.trainer.demo import print_comparison
 from hetero.v1 import coordinator_pb2 as pb
 
@@ -71,8 +72,8 @@ def run_policy(
             )
 
     job = cluster.wait(job_id, timeout_s, on_poll=progress)
-    if job.state != pb.JOB_STATE_SUCCEEDED:
-        raise ClusterError(f"the {policy} job ended {pb.JobState.Name(job.state)}: {job.message}")
+    if JobState(job.state) is not JobState.SUCCEEDED:
+        raise ClusterError(f"the {policy} job ended {job_label(job.state)}: {job.message}")
     summary = summary_from_logs(cluster.logs(job_id))
     if summary is None:
         raise ClusterError(f"the {policy} job finished but printed no summary")

@@ -33,7 +33,7 @@ from hetero.auth import (
     load_token,
     with_token,
 )
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError, RemoteError, UnreachableError, error_for_status
 from hetero.guard import AioGuardInterceptor, GuardInterceptor
 
 log = logging.getLogger("hetero.transport")
@@ -278,6 +278,21 @@ def client_channel(
     else:
         channel = grpc.secure_channel(address, credentials, options=opts)
     return with_token(channel, security.token)
+
+
+def remote_error(exc: grpc.RpcError, target: str) -> RemoteError:
+    """The ``HeteroError`` for a failed call to ``target`` ("the coordinator at ADDR"):
+    this edge only reads the status and details off ``exc``; the rule of which status
+    becomes which error is ``hetero.core.errors.error_for_status``."""
+    code = exc.code() if callable(getattr(exc, "code", None)) else None
+    details = exc.details() if callable(getattr(exc, "details", None)) else None
+    status = code.name if isinstance(code, grpc.StatusCode) else None
+    return error_for_status(status, details if isinstance(details, str) else str(exc), target)
+
+
+def is_unreachable(exc: grpc.RpcError) -> bool:
+    """True if the call failed for want of an answer (retry later), not a refusal."""
+    return isinstance(remote_error(exc, "the server"), UnreachableError)
 
 
 def add_client_arguments(parser: argparse.ArgumentParser) -> None:

@@ -31,9 +31,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hetero.coordinator.balancer import RankInterval
-from hetero.errors import CheckpointError
-from hetero.trainer.context import Context, PlanRecord
+from hetero.core.balancer import RankInterval
+from hetero.core.errors import CheckpointError
+from hetero.trainer.context import Context
+from hetero.trainer.rebalance import PlanRecord
 
 FORMAT = "hetero-checkpoint-v1"
 

@@ -15,8 +15,10 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from hetero.coordinator.balancer import POLICIES
-from hetero.errors import ConfigError, HeteroError
+from hetero.core import rankenv
+from hetero.core.balancer import POLICIES
+from hetero.core.errors import ConfigError, HeteroError
+from hetero.core.rankenv import RankEnv
 from hetero.trainer.datasets import DATASETS
 from hetero.trainer.models import MODELS
 from hetero.trainer.simulate import check_args, launch_simulated
@@ -226,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_from_args(args)
         if args.nproc < 1:
             raise ConfigError(f"--nproc must be >= 1, got {args.nproc}")
-        launched = "WORLD_SIZE" in os.environ and "RANK" in os.environ
+        launched = RankEnv.distributed()
         check_args(args)
         if args.simulate_nodes and not launched:
             return launch_simulated(args, argv if argv is not None else sys.argv[1:])
@@ -236,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
 
         summary = run_job(cfg)
     except HeteroError as exc:
-        rank = os.environ.get("RANK")
+        rank = os.environ.get(rankenv.RANK)  # read raw: this path must not fail again
         where = f"rank {rank}: " if rank not in (None, "0") else ""
         print(f"error: {where}{exc}", file=sys.stderr)
         return exc.exit_code
@@ -263,9 +265,7 @@ def _launch(args: argparse.Namespace, argv: list[str]) -> int:
 
     log_dir = Path(args.output_dir) / "logs" if args.output_dir else None
     cmd = [sys.executable, "-m", "hetero.trainer.cli", *argv]
-    return launch_local(
-        cmd, args.nproc, log_dir=log_dir, extra_env={"HETERO_BACKEND": _backend_for(args)}
-    )
+    return launch_local(cmd, args.nproc, log_dir=log_dir, backend=_backend_for(args))
 
 
 def _backend_for(args: argparse.Namespace) -> str:

@@ -18,7 +18,6 @@ does not try the agent again for a backoff period that doubles with each failure
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -28,18 +27,17 @@ from dataclasses import dataclass
 import grpc
 
 from hetero.auth import agent_token_from_env
-from hetero.coordinator.balancer import Constraints, Decision, History
+from hetero.core import rankenv
+from hetero.core.balancer import Constraints, Decision, History
+from hetero.core.errors import PlanError, UnreachableError
+from hetero.core.rankenv import LaunchPlan, RankEnv
 from hetero.trainer.exchange import Planner, RankSummary
-from hetero.transport import ClientSecurity, client_channel
+from hetero.transport import ClientSecurity, client_channel, remote_error
 from hetero.v1 import agent_pb2_grpc
 from hetero.v1 import types_pb2 as tpb
 
 log = logging.getLogger("hetero.trainer.control")
 
-ENDPOINT_ENV = "HETERO_AGENT_ENDPOINT"
-JOB_ENV = "HETERO_JOB_ID"
-PLAN_ENV = "HETERO_PLAN"
-SLOWDOWN_ENV = "HETERO_EMULATE_SLOWDOWN"
 #: Seconds a request to the agent may take (on the worker thread, not the step path)
 #: before it counts as failed and the embedded policy answers.
 DEFAULT_DEADLINE_S = 0.5
@@ -48,53 +46,17 @@ DEFAULT_DEADLINE_S = 0.5
 Progress = Callable[[], tuple[int, Sequence[RankSummary] | None]]
 
 
-@dataclass(frozen=True)
-class LaunchPlan:
-    """The coordinator's plan the agent launched this rank with."""
-
-    version: int
-    batches: tuple[int, ...]
-
-
-def launch_plan(constraints: Constraints) -> LaunchPlan | None:
-    """``HETERO_PLAN`` if it is set and fits ``constraints``; else None (with a warning)."""
-    raw = os.environ.get(PLAN_ENV, "")
-    if not raw:
+def launch_plan(constraints: Constraints, plan: LaunchPlan | None) -> LaunchPlan | None:
+    """The plan the agent launched this rank with (``HETERO_PLAN``) if it is valid
+    under ``constraints``; else None (with a warning naming what is wrong)."""
+    if plan is None:
         return None
     try:
-        version_text, batches_text = raw.split(":", 1)
-        plan = LaunchPlan(int(version_text), tuple(int(b) for b in batches_text.split(",")))
-    except ValueError:
-        log.warning("ignoring %s=%r: expected VERSION:B0,B1,...", PLAN_ENV, raw)
-        return None
-    if not _fits(plan.batches, constraints):
-        log.warning(
-            "ignoring the agent's plan %s: it does not split %d samples over %d ranks",
-            list(plan.batches),
-            constraints.global_batch,
-            constraints.world_size,
-        )
+        constraints.check(plan.batches)
+    except PlanError as exc:
+        log.warning("ignoring the agent's plan (%s=%s): %s", rankenv.PLAN, plan, exc)
         return None
     return plan
-
-
-def _fits(batches: Sequence[int], c: Constraints) -> bool:
-    return (
-        len(batches) == c.world_size
-        and sum(batches) == c.global_batch
-        and all(b >= c.min_batch for b in batches)
-    )
-
-
-def emulated_slowdown_from_env(rank: int) -> str | None:
-    """``RANK:FACTOR`` from the agent's ``HETERO_EMULATE_SLOWDOWN`` (None if absent or 1)."""
-    raw = os.environ.get(SLOWDOWN_ENV, "")
-    try:
-        factor = float(raw) if raw else 1.0
-    except ValueError:
-        log.warning("ignoring %s=%r: not a number", SLOWDOWN_ENV, raw)
-        return None
-    return f"{rank}:{factor:g}" if factor > 1.0 else None
 
 
 @dataclass(frozen=True)
@@ -126,7 +88,7 @@ class AgentPlanner:
 
     Each report carries the coordinator plan version the interval *ran* (the one
     adopted at the boundary before), which the coordinator stores with the stats
-    and re-plans only against its newest plan (``coordinator/service.py``).
+    and re-plans only against its newest plan (``hetero.core.replan.should_replan``).
 
     ``fallback`` (the embedded policy) answers while the agent fails: an error or a
     missed deadline starts a backoff (1 s, doubling up to 30 s) during which
@@ -264,11 +226,11 @@ class AgentPlanner:
             return Decision(current, False, f"coordinator plan v{plan.version} is current")
         self.seen_version = plan.version
         batches = tuple(int(b) for b in plan.batches)
-        if not _fits(batches, self.constraints):
+        try:
+            self.constraints.check(batches)
+        except PlanError as exc:
             log.warning(
-                "coordinator plan v%d %s does not fit this job; ignored",
-                plan.version,
-                list(batches),
+                "coordinator plan v%d does not fit this job (%s); ignored", plan.version, exc
             )
             return Decision(current, False, f"coordinator plan v{plan.version} ignored")
         predicted = plan.predicted_step_s if plan.HasField("predicted_step_s") else None
@@ -311,11 +273,12 @@ class AgentPlanner:
         backoff_s = min(30.0, 2.0 ** (self.failures - 1))
         self.retry_at = self.clock() + backoff_s
         if self.failures == 1:
-            code = exc.code().name if hasattr(exc, "code") else "error"
+            error = remote_error(exc, f"agent {self.endpoint}")
             log.warning(
-                "agent %s did not answer (%s); using the embedded policy, retrying in %.0f s",
-                self.endpoint,
-                code,
+                "%s; using the embedded policy, retrying in %.0f s",
+                error
+                if isinstance(error, UnreachableError)
+                else f"agent {self.endpoint} refused the report ({error.status}: {error})",
                 backoff_s,
             )
 
@@ -338,16 +301,16 @@ def _rank_stats(s: RankSummary) -> tpb.RankIntervalStats:
     )
 
 
-def planner_from_env(fallback: Planner, constraints: Constraints, progress: Progress) -> Planner:
+def planner_from_env(
+    env: RankEnv, fallback: Planner, constraints: Constraints, progress: Progress
+) -> Planner:
     """An :class:`AgentPlanner` when launched by an agent, else ``fallback`` itself."""
-    endpoint = os.environ.get(ENDPOINT_ENV, "")
-    job_id = os.environ.get(JOB_ENV, "")
-    if not endpoint or not job_id:
+    if not env.agent_endpoint or not env.job_id:
         return fallback
-    launched = launch_plan(constraints)
+    launched = launch_plan(constraints, env.plan)
     return AgentPlanner(
-        endpoint,
-        job_id,
+        env.agent_endpoint,
+        env.job_id,
         fallback,
         constraints,
         progress,

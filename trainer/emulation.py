@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 
 _SPEC = re.compile(r"^\s*(\d+)\s*:\s*([0-9]*\.?[0-9]+)\s*(?:@\s*(\d+)?\s*-\s*(\d+)?)?\s*$")
 

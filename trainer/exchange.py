@@ -17,7 +17,8 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from hetero.coordinator.balancer import (
+from hetero.core import replan
+from hetero.core.balancer import (
     Constraints,
     Decision,
     DeviceProfile,
@@ -115,7 +116,7 @@ class EmbeddedPlanner:
     profiles: Sequence[DeviceProfile] | None = None
 
     def decide(self, history: History, current: tuple[int, ...]) -> Decision:
-        return self.policy.next_plan(history, current, self.constraints, self.profiles)
+        return replan.next_plan(self.policy, history, current, self.constraints, self.profiles)
 
 
 def all_gather_summaries(

@@ -1,6 +1,6 @@
 """The ideal throughput: each rank's standalone speed at its planned batch, summed.
 
-DESIGN.md's yardstick. Ranks are measured one at a time (the others wait at a
+The yardstick of ``docs/design.md``. Ranks are measured one at a time (the others wait at a
 barrier), each running full training steps — data, forward, backward, the
 emulated slowdown if any, optimizer — on a copy of the model with no
 communication. On a shared CPU this is what the rank achieves with the machine

@@ -18,8 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from hetero.coordinator.balancer import DeviceProfile
-from hetero.errors import ConfigError, DistributedError, HeteroError
+from hetero.core import defaults
+from hetero.core.balancer import DeviceProfile
+from hetero.core.errors import ConfigError, DistributedError, HeteroError
 from hetero.trainer.checkpoint import load_checkpoint, save_checkpoint
 from hetero.trainer.context import Context, init
 from hetero.trainer.control import AgentPlanner
@@ -44,7 +45,7 @@ class JobConfig:
     global_batch: int = 96
     steps: int = 100
     policy: str = "dynamic"
-    rebalance_interval: int = 10
+    rebalance_interval: int = defaults.REBALANCE_INTERVAL_STEPS
     min_batch: int = 1
     lr: float | None = None  # None: 0.05 for SGD, 6e-4 for AdamW
     seed: int = 0

@@ -1,8 +1,8 @@
 """Start N local ranks as processes, the way torchrun or an agent would.
 
-Each child gets the torch.distributed environment (``RANK``, ``WORLD_SIZE``,
-``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) and a fair share of the CPU
-threads. If one rank fails the others are stopped (a dead peer would leave
+Each child gets its ``hetero.core.rankenv.RankEnv`` (``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``, the backend) and a fair share
+of the CPU threads. If one rank fails the others are stopped (a dead peer would leave
 them blocked in a collective) and its exit status is returned. Only rank 0's
 standard output is shown; every rank's standard error is.
 """
@@ -18,6 +18,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from hetero.core.rankenv import RankEnv
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free a moment ago (the rendezvous binds it right after)."""
@@ -27,23 +29,28 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def rank_env(
-    rank: int, world_size: int, port: int, *, threads: int, base: Mapping[str, str] | None = None
+    rank: int,
+    world_size: int,
+    port: int,
+    *,
+    threads: int,
+    backend: str | None = None,
+    base: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
+    """``base`` (this process's environment) plus local rank ``rank``'s variables."""
     env = dict(os.environ if base is None else base)
-    env.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-        LOCAL_WORLD_SIZE=str(world_size),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        OMP_NUM_THREADS=str(threads),
-        HETERO_LAUNCHED="1",
-        # Never let NVLink multicast touch a shared host's GPUs.
-        NCCL_NVLS_ENABLE="0",
-        TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
-        NVSHMEM_DISABLE_NVLS="1",
+    local = RankEnv(
+        rank=rank,
+        world_size=world_size,
+        local_rank=rank,
+        local_world_size=world_size,
+        master_addr="127.0.0.1",
+        master_port=port,
+        backend=backend,
+        threads=threads,
+        launched=True,
     )
+    env.update(local.to_env())
     return env
 
 
@@ -51,13 +58,15 @@ def launch_local(
     argv: Sequence[str],
     nproc: int,
     *,
+    backend: str | None = None,
     extra_env: Mapping[str, str] | None = None,
     log_dir: Path | None = None,
     timeout_s: float | None = None,
 ) -> int:
     """Run ``argv`` as ``nproc`` ranks; return 0 if all succeed, else the first failure's code.
 
-    A failure is reported on standard error as one line naming the rank.
+    ``backend`` is the job's (``HETERO_BACKEND``); ``extra_env`` is set last. A
+    failure is reported on standard error as one line naming the rank.
     """
     port = free_port()
     threads = max(1, (os.cpu_count() or 1) // nproc)
@@ -65,7 +74,7 @@ def launch_local(
     logs = []
     try:
         for rank in range(nproc):
-            env = rank_env(rank, nproc, port, threads=threads)
+            env = rank_env(rank, nproc, port, threads=threads, backend=backend)
             env.update(extra_env or {})
             stdout = None
             if rank > 0:

@@ -26,16 +26,17 @@ broadcast is needed.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from hetero.coordinator.balancer import Constraints, round_to_plan
-from hetero.errors import HeteroError, PlanError
-from hetero.trainer.context import Context, PlanRecord
+from hetero.core.balancer import Constraints, round_to_plan
+from hetero.core.errors import HeteroError, PlanError
+from hetero.core.rankenv import RankEnv
+from hetero.trainer.context import Context
+from hetero.trainer.rebalance import PlanRecord
 from hetero.trainer.sampler import PlanSchedule
 
 log = logging.getLogger("hetero.trainer.memory")
@@ -79,7 +80,7 @@ def budget_bytes(device: torch.device, fraction: float | None = None) -> int:
         return int(min(ours, fraction * total)) if fraction else int(ours)
     import psutil
 
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    local = RankEnv.from_env().local_world_size or 1
     rss = psutil.Process().memory_info().rss
     return int(psutil.virtual_memory().available // max(local, 1) + rss)
 

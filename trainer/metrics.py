@@ -1,4 +1,4 @@
-"""Per-rank metrics as JSON lines, one record per interval.
+"""Per-rank metrics as JSON lines, one record per interval (``interval_record``).
 
 File: ``<output_dir>/metrics/rank<R>.jsonl``.
 """
@@ -6,8 +6,13 @@ File: ``<output_dir>/metrics/rank<R>.jsonl``.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from hetero.trainer.context import Context
+    from hetero.trainer.exchange import RankSummary
 
 
 class MetricsWriter:
@@ -36,3 +41,50 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     """All records of one rank's metrics file."""
     with path.open(encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]
+
+
+def interval_record(
+    ctx: Context,
+    summaries: list[RankSummary],
+    wall_s: float,
+    changed: bool,
+    plan: tuple[int, ...],
+    apply_at: int,
+    reason: str,
+) -> dict[str, Any]:
+    """One metrics record: this rank's interval and the job's, as rank ``ctx.rank`` saw
+    them at the boundary ending step ``ctx.global_step``."""
+    me = summaries[ctx.rank]
+    total_loss = sum(s.loss_sum for s in summaries)
+    total_samples = sum(s.samples for s in summaries)
+    record: dict[str, Any] = {
+        "step": ctx.global_step,
+        "rank": ctx.rank,
+        "time_s": time.time(),
+        "interval_wall_s": wall_s,
+        "samples_per_s": total_samples / wall_s if wall_s > 0 else 0.0,
+        "loss": total_loss / total_samples if total_samples else None,
+        "local_loss": me.loss_sum / me.samples if me.samples else None,
+        "batch": me.batch,
+        "steps_measured": me.steps,
+        "compute_s": me.compute_s,
+        "per_sample_compute_s": me.compute_s / me.batch if me.batch else None,
+        "phases_s": {
+            "data": me.data_s,
+            "forward": me.forward_s,
+            "backward": me.backward_s,
+            "comm": me.comm_s,
+            "optimizer": me.optimizer_s,
+        },
+        "step_s": me.step_s,
+        "peak_memory_bytes": me.peak_memory_bytes,
+        "plan": list(ctx._step_sizes),  # the plan that ran in this interval
+        "plan_changed": changed,
+        "next_plan": list(plan) if changed else None,
+        "apply_at_step": apply_at if changed else None,
+        "reason": reason if ctx.rank == 0 else None,
+        "emulated": ctx.emulated,
+        "slowdown": me.slowdown,
+        "injected_s": me.injected_s,
+    }
+    return record

@@ -49,8 +49,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hetero.coordinator.balancer import Constraints, round_to_plan
-from hetero.errors import ConfigError, HeteroError, PlanError
+from hetero.core.balancer import Constraints, round_to_plan
+from hetero.core.errors import ConfigError, HeteroError, PlanError
 from hetero.trainer.context import Context
 from hetero.trainer.memory import MemoryMonitor
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 
 #: Mixed-precision modes of ``--amp``.
 AMP_MODES = ("none", "bf16", "fp16")

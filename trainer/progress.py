@@ -1,6 +1,6 @@
 """The progress file a rank touches as it trains, for its agent's watchdog.
 
-An agent launches each rank with ``HETERO_PROGRESS_FILE``; the trainer touches
+An agent launches each rank with ``HETERO_PROGRESS_FILE`` (``RankEnv.progress_file``); the trainer touches
 that file as it completes steps (at most once per ``PERIOD_S``, so the cost is
 one ``utime`` a second). A rank whose file and output stay still for the
 agent's ``watchdog_s`` is considered stuck and killed. Without the variable
@@ -10,11 +10,9 @@ agent's ``watchdog_s`` is considered stuck and killed. Without the variable
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from pathlib import Path
 
-ENV = "HETERO_PROGRESS_FILE"
 #: Seconds between touches at most.
 PERIOD_S = 1.0
 
@@ -23,11 +21,6 @@ class ProgressFile:
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self._last = float("-inf")
-
-    @classmethod
-    def from_env(cls) -> ProgressFile:
-        raw = os.environ.get(ENV, "")
-        return cls(Path(raw) if raw else None)
 
     def beat(self) -> None:
         """Record progress now (cheap; rate-limited). Never raises."""

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from hetero.coordinator.balancer import Constraints, round_to_plan
-from hetero.errors import ConfigError, PlanError
+from hetero.core.balancer import Constraints, round_to_plan
+from hetero.core.errors import ConfigError, PlanError
 
 
 def epoch_permutation(num_samples: int, seed: int, epoch: int) -> list[int]:

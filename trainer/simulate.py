@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 from hetero.trainer.context import Context
 
 
@@ -67,5 +67,5 @@ def launch_simulated(args: argparse.Namespace, argv: list[str]) -> int:
 
     log_dir = Path(args.output_dir) / "logs" if args.output_dir else None
     cmd = [sys.executable, "-m", "hetero.trainer.cli", *argv]
-    # Every rank on device 0: LOCAL_RANK picks the GPU (Context._pick_device).
+    # Every rank on device 0: LOCAL_RANK picks the GPU (bootstrap.pick_device).
     return launch_local(cmd, args.simulate_nodes, log_dir=log_dir, extra_env={"LOCAL_RANK": "0"})

@@ -28,7 +28,7 @@ import torch
 from torch.nn import functional as F
 from torch.utils.data import Dataset
 
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 from hetero.trainer.datasets.text import (
     IGNORE_INDEX,
     CausalLMSamples,

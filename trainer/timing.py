@@ -11,15 +11,21 @@ backward compute without the wait for peers. On CPU the marks are
 ``time.perf_counter()``; on CUDA each mark also records an event on the
 current stream, because host time at a hook is when the kernels were *queued*,
 not when they ran. Events are resolved lazily (``resolve``) at interval
-boundaries, so the hot path never synchronizes.
+boundaries, so the hot path never synchronizes. ``PhaseHooks`` sets the marks
+that come from hooks.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torch import nn
+
+from hetero.trainer.emulation import emulate_wait
 
 MARKS = ("prev_end", "fwd_begin", "fwd_end", "grads_ready", "bwd_end", "opt_end")
 
@@ -149,3 +155,33 @@ def _fill(
         later = rel.get(name, later)
         out[name] = later
     return out
+
+
+class PhaseHooks:
+    """The marks that come from hooks, not from the loop: ``fwd_begin`` and ``fwd_end``
+    from the model's forward hooks (forwards with grad enabled only), ``grads_ready``
+    from the comm hook (or at the end of backward without DDP). An emulated slowdown
+    (``factor()`` > 1, read at each step) waits just before ``grads_ready``, so the
+    wait counts as compute."""
+
+    def __init__(self, clock: StepClock, factor: Callable[[], float]) -> None:
+        self.clock = clock
+        self.factor = factor
+
+    def attach(self, model: nn.Module) -> None:
+        model.register_forward_pre_hook(self.forward_begin)
+        model.register_forward_hook(self.forward_end)
+
+    def forward_begin(self, module: nn.Module, args: Any) -> None:
+        if torch.is_grad_enabled() and not self.clock.seen("fwd_begin"):
+            self.clock.mark("fwd_begin")
+
+    def forward_end(self, module: nn.Module, args: Any, output: Any) -> None:
+        if torch.is_grad_enabled():
+            self.clock.mark("fwd_end")
+
+    def grads_ready(self) -> None:
+        factor = self.factor()
+        if factor > 1.0 and self.clock.seen("fwd_begin"):
+            self.clock.injected_s += emulate_wait(factor, self.clock.since("fwd_begin"))
+        self.clock.mark("grads_ready")

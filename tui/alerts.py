@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 from hetero.tui.state import ClusterState, JobView
 
 

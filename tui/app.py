@@ -23,14 +23,14 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static, TabbedContent, TabPane
 
-from hetero.errors import HeteroError, UnreachableError
+from hetero.core import defaults
+from hetero.core.errors import HeteroError, UnreachableError
 from hetero.transport import ClientSecurity, add_client_arguments, client_security_from_args
 from hetero.tui.client import CoordinatorClient
 from hetero.tui.screens import ConfirmScreen, HelpScreen, JobDetailScreen
 from hetero.tui.state import ClusterState
 from hetero.tui.widgets import Banner, ClusterTable, JobsTable, StateTable
 
-DEFAULT_COORDINATOR = "127.0.0.1:7070"
 #: Reconnect backoff, seconds.
 RETRY_MIN_S, RETRY_MAX_S = 0.5, 5.0
 
@@ -176,7 +176,7 @@ class HeteroTop(App[None]):
 
     def __init__(
         self,
-        address: str = DEFAULT_COORDINATOR,
+        address: str = defaults.COORDINATOR_ADDRESS,
         *,
         period_s: float = 1.0,
         stale_after_s: float | None = None,
@@ -320,8 +320,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--coordinator",
-        default=os.environ.get("HETERO_COORDINATOR", DEFAULT_COORDINATOR),
-        help="coordinator host:port (default $HETERO_COORDINATOR, else 127.0.0.1:7070)",
+        default=os.environ.get("HETERO_COORDINATOR", defaults.COORDINATOR_ADDRESS),
+        help="coordinator host:port (default $HETERO_COORDINATOR, else "
+        f"{defaults.COORDINATOR_ADDRESS})",
     )
     parser.add_argument(
         "--period", type=float, default=1.0, help="seconds between updates (default 1)"

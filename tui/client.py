@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 
 import grpc
 
-from hetero.errors import RemoteError, UnreachableError
-from hetero.transport import ClientSecurity, client_channel
+from hetero.core.errors import RemoteError, UnreachableError
+from hetero.transport import ClientSecurity, client_channel, remote_error
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 
@@ -25,16 +25,6 @@ T = TypeVar("T")
 REQUEST_TIMEOUT_S = 5.0
 #: A watch stream is re-opened after this long (its deadline), without a banner.
 STREAM_DEADLINE_S = 300.0
-_UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-
-
-def translate(exc: grpc.RpcError, address: str) -> RemoteError:
-    """The ``HeteroError`` for a failed call: unreachable, or the server's one-line reason."""
-    code = exc.code() if hasattr(exc, "code") else None
-    details = exc.details() if hasattr(exc, "details") else str(exc)
-    if code in _UNREACHABLE or code is None:
-        return UnreachableError(f"cannot reach the coordinator at {address} ({details})")
-    return RemoteError(str(details))
 
 
 class CoordinatorClient:
@@ -59,7 +49,10 @@ class CoordinatorClient:
         try:
             return fn()
         except grpc.RpcError as exc:
-            raise translate(exc, self.address) from None
+            raise self._error(exc) from None
+
+    def _error(self, exc: grpc.RpcError) -> RemoteError:
+        return remote_error(exc, f"the coordinator at {self.address}")
 
     def job_detail(self, job_id: str, max_intervals: int = 120) -> pb.JobDetail:
         request = pb.GetJobDetailRequest(job_id=job_id, max_intervals=max_intervals)
@@ -94,11 +87,12 @@ class CoordinatorClient:
             try:
                 yield from call
             except grpc.RpcError as exc:
-                if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                error = self._error(exc)
+                if error.status == "DEADLINE_EXCEEDED":
                     return  # the stream's own deadline: the caller re-opens it
-                if exc.code() == grpc.StatusCode.CANCELLED and self._closed:
+                if error.status == "CANCELLED" and self._closed:
                     return
-                raise translate(exc, self.address) from None
+                raise error from None
             # A stream the server ended (it is shutting down) is a disconnect too.
             raise UnreachableError(f"the coordinator at {self.address} closed the stream")
         finally:

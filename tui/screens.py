@@ -17,7 +17,7 @@ from textual.message import Message
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, Footer, Label, Static
 
-from hetero.errors import HeteroError, UnreachableError
+from hetero.core.errors import HeteroError, UnreachableError
 from hetero.tui import panels
 from hetero.tui.alerts import job_alerts
 from hetero.tui.detail import JobDetailView, detail_view

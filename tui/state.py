@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hetero.core.states import TERMINAL_LABELS, job_label, rank_label
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
 
@@ -145,7 +146,7 @@ class JobView:
 
     @property
     def finished(self) -> bool:
-        return self.state in ("succeeded", "failed", "cancelled")
+        return self.state in TERMINAL_LABELS
 
     @property
     def progress(self) -> float | None:
@@ -272,7 +273,7 @@ def job_view(j: pb.Job) -> JobView:
     return JobView(
         id=j.id,
         name=j.name,
-        state=str(pb.JobState.Name(j.state)).removeprefix("JOB_STATE_").lower(),
+        state=job_label(j.state),
         policy=j.policy,
         global_batch=j.global_batch,
         world_size=j.world_size,
@@ -289,7 +290,7 @@ def job_view(j: pb.Job) -> JobView:
                 node_name=r.node_name,
                 device_index=r.device_index,
                 device_name=r.device_name,
-                state=str(pb.RankState.Name(r.state)).removeprefix("RANK_STATE_").lower(),
+                state=rank_label(r.state),
                 emulated_slowdown=r.emulated_slowdown or 1.0,
                 batch=batches[r.rank] if r.rank < len(batches) else None,
             )

@@ -34,7 +34,7 @@ from hetero.bench.harness.scenario import (
     known_scenarios,
     load_scenario,
 )
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -101,7 +101,7 @@ def run_command(args: argparse.Namespace) -> int:
     from hetero.bench.harness.gpu_monitor import GpuMonitor
 
     runner.preflight(scenario)
-    # `timeout`, a batch system or the device tool stop the harness with SIGTERM: turn it
+    # `timeout`, a batch system or a job scheduler stop the harness with SIGTERM: turn it
     # into the same path as Ctrl-C, so every run and neighbour (each in its own session)
     # is stopped before the harness exits.
     signal.signal(signal.SIGTERM, _interrupt)
@@ -234,8 +234,8 @@ def _with_solo_scores(spec: RunSpec, specs: list[RunSpec]) -> RunSpec:
     """``proportional`` and ``hybrid`` get each GPU's solo throughput as its score.
 
     The plain-DDP baseline runs first and measures every rank alone at B/W; a
-    static split by those rates is DESIGN.md's "static split by solo
-    throughput". Without a baseline summary the policies fall back to equal.
+    static split by those rates is the "static split by solo throughput" of
+    ``docs/design.md``. Without a baseline summary the policies fall back to equal.
     """
     if spec.name not in ("proportional", "hybrid"):
         return spec

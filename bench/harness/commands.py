@@ -18,7 +18,8 @@ from pathlib import Path
 
 from hetero.bench.harness.scenario import BASELINE, GPU_ONLY, Neighbour, Scenario
 
-#: Set in every process the harness starts (DESIGN: never NVLink multicast on a shared host).
+#: Set in every process the harness starts: NVLink multicast (NVLS) stays off on a shared host,
+#: and CUDA numbers the GPUs as NVML does (docs/benchmarks.md, "How it runs").
 SAFE_ENV = {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hetero.coordinator.balancer import (
+from hetero.core.balancer import (
     Constraints,
     Dynamic,
     RankInterval,
@@ -22,7 +22,7 @@ from hetero.coordinator.balancer import (
     predict_exclusion,
     predict_step_s,
 )
-from hetero.errors import HeteroError
+from hetero.core.errors import HeteroError
 
 
 def history_from_metrics(ranks: list[list[dict[str, Any]]]) -> list[tuple[RankInterval, ...]]:

@@ -15,7 +15,7 @@ from typing import Any
 from hetero.bench.harness import plots
 from hetero.bench.harness.forecast import exclusion_forecasts
 from hetero.bench.harness.results import RunData, build_rows, run_changes, write_csv, write_json
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 
 FIGURES_HELP = """\
 - **samples/s**: median of the job's per-interval throughput over the steady

@@ -2,8 +2,8 @@
 
 Every run is its own process tree, started in a new session so that stopping
 it (timeout, error, Ctrl-C) signals the whole group and leaves no rank
-behind. A run that fails is recorded and the next one starts: on a rented GPU
-machine one bad run should not cost the others. Each run leaves
+behind. A run that fails is recorded and the next one starts: on a GPU host
+booked for a limited time one bad run should not cost the others. Each run leaves
 ``runs/<name>/run.json`` (command, exit status, wall seconds, neighbour
 switches), which ``hetero-bench report`` reads back together with the run's
 ``summary.json`` and ``metrics/``.
@@ -31,7 +31,7 @@ from hetero.bench.harness.commands import SAFE_ENV, RunSpec, neighbour_argv, nei
 from hetero.bench.harness.gpu_monitor import GpuMonitor, write_samples
 from hetero.bench.harness.neighbour import NeighbourProcess
 from hetero.bench.harness.scenario import Neighbour, Scenario
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 
 POLL_S = 0.02
 

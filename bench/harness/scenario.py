@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from hetero.bench.shipped import shipped_names, shipped_text
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 
 #: Policies ``hetero-train`` knows (checked here without importing the trainer).
 POLICIES = ("equal", "proportional", "dynamic", "hybrid")

@@ -1,6 +1,6 @@
 """A deterministic, seeded cluster simulator that measures balancer policies.
 
-Imports the balancer (``hetero.coordinator.balancer``); the balancer never
+Imports the balancer (``hetero.core.balancer``); the balancer never
 imports this package. Everything here is simulated: no GPU, no torch.
 """
 

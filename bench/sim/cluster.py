@@ -14,7 +14,7 @@ import random
 from collections.abc import Sequence
 
 from hetero.bench.sim.scenario import Scenario, Worker
-from hetero.coordinator.balancer import Batches, Constraints, DeviceProfile
+from hetero.core.balancer import Batches, Constraints, DeviceProfile
 
 
 class SimWorker:

@@ -20,15 +20,15 @@ from dataclasses import dataclass, replace
 
 from hetero.bench.sim.cluster import SimWorker, best_plan, constraints_for, make_workers
 from hetero.bench.sim.scenario import Scenario
-from hetero.coordinator.balancer import (
+from hetero.core.balancer import (
     Batches,
     Policy,
     RankInterval,
     StragglerDetector,
     estimate_comm_s,
 )
-from hetero.coordinator.balancer.straggler import per_sample_ratios
-from hetero.errors import PlanError
+from hetero.core.balancer.straggler import per_sample_ratios
+from hetero.core.errors import PlanError
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """From a simulated run to the numbers ``hetero-bench sim`` reports.
 
-**Ideal** (DESIGN.md, "Performance yardstick"): the sum over ranks of each
+**Ideal** (``docs/design.md``, "The yardstick"): the sum over ranks of each
 rank's standalone throughput at its *planned* batch, ``Σ b_i / (t_i(b_i) + comm)``
 with ``t_i`` the rank's true, noise-free compute time at that step (drift and
 neighbours included). Two choices make it a measure of the *plan*, which is

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from hetero.bench.sim.engine import simulate
 from hetero.bench.sim.metrics import SimResult, summarize
 from hetero.bench.sim.scenario import Scenario, known_scenarios, load_scenario
-from hetero.coordinator.balancer import Policy, make_policy
+from hetero.core.balancer import Policy, make_policy
 
 if TYPE_CHECKING:
     from rich.table import Table

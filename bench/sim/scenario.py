@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from hetero.bench.shipped import shipped_names, shipped_text
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 
 #: Scenario files shipped with the package (``hetero.bench`` package data).
 SCENARIO_DIR = "scenarios/sim"

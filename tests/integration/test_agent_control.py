@@ -24,10 +24,10 @@ import pytest
 
 from hetero.agent.local import AgentLocalService, PlanCache, create_local_server
 from hetero.agent.supervisor import Supervisor
-from hetero.coordinator.balancer import Constraints, RankInterval, make_policy
 from hetero.coordinator.database import open_database, session_factory
 from hetero.coordinator.server import create_server
 from hetero.coordinator.service import Deps
+from hetero.core.balancer import Constraints, RankInterval, make_policy
 from hetero.trainer.control import AgentPlanner
 from hetero.trainer.exchange import EmbeddedPlanner, RankSummary
 from hetero.trainer.launch import free_port

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 from hetero.trainer.job import JobConfig
 
 

@@ -17,7 +17,7 @@ from hetero.coordinator import cli
 from hetero.coordinator.config import load_config, with_flags
 from hetero.coordinator.metrics import MetricsServer
 from hetero.coordinator.service import CoordinatorService
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 from hetero.v1 import coordinator_pb2 as pb
 
 DEADLINE_S = 5.0

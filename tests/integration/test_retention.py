@@ -21,7 +21,7 @@ from hetero.coordinator.placement import place
 from hetero.coordinator.pruning import IntervalPruner, PruneState, prune_batch
 from hetero.coordinator.retention import IntervalRetention
 from hetero.coordinator.views import HISTORY_FOR_REPORT
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 
 NOW = 1_700_000_000.0
 HOUR = 3600.0

@@ -29,7 +29,7 @@ from hetero.auth import Secret
 from hetero.coordinator.database import open_database, session_factory
 from hetero.coordinator.server import create_server
 from hetero.coordinator.service import Deps
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 from hetero.transport import ClientSecurity, ServerSecurity, TLSFiles, client_channel
 from hetero.v1 import agent_pb2_grpc, coordinator_pb2_grpc
 from hetero.v1 import coordinator_pb2 as pb

@@ -10,7 +10,7 @@ import pytest
 
 from hetero.agent.config import AgentConfig, load_config, with_flags
 from hetero.agent.orders import rank_command, rank_environment
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
 

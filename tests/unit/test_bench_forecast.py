@@ -7,7 +7,7 @@ from hetero.bench.harness.forecast import (
     history_from_metrics,
     predicted_rate,
 )
-from hetero.coordinator.balancer import estimate_comm_s
+from hetero.core.balancer import estimate_comm_s
 
 
 def _ranks(per_sample_s: list[float], batches: list[int], wall_s: float) -> list[list[dict]]:

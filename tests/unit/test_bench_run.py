@@ -21,7 +21,7 @@ from hetero.bench.harness.scenario import (
     load_scenario,
     parse_scenario,
 )
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 
 
 def test_every_shipped_scenario_parses_and_the_issue_7_set_is_there() -> None:

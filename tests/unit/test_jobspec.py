@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from hetero.coordinator.jobspec import JobSpec, parse_jobspec
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 
 GOOD = """\
 name: demo

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hetero.errors import ConfigError, HeteroError
+from hetero.core.errors import ConfigError, HeteroError
 from hetero.trainer.memory import cap_from, combine, parse_max_batch
 from hetero.trainer.oom import Injection, parse_injections
 from hetero.trainer.simulate import parse_fractions

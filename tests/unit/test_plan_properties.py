@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import assume, given, reject, settings
 from hypothesis import strategies as st
 
-from hetero.coordinator.balancer import (
+from hetero.core.balancer import (
     Constraints,
     Dynamic,
     RankInterval,
@@ -13,7 +13,7 @@ from hetero.coordinator.balancer import (
     equal_time_plan,
     round_to_plan,
 )
-from hetero.errors import PlanError
+from hetero.core.errors import PlanError
 
 per_sample = st.floats(min_value=1e-5, max_value=1e-2)
 fixed = st.floats(min_value=0.0, max_value=0.1)

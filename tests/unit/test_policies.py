@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from hetero.coordinator.balancer import (
+from hetero.core.balancer import (
     Constraints,
     DeviceProfile,
     Dynamic,
@@ -18,7 +18,7 @@ from hetero.coordinator.balancer import (
     make_policy,
     predict_step_s,
 )
-from hetero.errors import ConfigError, PlanError
+from hetero.core.errors import ConfigError, PlanError
 
 Models = Sequence[StepModel]
 

@@ -59,7 +59,7 @@ def test_generated_modules_import_as_hetero_v1() -> None:
 
 
 def test_an_agent_polls_when_told_and_always_for_a_coordinator_that_predates_the_flag() -> None:
-    from hetero.agent.daemon import orders_pending
+    from hetero.agent.link import orders_pending
     from hetero.v1 import coordinator_pb2 as pb
 
     assert orders_pending(pb.HeartbeatResponse())  # unset: an older coordinator

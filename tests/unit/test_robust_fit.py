@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from hetero.coordinator.balancer import find_regimes, fit_rank
-from hetero.coordinator.balancer.changepoint import consistent
-from hetero.coordinator.balancer.robust_fit import huber_line
+from hetero.core.balancer import find_regimes, fit_rank
+from hetero.core.balancer.changepoint import consistent
+from hetero.core.balancer.robust_fit import huber_line
 
 
 def affine(a: float, c: float, batches: list[int]) -> list[tuple[int, float]]:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetero.errors import ConfigError, PlanError
+from hetero.core.errors import ConfigError, PlanError
 from hetero.trainer.sampler import UnevenBatchSampler, epoch_permutation
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from hetero.bench.sim import parse_scenario, simulate, summarize
 from hetero.bench.sim.cluster import best_plan, constraints_for, make_workers
-from hetero.coordinator.balancer import (
+from hetero.core.balancer import (
     Batches,
     Constraints,
     Decision,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hetero.bench.sim import known_scenarios, load_scenario, parse_scenario
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 
 MINIMAL = """
 global_batch: 64

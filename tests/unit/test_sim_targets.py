@@ -19,7 +19,7 @@ from hetero.bench.sim import (
     summarize,
 )
 from hetero.bench.sim import simulate as run_sim
-from hetero.coordinator.balancer import make_policy
+from hetero.core.balancer import make_policy
 
 #: The memory cap pins a rank below its share, so it idles every step: no plan
 #: reaches the ideal there, and the target is to match the best possible plan.

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from hetero.coordinator.balancer import (
+from hetero.core.balancer import (
     Constraints,
     RankInterval,
     StepModel,
@@ -14,7 +14,7 @@ from hetero.coordinator.balancer import (
     detect_stragglers,
     predict_exclusion,
 )
-from hetero.errors import ConfigError, PlanError
+from hetero.core.errors import ConfigError, PlanError
 
 
 def per_sample_interval(seconds_per_sample: list[float], batch: int = 100):
@@ -91,8 +91,8 @@ def test_exclusion_is_refused_when_the_other_ranks_memory_cannot_hold_the_batch(
 
 
 def test_times_that_underflow_or_batches_of_zero_are_no_evidence_not_a_crash() -> None:
-    from hetero.coordinator.balancer.changepoint import consistent
-    from hetero.coordinator.balancer.straggler import per_sample_ratios
+    from hetero.core.balancer.changepoint import consistent
+    from hetero.core.balancer.straggler import per_sample_ratios
 
     tiny = [
         RankInterval(0, 8, 10, 5e-324),

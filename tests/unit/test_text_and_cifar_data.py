@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 from hetero.trainer.datasets import build_dataset
 from hetero.trainer.datasets.cifar import CifarTensors, write_cifar
 from hetero.trainer.datasets.text import (

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from hetero.coordinator.throughput import RankPhases, estimate
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 from hetero.tui import format as fmt
 from hetero.tui.alerts import AlertRules, job_alerts
 from hetero.tui.detail import detail_view

@@ -12,7 +12,7 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 from hetero.trainer.datasets.cifar import CifarTensors
 from hetero.trainer.datasets.folder import image_folder
 from hetero.trainer.datasets.synthetic import SyntheticImages

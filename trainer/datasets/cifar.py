@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 
 #: Per-channel mean and std of the CIFAR-10 training images (0..1 scale).
 _MEAN = (0.4914, 0.4822, 0.4465)

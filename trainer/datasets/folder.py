@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 
 
 def image_folder(root: str | Path, image_size: int) -> Dataset[tuple[torch.Tensor, int]]:

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 
 IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index
 

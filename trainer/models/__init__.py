@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 from hetero.trainer.models.transformer import CONFIGS, build_transformer
 from hetero.trainer.models.vision import DebugNet, SimpleCNN, resnet
 

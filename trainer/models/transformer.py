@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 
 
 @dataclass(frozen=True)

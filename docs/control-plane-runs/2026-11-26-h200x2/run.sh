@@ -1,5 +1,7 @@
-# Issue 4/6 measurements on a 2-GPU machine: control-plane overhead ratio on CUDA,
-# plan latency, and the 1,000-agent load on a quiet many-core host.
+# Control-plane measurements on a host with 2x NVIDIA H200 (32 CPU cores): the overhead
+# ratio on CUDA, plan latency, and the 1,000-agent load on a quiet many-core host.
+# OUT is the folder the results go to; .gpu/ holds wheels built from this tree
+# (pip wheel --no-deps -w .gpu .) and their dependencies (.gpu/wheels/).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 python -m pip install --no-deps -q .gpu/wheels/*.whl 2>&1 | grep -v WARN | tail -2
 python -m pip install --force-reinstall --no-deps -q .gpu/hetero-*.whl 2>&1 | grep -v WARN | tail -2

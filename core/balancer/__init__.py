@@ -4,26 +4,26 @@ Nothing here imports grpc, torch or sqlalchemy: the trainer embeds this package
 in every training process and the coordinator runs the same code.
 """
 
-from hetero.coordinator.balancer.changepoint import Regime, find_regimes
-from hetero.coordinator.balancer.decision import Decision, Policy
-from hetero.coordinator.balancer.dynamic import Dynamic, Hybrid
-from hetero.coordinator.balancer.model import (
+from hetero.core.balancer.changepoint import Regime, find_regimes
+from hetero.core.balancer.decision import Decision, Policy
+from hetero.core.balancer.dynamic import Dynamic, Hybrid
+from hetero.core.balancer.model import (
     StepModel,
     equal_time_plan,
     fit_step_model,
     predict_step_s,
 )
-from hetero.coordinator.balancer.plan import Batches, Constraints, equal_batches, round_to_plan
-from hetero.coordinator.balancer.policies import POLICIES, Equal, Proportional, make_policy
-from hetero.coordinator.balancer.robust_fit import RankFit, fit_rank
-from hetero.coordinator.balancer.stats import (
+from hetero.core.balancer.plan import Batches, Constraints, equal_batches, round_to_plan
+from hetero.core.balancer.policies import POLICIES, Equal, Proportional, make_policy
+from hetero.core.balancer.robust_fit import RankFit, fit_rank
+from hetero.core.balancer.stats import (
     DeviceProfile,
     History,
     Interval,
     RankInterval,
     estimate_comm_s,
 )
-from hetero.coordinator.balancer.straggler import (
+from hetero.core.balancer.straggler import (
     ExclusionForecast,
     StragglerDetector,
     StragglerEvidence,

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from hetero.coordinator.balancer.model import StepModel
-from hetero.coordinator.balancer.plan import Batches, Constraints
-from hetero.coordinator.balancer.stats import DeviceProfile, History
+from hetero.core.balancer.model import StepModel
+from hetero.core.balancer.plan import Batches, Constraints
+from hetero.core.balancer.stats import DeviceProfile, History
 
 
 @dataclass(frozen=True)

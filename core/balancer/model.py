@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hetero.coordinator.balancer.plan import Batches, Constraints, round_to_plan
+from hetero.core.balancer.plan import Batches, Constraints, round_to_plan
 
 
 @dataclass(frozen=True)

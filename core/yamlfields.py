@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from hetero.errors import ConfigError
+from hetero.core.errors import ConfigError
 
 
 def _line(node: yaml.Node) -> int:

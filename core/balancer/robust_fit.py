@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hetero.coordinator.balancer.changepoint import Point, Regime, find_regimes
-from hetero.coordinator.balancer.model import StepModel
+from hetero.core.balancer.changepoint import Point, Regime, find_regimes
+from hetero.core.balancer.model import StepModel
 
 #: Huber's tuning constant: 95% efficiency under Gaussian noise.
 HUBER_DELTA = 1.345

@@ -14,12 +14,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hetero.coordinator.balancer.decision import Decision
-from hetero.coordinator.balancer.model import StepModel, equal_time_plan, predict_step_s
-from hetero.coordinator.balancer.plan import Batches, Constraints, equal_batches, round_to_plan
-from hetero.coordinator.balancer.robust_fit import RankFit, fit_rank
-from hetero.coordinator.balancer.stats import DeviceProfile, History, Interval
-from hetero.errors import ConfigError, PlanError
+from hetero.core.balancer.decision import Decision
+from hetero.core.balancer.model import StepModel, equal_time_plan, predict_step_s
+from hetero.core.balancer.plan import Batches, Constraints, equal_batches, round_to_plan
+from hetero.core.balancer.robust_fit import RankFit, fit_rank
+from hetero.core.balancer.stats import DeviceProfile, History, Interval
+from hetero.core.errors import ConfigError, PlanError
 
 
 @dataclass(frozen=True)

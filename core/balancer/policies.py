@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hetero.coordinator.balancer.decision import Decision, Policy
-from hetero.coordinator.balancer.dynamic import Dynamic, Hybrid
-from hetero.coordinator.balancer.plan import Batches, Constraints, equal_batches, round_to_plan
-from hetero.coordinator.balancer.stats import DeviceProfile, History
-from hetero.errors import ConfigError
+from hetero.core.balancer.decision import Decision, Policy
+from hetero.core.balancer.dynamic import Dynamic, Hybrid
+from hetero.core.balancer.plan import Batches, Constraints, equal_batches, round_to_plan
+from hetero.core.balancer.stats import DeviceProfile, History
+from hetero.core.errors import ConfigError
 
 __all__ = [
     "POLICIES",

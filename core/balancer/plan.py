@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hetero.errors import PlanError
+from hetero.core.errors import PlanError
 
 Batches = tuple[int, ...]
 

@@ -22,10 +22,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hetero.coordinator.balancer.model import StepModel, equal_time_plan, predict_step_s
-from hetero.coordinator.balancer.plan import Batches, Constraints
-from hetero.coordinator.balancer.stats import History, Interval, RankInterval
-from hetero.errors import ConfigError, PlanError
+from hetero.core.balancer.model import StepModel, equal_time_plan, predict_step_s
+from hetero.core.balancer.plan import Batches, Constraints
+from hetero.core.balancer.stats import History, Interval, RankInterval
+from hetero.core.errors import ConfigError, PlanError
 
 #: Intervals a straggler's run is counted back over (the evidence says "at least" beyond).
 LOOKBACK = 32

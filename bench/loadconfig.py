@@ -1,0 +1,54 @@
+"""What a run of ``hetero-bench load`` is asked to do (``LoadConfig``, from the command's
+flags, validated at once) and the error of a run that could not be set up or did not
+complete."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hetero.core.errors import ConfigError, HeteroError
+
+
+class LoadError(HeteroError):
+    """The load run could not be set up or did not complete."""
+
+    exit_code = 1
+
+
+#: When simulated agents poll for orders (``LoadConfig.poll``).
+POLL_MODES = ("asked", "always", "never")
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    agents: int = 1000
+    ranks: int = 256
+    world_size: int = 8
+    processes: int = 4
+    duration_s: float = 120.0
+    warmup_s: float = 10.0
+    heartbeat_s: float = 1.0
+    interval_s: float = 1.0
+    devices_per_agent: int = 4
+    #: ``asked``: poll after a heartbeat whose reply says orders are pending (the
+    #: agent); ``always``: after every heartbeat (agents before that flag); ``never``.
+    poll: str = "asked"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.agents < 1 or self.processes < 1 or self.world_size < 1:
+            raise ConfigError("--agents, --processes and --world-size must be >= 1")
+        if self.ranks < 0 or self.ranks % self.world_size:
+            raise ConfigError(f"--ranks ({self.ranks}) must be a multiple of --world-size")
+        if self.ranks > self.agents * self.devices_per_agent:
+            raise ConfigError(f"--ranks ({self.ranks}) exceeds the agents' devices")
+        if min(self.duration_s, self.heartbeat_s, self.interval_s) <= 0 or self.warmup_s < 0:
+            raise ConfigError("durations and periods must be > 0 (--warmup-s >= 0)")
+        if not 1 <= self.devices_per_agent <= 64:
+            raise ConfigError("--devices-per-agent must be in [1, 64]")
+        if self.poll not in POLL_MODES:
+            raise ConfigError(f"--poll must be one of {', '.join(POLL_MODES)}, got {self.poll!r}")
+
+    @property
+    def jobs(self) -> int:
+        return self.ranks // self.world_size

@@ -1,0 +1,256 @@
+"""The figures of ``hetero-bench load``: what is sampled while it runs (process CPU, the
+database's size and rows) and what is computed from the generators' results and
+printed afterwards (achieved vs offered rates, latency percentiles, errors, CPU in
+cores, the database's growth per hour beside the bounds its retention sets).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hetero.bench.loadconfig import LoadConfig
+
+if TYPE_CHECKING:
+    import psutil
+
+# psutil and the coordinator (sqlalchemy) are imported when a run starts: registering
+# the subcommand must not need them (a GPU box runs ``hetero-bench run`` with torch alone).
+
+#: The latency target of the issue, in seconds (p99 of Heartbeat and GetPlan).
+TARGET_P99_S = 0.050
+
+
+@dataclass(frozen=True)
+class Sample:
+    """What the run looked like at one instant: process CPU seconds and database size."""
+
+    time_s: float
+    coordinator_cpu_s: float
+    generators_cpu_s: float
+    db_bytes: int
+    rows: dict[str, int]
+
+
+def _cpu_s(proc: psutil.Process) -> float:
+    import psutil
+
+    try:
+        t = proc.cpu_times()
+    except psutil.Error:
+        return math.nan
+    return float(t.user + t.system + t.children_user + t.children_system)
+
+
+def _db_files(state: Path) -> list[Path]:
+    return [state / f"coordinator.db{suffix}" for suffix in ("", "-wal", "-shm")]
+
+
+def _rows(db: Path) -> dict[str, int]:
+    """Row counts per table, read through a separate read-only connection (WAL: no blocking)."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10.0)
+    try:
+        tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        return {t: int(con.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0]) for t in tables}
+    finally:
+        con.close()
+
+
+def sample(coord: psutil.Process, gens: list[psutil.Process], state: Path) -> Sample:
+    size = sum(p.stat().st_size for p in _db_files(state) if p.exists())
+    return Sample(
+        time_s=time.perf_counter(),
+        coordinator_cpu_s=_cpu_s(coord),
+        generators_cpu_s=sum(_cpu_s(g) for g in gens),
+        db_bytes=size,
+        rows=_rows(state / "coordinator.db"),
+    )
+
+
+def _table_bytes(db: Path) -> dict[str, int]:
+    """Bytes per table including its indexes (SQLite's dbstat), {} if not compiled in."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        rows = con.execute(
+            "SELECT coalesce(m.tbl_name, d.name), sum(d.pgsize) FROM dbstat d "
+            "LEFT JOIN sqlite_master m ON m.name = d.name GROUP BY 1"
+        ).fetchall()
+    except sqlite3.OperationalError:
+        return {}
+    finally:
+        con.close()
+    return {str(name): int(size) for name, size in rows}
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return math.nan
+    k = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
+    return sorted_values[k]
+
+
+def summarize(
+    config: LoadConfig,
+    out: Path,
+    first: Sample,
+    last: Sample,
+    cpu_series: list[float],
+    register_s: float,
+) -> dict[str, Any]:
+    from hetero.coordinator.retention import IntervalRetention
+    from hetero.coordinator.store import TelemetryPolicy
+
+    latencies: dict[str, list[float]] = {}
+    errors: dict[str, int] = {}
+    late: dict[str, int] = {}
+    samples: list[str] = []
+    for folder in sorted(out.glob("gen*")):
+        r = json.loads((folder / "result.json").read_text())
+        for method, values in r["latencies_s"].items():
+            latencies.setdefault(method, []).extend(values)
+        for key, n in r["errors"].items():
+            errors[key] = errors.get(key, 0) + n
+        for key, n in r["late"].items():
+            late[key] = late.get(key, 0) + n
+        samples += r["error_samples"]
+    offered = {
+        "Heartbeat": config.agents / config.heartbeat_s,
+        # Polls on demand have no schedule: the table shows what was asked for.
+        "PollAssignments": config.agents / config.heartbeat_s
+        if config.poll == "always"
+        else math.nan
+        if config.poll == "asked"
+        else 0.0,
+        "ReportIntervalStats": config.jobs / config.interval_s,
+        "GetPlan": config.ranks / config.interval_s,
+    }
+    methods = {}
+    for method, rate in offered.items():
+        values = sorted(latencies.get(method, []))
+        failed = sum(n for k, n in errors.items() if k.startswith(f"{method}:"))
+        methods[method] = {
+            "offered_per_s": rate,
+            "achieved_per_s": len(values) / config.duration_s,
+            "calls": len(values),
+            "errors": failed,
+            "late_starts": late.get(method, 0),
+            "p50_ms": _percentile(values, 0.50) * 1e3,
+            "p99_ms": _percentile(values, 0.99) * 1e3,
+            "max_ms": (values[-1] if values else math.nan) * 1e3,
+        }
+    elapsed_s = last.time_s - first.time_s
+    policy = TelemetryPolicy()
+    per_hour = 3600.0 / elapsed_s
+    db_growth = (last.db_bytes - first.db_bytes) * per_hour
+    row_growth = {t: (last.rows.get(t, 0) - n) * per_hour for t, n in first.rows.items()}
+    table_bytes = _table_bytes(out / "state" / "coordinator.db")
+    rows_now = last.rows
+    bytes_per_row = {
+        t: table_bytes[t] / rows_now[t] for t in table_bytes if rows_now.get(t) and t in rows_now
+    }
+    # File size moves in steps (pages, the WAL); rows times each table's bytes per row
+    # (dbstat, indexes included) is the steadier rate.
+    growth_by_table = {
+        t: row_growth[t] * bytes_per_row[t] for t in row_growth if t in bytes_per_row
+    }
+    telemetry_rows_bound = (
+        config.agents * (config.devices_per_agent + 1) * policy.retention_s / policy.period_s
+    )
+    telemetry_bound = telemetry_rows_bound * bytes_per_row.get("telemetry", math.nan)
+    # Rank 0 reports a row per rank at every boundary (end steps step by the spec's
+    # rebalance_interval), so thinning keeps exactly 1 interval in thin_every.
+    kept = IntervalRetention()
+    intervals_rows_bound = kept.bound_rows(config.ranks / config.interval_s)
+    intervals_bound = intervals_rows_bound * bytes_per_row.get("interval_stats", math.nan)
+    cores = os.cpu_count() or 1
+    return {
+        "config": asdict(config),
+        "machine": {"cpu_cores": cores, "python": sys.version.split()[0]},
+        "note": "load generators and coordinator share this machine's cores",
+        "register_s": register_s,
+        "methods": methods,
+        "errors_total": sum(errors.values()),
+        "errors": errors,
+        "error_samples": samples[:20],
+        "coordinator_cpu_cores": (last.coordinator_cpu_s - first.coordinator_cpu_s) / elapsed_s,
+        "coordinator_cpu_cores_max_1s": max(cpu_series, default=math.nan),
+        "generators_cpu_cores": (last.generators_cpu_s - first.generators_cpu_s) / elapsed_s,
+        "database": {
+            "bytes_start": first.db_bytes,
+            "bytes_end": last.db_bytes,
+            "growth_bytes_per_h": db_growth,
+            "growth_by_table_bytes_per_h": growth_by_table,
+            "growth_rows_model_bytes_per_h": sum(growth_by_table.values()),
+            "rows_end": rows_now,
+            "row_growth_per_h": row_growth,
+            "table_bytes": table_bytes,
+            "telemetry_period_s": policy.period_s,
+            "telemetry_retention_s": policy.retention_s,
+            "telemetry_rows_bound": telemetry_rows_bound,
+            "telemetry_bytes_bound": telemetry_bound,
+            "interval_stats_raw_s": kept.raw_s,
+            "interval_stats_thin_every": kept.thin_every,
+            "interval_stats_keep_s": kept.keep_s,
+            "interval_stats_rows_bound": intervals_rows_bound,
+            "interval_stats_bytes_bound": intervals_bound,
+        },
+        "target_p99_ms": TARGET_P99_S * 1e3,
+        "target_met": all(
+            methods[m]["p99_ms"] < TARGET_P99_S * 1e3 for m in ("Heartbeat", "GetPlan")
+        ),
+        "out": str(out),
+    }
+
+
+def render(r: dict[str, Any]) -> str:
+    c = r["config"]
+    lines = [
+        f"hetero-bench load: {c['agents']} agents ({c['devices_per_agent']} devices each, "
+        f"heartbeat every {c['heartbeat_s']:g} s), {c['ranks']} ranks in "
+        f"{c['ranks'] // c['world_size']} jobs (interval {c['interval_s']:g} s), "
+        f"{c['processes']} generator processes, {c['duration_s']:g} s measured",
+        f"{'method':<20} {'offered/s':>10} {'achieved/s':>11} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'max ms':>8} {'errors':>7} {'late':>6}",
+    ]
+    for name, m in r["methods"].items():
+        if not m["offered_per_s"] and not m["calls"]:
+            continue
+        offered = "asked" if math.isnan(m["offered_per_s"]) else f"{m['offered_per_s']:.1f}"
+        lines.append(
+            f"{name:<20} {offered:>10} {m['achieved_per_s']:>11.1f} "
+            f"{m['p50_ms']:>8.2f} {m['p99_ms']:>8.2f} {m['max_ms']:>8.1f} {m['errors']:>7d} "
+            f"{m['late_starts']:>6d}"
+        )
+    db = r["database"]
+    lines += [
+        f"coordinator CPU {r['coordinator_cpu_cores']:.2f} cores (max 1 s: "
+        f"{r['coordinator_cpu_cores_max_1s']:.2f}); load generators "
+        f"{r['generators_cpu_cores']:.2f} cores; machine has {r['machine']['cpu_cores']} "
+        "(shared)",
+        f"database {db['bytes_end'] / 1e6:.1f} MB (with WAL), file growing "
+        f"{db['growth_bytes_per_h'] / 1e6:.0f} MB/h; by rows: "
+        + ", ".join(
+            f"{t} {v / 1e6:.0f} MB/h"
+            for t, v in sorted(db["growth_by_table_bytes_per_h"].items())
+            if v > 0
+        ),
+        f"telemetry is bounded by its retention ({db['telemetry_retention_s'] / 3600:g} h at "
+        f"{db['telemetry_period_s']:g} s): {db['telemetry_rows_bound']:.3g} rows, "
+        f"~{db['telemetry_bytes_bound'] / 1e9:.2f} GB",
+        f"interval stats are bounded by their retention (whole for "
+        f"{db['interval_stats_raw_s'] / 3600:g} h, then 1 interval in "
+        f"{db['interval_stats_thin_every']}, deleted after {db['interval_stats_keep_s'] / 86400:g} "
+        f"d): {db['interval_stats_rows_bound']:.3g} rows, "
+        f"~{db['interval_stats_bytes_bound'] / 1e9:.2f} GB",
+        f"errors: {r['errors_total']}; p99 target {r['target_p99_ms']:g} ms for Heartbeat and "
+        f"GetPlan: {'met' if r['target_met'] else 'MISSED'}",
+        f"run directory: {r['out']}",
+    ]
+    return "\n".join(lines)

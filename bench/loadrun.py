@@ -1,0 +1,206 @@
+"""The run of ``hetero-bench load``: a real ``hetero-coord serve`` on a fresh SQLite file,
+``LoadConfig.processes`` load-generator processes (``hetero.bench.loadgen``) that
+register the simulated agents, the jobs submitted and their ranks reported running,
+then the measured window, sampled at its start and end (``loadreport``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from hetero.bench.loadconfig import LoadConfig, LoadError
+from hetero.bench.loadreport import sample, summarize
+
+# grpc, psutil and the coordinator (sqlalchemy) are imported when a run starts:
+# registering the subcommand must not need them (a GPU box runs ``hetero-bench run``
+# with torch alone).
+
+#: Seconds the coordinator may take to answer its first call.
+START_TIMEOUT_S = 30.0
+#: Seconds per simulated agent the generators may take to register them all (plus a floor).
+REGISTER_S_PER_AGENT = 0.05
+
+JOB_SPEC = """\
+name: load-{index}
+model: debug
+global_batch: {global_batch}
+steps: 100000000
+policy: dynamic
+rebalance_interval: 10
+resources:
+  ranks: {world_size}
+  device: cuda
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start_coordinator(out: Path) -> tuple[subprocess.Popen[bytes], str]:
+    import grpc
+
+    address = f"127.0.0.1:{_free_port()}"
+    log = (out / "coordinator.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "hetero.coordinator.cli", "serve"),
+            *("--listen", address, "--state-dir", str(out / "state")),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    log.close()
+    with grpc.insecure_channel(address) as channel:
+        try:
+            grpc.channel_ready_future(channel).result(timeout=START_TIMEOUT_S)
+        except grpc.FutureTimeoutError:
+            proc.kill()
+            raise LoadError(f"coordinator did not answer; see {out / 'coordinator.log'}") from None
+    return proc, address
+
+
+def _spawn_workers(config: LoadConfig, address: str, out: Path) -> list[subprocess.Popen[bytes]]:
+    from hetero.bench.loadgen import WorkerConfig
+
+    procs = []
+    run_id = f"{os.getpid():x}{int(time.time()) % 100000:x}"
+    for w in range(config.processes):
+        first = config.agents * w // config.processes
+        last = config.agents * (w + 1) // config.processes
+        folder = out / f"gen{w}"
+        folder.mkdir(parents=True, exist_ok=True)
+        worker = WorkerConfig(
+            coordinator=address,
+            run_id=run_id,
+            first_agent=first,
+            agents=last - first,
+            devices_per_agent=config.devices_per_agent,
+            heartbeat_s=config.heartbeat_s,
+            interval_s=config.interval_s,
+            poll=config.poll,
+            job_indexes=tuple(range(w, config.jobs, config.processes)),
+            seed=config.seed * 1000 + w,
+        )
+        (folder / "config.json").write_text(json.dumps(asdict(worker)))
+        log = (folder / "loadgen.log").open("wb")
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "hetero.bench.loadgen", str(folder / "config.json")],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
+        log.close()
+    return procs
+
+
+def _wait_ready(procs: list[subprocess.Popen[bytes]], out: Path, agents: int) -> None:
+    deadline = time.monotonic() + 30.0 + REGISTER_S_PER_AGENT * agents
+    while time.monotonic() < deadline:
+        for w, p in enumerate(procs):
+            if p.poll() is not None:
+                raise LoadError(f"load generator {w} exited with {p.returncode}; see {out}/gen{w}")
+        if all((out / f"gen{w}" / "ready").exists() for w in range(len(procs))):
+            return
+        time.sleep(0.1)
+    raise LoadError("simulated agents did not all register in time")
+
+
+def _submit_jobs(address: str, config: LoadConfig) -> list[str]:
+    import grpc
+
+    from hetero.transport import remote_error
+    from hetero.v1 import coordinator_pb2 as pb
+    from hetero.v1 import coordinator_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.CoordinatorStub(channel)  # type: ignore[no-untyped-call, unused-ignore]
+        ids = []
+        for i in range(config.jobs):
+            spec = JOB_SPEC.format(
+                index=i, global_batch=32 * config.world_size, world_size=config.world_size
+            )
+            try:
+                resp = stub.SubmitJob(pb.SubmitJobRequest(spec_yaml=spec), timeout=30.0)
+            except grpc.RpcError as exc:
+                raise LoadError(
+                    f"submitting load job {i}: {remote_error(exc, f'the coordinator at {address}')}"
+                ) from None
+            ids.append(resp.job_id)
+            # As the agents would: the ranks start, so polls stop carrying launch orders.
+            for r in resp.job.ranks:
+                stub.ReportRankStatus(
+                    pb.ReportRankStatusRequest(
+                        node_id=r.node_id,
+                        job_id=resp.job_id,
+                        rank=r.rank,
+                        state=pb.RANK_STATE_RUNNING,
+                    ),
+                    timeout=30.0,
+                )
+        return ids
+
+
+def run_load(config: LoadConfig, out: Path) -> dict[str, Any]:
+    """Run the whole scale test in ``out``; return the results (also written to load.json)."""
+    import psutil
+
+    out.mkdir(parents=True, exist_ok=True)
+    coord, address = _start_coordinator(out)
+    gens: list[subprocess.Popen[bytes]] = []
+    try:
+        gens = _spawn_workers(config, address, out)
+        t_register = time.perf_counter()
+        _wait_ready(gens, out, config.agents)
+        register_s = time.perf_counter() - t_register
+        jobs = _submit_jobs(address, config)
+        start = time.time() + config.warmup_s
+        end = start + config.duration_s
+        go = {"jobs": jobs, "world_size": config.world_size, "start_unix_s": start}
+        go["end_unix_s"] = end
+        (out / "go.json.tmp").write_text(json.dumps(go))
+        (out / "go.json.tmp").rename(out / "go.json")
+        cproc = psutil.Process(coord.pid)
+        gprocs = [psutil.Process(g.pid) for g in gens]
+        time.sleep(max(0.0, start - time.time()))
+        first = sample(cproc, gprocs, out / "state")
+        cpu_series = []
+        cproc.cpu_percent()
+        while time.time() < end:
+            time.sleep(min(1.0, max(0.0, end - time.time())))
+            cpu_series.append(cproc.cpu_percent() / 100.0)
+        last = sample(cproc, gprocs, out / "state")
+        for w, g in enumerate(gens):
+            try:
+                g.wait(timeout=30.0 + 2 * config.duration_s)
+            except subprocess.TimeoutExpired:
+                raise LoadError(f"load generator {w} did not finish") from None
+            if g.returncode != 0:
+                raise LoadError(f"load generator {w} exited with {g.returncode}; see {out}/gen{w}")
+    finally:
+        for g in gens:
+            if g.poll() is None:
+                g.kill()
+                g.wait()
+        coord.send_signal(signal.SIGTERM)
+        try:
+            coord.wait(timeout=30.0)
+        except subprocess.TimeoutExpired:
+            coord.kill()
+            coord.wait()
+    results = summarize(config, out, first, last, cpu_series, register_s)
+    (out / "load.json").write_text(json.dumps(results, indent=2))
+    return results

@@ -1,0 +1,196 @@
+"""The client commands of ``hetero-coord``: submit, jobs, job, nodes, cancel, drain,
+logs and export, each a thin gRPC client of the coordinator.
+
+Every call carries a deadline (``--timeout``); a failed one becomes the
+``HeteroError`` its status maps to (``transport.remote_error``), with the
+server's one-line message. Tables come from ``render``, files from
+``export``; ``--json`` prints the reply as JSON instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message
+from rich.console import Console
+
+from hetero.coordinator import export, render
+from hetero.coordinator.jobspec import load_jobspec
+from hetero.core.errors import HeteroError
+from hetero.core.states import JobState, job_terminal
+from hetero.transport import client_channel, client_security_from_args, remote_error
+from hetero.v1 import coordinator_pb2 as pb
+from hetero.v1 import coordinator_pb2_grpc as pb_grpc
+
+#: Seconds between job polls of ``submit --wait``.
+WAIT_POLL_S = 1.0
+
+T = TypeVar("T")
+
+
+def _call(address: str, fn: Callable[[], T]) -> T:
+    try:
+        return fn()
+    except grpc.RpcError as exc:
+        raise remote_error(exc, f"the coordinator at {address}") from None
+
+
+def _emit(args: argparse.Namespace, message: Message, human: Callable[[Console], None]) -> None:
+    if getattr(args, "json", False):
+        print(json.dumps(MessageToDict(message, preserving_proto_field_name=True), indent=2))
+    else:
+        human(Console())
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.command == "submit":
+        # Parse locally first: precise errors without a round trip, and nothing is sent.
+        load_jobspec(args.job_file)
+    with client_channel(args.coordinator, client_security_from_args(args)) as channel:
+        stub = pb_grpc.CoordinatorStub(channel)  # type: ignore[no-untyped-call, unused-ignore]
+        t = args.timeout
+        call: Callable[[Callable[[], Any]], Any] = lambda fn: _call(args.coordinator, fn)  # noqa: E731
+        if args.command == "submit":
+            return _submit(args, stub, call)
+        if args.command == "jobs":
+            resp = call(lambda: stub.ListJobs(pb.ListJobsRequest(), timeout=t))
+            _emit(args, resp, lambda c: c.print(render.jobs_table(resp.jobs)))
+        elif args.command == "job":
+            job = call(lambda: stub.GetJob(pb.GetJobRequest(job_id=args.job_id), timeout=t))
+            _emit(args, job, lambda c: render.print_job(c, job))
+        elif args.command == "nodes":
+            resp = call(lambda: stub.ListNodes(pb.ListNodesRequest(), timeout=t))
+            _emit(args, resp, lambda c: c.print(render.nodes_table(resp.nodes)))
+        elif args.command == "cancel":
+            job = call(lambda: stub.CancelJob(pb.CancelJobRequest(job_id=args.job_id), timeout=t))
+            _emit(args, job, lambda c: c.print(f"job {job.id} {render.state_name(job)}"))
+        elif args.command == "drain":
+            request = pb.DrainNodeRequest(node=args.node, undrain=args.undo)
+            node = call(lambda: stub.DrainNode(request, timeout=t))
+            what = "drained: no new ranks" if node.draining else "undrained: takes new ranks"
+            _emit(args, node, lambda c: c.print(f"node {node.name} {what}"))
+        elif args.command == "export":
+            return _export(args, stub, call)
+        elif args.command == "logs":
+            return _logs(args, stub, call)
+    return 0
+
+
+#: Seconds between polls of ``logs --follow`` when nothing new arrived.
+FOLLOW_POLL_S = 1.0
+
+
+def _logs(args: argparse.Namespace, stub: Any, call: Callable[[Callable[[], Any]], Any]) -> int:
+    """Page through GetJobLogs; with ``--follow`` poll until the job ends, then drain."""
+    t = args.timeout
+
+    def page(after_seq: int) -> Any:
+        request = pb.GetJobLogsRequest(job_id=args.job_id, after_seq=after_seq)
+        return call(lambda: stub.GetJobLogs(request, timeout=t))
+
+    after = 0
+    finished = False
+    while True:
+        resp = page(after)
+        for line in resp.lines:
+            if args.rank is not None and line.rank != args.rank:
+                continue
+            if args.json:
+                entry = MessageToDict(
+                    line,
+                    preserving_proto_field_name=True,
+                    always_print_fields_with_no_presence=True,  # rank 0 is a rank
+                )
+                print(json.dumps(entry))
+            else:
+                print(f"[rank {line.rank} {line.stream}] {line.text.rstrip()}")
+        after = max(after, resp.next_seq)
+        if resp.lines:
+            continue  # more pages may be waiting
+        if not args.follow or finished:
+            return 0
+        job = call(lambda: stub.GetJob(pb.GetJobRequest(job_id=args.job_id), timeout=t))
+        # One more pass after the job ends: agents ship the last lines as ranks exit.
+        finished = job_terminal(job.state)
+        time.sleep(FOLLOW_POLL_S)
+
+
+#: Intervals per GetJobDetail page of an export (a page stays far below gRPC's 4 MiB).
+EXPORT_PAGE = 500
+
+
+def _export(args: argparse.Namespace, stub: Any, call: Callable[[Callable[[], Any]], Any]) -> int:
+    """Page through the job's intervals from the start, then write one document."""
+    intervals: list[Any] = []
+    after = -1
+    while True:
+        request = pb.GetJobDetailRequest(
+            job_id=args.job_id, max_intervals=EXPORT_PAGE, after_step=after
+        )
+        detail = call(functools.partial(stub.GetJobDetail, request, timeout=args.timeout))
+        intervals.extend(detail.intervals)
+        if not detail.more or not detail.intervals:
+            break
+        after = detail.intervals[-1].end_step
+    text = export.render(args.format, args.table, detail.job, detail.plans, intervals)
+    if args.out is None:
+        sys.stdout.write(text)
+        return 0
+    try:
+        args.out.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise HeteroError(f"cannot write {args.out}: {exc.strerror}") from None
+    print(f"wrote {len(intervals)} intervals of job {args.job_id} to {args.out}", file=sys.stderr)
+    return 0
+
+
+def _submit(args: argparse.Namespace, stub: Any, call: Callable[[Callable[[], Any]], Any]) -> int:
+    text = args.job_file.read_text(encoding="utf-8")
+    request = pb.SubmitJobRequest(
+        spec_yaml=text, source_name=str(args.job_file), dry_run=args.dry_run
+    )
+    resp = call(lambda: stub.SubmitJob(request, timeout=args.timeout))
+    if args.dry_run:
+
+        def human(c: Console) -> None:
+            render.print_job(c, resp.job)
+            c.print(render.predictions_table(resp.predictions, resp.job.global_batch))
+
+        _emit(args, resp, human)
+        return 0
+    if args.json and not args.wait:
+        _emit(args, resp, lambda c: None)
+    elif not args.json:
+        print(resp.job_id)
+    if not args.wait:
+        return 0
+    return _wait(args, stub, call, resp.job_id)
+
+
+def _wait(
+    args: argparse.Namespace, stub: Any, call: Callable[[Callable[[], Any]], Any], job_id: str
+) -> int:
+    """Poll the job until it finishes; print each state change on stderr."""
+    last = None
+    while True:
+        job = call(lambda: stub.GetJob(pb.GetJobRequest(job_id=job_id), timeout=args.timeout))
+        state = render.state_name(job)
+        if state != last:
+            print(
+                f"job {job_id}: {state}" + (f" ({job.message})" if job.message else ""),
+                file=sys.stderr,
+            )
+            last = state
+        if job_terminal(job.state):
+            if args.json:
+                _emit(args, job, lambda c: None)
+            return 0 if JobState(job.state) is JobState.SUCCEEDED else 1
+        time.sleep(WAIT_POLL_S)

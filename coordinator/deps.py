@@ -1,0 +1,73 @@
+"""What the Coordinator servicer needs from its process: the database, caches, clock
+and the settings it answers by."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from hetero.coordinator import recovery, store
+from hetero.coordinator.ingest import HeartbeatIngest
+from hetero.coordinator.readcache import IntervalHistories, LatestPlans, PendingOrders
+from hetero.core import defaults
+
+
+@dataclass(frozen=True)
+class Deps:
+    """What the servicer needs from its process: the database and the clock.
+
+    ``readers`` (``database.read_session_factory``) serves the handlers that only
+    read; None = ``sessions``. ``ingest`` parks heartbeats and writes them in
+    batches; None = each heartbeat is written in its own transaction. ``orders``
+    answers most order polls and ``plans`` most ``GetPlan`` calls from memory, and
+    ``histories`` keeps each job's recent intervals for its next report
+    (``readcache``); None = every call queries.
+    """
+
+    sessions: sessionmaker[Session]
+    readers: sessionmaker[Session] | None = None
+    ingest: HeartbeatIngest | None = None
+    orders: PendingOrders | None = None
+    plans: LatestPlans | None = None
+    histories: IntervalHistories | None = None
+    clock: Callable[[], float] = time.time
+    heartbeat_interval_s: float = defaults.HEARTBEAT_INTERVAL_S
+    heartbeat_timeout_s: float = defaults.HEARTBEAT_TIMEOUT_S
+    telemetry: store.TelemetryPolicy = field(default_factory=store.TelemetryPolicy)
+    master_port_base: int = defaults.MASTER_PORT_BASE
+    master_port_span: int = defaults.MASTER_PORT_SPAN
+    #: Set on shutdown: ends WatchCluster streams so a graceful stop does not wait for them.
+    stopping: threading.Event = field(default_factory=threading.Event)
+    #: Directories jobs' checkpoint.dir and data_dir must lie under (coordinator.roots);
+    #: None = only "absolute".
+    allowed_roots: tuple[str, ...] | None = None
+    #: When this coordinator started (Unix s; None = ``clock()`` at construction):
+    #: a node's silence counts from here at most.
+    started_at_unix_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.started_at_unix_s is None:
+            object.__setattr__(self, "started_at_unix_s", self.clock())
+
+    def sweep_config(self) -> recovery.SweepConfig:
+        return recovery.SweepConfig(
+            heartbeat_timeout_s=self.heartbeat_timeout_s,
+            started_at=self.started_at_unix_s or 0.0,
+            master_port_base=self.master_port_base,
+            master_port_span=self.master_port_span,
+        )
+
+    def invalidate_caches(self) -> None:
+        """Drop the order and plan caches: a write just changed what polls and
+        ``GetPlan`` answer (a submission, a cancel, a rank's exit, a restart placed by
+        the sweeper or by the last old rank's exit: a new plan and new launches)."""
+        if self.orders is not None:
+            self.orders.invalidate()
+        if self.plans is not None:
+            self.plans.invalidate()
+        if self.histories is not None:
+            self.histories.invalidate()

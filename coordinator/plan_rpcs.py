@@ -1,0 +1,124 @@
+"""The Coordinator RPCs of plans: trainers (through their agent) report each
+interval's statistics and get the plan to run; the re-plan rule is
+``hetero.core.replan``'s."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import grpc
+
+from hetero.coordinator import store, views, wire
+from hetero.coordinator.models import JobRow
+from hetero.coordinator.readcache import with_interval
+from hetero.coordinator.rpc import Handlers, invalid, rpc
+from hetero.core import replan
+from hetero.core.balancer import Constraints, DeviceProfile, RankInterval
+from hetero.core.states import JobState
+from hetero.v1 import types_pb2 as tpb
+
+
+class PlanHandlers(Handlers):
+    """ReportIntervalStats and GetPlan, which rank 0 calls through its agent."""
+
+    @rpc
+    def ReportIntervalStats(
+        self, req: tpb.IntervalReport, context: grpc.ServicerContext
+    ) -> tpb.ReportIntervalStatsResponse:
+        now = self.deps.clock()
+        with self.deps.sessions.begin() as s:
+            job = store.get_job(s, req.job_id)
+            _check_report(req, job)
+            rows = wire.interval_rows(req)
+            store.add_interval(s, job, req.end_step, req.plan_version, rows, now=now)
+            # One history serves straggler detection and the balancer.
+            attempt, steps = job.attempt_first_plan, self._history(job, req, rows)
+            if steps is None:
+                steps = store.interval_steps(s, job, views.HISTORY_FOR_REPORT)
+            history = [ranks for _, ranks in steps]
+            for flag in views.new_stragglers(history):
+                store.add_event(s, "straggler", flag.message, job_id=job.id, now=now)
+            plan = store.latest_plan(s, job.id)
+            if replan.should_replan(
+                ran_version=req.plan_version,
+                attempt_first_version=job.attempt_first_plan,
+                newest_version=plan.version,
+                job_state=JobState[job.state],
+                end_step=req.end_step,
+                rebalance_interval=job.rebalance_interval,
+            ):
+                profiles = [
+                    DeviceProfile(r.device_name, r.effective_score, None, r.emulated_slowdown)
+                    for r in job.ranks
+                ]
+                constraints = Constraints(job.global_batch, job.world_size, job.min_batch)
+                ran = tuple(r.batch for r in sorted(req.ranks, key=lambda r: r.rank))
+                result = replan.replan(
+                    job.policy,
+                    history,
+                    replan.running_plan(ran, constraints) or store.plan_batches(plan),
+                    constraints,
+                    profiles,
+                    req.end_step,
+                )
+                if result.decision.changed:
+                    plan = store.add_plan(
+                        s,
+                        job.id,
+                        result.decision.batches,
+                        result.apply_at_step,
+                        job.policy,
+                        result.decision.reason,
+                        predicted_step_s=result.decision.predicted_step_s,
+                        now=now,
+                    )
+                    store.add_event(
+                        s,
+                        "replanned",
+                        f"plan v{plan.version}: {plan.batches} ({plan.reason})",
+                        job_id=job.id,
+                        now=now,
+                    )
+            reply = wire.plan_message(plan)
+        # After the commit: what the next report of this job starts from.
+        if self.deps.histories is not None:
+            self.deps.histories.put(req.job_id, attempt, steps)
+        if self.deps.plans is not None:
+            self.deps.plans.put(req.job_id, reply)
+        return tpb.ReportIntervalStatsResponse(plan=reply)
+
+    def _history(
+        self, job: JobRow, req: tpb.IntervalReport, rows: list[dict[str, Any]]
+    ) -> list[tuple[int, list[RankInterval]]] | None:
+        """The job's recent complete intervals with this report's (every report is
+        complete: ``_check_report``), from memory; None if not cached."""
+        if self.deps.histories is None:
+            return None
+        cached = self.deps.histories.get(job.id, job.attempt_first_plan)
+        if cached is None:
+            return None
+        if req.plan_version < job.attempt_first_plan:
+            return cached  # kept in the database, not part of this attempt's history
+        ranks = [store.rank_interval(r) for r in rows]
+        return with_interval(cached, req.end_step, ranks, views.HISTORY_FOR_REPORT)
+
+    @rpc
+    def GetPlan(self, req: tpb.GetPlanRequest, context: grpc.ServicerContext) -> tpb.Plan:
+        if self.deps.plans is not None:
+            return self.deps.plans.get(req.job_id)
+        with self._read() as s:
+            return wire.plan_message(store.latest_plan(s, store.get_job(s, req.job_id).id))
+
+
+def _check_report(req: tpb.IntervalReport, job: JobRow) -> None:
+    """Reject reports the balancer cannot use: wrong rank set, negative or NaN times."""
+    ranks = sorted(r.rank for r in req.ranks)
+    if ranks != list(range(job.world_size)):
+        raise invalid(f"job {job.id}: report has ranks {ranks}, want 0..{job.world_size - 1}")
+    if req.end_step < 0:
+        raise invalid(f"job {job.id}: end_step must be >= 0, got {req.end_step}")
+    for r in req.ranks:
+        values = (r.compute_s, r.step_s)
+        if r.batch < 0 or r.steps < 0 or not all(math.isfinite(v) and v >= 0 for v in values):
+            raise invalid(f"job {job.id} rank {r.rank}: batch, steps and times must be >= 0")

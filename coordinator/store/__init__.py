@@ -1,0 +1,110 @@
+"""Store functions: every read and write of the coordinator's tables.
+
+Each function takes a ``Session`` and never commits: the RPC handler that
+opened the session owns the transaction, so one request is one transaction.
+Times are Unix seconds passed in by the caller (the clock is injectable).
+
+One module per table group; callers use the package (``store.get_job(s, ...)``),
+which names every public function:
+
+- ``nodes``: registration, draining, liveness and the device slots for placement;
+- ``telemetry``: heartbeats in bulk and downsampled telemetry;
+- ``jobs``: submission, cancel, rank states through the lifecycle, restarts;
+- ``orders``: the ranks an agent should launch or stop;
+- ``plans``: a job's per-rank batches by version;
+- ``intervals``: per-rank interval statistics and the balancer's windows;
+- ``events`` and ``logs``: the event journal and the ranks' log lines.
+"""
+
+from hetero.coordinator.store.events import add_event, job_events
+from hetero.coordinator.store.intervals import (
+    add_interval,
+    complete_steps,
+    interval_history,
+    interval_steps,
+    job_intervals,
+    latest_interval,
+    rank_interval,
+)
+from hetero.coordinator.store.jobs import (
+    active_jobs_on_node,
+    apply_transition,
+    cancel_job,
+    create_job,
+    fail_restart,
+    get_job,
+    list_jobs,
+    lose_node,
+    next_master_port,
+    replace_job,
+    restarting_jobs,
+    set_rank_status,
+)
+from hetero.coordinator.store.logs import append_logs, job_logs
+from hetero.coordinator.store.nodes import (
+    device_slots,
+    find_node,
+    get_node,
+    is_healthy,
+    list_nodes,
+    mark_down,
+    register_node,
+    set_draining,
+    silent_nodes,
+)
+from hetero.coordinator.store.orders import nodes_with_orders, ranks_to_launch, ranks_to_stop
+from hetero.coordinator.store.plans import add_plan, job_plans, latest_plan, plan_batches
+from hetero.coordinator.store.rows import NotFoundError
+from hetero.coordinator.store.telemetry import (
+    Beat,
+    TelemetryPolicy,
+    latest_telemetry,
+    record_heartbeats,
+)
+
+__all__ = [
+    "Beat",
+    "NotFoundError",
+    "TelemetryPolicy",
+    "active_jobs_on_node",
+    "add_event",
+    "add_interval",
+    "add_plan",
+    "append_logs",
+    "apply_transition",
+    "cancel_job",
+    "complete_steps",
+    "create_job",
+    "device_slots",
+    "fail_restart",
+    "find_node",
+    "get_job",
+    "get_node",
+    "interval_history",
+    "interval_steps",
+    "is_healthy",
+    "job_events",
+    "job_intervals",
+    "job_logs",
+    "job_plans",
+    "latest_interval",
+    "latest_plan",
+    "latest_telemetry",
+    "list_jobs",
+    "list_nodes",
+    "lose_node",
+    "mark_down",
+    "next_master_port",
+    "nodes_with_orders",
+    "plan_batches",
+    "rank_interval",
+    "ranks_to_launch",
+    "ranks_to_stop",
+    "record_heartbeats",
+    "register_node",
+    "replace_job",
+    "restarting_jobs",
+    "set_draining",
+    "set_rank_status",
+    "silent_nodes",
+]

@@ -1,0 +1,239 @@
+"""Store functions for jobs and their ranks: submission, cancel, the ranks' reported
+states moving a job along its lifecycle, a lost node, and restarts."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from hetero.coordinator import lifecycle
+from hetero.coordinator.jobspec import JobSpec
+from hetero.coordinator.models import JobRow, NodeRow, RankRow
+from hetero.coordinator.placement import InitialPlan, Placement, initial_plan
+from hetero.coordinator.store.events import add_event
+from hetero.coordinator.store.plans import add_plan
+from hetero.coordinator.store.rows import NotFoundError
+
+
+def next_master_port(s: Session, base: int, span: int) -> int:
+    """A rendezvous port for the next job or restart: consecutive attempts get different
+    ports (a rank of the previous attempt may still hold its port)."""
+    count = s.scalar(select(func.count()).select_from(JobRow)) or 0
+    restarts = s.scalar(select(func.sum(JobRow.restarts))) or 0
+    return base + (count + restarts) % span
+
+
+def create_job(
+    s: Session, spec: JobSpec, spec_yaml: str, placement: Placement, *, now: float
+) -> JobRow:
+    job = JobRow(
+        id=uuid.uuid4().hex[:12],
+        name=spec.name,
+        state=lifecycle.PENDING,
+        spec_yaml=spec_yaml,
+        policy=spec.policy,
+        global_batch=spec.global_batch,
+        world_size=spec.world_size,
+        min_batch=spec.min_batch,
+        rebalance_interval=spec.rebalance_interval,
+        backend=placement.backend,
+        master_addr=placement.master_addr,
+        master_port=placement.master_port,
+        submitted_at_unix_s=now,
+        message="",
+        restarts=0,
+        last_step=0,
+        total_steps=spec.steps,
+        max_restarts=spec.max_restarts,
+        attempt_first_plan=1,
+    )
+    job.ranks = _rank_rows(placement)
+    s.add(job)
+    s.flush()
+    first = initial_plan(spec, placement)
+    add_plan(s, job.id, first.batches, 0, first.policy, first.reason, now=now)
+    emulated = " (emulated slowdown)" if placement.emulated else ""
+    add_event(
+        s,
+        "job_submitted",
+        f"job {spec.name} placed on {spec.world_size} ranks, {placement.backend}{emulated}",
+        job_id=job.id,
+        now=now,
+    )
+    return job
+
+
+def _rank_rows(placement: Placement) -> list[RankRow]:
+    return [
+        RankRow(
+            rank=r.rank,
+            node_id=r.device.node_id,
+            device_index=r.device.index,
+            device_kind=r.device.kind,
+            device_name=r.device.name,
+            local_rank=r.local_rank,
+            state=lifecycle.ASSIGNED,
+            emulated_slowdown=r.emulated_slowdown,
+            effective_score=r.effective_score,
+        )
+        for r in placement.ranks
+    ]
+
+
+def get_job(s: Session, job_id: str) -> JobRow:
+    job = s.get(JobRow, job_id)
+    if job is None:
+        raise NotFoundError(f"unknown job {job_id!r}")
+    return job
+
+
+def list_jobs(s: Session, states: Sequence[str] = (), limit: int = 100) -> list[JobRow]:
+    query = select(JobRow).order_by(JobRow.submitted_at_unix_s.desc(), JobRow.id).limit(limit)
+    if states:
+        query = query.where(JobRow.state.in_(states))
+    return list(s.scalars(query))
+
+
+def cancel_job(s: Session, job_id: str, *, now: float) -> JobRow:
+    job = get_job(s, job_id)
+    if job.state == lifecycle.CANCELLED:
+        return job
+    lifecycle.check_cancellable(job_id, job.state)
+    for rank in job.ranks:
+        rank.state = lifecycle.rank_state_after_cancel(rank.state)
+    job.state, job.finished_at_unix_s, job.message = lifecycle.CANCELLED, now, "cancelled by user"
+    add_event(s, "job_cancelled", f"job {job.name} cancelled", job_id=job_id, now=now)
+    return job
+
+
+def set_rank_status(
+    s: Session,
+    job_id: str,
+    rank: int,
+    *,
+    node_id: str,
+    state: str,
+    exit_code: int | None,
+    now: float,
+    attempt: int = 0,
+    message: str = "",
+) -> JobRow:
+    """Record what an agent saw of one rank, then move the job along its lifecycle.
+
+    A report about an earlier ``attempt`` (a rank of a placement the job has
+    since left) changes nothing.
+    """
+    job = get_job(s, job_id)
+    if attempt != job.restarts:
+        return job
+    row = next((r for r in job.ranks if r.rank == rank), None)
+    if row is None or row.node_id != node_id:
+        raise NotFoundError(f"job {job_id} has no rank {rank} on node {node_id}")
+    row.state, row.exit_code = state, exit_code
+    statuses = [_status(r, message if r.rank == rank else "") for r in job.ranks]
+    apply_transition(
+        s, job, lifecycle.job_state(job.state, statuses, job.restarts, job.max_restarts), now=now
+    )
+    return job
+
+
+def _status(r: RankRow, message: str = "") -> lifecycle.RankStatus:
+    return lifecycle.RankStatus(r.rank, r.state, r.exit_code, message)
+
+
+def apply_transition(
+    s: Session, job: JobRow, t: lifecycle.Transition, *, now: float, lost_node: str | None = None
+) -> None:
+    """Make ``t`` so: the job's state and message, its ranks' stop orders, an event.
+
+    Ranks on ``lost_node`` (down) count as gone at once; the others are ordered to
+    stop when the job fails or restarts (the survivors would block in a collective).
+    """
+    before = job.state
+    if t.state == before:
+        return
+    job.state = t.state
+    job.message = t.message or job.message
+    if t.state in lifecycle.FINISHED:
+        job.finished_at_unix_s = now
+    if t.state in (lifecycle.FAILED, lifecycle.RESTARTING):
+        for other in job.ranks:
+            if other.node_id == lost_node:
+                other.state = lifecycle.rank_state_when_node_lost(other.state)
+            else:
+                other.state = lifecycle.rank_state_after_cancel(other.state)
+    if t.restart:
+        job.restarting_since_unix_s = now
+        add_event(s, "job_restarting", f"job {job.name} {t.message}", job_id=job.id, now=now)
+        return
+    text = f"job {job.name} {job.state.lower()}" + (f": {t.message}" if t.message else "")
+    add_event(s, f"job_{job.state.lower()}", text, job_id=job.id, now=now)
+
+
+def active_jobs_on_node(s: Session, node_id: str) -> list[JobRow]:
+    """Unfinished jobs with a rank on ``node_id`` that may still be running there."""
+    query = (
+        select(JobRow)
+        .join(RankRow)
+        .where(
+            RankRow.node_id == node_id,
+            RankRow.state.in_(lifecycle.LIVE_RANK_STATES),
+            JobRow.state.not_in(lifecycle.FINISHED),
+        )
+        .distinct()
+        .order_by(JobRow.submitted_at_unix_s)
+    )
+    return list(s.scalars(query))
+
+
+def lose_node(s: Session, node: NodeRow, *, now: float) -> None:
+    """Every active job with ranks on ``node`` (down) restarts or fails; its ranks there are gone."""
+    for job in active_jobs_on_node(s, node.id):
+        on_node = [_status(r) for r in job.ranks if r.node_id == node.id]
+        t = lifecycle.node_lost(job.state, node.name, on_node, job.restarts, job.max_restarts)
+        apply_transition(s, job, t, now=now, lost_node=node.id)
+        for r in job.ranks:  # a job already restarting or failed: nobody confirms these
+            if r.node_id == node.id:
+                r.state = lifecycle.rank_state_when_node_lost(r.state)
+
+
+def restarting_jobs(s: Session) -> list[JobRow]:
+    query = select(JobRow).where(JobRow.state == lifecycle.RESTARTING)
+    return list(s.scalars(query.order_by(JobRow.submitted_at_unix_s)))
+
+
+def replace_job(
+    s: Session, job: JobRow, placement: Placement, plan: InitialPlan, *, now: float
+) -> None:
+    """Start the job's next attempt on ``placement``: new ranks, rendezvous and plan.
+
+    ``restarts`` counts attempts placed after the first, so while the job is
+    RESTARTING it still names the attempt whose ranks are being stopped.
+    """
+    job.restarts += 1
+    job.ranks.clear()
+    s.flush()  # delete the old rank rows before their (job, rank) is reused
+    job.ranks.extend(_rank_rows(placement))
+    job.world_size = len(placement.ranks)
+    job.backend = placement.backend
+    job.master_addr, job.master_port = placement.master_addr, placement.master_port
+    job.state, job.restarting_since_unix_s = lifecycle.PENDING, None
+    row = add_plan(s, job.id, plan.batches, 0, plan.policy, plan.reason, now=now)
+    job.attempt_first_plan = row.version
+    nodes = sorted({r.node.name for r in job.ranks})
+    add_event(
+        s,
+        "job_restarted",
+        f"job {job.name} attempt {job.restarts}: {job.world_size} ranks on {', '.join(nodes)}, "
+        f"plan v{row.version} {row.batches}, resuming from its checkpoint",
+        job_id=job.id,
+        now=now,
+    )
+
+
+def fail_restart(s: Session, job: JobRow, reason: str, *, now: float) -> None:
+    """A restart that cannot be placed ends the job."""
+    apply_transition(s, job, lifecycle.Transition(lifecycle.FAILED, reason), now=now)

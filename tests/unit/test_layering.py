@@ -1,0 +1,80 @@
+"""Layering: each entry point loads only what it uses, and the import contracts hold.
+
+Two checks. What each entry point really loads at start (a fresh interpreter
+per entry point, the modules it must not load absent from ``sys.modules``), and
+import-linter's contracts in pyproject.toml over every import in the code,
+those inside functions too. The agent never trains, so it loads no torch; it
+keeps no database, so no SQLAlchemy; ``hetero.core`` is what every package
+shares, so it needs only the standard library and PyYAML; the balancer runs
+inside every training process, so it is pure.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+HEAVY = ("torch", "sqlalchemy", "grpc", "google.protobuf", "textual", "rich", "yaml")
+
+ENTRY_POINTS = {
+    # hetero-agent: its CLI, and the daemon it starts.
+    "hetero.agent.cli": ("torch", "sqlalchemy", "hetero.trainer", "hetero.coordinator"),
+    "hetero.agent.daemon": ("torch", "sqlalchemy", "hetero.trainer", "hetero.coordinator"),
+    # hetero-top.
+    "hetero.tui.app": ("torch", "sqlalchemy", "hetero.trainer", "hetero.coordinator"),
+    # The shared agreements: standard library and PyYAML only.
+    "hetero.core.errors": (*HEAVY[:-1], "hetero.v1"),
+    "hetero.core.states": (*HEAVY[:-1], "hetero.v1"),
+    "hetero.core.defaults": (*HEAVY[:-1], "hetero.v1"),
+    "hetero.core.rankenv": (*HEAVY[:-1], "hetero.v1"),
+    "hetero.core.yamlfields": (*HEAVY[:-1], "hetero.v1"),
+    "hetero.core.replan": (*HEAVY, "hetero.v1"),
+    # The balancer: the trainer embeds it.
+    "hetero.core.balancer": (*HEAVY, "hetero.v1", "hetero.bench"),
+}
+
+
+@pytest.mark.parametrize("module", sorted(ENTRY_POINTS))
+def test_an_entry_point_loads_only_what_it_uses(module: str) -> None:
+    code = (
+        f"import sys, {module}\n"
+        f"print(','.join(m for m in {ENTRY_POINTS[module]!r} if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "", f"{module} loads {out.stdout.strip()}"
+
+
+def test_the_import_contracts_hold(tmp_path: Path) -> None:
+    """pyproject.toml's [tool.importlinter] contracts, checked in a tree laid out as the
+    installed package (import-linter cannot follow the editable folder mapping)."""
+    pytest.importorskip("importlinter", reason="import-linter is in the dev extra")
+    package = tmp_path / "hetero"
+    package.mkdir()
+    for f in (ROOT / "hetero").glob("*.py"):
+        (package / f.name).symlink_to(f)
+    for name in ("core", "coordinator", "agent", "trainer", "tui", "bench"):
+        (package / name).symlink_to(ROOT / name)
+    (package / "v1").symlink_to(ROOT / "proto" / "hetero" / "v1")
+    (tmp_path / "pyproject.toml").symlink_to(ROOT / "pyproject.toml")
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from importlinter.cli import lint_imports_command;"
+            " sys.argv = ['lint-imports', '--no-cache']; sys.exit(lint_imports_command())",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "0 broken" in out.stdout

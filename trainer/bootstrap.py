@@ -1,0 +1,144 @@
+"""What ``ht.init`` does before training: the validated ``TrainerConfig``, and from this
+rank's environment (``hetero.core.rankenv.RankEnv``) its device, its emulated
+slowdown, the backend every rank agrees on, and the process group.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from hetero.core import defaults, rankenv
+from hetero.core.balancer import make_policy
+from hetero.core.errors import ConfigError, DistributedError
+from hetero.core.rankenv import RankEnv
+from hetero.trainer import procgroup
+from hetero.trainer.emulation import Slowdown, parse_slowdowns
+from hetero.trainer.netif import interface_toward
+
+log = logging.getLogger("hetero.trainer")
+
+
+def _collective_timeout_s() -> float:
+    """``HETERO_COLLECTIVE_TIMEOUT_S`` if set (agent-launched jobs), else 600 s."""
+    return RankEnv.from_env().collective_timeout_s or defaults.COLLECTIVE_TIMEOUT_S
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """How a training process balances. Validated on construction."""
+
+    policy: str = "dynamic"
+    rebalance_interval: int = defaults.REBALANCE_INTERVAL_STEPS
+    min_batch: int = 1
+    max_batch: tuple[int | None, ...] | None = None
+    emulate_slowdown: str | None = None
+    output_dir: Path | None = None
+    device: str = "auto"
+    backend: str | None = None
+    warmup_steps: int = 1
+    settle_steps: int = 1
+    history_intervals: int = 32
+    #: Seconds a collective may wait for a peer before failing (a dead peer must not
+    #: hang the job): ``HETERO_COLLECTIVE_TIMEOUT_S`` under an agent, else 600.
+    collective_timeout_s: float = field(default_factory=_collective_timeout_s)
+
+    def __post_init__(self) -> None:
+        make_policy(self.policy)  # raises ConfigError naming the known ones
+        if self.rebalance_interval < 1:
+            raise ConfigError(f"rebalance_interval must be >= 1, got {self.rebalance_interval}")
+        if self.min_batch < 1:
+            raise ConfigError(f"min_batch must be >= 1, got {self.min_batch}")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.settle_steps < 0:
+            raise ConfigError(f"settle_steps must be >= 0, got {self.settle_steps}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if self.backend not in (None, "gloo", "nccl"):
+            raise ConfigError(f"backend must be gloo or nccl, got {self.backend!r}")
+        if not self.collective_timeout_s > 0:
+            raise ConfigError(f"collective_timeout_s must be > 0, got {self.collective_timeout_s}")
+        parse_slowdowns(self.emulate_slowdown)
+
+
+def pick_device(choice: str, env: RankEnv) -> torch.device:
+    """``choice`` (auto, cpu, cuda) on the device ``env`` gives this rank."""
+    index = env.cuda_index(torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    if choice == "cuda" and index is None:
+        placed = f" ({rankenv.DEVICE}={env.device})" if env.device else ""
+        raise ConfigError(
+            f"device cuda requested but local rank {env.local_rank} has no GPU{placed}"
+        )
+    if index is not None and choice in ("cuda", "auto"):
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    return torch.device("cpu")
+
+
+def _gloo_interface() -> None:
+    """Point Gloo at the interface toward ``MASTER_ADDR`` unless the user chose one
+    (``GLOO_SOCKET_IFNAME``): left alone it binds where the hostname resolves,
+    which is loopback on many hosts, and ranks on other hosts cannot reach it."""
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return
+    iface = interface_toward(os.environ.get("MASTER_ADDR", ""))
+    if iface is not None:
+        os.environ["GLOO_SOCKET_IFNAME"] = iface
+        log.info("Gloo uses interface %s (toward MASTER_ADDR)", iface)
+
+
+def default_backend(device: torch.device, env: RankEnv) -> str:
+    """NCCL only when every rank can be on CUDA, else Gloo; all ranks must agree.
+
+    A launcher that knows the whole job (``hetero-train --nproc``, an agent, the
+    coordinator) says so in ``HETERO_BACKEND``. Otherwise this rank infers it
+    from its own node: NCCL if it is on CUDA and the node has a GPU for every
+    local rank, so a node mixing GPU and CPU ranks picks Gloo on every rank.
+    """
+    if env.backend is not None:
+        return env.backend
+    if device.type == "cuda" and torch.cuda.device_count() >= (env.local_world_size or 1):
+        return "nccl"
+    return "gloo"
+
+
+def emulated_slowdowns(
+    config: TrainerConfig, env: RankEnv, device: torch.device
+) -> dict[int, Slowdown]:
+    """The job's emulated slowdowns by rank: the config's, else (under an agent, for a
+    user script) the environment's."""
+    slowdown_spec = config.emulate_slowdown or env.slowdown_spec
+    slowdowns: dict[int, Slowdown] = parse_slowdowns(slowdown_spec)
+    bad = [r for r in slowdowns if r >= env.world_size]
+    if bad:
+        raise ConfigError(f"--emulate-slowdown names rank {bad[0]} of a {env.world_size}-rank job")
+    if slowdowns and device.type == "cuda":
+        raise ConfigError("emulated slowdown is for CPU ranks; on GPUs use real load")
+    return slowdowns
+
+
+def join_process_group(
+    backend: str, rank: int, world_size: int, device: torch.device, timeout_s: float
+) -> None:
+    """Join the job's process group; nothing alone or when already joined. A collective
+    waits ``timeout_s`` seconds for a peer before failing."""
+    if world_size > 1 and not dist.is_initialized():
+        if backend == "gloo":
+            _gloo_interface()
+        try:
+            procgroup.join(
+                backend,
+                rank=rank,
+                world_size=world_size,
+                timeout=timedelta(seconds=timeout_s),
+                device_id=device if device.type == "cuda" else None,
+            )
+        except (RuntimeError, ValueError) as exc:
+            raise DistributedError(f"joining the process group failed: {exc}") from None

@@ -1,0 +1,152 @@
+"""The rebalance protocol, run by every rank at each boundary (``rebalance_interval``
+steps): summarize this rank's interval, all-gather the summaries, decide the next
+plan on rank 0, broadcast it, and schedule it on every rank at the same step.
+
+The collectives are ``trainer.exchange``'s; the state (history, summaries, plans)
+lives on the ``Context``, which these functions advance.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from hetero.core.errors import DistributedError
+from hetero.trainer.exchange import RankSummary, all_gather_summaries, broadcast_plan
+from hetero.trainer.metrics import interval_record
+from hetero.trainer.timing import StepTimes
+
+if TYPE_CHECKING:
+    from hetero.trainer.context import Context
+
+log = logging.getLogger("hetero.trainer")
+#: HETERO_DEBUG_TIMING=1 logs every step's phase times at each interval boundary.
+_DEBUG_TIMING = os.environ.get("HETERO_DEBUG_TIMING") == "1"
+
+
+@dataclass
+class PlanRecord:
+    """A plan change as all ranks applied it."""
+
+    version: int
+    apply_at_step: int
+    batches: tuple[int, ...]
+    reason: str
+
+
+@dataclass
+class IntervalTotals:
+    """Accumulators of the interval in progress."""
+
+    started_s: float = field(default_factory=time.perf_counter)
+    loss_sum: torch.Tensor | None = None
+    samples: int = 0
+    global_samples: int = 0
+
+
+def rebalance(ctx: Context) -> None:
+    """At a boundary, on every rank: exchange the interval's summaries, schedule the plan
+    rank 0 decided, write this rank's metrics record, and start the next interval."""
+    loader = ctx._require_loader()
+    times = ctx.clock.resolve()
+    if _DEBUG_TIMING:
+        for t in times:
+            print(f"rank {ctx.rank} step timing {t}", file=sys.stderr, flush=True)
+    mine = summarize(ctx, times)
+    try:
+        summaries = all_gather_summaries(mine, ctx.world_size, ctx.device)
+    except RuntimeError as exc:
+        raise DistributedError(f"stats exchange at step {ctx.global_step} failed: {exc}") from None
+    wall_s = time.perf_counter() - ctx._interval.started_s
+    if all(s.steps > 0 for s in summaries):
+        ctx.history.append(tuple(s.to_interval() for s in summaries))
+    # Before deciding: a planner under an agent reports this interval's summaries.
+    ctx.summaries.append(summaries)
+    current = ctx.plan
+    decision: tuple[bool, int, int, tuple[int, ...]] | None = None
+    reason = ""
+    if ctx.rank == 0:
+        decision, reason = decide(ctx, current, loader.prefetch_depth)
+    try:
+        changed, version, apply_at, plan = broadcast_plan(decision, ctx.world_size, ctx.device)
+    except RuntimeError as exc:
+        raise DistributedError(f"plan broadcast at step {ctx.global_step} failed: {exc}") from None
+    if changed:
+        loader.sampler.set_plan(plan, apply_at)
+        ctx.plans.append(PlanRecord(version, apply_at, plan, reason))
+    ctx.interval_walls.append(wall_s)
+    ctx.metrics.write(interval_record(ctx, summaries, wall_s, changed, plan, apply_at, reason))
+    ctx._interval = IntervalTotals()
+    ctx.clock.restart()
+
+
+def summarize(ctx: Context, times: list[StepTimes]) -> RankSummary:
+    """This rank's interval: steps at the current batch, after it has settled.
+
+    The first ``settle_steps`` steps at a new batch size are left out: new
+    shapes cost allocator and kernel-selection work once, and on GPUs that
+    made every rank look ~15% slower for the interval right after each plan
+    change. Compute and step time are medians, robust to a stray slow step
+    (a page fault, a collector pause); phases are means.
+    """
+    valid = [t for t in times if t.step >= ctx.stats_from_step]
+    current = ctx._step_sizes[ctx.rank]
+    sel = [t for t in valid if t.batch == current]
+    settled = [t for t in sel if t.step >= ctx._batch_since + ctx.config.settle_steps]
+    sel = settled or sel
+    n = len(sel)
+
+    def mean(attr: str) -> float:
+        return sum(getattr(t, attr) for t in sel) / n if n else 0.0
+
+    def median(attr: str) -> float:
+        return statistics.median(getattr(t, attr) for t in sel) if n else 0.0
+
+    loss_sum = float(ctx._interval.loss_sum.item()) if ctx._interval.loss_sum is not None else 0.0
+    if ctx.device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(ctx.device)
+        torch.cuda.reset_peak_memory_stats(ctx.device)
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return RankSummary(
+        rank=ctx.rank,
+        batch=current,
+        steps=n,
+        compute_s=median("compute_s"),
+        step_s=median("step_s"),
+        data_s=mean("data_s"),
+        forward_s=mean("forward_s"),
+        backward_s=mean("backward_s"),
+        comm_s=mean("comm_s"),
+        optimizer_s=mean("optimizer_s"),
+        injected_s=mean("injected_s"),
+        loss_sum=loss_sum,
+        samples=ctx._interval.samples,
+        peak_memory_bytes=peak,
+        slowdown=ctx.slowdown_at(ctx.global_step - 1),
+    )
+
+
+def decide(
+    ctx: Context, current: tuple[int, ...], depth: int
+) -> tuple[tuple[bool, int, int, tuple[int, ...]], str]:
+    """Rank 0 only. Never raises: a failing planner keeps the current plan."""
+    version = ctx.plans[-1].version
+    if not ctx.history or ctx.planner is None:
+        return (False, version, ctx.global_step, current), "no complete interval yet"
+    try:
+        d = ctx.planner.decide(tuple(ctx.history), current)
+    except Exception as exc:  # the control plane must never stop training
+        log.warning("planner failed at step %d, keeping the plan: %s", ctx.global_step, exc)
+        return (False, version, ctx.global_step, current), f"planner failed: {exc}"
+    if not d.changed or tuple(d.batches) == current:
+        return (False, version, ctx.global_step, current), d.reason
+    return (True, version + 1, ctx.global_step + depth, tuple(d.batches)), d.reason
