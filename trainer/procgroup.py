@@ -51,7 +51,7 @@ def join(
     device_id: torch.device | None = None,
 ) -> None:
     """``init_process_group``, once nothing imported later can pin the group (module doc)."""
-    import torch.distributed.nn  # noqa: F401  (binds group.WORLD while it is None)
+    import torch.distributed.nn.functional  # noqa: F401  (binds group.WORLD while None)
 
     dist.init_process_group(
         backend, rank=rank, world_size=world_size, timeout=timeout, device_id=device_id
