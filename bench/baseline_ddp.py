@@ -4,7 +4,9 @@ Written outside hetero's trainer on purpose: no uneven sampler, no comm hook,
 no plan exchange, DDP's default all-reduce. It shares only what makes the
 comparison fair: the same model (``hetero.trainer.models``), the same
 synthetic data gathered on the device (``SyntheticImages.get_batch``), SGD with
-momentum 0.9, bf16 autocast around forward and loss, channels_last.
+momentum 0.9, bf16 autocast around forward and loss, channels_last. It joins and
+leaves the process group as the trainer does (``hetero.trainer.procgroup``), so
+that a finished rank exits cleanly; that touches no step.
 
 Timing: each step is bracketed by CUDA events (host clocks on CPU); every
 ``--rebalance-interval`` steps the rank synchronizes its device and writes one
@@ -99,6 +101,7 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel
 
+    from hetero.trainer import procgroup
     from hetero.trainer.datasets.synthetic import SyntheticImages
     from hetero.trainer.datasets.text import SyntheticText
     from hetero.trainer.emulation import parse_slowdowns
@@ -128,7 +131,7 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
 
     backend = args.backend or ("nccl" if cuda else "gloo")
     if world > 1:
-        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(minutes=10))
+        procgroup.join(backend, rank=rank, world_size=world, timeout=timedelta(minutes=10))
     torch.manual_seed(args.seed)
 
     info = model_info(args.model)
@@ -310,8 +313,11 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
             standalone = [float(g.item()) for g in gathered]
         else:
             standalone = [mine_rate]
+    # DDP's reducer holds the process group: without the wrapper, leaving ends the group
+    # and joins Gloo's threads now, not during interpreter exit (see hetero.trainer.procgroup).
+    del ddp
     if world > 1:
-        dist.destroy_process_group()
+        procgroup.leave()
     if rank != 0:
         return None
     steady = statistics.median(rates[len(rates) // 2 :]) if rates else 0.0

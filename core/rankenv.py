@@ -240,12 +240,6 @@ class RankEnv:
         env = os.environ if environ is None else environ
         return RANK in env and WORLD_SIZE in env
 
-    @staticmethod
-    def launched_by_hetero(environ: Mapping[str, str] | None = None) -> bool:
-        """``HETERO_LAUNCHED=1`` without parsing the rest (for an exit path that must
-        not fail)."""
-        return (os.environ if environ is None else environ).get(LAUNCHED) == "1"
-
 
 def _cuda_index(device: str | None) -> int | None:
     """``N`` of ``cuda:N``; None for ``cpu`` or None; anything else is a ConfigError."""

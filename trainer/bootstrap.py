@@ -20,6 +20,7 @@ from hetero.core import defaults, rankenv
 from hetero.core.catalogue import BY_NAME
 from hetero.core.errors import ConfigError, DistributedError
 from hetero.core.rankenv import RankEnv
+from hetero.trainer import procgroup
 from hetero.trainer.commsched import AUTO
 from hetero.trainer.emulation import Slowdown, parse_slowdowns
 from hetero.trainer.netif import interface_toward
@@ -134,7 +135,7 @@ def join_process_group(
         if backend == "gloo":
             _gloo_interface()
         try:
-            dist.init_process_group(
+            procgroup.join(
                 backend,
                 rank=rank,
                 world_size=world_size,

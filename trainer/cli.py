@@ -109,21 +109,5 @@ def _backend_for(cfg: TrainingOptions) -> str:
     return "nccl" if cfg.device != "cpu" and gpus >= cfg.nproc else "gloo"
 
 
-def _exit_launched(code: int) -> None:
-    """Leave a launched rank without interpreter teardown.
-
-    Everything is written and flushed by now. Tearing down torch.distributed's
-    C++ threads during interpreter finalization occasionally aborts a Gloo rank
-    ("terminate called without an active exception"), which would turn a
-    finished run into a failure; ``os._exit`` skips that teardown.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 if __name__ == "__main__":
-    status = main()
-    if RankEnv.launched_by_hetero() or "TORCHELASTIC_RUN_ID" in os.environ:
-        _exit_launched(status)
-    sys.exit(status)
+    sys.exit(main())

@@ -28,7 +28,6 @@ interval).
 from __future__ import annotations
 
 import collections
-import contextlib
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -49,7 +48,7 @@ from hetero.core.balancer import (
 )
 from hetero.core.errors import ConfigError
 from hetero.core.rankenv import RankEnv
-from hetero.trainer import control
+from hetero.trainer import control, procgroup
 from hetero.trainer.bootstrap import (
     TrainerConfig,
     default_backend,
@@ -319,18 +318,16 @@ class Context:
     def close(self) -> None:
         """Flush metrics and leave the process group.
 
-        The barrier first makes sure no collective is still in flight: Gloo's
-        worker threads holding pending work at teardown can abort the process.
+        The group, and Gloo's threads with it, ends here if the model that
+        :meth:`wrap` returned is gone (``hetero-train`` drops it first), else when
+        that model goes: its DDP reducer holds the group (see ``procgroup``).
         """
         self.metrics.close()
         close_planner = getattr(self.planner, "close", None)
         if close_planner is not None:
             close_planner()
-        if self.world_size > 1 and dist.is_initialized():
-            # A peer that is already gone makes the barrier fail: just leave.
-            with contextlib.suppress(RuntimeError):
-                dist.barrier()
-            dist.destroy_process_group()
+        if self.world_size > 1:
+            procgroup.leave()
 
 
 def init(

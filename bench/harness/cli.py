@@ -120,10 +120,7 @@ def run_command(args: argparse.Namespace) -> int:
             spec = _with_solo_scores(spec, specs)
             o = runner.execute(spec, scenario, monitor, timeout_s=timeout_s)
             failures += not o.ok
-            status = "ok" if o.ok else f"FAILED: {o.error}"
-            if o.warning:
-                status += f" (warning: {o.warning})"
-            runner.progress(f"      {status} in {o.wall_s:.0f} s")
+            runner.progress(f"      {'ok' if o.ok else f'FAILED: {o.error}'} in {o.wall_s:.0f} s")
     except KeyboardInterrupt:
         interrupted = True
         runner.progress("interrupted: every process stopped; writing what finished")

@@ -176,12 +176,17 @@ def render(
             "CPU rank the job leaves Gloo entirely, which the measured GPU-alone run shows.",
             "",
         ]
-    flagged = [run for run in runs if run.outcome.get("error") or run.outcome.get("warning")]
-    if flagged:
-        lines += ["## Failed runs and warnings", ""]
-        for run in flagged:
-            what = run.outcome.get("error") or f"warning: {run.outcome.get('warning')}"
-            lines.append(f"- {run.name}: {what} (see runs/{run.name}/stderr.log)")
+    failed = [
+        run
+        for run in runs
+        if run.outcome.get("error") or run.outcome.get("returncode") not in (0, None)
+    ]
+    if failed:
+        lines += ["## Failed runs", ""]
+        for run in failed:
+            lines.append(
+                f"- {run.name}: {run.outcome.get('error')} (see runs/{run.name}/stderr.log)"
+            )
         lines.append("")
     lines += ["## Runs", ""]
     for run in runs:

@@ -138,9 +138,9 @@ def rows_for_run(run: RunData, manifest: dict[str, Any]) -> list[dict[str, Any]]
         "amp": sc["amp"],
         "device": manifest.get("device", "unknown"),
         "emulated": bool(sc.get("slowdowns")),
-        "ok": run.outcome.get("returncode") is not None and not run.outcome.get("error"),
+        "ok": run.outcome.get("returncode") == 0 and not run.outcome.get("error"),
         "date": manifest.get("date"),
-        "note": run.outcome.get("error") or run.outcome.get("warning") or "",
+        "note": run.outcome.get("error") or "",
     }
     rates = run.rates
     if not rates:

@@ -47,14 +47,13 @@ class RunOutcome:
     wall_s: float = 0.0
     timed_out: bool = False
     error: str | None = None
-    warning: str | None = None
     switches: list[dict[str, Any]] = field(default_factory=list)
     started_time_s: float = 0.0
 
     @property
     def ok(self) -> bool:
-        """Finished with its results (possibly with a ``warning``)."""
-        return self.error is None and self.returncode is not None
+        """Every rank exited 0 and nothing went wrong around them."""
+        return self.returncode == 0 and self.error is None
 
 
 class MetricsTail:
@@ -165,22 +164,9 @@ def execute(
         outcome.wall_s = time.perf_counter() - t0
         (out / "run.json").write_text(json.dumps(asdict(outcome), indent=2) + "\n")
     if outcome.returncode not in (0, None) and outcome.error is None:
-        why = f"exited with status {outcome.returncode}: {_last_line(out / 'stderr.log')}"
-        if _finished(spec, outcome.started_time_s):
-            # Seen on Gloo: a rank aborts in process-group teardown after the job finished.
-            outcome.warning = f"{why} (after writing its summary: results kept)"
-        else:
-            outcome.error = why
+        outcome.error = f"exited with status {outcome.returncode}: {_last_line(out / 'stderr.log')}"
         (out / "run.json").write_text(json.dumps(asdict(outcome), indent=2) + "\n")
     return outcome
-
-
-def _finished(spec: RunSpec, started_time_s: float) -> bool:
-    """Whether the run wrote its summary (after ``started_time_s``): training and ideal done."""
-    try:
-        return spec.summary_path.stat().st_mtime >= started_time_s
-    except FileNotFoundError:
-        return False
 
 
 def _follow(

@@ -1,0 +1,71 @@
+"""Joining and leaving the torch.distributed process group, so that leaving ends it.
+
+``destroy_process_group()`` only drops c10d's own references to the group. The
+Gloo backend, with its two worker threads, its TCP transport loop and (on rank 0)
+the TCPStore server thread, is destroyed and its threads joined when the *last*
+reference goes. Anything that still holds the group keeps those threads running
+into interpreter finalization, and there they can kill a finished rank:
+
+A Gloo worker drops its reference to a collective only after completing it, when
+it next gets a CPU; the caller may have moved on long before. If the collective's
+Python tensors are gone by then, the worker owns their Python objects, and freeing
+them needs the GIL. CPython ends any thread that asks for the GIL while the
+interpreter finalizes (``pthread_exit``); the unwinding crosses the work's
+``noexcept`` destructor, so ``std::terminate`` aborts the process: "terminate
+called without an active exception", exit status 134, after the job wrote its
+results. Rare, and likelier on a loaded machine, where the worker waits longest
+for a CPU. The native stack of that abort (torch 2.14.1, CPython 3.11)::
+
+    std::terminate <- _Unwind_ForcedUnwind <- pthread_exit <- PyThread_exit_thread
+    <- take_gil <- THPVariable_dealloc <- TensorImpl::decref_pyobject
+    <- ~AsyncAllgatherWork <- ProcessGroupGloo::runLoop      (thread pt_gloo_runloop)
+
+Two things held the group past ``destroy_process_group()``; avoid both, and the
+group's destructor joins its workers inside ``destroy_process_group()`` (or when the
+last holder goes), while the interpreter is whole:
+
+- ``torch/distributed/nn/functional.py`` binds ``group=group.WORLD`` as default
+  arguments when it is first imported. ``DistributedDataParallel``'s constructor
+  imports it (through ``torch._dynamo``), so after ``init_process_group`` ten
+  module-level functions hold the default group until the interpreter exits.
+  :func:`join` imports that module first, while ``group.WORLD`` is still ``None``.
+- the ``DistributedDataParallel`` wrapper, whose reducer holds the group: drop it
+  before :func:`leave`, or the group ends when the wrapper does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+def join(
+    backend: str,
+    *,
+    rank: int,
+    world_size: int,
+    timeout: timedelta,
+    device_id: torch.device | None = None,
+) -> None:
+    """``init_process_group``, once nothing imported later can pin the group (module doc)."""
+    import torch.distributed.nn.functional  # noqa: F401  (binds group.WORLD while None)
+
+    dist.init_process_group(
+        backend, rank=rank, world_size=world_size, timeout=timeout, device_id=device_id
+    )
+
+
+def leave() -> None:
+    """Wait for every rank, then destroy the process group.
+
+    The barrier means no collective of this rank is still in flight. A peer that
+    is already gone makes it fail: then just leave. No-op without a group.
+    """
+    if not dist.is_initialized():
+        return
+    with contextlib.suppress(RuntimeError):
+        dist.barrier()
+    dist.destroy_process_group()
