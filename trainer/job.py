@@ -219,6 +219,7 @@ def run_job(cfg: JobConfig) -> dict[str, Any] | None:
         backend=cfg.backend or ("gloo" if cfg.simulate_nodes else None),
         profiles=cfg.profiles(),
     )
+    ctx.total_steps = cfg.steps
     try:
         return _train(ctx, cfg)
     except torch.OutOfMemoryError:
