@@ -14,7 +14,7 @@ from hetero.core.balancer.model import (
     fit_step_model,
     predict_step_s,
 )
-from hetero.core.balancer.order import confident_order, enforce_order
+from hetero.core.balancer.order import SpeedOrder, Speeds
 from hetero.core.balancer.payback import Horizon, SwitchCosts, switch_costs
 from hetero.core.balancer.plan import Batches, Box, Constraints, equal_batches, round_to_plan
 from hetero.core.balancer.policies import POLICIES, Equal, Proportional, make_policy
@@ -54,13 +54,13 @@ __all__ = [
     "RankFit",
     "RankInterval",
     "Regime",
+    "SpeedOrder",
+    "Speeds",
     "StepModel",
     "StragglerDetector",
     "StragglerEvidence",
     "SwitchCosts",
-    "confident_order",
     "detect_stragglers",
-    "enforce_order",
     "equal_batches",
     "equal_time_plan",
     "estimate_comm_s",

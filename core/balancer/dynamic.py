@@ -24,7 +24,7 @@ from hetero.core.balancer.changepoint import Point
 from hetero.core.balancer.decision import Decision
 from hetero.core.balancer.model import StepModel
 from hetero.core.balancer.moves import MoveRules, decide
-from hetero.core.balancer.order import Order, SpeedOrder, confident_order
+from hetero.core.balancer.order import SpeedOrder, Speeds
 from hetero.core.balancer.payback import Horizon
 from hetero.core.balancer.plan import Batches, Constraints, equal_batches, round_to_plan
 from hetero.core.balancer.robust_fit import RankFit, fit_rank
@@ -186,27 +186,21 @@ class Dynamic:
         fits = self.fit_ranks(history)
         return tuple(f.model for f in fits), fits
 
-    def order(
-        self, history: History, profiles: Sequence[DeviceProfile] | None, constraints: Constraints
-    ) -> SpeedOrder:
-        """Pairs of ranks in confident speed order (``order.py``), as known with the
-        newest interval and before it, so one noisy interval inverts nothing."""
-        now = self._confident(history, profiles, constraints)
-        before = self._confident(history[:-1], profiles, constraints)
-        return SpeedOrder.of(now, before)
+    def order(self, history: History, profiles: Sequence[DeviceProfile] | None) -> SpeedOrder:
+        """What is known of the ranks' speeds with the newest interval and before it
+        (``order.py``: one noisy interval inverts nothing)."""
+        return SpeedOrder(
+            self._known(history, profiles), self._known(history[:-1], profiles), self.confidence_z
+        )
 
-    def _confident(
-        self, history: History, profiles: Sequence[DeviceProfile] | None, constraints: Constraints
-    ) -> Order:
-        if not history or len(history[-1]) != constraints.world_size:
-            return frozenset()
+    def _known(self, history: History, profiles: Sequence[DeviceProfile] | None) -> Speeds | None:
+        if not history:
+            return None
         try:
             models, fits = self.models(history, profiles)
         except PlanError:
-            return frozenset()
-        return confident_order(
-            models, fits, constraints, z=self.confidence_z, default_cv=self.default_cv
-        )
+            return None
+        return Speeds.of(models, fits, self.default_cv)
 
     def next_plan(
         self,
@@ -222,7 +216,9 @@ class Dynamic:
             models, fits = self.models(history, profiles)
         except PlanError as exc:
             return Decision(tuple(current), False, f"keeping the plan: {exc}")
-        order = self.order(history, profiles, constraints)
+        order = self.order(history, profiles)
+        if order.before is not None and len(history[-2]) != len(history[-1]):
+            order = SpeedOrder(order.now, None, order.z)  # a restart: the old ranks are others
         return decide(
             history, tuple(current), constraints, models, fits, order, self.rules, horizon
         )

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from hetero.core.balancer.decision import Decision
 from hetero.core.balancer.grid import grid_step, snap_to_warm, warm_shapes
 from hetero.core.balancer.model import StepModel, equal_time_plan, predict_step_s
-from hetero.core.balancer.order import SpeedOrder, enforce_order, violations
+from hetero.core.balancer.order import SpeedOrder
 from hetero.core.balancer.payback import Horizon, gain_threshold, switch_costs
 from hetero.core.balancer.plan import Batches, Box, Constraints
 from hetero.core.balancer.robust_fit import RankFit
@@ -91,15 +91,15 @@ def decide(
         note += f"; rank(s) {pending} jumped, waiting for the next interval to confirm"
     models = tuple(models)
     proposed, box = propose(models, fits, constraints, rules)
-    proposed = enforce_order(proposed, order.guard, box)
+    proposed = order.enforce(proposed, box)
     t_new = predict_step_s(models, proposed, comm_s=constraints.comm_s)
     try:
         constraints.check(current)
     except PlanError as exc:
         return Decision(proposed, True, f"current plan invalid ({exc}){note}", t_new, models)
     t_now = predict_step_s(models, current, comm_s=constraints.comm_s)
-    inverted = violations(current, order.settled)
-    if inverted and not violations(proposed, order.guard):
+    inverted = order.violations(current, settled=True)
+    if inverted and not order.violations(proposed):
         slower = ", ".join(f"{j} slower than {i}" for i, j in inverted)
         reason = f"order: rank {slower} held more samples{note}"
         return Decision(proposed, proposed != tuple(current), reason, t_new, models)
@@ -111,10 +111,10 @@ def decide(
     options = [proposed]
     snapped = snap_to_warm(proposed, shapes, constraints, box)
     if snapped is not None:
-        options.append(enforce_order(snapped, order.guard, box))
+        options.append(order.enforce(snapped, box))
     candidates = []
     for batches in dict.fromkeys(options):  # unique, in order
-        if batches == tuple(current) or violations(batches, order.guard):
+        if batches == tuple(current) or order.violations(batches):
             continue
         step_s = predict_step_s(models, batches, comm_s=constraints.comm_s)
         gain = (t_now - step_s) / t_now

@@ -1,29 +1,31 @@
 """Monotonicity: a rank known to be slower never holds more samples than a faster one.
 
-Rank ``j`` is *confidently slower* than rank ``i`` when its fitted time is
-larger at every batch a plan could give either of them, by more than the
-noise of the two fits: ``t_j(b) > t_i(b) · (1 + z·√(σ_i² + σ_j²))`` at both
-ends of ``[min_batch, B]`` (both models are affine, so then everywhere
-between), with ``σ`` each fit's relative standard error
-(``payback.level_sigma``).
+Whether ``j`` holding more than ``i`` is an inversion depends on where: with
+fixed costs alike, two ranks take about the same time at a batch of one
+sample whatever their speeds. What matters is the pair's own batches. If a
+plan gives ``b_j > b_i`` and ``j`` is slower at the middle batch
+``m = (b_i + b_j)/2``, then ``t_j(b_j) > t_j(m) > t_i(m) > t_i(b_i)``: the
+pair cannot be balanced, and giving ``j`` fewer is better. So rank ``j`` is
+*confidently slower* than ``i`` at ``m`` when
+``t_j(m) > t_i(m) · (1 + z·√(σ_i² + σ_j²))``, ``σ`` each fit's relative
+standard error (``payback.level_sigma``).
 
-With exact models the equal-time plan is monotone by itself: if ``b_j > b_i``
-and ``j`` is slower at every batch then ``t_j(b_j) > t_j(b_i) > t_i(b_i)``,
-so the times were not equal. Inversions come from elsewhere: rounding, the
-trust region's bounds, and above all *one noisy interval*. A single bad
-interval can look like a sudden change, and the fit of a rank with a
-suspected change rests on that one point. So the order a plan must keep (``SpeedOrder.guard``) is the one known *with*
-the newest interval together with the one known *before* it, where the newest
-does not say the reverse: a reversal that the next interval confirms is then
-acted on (the changed rank's older knowledge is no longer confident: its new
-regime has one point), while one that it does not never moved a sample
-across the order. A current plan that inverts a pair known both ways
-(``SpeedOrder.settled``) is replaced whatever the gain.
+With exact models the equal-time plan has no such pair. Inversions come from
+rounding, the trust region's bounds, and above all *one noisy interval*: a
+single bad interval can look like a sudden change, and the fit of a rank with
+a suspected change rests on that one point. So the knowledge a plan must
+respect (``SpeedOrder.inverted``) is the one *with* the newest interval
+together with the one *before* it, where the newest does not say the reverse:
+a reversal that the next interval confirms is then acted on (the changed
+rank's older knowledge is no longer confident: its new regime has one point),
+while one that it does not never moved a sample across the order. A current
+plan that inverts a pair known both ways (``settled``) is replaced whatever
+the gain.
 
-``enforce_order`` repairs a plan by the least move: an inverted pair shares
-its two batches equally (the faster rank takes the odd sample), which keeps
-the sum, where both ranks' bounds allow it. Swapping the two batches instead
-made a single noisy interval move a third of a 3-rank job's batch.
+``SpeedOrder.enforce`` repairs a plan by the least move: an inverted pair
+shares its two batches equally (the faster rank takes the odd sample), which
+keeps the sum, where both ranks' bounds allow it. Swapping the two batches
+instead let a single noisy interval move a third of a 3-rank job's batch.
 """
 
 from __future__ import annotations
@@ -34,66 +36,70 @@ from dataclasses import dataclass
 
 from hetero.core.balancer.model import StepModel
 from hetero.core.balancer.payback import level_sigma
-from hetero.core.balancer.plan import Batches, Box, Constraints
+from hetero.core.balancer.plan import Batches, Box
 from hetero.core.balancer.robust_fit import RankFit
 
-#: ``(faster, slower)`` rank pairs.
-Order = frozenset[tuple[int, int]]
+
+@dataclass(frozen=True)
+class Speeds:
+    """Fitted models and their relative standard errors, as known at one time."""
+
+    models: tuple[StepModel, ...]
+    sigma: tuple[float, ...]
+
+    @classmethod
+    def of(cls, models: Sequence[StepModel], fits: Sequence[RankFit], default_cv: float) -> Speeds:
+        return cls(tuple(models), tuple(level_sigma(f, default_cv) for f in fits))
+
+    def slower(self, i: int, j: int, batch: float, z: float) -> bool:
+        """Whether rank ``j`` is confidently slower than rank ``i`` at ``batch``."""
+        margin = 1.0 + z * math.hypot(self.sigma[i], self.sigma[j])
+        return self.models[j].time(batch) > self.models[i].time(batch) * margin
 
 
 @dataclass(frozen=True)
 class SpeedOrder:
-    """``guard``: the pairs no plan may invert; ``settled``: those known both with and
-    before the newest interval (a plan that inverts one is replaced at once)."""
+    """What is known of the ranks' speeds with the newest interval (``now``) and before
+    it (``before``; None with a single interval), at ``z`` standard errors."""
 
-    guard: Order = frozenset()
-    settled: Order = frozenset()
+    now: Speeds | None = None
+    before: Speeds | None = None
+    z: float = 2.0
 
-    @classmethod
-    def of(cls, now: Order, before: Order) -> SpeedOrder:
-        kept = frozenset((i, j) for i, j in before if (j, i) not in now)
-        return cls(now | kept, now & before)
+    def inverted(self, plan: Sequence[int], i: int, j: int, *, settled: bool = False) -> bool:
+        """Whether ``plan`` gives ``j`` more than ``i`` though ``j`` is known to be slower
+        at their middle batch; ``settled``: known both with and before the newest."""
+        if plan[j] <= plan[i] or self.now is None:
+            return False
+        m = 0.5 * (plan[i] + plan[j])
+        now = self.now.slower(i, j, m, self.z)
+        before = self.before is not None and self.before.slower(i, j, m, self.z)
+        if settled:
+            return now and before
+        return now or (before and not self.now.slower(j, i, m, self.z))
 
+    def violations(self, plan: Sequence[int], *, settled: bool = False) -> list[tuple[int, int]]:
+        """The ``(faster, slower)`` pairs ``plan`` inverts."""
+        world = len(plan)
+        return [
+            (i, j)
+            for i in range(world)
+            for j in range(world)
+            if i != j and self.inverted(plan, i, j, settled=settled)
+        ]
 
-def confident_order(
-    models: Sequence[StepModel],
-    fits: Sequence[RankFit],
-    constraints: Constraints,
-    *,
-    z: float,
-    default_cv: float,
-) -> Order:
-    """The pairs ``(i, j)`` in which ``j`` is confidently slower than ``i`` (module doc)."""
-    ends = (float(constraints.min_batch), float(constraints.global_batch))
-    sigma = [level_sigma(f, default_cv) for f in fits]
-    pairs = set()
-    for i, mi in enumerate(models):
-        for j, mj in enumerate(models):
-            if i == j:
-                continue
-            margin = 1.0 + z * math.hypot(sigma[i], sigma[j])
-            if all(mj.time(b) > mi.time(b) * margin for b in ends):
-                pairs.add((i, j))
-    return frozenset(pairs)
-
-
-def violations(plan: Sequence[int], order: Order) -> list[tuple[int, int]]:
-    """The pairs of ``order`` that ``plan`` inverts (the slower rank holds more)."""
-    return sorted((i, j) for i, j in order if plan[j] > plan[i])
-
-
-def enforce_order(plan: Sequence[int], order: Order, box: Box) -> Batches:
-    """``plan`` with each inverted pair of ``order`` sharing its batches equally (the
-    faster rank takes the odd sample) where both ranks' bounds allow it."""
-    out = list(plan)
-    for _ in range(len(out) ** 2 + 1):  # each repair removes an inversion of a partial order
-        repaired = False
-        for i, j in violations(out, order):
-            total = out[i] + out[j]
-            bi, bj = total - total // 2, total // 2
-            if box.lower[i] <= bi <= box.upper[i] and box.lower[j] <= bj <= box.upper[j]:
-                out[i], out[j] = bi, bj
-                repaired = True
-        if not repaired:
-            break
-    return tuple(out)
+    def enforce(self, plan: Sequence[int], box: Box) -> Batches:
+        """``plan`` with each inverted pair sharing its batches equally (the faster rank
+        takes the odd sample) where both ranks' bounds allow it."""
+        out = list(plan)
+        for _ in range(len(out) ** 2 + 1):  # each repair removes an inversion
+            repaired = False
+            for i, j in self.violations(out):
+                total = out[i] + out[j]
+                bi, bj = total - total // 2, total // 2
+                if box.lower[i] <= bi <= box.upper[i] and box.lower[j] <= bj <= box.upper[j]:
+                    out[i], out[j] = bi, bj
+                    repaired = True
+            if not repaired:
+                break
+        return tuple(out)

@@ -13,7 +13,14 @@ over the last few points wrong in practice, and each has a remedy here:
   if it exceeds ``change_threshold`` and ``CHANGE_SIGMAS`` times the rank's
   interval noise (``noise.interval_noise``): on a loaded CPU box, where
   intervals swing by 30%, a fixed 15% threshold called every other interval
-  a change of speed, and each "change" threw the fit's evidence away.
+  a change of speed, and each "change" threw the fit's evidence away. The
+  newest point alone is acted on at once only on a quiet rank: one whose
+  interval noise is under ``CONFIRM_NOISE`` (5%) and whose window holds fewer
+  than ``HEAVY_TAIL_OUTLIERS`` one-off outliers. On a noisy rank one interval
+  cannot tell a change from noise, and outliers mean heavier tails than the
+  noise says (a CPU rank the scheduler starves for one interval); there a
+  jump in the newest interval waits for the next one to confirm it
+  (``RankFit.pending``), one interval of lag against a plan flung by noise.
 * **Too little spread in b to identify c.** Once a plan has converged every
   point sits at one batch size and the fixed cost ``c`` is unidentifiable. It
   is estimated from the regime's whole history (old points, from before the
@@ -53,6 +60,8 @@ MIN_SCALE = 1e-3
 MIN_PER_SAMPLE_S = 1e-12
 #: One-off outliers in a rank's window from which its newest jump needs confirmation.
 HEAVY_TAIL_OUTLIERS = 2
+#: Interval noise from which a rank's newest jump needs confirmation.
+CONFIRM_NOISE = 0.05
 #: Relative standard error of a rank's level that the per-sample mean aims for: where
 #: the noise needs more than ``window`` points for it, the mean averages longer.
 LEVEL_TARGET = 0.03
@@ -82,8 +91,8 @@ class RankFit:
     ``None`` when nothing measures it yet.
     ``seen`` is the smallest and largest batch among the current regime's
     points: where the model has evidence (the trust region grows from it).
-    ``pending``: the newest point jumped, but this rank's outliers say to wait
-    for the next interval before calling it a change (it is left out meanwhile).
+    ``pending``: the newest point jumped, but this rank is too noisy to call one
+    interval a change: it waits for the next (and is left out meanwhile).
     """
 
     model: StepModel
@@ -178,9 +187,10 @@ def fit_rank(
     threshold = max(change_threshold, math.expm1(CHANGE_SIGMAS * (noise or 0.0)))
     regime = find_regimes(points, threshold)
     n = len(points)
-    pending = 0 < regime.start == n - 1 and len(regime.outliers) >= HEAVY_TAIL_OUTLIERS
+    noisy = (noise or 0.0) >= CONFIRM_NOISE or len(regime.outliers) >= HEAVY_TAIL_OUTLIERS
+    pending = 0 < regime.start == n - 1 and noisy
     if pending:
-        # Heavy-tailed rank: hold the newest jump back until the next interval confirms it.
+        # Too noisy to call one interval a change: hold it back until the next confirms it.
         regime = Regime(regime.starts[:-1], (*regime.outliers, n - 1))
     current = regime.members(-1, n)
     fixed_s: float | None = None
