@@ -7,8 +7,12 @@ distance: a model whose ``c`` is off by a fifth of the step time predicts
 twice its batch 20% wrong, four times its batch 60% wrong. One noisy interval
 must not fling samples on such an extrapolation, so each rank's next batch
 stays within ``[lo / factor, hi · factor]`` of the range ``[lo, hi]`` its
-current regime has run (and at least ``step`` samples beyond it, so a rank at
-a handful of samples can still move).
+current regime has run, and at least ``step`` samples beyond it: a quarter of
+an equal share (``B / 4W``). A factor alone moves a rank at a handful of
+samples by a sample or two per interval: a 2-rank job started by misread
+hardware profiles at 61/3 would crawl out of it for ten intervals, each move
+too small to beat the noise. A quarter share bounds what one wrong model can
+move to a quarter of what an equal split gives a rank.
 
 ``factor = 2`` (the default) is one doubling or halving per interval. It is
 enough for the moves that matter: from an equal start, a 3-rank job of 1×, 2×
@@ -34,10 +38,13 @@ from hetero.core.balancer.robust_fit import RankFit
 
 
 def trust_box(
-    fits: Sequence[RankFit], constraints: Constraints, *, factor: float, step: int = 1
+    fits: Sequence[RankFit], constraints: Constraints, *, factor: float, step: int | None = None
 ) -> Box:
-    """Per-rank bounds for the next plan (see the module doc); always holds ``B``."""
+    """Per-rank bounds for the next plan (see the module doc); always holds ``B``.
+    ``step``: the least reach beyond the range seen, samples (default ``B / 4W``)."""
     base = Box.of(constraints)
+    if step is None:
+        step = max(1, math.ceil(constraints.global_batch / (4 * constraints.world_size)))
     f = factor
     for _ in range(8):
         box = _box(fits, base, f, step)
