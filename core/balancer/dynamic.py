@@ -66,7 +66,7 @@ class Dynamic:
     change_threshold: float = 0.15
     trust_factor: float = 2.0
     confidence_z: float = 2.0
-    default_cv: float = 0.10
+    default_cv: float = 0.05
     payback_intervals: int = 10
     switch_prior_steps: float = 1.0
     grid: int = 0
