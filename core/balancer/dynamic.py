@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hetero.core.balancer.changepoint import Point
 from hetero.core.balancer.decision import Decision
@@ -28,7 +28,7 @@ from hetero.core.balancer.order import SpeedOrder, Speeds
 from hetero.core.balancer.payback import Horizon
 from hetero.core.balancer.plan import Batches, Constraints, equal_batches, round_to_plan
 from hetero.core.balancer.robust_fit import RankFit, fit_rank
-from hetero.core.balancer.shared_load import divide_load, load_factors
+from hetero.core.balancer.shared_load import MIN_SHARED_RANKS, divide_load, load_factors
 from hetero.core.balancer.stats import DeviceProfile, History, Interval
 from hetero.core.errors import ConfigError, PlanError
 
@@ -127,7 +127,8 @@ class Dynamic:
 
     def fit_ranks(self, history: History) -> tuple[RankFit, ...]:
         """One fit per rank of its busy time, from the newest intervals that have the
-        newest world size, with the load all ranks share divided out (``shared_load``)."""
+        newest world size, with the load all ranks share divided out (``shared_load``,
+        from three ranks on)."""
         recent = _same_world_tail(history, self.history_window)
         world = len(recent[-1])
         grid = [
@@ -138,13 +139,24 @@ class Dynamic:
             for iv in recent
         ]
         first = self._fit_grid(grid, recent)
-        if world < 2:
+        if world < MIN_SHARED_RANKS:
             return first
         factors = load_factors(grid, [f.model for f in first])
-        return self._fit_grid(divide_load(grid, factors), recent)
+        raw_noise = [f.noise_cv for f in first]
+        fits = self._fit_grid(divide_load(grid, factors), recent, raw_noise)
+        # Dividing by the median rank's times smooths that rank's series most: no rank's
+        # relative noise counts as less than the ranks' typical one.
+        noises = sorted(f.noise_cv for f in fits if f.noise_cv is not None)
+        if not noises:
+            return fits
+        typical = noises[len(noises) // 2]
+        return tuple(replace(f, noise_cv=max(f.noise_cv or 0.0, typical)) for f in fits)
 
     def _fit_grid(
-        self, grid: Sequence[Sequence[Point | None]], recent: Sequence[Interval]
+        self,
+        grid: Sequence[Sequence[Point | None]],
+        recent: Sequence[Interval],
+        change_noise: Sequence[float | None] | None = None,
     ) -> tuple[RankFit, ...]:
         fits: list[RankFit | None] = []
         for rank in range(len(grid[-1])):
@@ -169,6 +181,7 @@ class Dynamic:
                     # Until consecutive intervals measure the noise: the spread of the
                     # intervals' own steps, else the configured guess.
                     noise_prior=floors[len(floors) // 2] if floors else self.default_cv,
+                    change_noise=change_noise[rank] if change_noise else None,
                 )
                 if points
                 else None

@@ -171,6 +171,7 @@ def fit_rank(
     change_threshold: float = 0.15,
     prior_fixed_s: float | None = None,
     noise_prior: float | None = None,
+    change_noise: float | None = None,
 ) -> RankFit:
     """Fit one rank's step model from its points, oldest first (see the module doc).
 
@@ -178,16 +179,21 @@ def fit_rank(
     the newest weighing 1 and each older ``recency`` times less; the fixed cost
     comes from the whole regime weighted by ``fixed_recency`` per point of age,
     if the regime's batches spread by at least ``min_spread`` (range over mean).
-    ``noise_prior`` is the interval noise assumed until the points measure it.
+    ``noise_prior`` is the interval noise assumed until the points measure it;
+    ``change_noise``, a floor under it for telling a change from noise (the noise
+    of the rank's raw times where the caller divided a shared load out of
+    ``points``: dividing by the median rank's times leaves that rank's series too
+    smooth to judge one interval by).
     """
     if not points:
         raise ValueError("fit_rank needs at least one point")
     measured = interval_noise(points)
     noise = measured if measured is not None else noise_prior
-    threshold = max(change_threshold, math.expm1(CHANGE_SIGMAS * (noise or 0.0)))
+    noise = max(noise or 0.0, change_noise or 0.0)
+    threshold = max(change_threshold, math.expm1(CHANGE_SIGMAS * noise))
     regime = find_regimes(points, threshold)
     n = len(points)
-    noisy = (noise or 0.0) >= CONFIRM_NOISE or len(regime.outliers) >= HEAVY_TAIL_OUTLIERS
+    noisy = noise >= CONFIRM_NOISE or len(regime.outliers) >= HEAVY_TAIL_OUTLIERS
     pending = 0 < regime.start == n - 1 and noisy
     if pending:
         # Too noisy to call one interval a change: hold it back until the next confirms it.

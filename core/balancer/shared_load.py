@@ -17,11 +17,12 @@ step times and gains are those of now.
 **Estimate.** With a first fit ``m_i`` of each rank, the interval's load is
 the median over ranks of ``log(t_ik / m_i(b_ik))`` (the rank's time over its
 model), taken relative to the newest interval. A rank whose own speed changed
-moves the median little with three or more ranks; with two, the median is
-the mean of both, which splits a one-rank change into a shared part and a
-relative one. The relative part is the same ratio of the two ranks' speeds,
-so the plan is the same; the fits may see a change on both ranks, which only
-frees both of them in the trust region. A single rank has no shared load.
+moves the median little with three or more ranks. With two, the median is
+the mean of both, which splits a one-rank change (or one rank's noisy
+interval) into a change on both ranks: both would be freed from the trust
+region at once, and one interval could fling samples either way. So the load
+is divided out only from ``MIN_SHARED_RANKS`` (3) ranks on; two ranks see
+their shared swings as noise, which makes their planner more careful.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from collections.abc import Sequence
 
 from hetero.core.balancer.model import StepModel
 
+#: Fewest ranks whose median can tell a shared load from one rank's change.
+MIN_SHARED_RANKS = 3
 #: Per interval, per rank: ``(batch, seconds)`` or None where the rank measured nothing.
 Grid = Sequence[Sequence[tuple[int, float] | None]]
 
