@@ -23,12 +23,17 @@ from hetero.core.errors import ConfigError, PlanError
 Models = Sequence[StepModel]
 
 
-def interval(models: Models, plan: Sequence[int], scale: Sequence[float] | None = None):
+def interval(
+    models: Models,
+    plan: Sequence[int],
+    scale: Sequence[float] | None = None,
+    busy_cv: float = 0.01,
+):
     """One interval of 20 steps at ``plan``, each rank's time scaled by ``scale``; its steps
-    spread by 1%, as on a quiet GPU (the trainer reports that as ``busy_cv``)."""
+    spread by ``busy_cv`` (1%: a quiet GPU; the trainer reports it)."""
     scale = scale or [1.0] * len(models)
     return tuple(
-        RankInterval(r, plan[r], 20, m.time(plan[r]) * scale[r], busy_cv=0.01)
+        RankInterval(r, plan[r], 20, m.time(plan[r]) * scale[r], busy_cv=busy_cv)
         for r, m in enumerate(models)
     )
 
@@ -156,7 +161,7 @@ def test_hybrid_leans_on_the_prior_when_measurements_are_noisy() -> None:
     models = [StepModel(0.0002, 0.0), StepModel(0.0004, 0.0)]
     # Noise in the ranks' relative speed (the load both ranks share is divided out).
     noise = [[1.0, 1.0], [1.0, 1.3], [1.0, 0.75], [1.0, 1.25]]
-    history = [interval(models, (256, 256), n) for n in noise]
+    history = [interval(models, (256, 256), n, busy_cv=0.3) for n in noise]
     policy = Hybrid(prior_cv=0.05)
     hybrid_models = policy.models(history, prior_right)[0]
     dynamic_models = Dynamic().fit(history)
