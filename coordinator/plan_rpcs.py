@@ -61,6 +61,7 @@ class PlanHandlers(Handlers):
                     constraints,
                     profiles,
                     req.end_step,
+                    replan.horizon(job.rebalance_interval, req.end_step, job.total_steps),
                 )
                 if result.decision.changed:
                     plan = store.add_plan(
@@ -119,6 +120,8 @@ def _check_report(req: tpb.IntervalReport, job: JobRow) -> None:
     if req.end_step < 0:
         raise invalid(f"job {job.id}: end_step must be >= 0, got {req.end_step}")
     for r in req.ranks:
-        values = (r.compute_s, r.step_s)
+        # Input wait and the optimizer are part of the busy time the balancer fits.
+        phases = [getattr(r, f) for f in ("data_s", "optimizer_s") if r.HasField(f)]
+        values = (r.compute_s, r.step_s, *phases)
         if r.batch < 0 or r.steps < 0 or not all(math.isfinite(v) and v >= 0 for v in values):
             raise invalid(f"job {job.id} rank {r.rank}: batch, steps and times must be >= 0")

@@ -30,6 +30,7 @@ from hetero.core.balancer import (
     Decision,
     DeviceProfile,
     History,
+    Horizon,
     Policy,
     make_policy,
 )
@@ -91,9 +92,18 @@ def next_plan(
     current: Batches,
     constraints: Constraints,
     profiles: Sequence[DeviceProfile] | None = None,
+    horizon: Horizon | None = None,
 ) -> Decision:
-    """The policy's decision over ``history`` (oldest first) from plan ``current``."""
-    return policy.next_plan(history, current, constraints, profiles)
+    """The policy's decision over ``history`` (oldest first) from plan ``current``;
+    ``horizon`` says how long a new plan would run (the pay-back rule's)."""
+    return policy.next_plan(history, current, constraints, profiles, horizon)
+
+
+def horizon(rebalance_interval: int, step: int, total_steps: int | None) -> Horizon:
+    """How long a plan adopted at ``step`` runs: intervals of ``rebalance_interval``
+    steps, and to the job's end where its length is known."""
+    left = None if total_steps is None else max(total_steps - step, 0)
+    return Horizon(rebalance_interval, left)
 
 
 def replan(
@@ -103,9 +113,10 @@ def replan(
     constraints: Constraints,
     profiles: Sequence[DeviceProfile],
     end_step: int,
+    plan_horizon: Horizon | None = None,
 ) -> Replan:
     """The coordinator's answer to a report ending at ``end_step``: policy ``policy``
     over the newest :data:`HISTORY_WINDOW` intervals of ``history``."""
     window = tuple(history)[-HISTORY_WINDOW:]
-    decision = next_plan(make_policy(policy), window, current, constraints, profiles)
+    decision = next_plan(make_policy(policy), window, current, constraints, profiles, plan_horizon)
     return Replan(decision, apply_at_step=end_step)

@@ -112,6 +112,9 @@ class Context:
         self.summaries: list[list[RankSummary]] = []
         self.interval_walls: list[float] = []
         self.global_step = 0
+        #: Steps the job will run, if the loop knows (``hetero-train`` sets it): a plan
+        #: change must pay for itself before the end (``hetero.core.balancer.payback``).
+        self.total_steps: int | None = None
         self.stats_from_step = config.warmup_steps
         self.planner: Planner | None = None
         self.max_batch: tuple[int | None, ...] | None = config.max_batch

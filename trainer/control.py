@@ -28,7 +28,7 @@ import grpc
 
 from hetero.auth import agent_token_from_env
 from hetero.core import rankenv
-from hetero.core.balancer import Constraints, Decision, History
+from hetero.core.balancer import Constraints, Decision, History, Horizon
 from hetero.core.errors import PlanError, UnreachableError
 from hetero.core.rankenv import LaunchPlan, RankEnv
 from hetero.trainer.exchange import Planner, RankSummary
@@ -184,18 +184,22 @@ class AgentPlanner:
             self._channel.close()
             self._channel, self._stub = None, None
 
-    def decide(self, history: History, current: tuple[int, ...]) -> Decision:
+    def decide(
+        self, history: History, current: tuple[int, ...], horizon: Horizon | None = None
+    ) -> Decision:
         t0 = time.perf_counter()
         try:
-            return self._decide(history, current)
+            return self._decide(history, current, horizon)
         finally:
             self.blocked_s.append(time.perf_counter() - t0)
 
-    def _decide(self, history: History, current: tuple[int, ...]) -> Decision:
+    def _decide(
+        self, history: History, current: tuple[int, ...], horizon: Horizon | None
+    ) -> Decision:
         ran_version = self.seen_version  # the plan the interval just ended ran with
         answer = self._take_answer()
         if self.clock() < self.retry_at:
-            return self.fallback.decide(history, current)
+            return self.fallback.decide(history, current, horizon)
         if self._pending is None:
             self._send(ran_version)
         else:

@@ -25,6 +25,7 @@ from hetero.core.balancer import (
     Decision,
     DeviceProfile,
     History,
+    Horizon,
     Policy,
     RankInterval,
 )
@@ -47,6 +48,8 @@ SUMMARY_FIELDS = (
     "peak_memory_bytes",
     "slowdown",
     "lookahead",
+    "switch_s",
+    "busy_cv",
 )
 
 
@@ -72,8 +75,14 @@ class RankSummary:
     #: Steps this rank's sampler had produced beyond the boundary (loader prefetch): a
     #: plan scheduled sooner would reach steps already cut under the old one.
     lookahead: int = 0
+    #: Seconds in all that this rank's first steps at a new batch size took beyond its
+    #: settled steps; None if its batch did not change in the interval.
+    switch_s: float | None = None
+    #: Relative spread of the settled steps' busy times (robust); None if too few steps.
+    busy_cv: float | None = None
 
     def to_interval(self) -> RankInterval:
+        """What the balancer reads: busy time is ``data_s + compute_s + optimizer_s``."""
         return RankInterval(
             rank=self.rank,
             batch=self.batch,
@@ -81,10 +90,15 @@ class RankSummary:
             compute_s=self.compute_s,
             step_s=self.step_s,
             peak_memory_bytes=self.peak_memory_bytes or None,
+            data_s=self.data_s,
+            optimizer_s=self.optimizer_s,
+            switch_s=self.switch_s,
+            busy_cv=self.busy_cv,
         )
 
     def vector(self) -> list[float]:
-        return [float(getattr(self, f)) for f in SUMMARY_FIELDS]
+        # None travels as -1 (every real value is >= 0).
+        return [_encode(getattr(self, f)) for f in SUMMARY_FIELDS]
 
     @classmethod
     def from_vector(cls, rank: int, v: Sequence[float]) -> RankSummary:
@@ -106,13 +120,22 @@ class RankSummary:
             peak_memory_bytes=int(d["peak_memory_bytes"]),
             slowdown=d["slowdown"],
             lookahead=int(d["lookahead"]),
+            switch_s=d["switch_s"] if d["switch_s"] >= 0 else None,
+            busy_cv=d["busy_cv"] if d["busy_cv"] >= 0 else None,
         )
 
 
-class Planner(Protocol):
-    """Where rank 0 gets the next plan from."""
+def _encode(value: float | None) -> float:
+    return -1.0 if value is None else float(value)
 
-    def decide(self, history: History, current: tuple[int, ...]) -> Decision: ...
+
+class Planner(Protocol):
+    """Where rank 0 gets the next plan from. ``horizon``: how long a new plan would run
+    (the pay-back rule's; None if the caller cannot say)."""
+
+    def decide(
+        self, history: History, current: tuple[int, ...], horizon: Horizon | None = None
+    ) -> Decision: ...
 
 
 @dataclass(frozen=True)
@@ -123,8 +146,12 @@ class EmbeddedPlanner:
     constraints: Constraints
     profiles: Sequence[DeviceProfile] | None = None
 
-    def decide(self, history: History, current: tuple[int, ...]) -> Decision:
-        return replan.next_plan(self.policy, history, current, self.constraints, self.profiles)
+    def decide(
+        self, history: History, current: tuple[int, ...], horizon: Horizon | None = None
+    ) -> Decision:
+        return replan.next_plan(
+            self.policy, history, current, self.constraints, self.profiles, horizon
+        )
 
 
 def all_gather_summaries(

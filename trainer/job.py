@@ -73,6 +73,7 @@ def run_job(cfg: JobConfig) -> dict[str, Any] | None:
         comm=cfg.comm,
         profiles=profiles(cfg),
     )
+    ctx.total_steps = cfg.steps
     try:
         return _train(ctx, cfg)
     except torch.OutOfMemoryError:

@@ -77,6 +77,11 @@ def interval_record(
             "optimizer": me.optimizer_s,
         },
         "step_s": me.step_s,
+        # What the balancer fits (input wait + compute + optimizer), how much its
+        # steps spread, and what this rank's last change of batch size cost it.
+        "busy_s": me.data_s + me.compute_s + me.optimizer_s,
+        "busy_cv": me.busy_cv,
+        "switch_s": me.switch_s,
         "peak_memory_bytes": me.peak_memory_bytes,
         "plan": list(ctx._step_sizes),  # the plan that ran in this interval
         "plan_changed": changed,

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from hetero.core import replan
 from hetero.core.errors import DistributedError
 from hetero.trainer.commsched import AUTO, CommRecord
 from hetero.trainer.exchange import (
@@ -119,13 +120,17 @@ def summarize(ctx: Context, times: list[StepTimes]) -> RankSummary:
     The first ``settle_steps`` steps at a new batch size are left out: new
     shapes cost allocator and kernel-selection work once, and on GPUs that
     made every rank look ~15% slower for the interval right after each plan
-    change. Compute and step time are medians, robust to a stray slow step
+    change. What they cost beyond the settled steps is the rank's switching
+    cost (``switch_s``), which the balancer weighs against a plan change's
+    gain. Compute and step time are medians, robust to a stray slow step
     (a page fault, a collector pause); phases are means.
     """
     valid = [t for t in times if t.step >= ctx.stats_from_step]
     current = ctx._step_sizes[ctx.rank]
     sel = [t for t in valid if t.batch == current]
-    settled = [t for t in sel if t.step >= ctx._batch_since + ctx.config.settle_steps]
+    settle_end = ctx._batch_since + ctx.config.settle_steps
+    settled = [t for t in sel if t.step >= settle_end]
+    switch_s = _switch_s(ctx, [t for t in sel if t.step < settle_end], settled)
     sel = settled or sel
     n = len(sel)
 
@@ -157,8 +162,35 @@ def summarize(ctx: Context, times: list[StepTimes]) -> RankSummary:
         samples=ctx._interval.samples,
         peak_memory_bytes=peak,
         slowdown=ctx.slowdown_at(ctx.global_step - 1),
+        switch_s=switch_s,
+        busy_cv=_spread([_busy_s(t) for t in sel]),
         lookahead=ctx._require_loader().lookahead,
     )
+
+
+def _busy_s(t: StepTimes) -> float:
+    return t.data_s + t.compute_s + t.optimizer_s
+
+
+def _spread(values: list[float]) -> float | None:
+    """Robust relative spread of ``values`` (1.4826·MAD over the median); None below 3."""
+    if len(values) < 3:
+        return None
+    mid = statistics.median(values)
+    if mid <= 0:
+        return None
+    return 1.4826 * statistics.median(abs(v - mid) for v in values) / mid
+
+
+def _switch_s(ctx: Context, settling: list[StepTimes], settled: list[StepTimes]) -> float | None:
+    """Seconds the ``settling`` steps (the first at a new batch size) were busy beyond
+    the settled steps' median, in all; None when the batch did not change in this
+    interval after statistics began (the run's first steps are no plan change) or no
+    settled step measures the baseline."""
+    if not settling or not settled or ctx._batch_since < ctx.stats_from_step:
+        return None
+    base = statistics.median(_busy_s(t) for t in settled)
+    return max(sum(_busy_s(t) - base for t in settling), 0.0)
 
 
 def next_comm(ctx: Context, summaries: list[RankSummary], plan_changed: bool) -> tuple[str, str]:
@@ -177,8 +209,9 @@ def decide(ctx: Context, current: tuple[int, ...], depth: int) -> tuple[PlanDeci
     version = ctx.plans[-1].version
     if not ctx.history or ctx.planner is None:
         return (False, version, ctx.global_step, current), "no complete interval yet"
+    horizon = replan.horizon(ctx.config.rebalance_interval, ctx.global_step, ctx.total_steps)
     try:
-        d = ctx.planner.decide(tuple(ctx.history), current)
+        d = ctx.planner.decide(tuple(ctx.history), current, horizon)
     except Exception as exc:  # the control plane must never stop training
         log.warning("planner failed at step %d, keeping the plan: %s", ctx.global_step, exc)
         return (False, version, ctx.global_step, current), f"planner failed: {exc}"

@@ -28,6 +28,7 @@ class SimWorker:
         self.worker = worker
         self.rank = rank
         self._rng = random.Random(f"hetero-sim:{seed}:{rank}")
+        self._interval_rng = random.Random(f"hetero-sim-interval:{seed}:{rank}")
         self._default_cv = default_cv if worker.noise_cv is None else worker.noise_cv
         self._change_steps = [c.at_step for c in worker.changes]
         self._curve_b = [p.batch for p in worker.curve]
@@ -64,6 +65,10 @@ class SimWorker:
             return max(_interpolate(self._curve_b, self._curve_cv, batch), 0.0)
         return self._default_cv
 
+    def interval_factor(self, cv: float) -> float:
+        """This worker's mean-1 log-normal factor for one interval (its own stream)."""
+        return lognormal_factor(self._interval_rng, cv)
+
     def sample_s(self, step: int, batch: int) -> float:
         """One noisy step time: the expected time times a mean-1 log-normal factor."""
         expected = self.expected_s(step, batch)
@@ -84,6 +89,14 @@ class SimWorker:
         else:
             score = 1.0 / w.per_sample_s
         return DeviceProfile(w.name, score)
+
+
+def lognormal_factor(rng: random.Random, cv: float) -> float:
+    """A mean-1 log-normal factor with coefficient of variation ``cv`` (1.0 for cv 0)."""
+    if cv <= 0:
+        return 1.0
+    sigma = math.sqrt(math.log1p(cv * cv))
+    return rng.lognormvariate(-0.5 * sigma * sigma, sigma)
 
 
 def make_workers(scenario: Scenario) -> list[SimWorker]:

@@ -1,13 +1,21 @@
 """Run one policy on one simulated cluster, feeding it history exactly as the trainer does.
 
-Each step every rank draws a noisy compute time for its batch; the step's wall
-time is the slowest rank's compute plus the all-reduce cost (``comm_s``). At
+Each step every rank draws a noisy busy time for its batch; the step's wall
+time is the slowest rank's busy time plus the all-reduce cost (``comm_s``). At
 the end of every ``rebalance_every`` steps each rank's ``RankInterval`` holds
-its batch, the steps, the mean compute-only seconds per step (``compute_s``)
-and the mean wall seconds per step (``step_s``); the interval is appended to
-the history, the straggler detector reads it, and the policy's plan applies
-from the next step. ``Constraints.comm_s`` is re-estimated from the history
-(``estimate_comm_s``) the way a caller without a configured value would.
+its batch, the steps, the mean busy seconds per step (``compute_s``; the
+simulated workers have no separate input or optimizer phase), the mean wall
+seconds per step (``step_s``) and, for a rank whose batch just changed, what
+the change cost it (``switch_s``: the worker's cost of a new or of a warm
+size, paid once in the interval's first step, as the trainer measures it);
+the interval is appended to the history, the straggler detector reads it, and
+the policy's plan applies from the next step, with the steps left in the run
+as the policy's horizon. A scenario may add interval-level noise, a shared
+host's load: per interval, each rank's times scaled by its own factor and all
+ranks' by one shared factor (noise, not a change of speed: the noise-free
+yardsticks leave it out). ``Constraints.comm_s`` is re-estimated from the
+history (``estimate_comm_s``) the way a caller without a configured value
+would.
 
 Alongside, the engine records the noise-free yardsticks per interval (see
 ``metrics.py`` for how they become the reported numbers): the plan's step
@@ -16,12 +24,21 @@ time, the ideal step time, and the oracle plan's step time.
 
 from __future__ import annotations
 
+import random
+import statistics
 from dataclasses import dataclass, replace
 
-from hetero.bench.sim.cluster import SimWorker, best_plan, constraints_for, make_workers
+from hetero.bench.sim.cluster import (
+    SimWorker,
+    best_plan,
+    constraints_for,
+    lognormal_factor,
+    make_workers,
+)
 from hetero.bench.sim.scenario import Scenario
 from hetero.core.balancer import (
     Batches,
+    Horizon,
     Policy,
     RankInterval,
     StragglerDetector,
@@ -35,13 +52,17 @@ from hetero.core.errors import PlanError
 class IntervalRecord:
     """What happened in one rebalance interval. Times are seconds summed over its steps.
 
-    ``plan_s``: noise-free step time of the plan in use (slowest rank + comm).
+    ``plan_s``: noise-free step time of the plan in use (slowest rank + comm), plus
+    ``switch_s``, the warm-up the job waited for at a plan change (the largest
+    of the switching ranks' costs).
     ``ideal_s``: ``steps·B`` over the ideal throughput ``Σ b_i/(t_i(b_i)+comm)``.
     ``best_s``: noise-free step time of the oracle plan (best integer plan for
     the workers' true state at the interval's middle step).
     ``wall_s``: the simulated, noisy wall time.
     ``true_ratios``: each rank's noise-free per-sample time over the other
     ranks' median; ``flagged``: ranks the detector flagged after this interval.
+    ``ordered``: no rank that is truly slower (by more than ``ORDER_MARGIN`` at
+    the mean batch) holds as many samples as a faster one.
     """
 
     index: int
@@ -56,6 +77,8 @@ class IntervalRecord:
     flagged: tuple[int, ...]
     changed: bool
     reason: str
+    switch_s: float = 0.0
+    ordered: bool = True
 
     @property
     def pct_of_ideal(self) -> float:
@@ -89,14 +112,21 @@ def simulate(
     constraints.check(plan)
     history: list[tuple[RankInterval, ...]] = []
     records: list[IntervalRecord] = []
+    ran: list[set[int]] = [{b} for b in plan]
+    before = plan
+    shared = random.Random(f"hetero-sim-shared:{scenario.seed}")
     step = 0
     while step < scenario.steps:
         n = min(scenario.rebalance_every, scenario.steps - step)
-        interval = _run_interval(scenario, workers, plan, step, n)
+        load = lognormal_factor(shared, scenario.shared_noise_cv)
+        factors = tuple(load * w.interval_factor(scenario.interval_noise_cv) for w in workers)
+        switches = _switches(workers, before, plan, ran)
+        interval = _run_interval(scenario, workers, plan, step, n, switches, factors)
         history.append(interval.measured)
         flagged = tuple(e.rank for e in detector.detect(history))
         constraints = replace(base, comm_s=estimate_comm_s(history))
-        decision = policy.next_plan(history, plan, constraints, profiles)
+        horizon = Horizon(scenario.rebalance_every, scenario.steps - step - n)
+        decision = policy.next_plan(history, plan, constraints, profiles, horizon)
         try:
             constraints.check(decision.batches)
         except PlanError as exc:
@@ -115,11 +145,28 @@ def simulate(
                 flagged=flagged,
                 changed=decision.changed,
                 reason=decision.reason,
+                switch_s=interval.switch_s,
+                ordered=interval.ordered,
             )
         )
-        plan = decision.batches
+        for r, b in enumerate(plan):
+            ran[r].add(b)
+        before, plan = plan, decision.batches
         step += n
     return SimRun(scenario, policy.name, detector, tuple(records))
+
+
+def _switches(
+    workers: list[SimWorker], before: Batches, plan: Batches, ran: list[set[int]]
+) -> tuple[float | None, ...]:
+    """Each rank's switching cost entering ``plan`` from ``before``; None if unchanged."""
+    out: list[float | None] = []
+    for w, old, new, sizes in zip(workers, before, plan, ran, strict=True):
+        if old == new:
+            out.append(None)
+        else:
+            out.append(w.worker.warm_switch_s if new in sizes else w.worker.switch_s)
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -130,6 +177,31 @@ class _Interval:
     best_s: float
     wall_s: float
     true_ratios: tuple[float | None, ...]
+    switch_s: float
+    ordered: bool
+
+
+#: Relative difference in true speed beyond which a plan must order two ranks.
+ORDER_MARGIN = 0.10
+
+
+def _ordered(workers: list[SimWorker], plan: Batches, step: int, mean_batch: int) -> bool:
+    """Whether ``plan`` gives every truly slower rank fewer samples than a faster one."""
+    times = [w.expected_s(step, mean_batch) for w in workers]
+    return all(
+        plan[j] < plan[i]
+        for i, ti in enumerate(times)
+        for j, tj in enumerate(times)
+        if tj > ti * (1.0 + ORDER_MARGIN)
+    )
+
+
+def _spread(values: list[float]) -> float | None:
+    """Robust relative spread of one rank's step times (as the trainer reports it)."""
+    if len(values) < 3:
+        return None
+    mid = statistics.median(values)
+    return 1.4826 * statistics.median(abs(v - mid) for v in values) / mid if mid > 0 else None
 
 
 def _run_interval(
@@ -138,26 +210,46 @@ def _run_interval(
     plan: Batches,
     start: int,
     steps: int,
+    switches: tuple[float | None, ...],
+    factors: tuple[float, ...],
 ) -> _Interval:
     comm = scenario.comm_s
     total_b = scenario.global_batch
     world = len(workers)
     compute = [0.0] * world
+    samples: list[list[float]] = [[] for _ in range(world)]
     expected = [0.0] * world
     wall = plan_s = ideal_s = best_s = 0.0
     oracle = best_plan(workers, start + steps // 2, constraints_for(scenario))
     for s in range(start, start + steps):
-        noisy = [w.sample_s(s, b) for w, b in zip(workers, plan, strict=True)]
+        noisy = [w.sample_s(s, b) * f for w, b, f in zip(workers, plan, factors, strict=True)]
         exact = [w.expected_s(s, b) for w, b in zip(workers, plan, strict=True)]
         for r in range(world):
             compute[r] += noisy[r]
+            samples[r].append(noisy[r])
             expected[r] += exact[r]
         wall += max(noisy) + comm
         plan_s += max(exact) + comm
         ideal_s += total_b / sum(b / (t + comm) for b, t in zip(plan, exact, strict=True))
         best_s += max(w.expected_s(s, b) for w, b in zip(workers, oracle, strict=True)) + comm
+    # The warm-up is paid once, in the first step, and left out of the rank's
+    # per-step times (the trainer's settle_steps); the job waits for the slowest.
+    warmup = max((s for s in switches if s is not None), default=0.0)
+    wall += warmup
+    plan_s += warmup
     measured = tuple(
-        RankInterval(r, plan[r], steps, compute[r] / steps, wall / steps) for r in range(world)
+        RankInterval(
+            r,
+            plan[r],
+            steps,
+            compute[r] / steps,
+            wall / steps,
+            switch_s=switches[r],
+            busy_cv=_spread(samples[r]),
+        )
+        for r in range(world)
     )
     truth = tuple(RankInterval(r, plan[r], steps, expected[r] / steps) for r in range(world))
-    return _Interval(measured, plan_s, ideal_s, best_s, wall, tuple(per_sample_ratios(truth)))
+    ratios = tuple(per_sample_ratios(truth))
+    ordered = _ordered(workers, plan, start + steps // 2, total_b // world)
+    return _Interval(measured, plan_s, ideal_s, best_s, wall, ratios, warmup, ordered)

@@ -28,8 +28,18 @@ counted from the first one that starts at or after s, that run below 95% of
 the (new) ideal before the first one at or above it. 0: the change never hurt
 the plan; 1: the best a policy that must first measure the change can do.
 
+**Adaptation** after a sudden change, as ``hetero-bench run`` counts it on GPUs
+(``bench/harness/figures.py``): the intervals from the first one containing
+the change until the job's throughput, noise-free and *with* the warm-up of
+every plan change it paid, is within 5% of the new phase's steady value for
+two intervals in a row. Re-convergence only asks whether the plan is right;
+adaptation also charges the moves it took to get there.
+
 **Churn**: per steady interval, the share of the global batch that moved to
-another rank, ``Σ_i |Δb_i| / 2 / B``, averaged, in percent.
+another rank, ``Σ_i |Δb_i| / 2 / B``, averaged, in percent. **Plan changes**:
+how many plans the policy adopted over the steady intervals. **Order**: the
+share of intervals, from the one after the first plan change on, whose plan
+gives no truly slower rank as many samples as a faster one (percent).
 
 **Stragglers**: an episode is a run of consecutive intervals in which the
 detector flags a rank. It is a false positive if, in its first interval, the
@@ -44,6 +54,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from hetero.bench.harness.figures import adaptation_intervals, phases
 from hetero.bench.sim.engine import IntervalRecord, SimRun
 
 #: Share of the new ideal that counts as re-converged after a sudden change (percent).
@@ -69,6 +80,9 @@ class SimResult:
     flag_latency_intervals: int | None
     stragglers_missed: int
     speedup_vs_equal: float | None = None
+    adapt_intervals: int | None = None
+    plan_changes: int = 0
+    order_pct: float | None = None
     simulated: bool = True
 
     def row(self) -> dict[str, object]:
@@ -102,7 +116,36 @@ def summarize(run: SimRun) -> SimResult:
         false_positives=false_pos,
         flag_latency_intervals=latency,
         stragglers_missed=missed,
+        adapt_intervals=adaptation(run),
+        plan_changes=sum(1 for j in steady if j > 0 and recs[j].batches != recs[j - 1].batches),
+        order_pct=order_pct(run),
     )
+
+
+def order_pct(run: SimRun) -> float | None:
+    """Percent of intervals after the first plan change whose plan is ordered by speed."""
+    recs = run.intervals
+    first = next((j for j, r in enumerate(recs) if r.changed), None)
+    after = recs[first + 1 :] if first is not None else ()
+    return 100.0 * sum(r.ordered for r in after) / len(after) if after else None
+
+
+def adaptation(run: SimRun) -> int | None:
+    """The worst adaptation over the run's sudden changes (module doc); None without
+    changes, or if the throughput never settled after one."""
+    recs = run.intervals
+    steps = [r.start_step + r.steps for r in recs]
+    changes = [(s, "change") for s in run.scenario.change_steps]
+    if not changes:
+        return None
+    rates = [r.steps * run.scenario.global_batch / r.plan_s for r in recs]
+    worst: int | None = None
+    for phase in phases(steps, changes)[1:]:
+        n = adaptation_intervals(rates, phase)
+        if n is None:
+            return None
+        worst = max(worst or 0, n)
+    return worst
 
 
 def steady_intervals(run: SimRun) -> list[int]:

@@ -88,11 +88,23 @@ def render_table(results: Sequence[SimResult]) -> Table:
         title="hetero-bench sim: SIMULATED clusters (not measured on hardware)",
         caption="% ideal, % best: steady state, noise-free plan quality; x equal: noisy "
         "simulated throughput over the whole run vs equal; reconverge: worst intervals "
-        "below 95% after a sudden change; churn: share of B moved per interval.",
+        "below 95% after a sudden change; adapt: worst intervals after a change until "
+        "throughput, warm-ups included, holds within 5% of the new steady value; churn: "
+        "share of B moved per interval; changes: plans adopted in steady state.",
     )
     for col in ("scenario", "policy"):
         table.add_column(col, no_wrap=True)
-    for col in ("% ideal", "% best", "x equal", "reconverge", "churn %B", "stragglers", "false +"):
+    for col in (
+        "% ideal",
+        "% best",
+        "x equal",
+        "reconverge",
+        "adapt",
+        "churn %B",
+        "changes",
+        "stragglers",
+        "false +",
+    ):
         table.add_column(col, justify="right")
     last = None
     for r in results:
@@ -110,7 +122,9 @@ def render_table(results: Sequence[SimResult]) -> Table:
             f"{r.pct_of_best:.1f}",
             "-" if r.speedup_vs_equal is None else f"{r.speedup_vs_equal:.2f}",
             reconverge,
+            "-" if r.adapt_intervals is None else str(r.adapt_intervals),
             f"{r.churn_pct:.2f}",
+            str(r.plan_changes),
             str(r.stragglers_flagged),
             str(r.false_positives),
         )

@@ -64,7 +64,9 @@ class Worker:
     coefficient of variation ``noise_cv`` (or the curve's interpolated cv).
     ``compute_score`` is what the hardware profile would report (what
     ``proportional`` uses); it defaults to ``1 / per_sample_s``.
-    ``max_batch`` is the memory cap in samples.
+    ``max_batch`` is the memory cap in samples. ``switch_s`` is what the first
+    step at a batch size the worker never ran costs on top (allocator growth,
+    kernel selection), ``warm_switch_s`` what a size it ran before costs.
     """
 
     name: str
@@ -76,6 +78,8 @@ class Worker:
     noise_cv: float | None = None
     drift: Drift | None = None
     changes: tuple[Change, ...] = ()
+    switch_s: float = 0.0
+    warm_switch_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,10 @@ class Scenario:
     noise_cv: float = 0.0
     seed: int = 0
     settle_intervals: int = 3
+    #: Interval-level noise (a shared host's load): each rank's times over one interval
+    #: scaled by its own log-normal factor, and all ranks' by one shared factor.
+    interval_noise_cv: float = 0.0
+    shared_noise_cv: float = 0.0
 
     @property
     def change_steps(self) -> tuple[int, ...]:
@@ -142,6 +150,8 @@ def parse_scenario(name: str, text: str) -> Scenario:
         noise_cv=_float(doc, "noise_cv", where, default=0.0, low=0.0),
         seed=_int(doc, "seed", where, default=0, low=0),
         settle_intervals=_int(doc, "settle_intervals", where, default=3, low=0),
+        interval_noise_cv=_float(doc, "interval_noise_cv", where, default=0.0, low=0.0),
+        shared_noise_cv=_float(doc, "shared_noise_cv", where, default=0.0, low=0.0),
     )
     if scenario.global_batch < scenario.min_batch * len(workers):
         raise ConfigError(f"{where}: global_batch is smaller than min_batch x workers")
@@ -159,6 +169,8 @@ _SCENARIO_KEYS = (
     "noise_cv",
     "seed",
     "settle_intervals",
+    "interval_noise_cv",
+    "shared_noise_cv",
 )
 _WORKER_KEYS = (
     "name",
@@ -171,6 +183,8 @@ _WORKER_KEYS = (
     "noise_cv",
     "drift",
     "changes",
+    "switch_s",
+    "warm_switch_s",
 )
 
 
@@ -224,6 +238,8 @@ def _workers(doc: Mapping[str, Any], where: str) -> list[Worker]:
         noise_cv=None if doc.get("noise_cv") is None else _float(doc, "noise_cv", where, low=0.0),
         drift=drift,
         changes=tuple(changes),
+        switch_s=_float(doc, "switch_s", where, default=0.0, low=0.0),
+        warm_switch_s=_float(doc, "warm_switch_s", where, default=0.0, low=0.0),
     )
     if count == 1:
         return [base]

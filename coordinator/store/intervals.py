@@ -46,6 +46,8 @@ def rank_interval(row: dict[str, Any]) -> RankInterval:
         row["compute_s"],
         row["step_s"],
         row["peak_memory_bytes"],
+        data_s=row.get("data_s"),
+        optimizer_s=row.get("optimizer_s"),
     )
 
 
@@ -100,15 +102,25 @@ def interval_steps(s: Session, job: JobRow, window: int) -> list[tuple[int, list
     # and building the objects was most of a report's CPU.
     t = IntervalStatRow
     rows = s.execute(
-        select(t.end_step, t.rank, t.batch, t.steps, t.compute_s, t.step_s, t.peak_memory_bytes)
+        select(
+            t.end_step,
+            t.rank,
+            t.batch,
+            t.steps,
+            t.compute_s,
+            t.step_s,
+            t.peak_memory_bytes,
+            t.data_s,
+            t.optimizer_s,
+        )
         .where(*_this_attempt(job), t.end_step.in_(steps))
         .order_by(t.end_step, t.rank, t.id.desc())
     )
     by_step: dict[int, dict[int, RankInterval]] = {}
-    for end_step, rank, batch, n, compute_s, step_s, peak in rows:
+    for end_step, rank, batch, n, compute_s, step_s, peak, data_s, optimizer_s in rows:
         # A re-sent report leaves duplicates: the newest row (highest id) wins.
         by_step.setdefault(end_step, {}).setdefault(
-            rank, RankInterval(rank, batch, n, compute_s, step_s, peak)
+            rank, RankInterval(rank, batch, n, compute_s, step_s, peak, data_s, optimizer_s)
         )
     return [
         (step, [by_step[step][rank] for rank in sorted(by_step[step])]) for step in sorted(by_step)

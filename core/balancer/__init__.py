@@ -7,13 +7,16 @@ in every training process and the coordinator runs the same code.
 from hetero.core.balancer.changepoint import Regime, find_regimes
 from hetero.core.balancer.decision import Decision, Policy
 from hetero.core.balancer.dynamic import Dynamic, Hybrid
+from hetero.core.balancer.grid import grid_step, snap_to_warm, warm_shapes
 from hetero.core.balancer.model import (
     StepModel,
     equal_time_plan,
     fit_step_model,
     predict_step_s,
 )
-from hetero.core.balancer.plan import Batches, Constraints, equal_batches, round_to_plan
+from hetero.core.balancer.order import SpeedOrder, Speeds
+from hetero.core.balancer.payback import Horizon, SwitchCosts, switch_costs
+from hetero.core.balancer.plan import Batches, Box, Constraints, equal_batches, round_to_plan
 from hetero.core.balancer.policies import POLICIES, Equal, Proportional, make_policy
 from hetero.core.balancer.robust_fit import RankFit, fit_rank
 from hetero.core.balancer.stats import (
@@ -30,10 +33,12 @@ from hetero.core.balancer.straggler import (
     detect_stragglers,
     predict_exclusion,
 )
+from hetero.core.balancer.trust import trust_box
 
 __all__ = [
     "POLICIES",
     "Batches",
+    "Box",
     "Constraints",
     "Decision",
     "DeviceProfile",
@@ -41,6 +46,7 @@ __all__ = [
     "Equal",
     "ExclusionForecast",
     "History",
+    "Horizon",
     "Hybrid",
     "Interval",
     "Policy",
@@ -48,9 +54,12 @@ __all__ = [
     "RankFit",
     "RankInterval",
     "Regime",
+    "SpeedOrder",
+    "Speeds",
     "StepModel",
     "StragglerDetector",
     "StragglerEvidence",
+    "SwitchCosts",
     "detect_stragglers",
     "equal_batches",
     "equal_time_plan",
@@ -58,8 +67,13 @@ __all__ = [
     "find_regimes",
     "fit_rank",
     "fit_step_model",
+    "grid_step",
     "make_policy",
     "predict_exclusion",
     "predict_step_s",
     "round_to_plan",
+    "snap_to_warm",
+    "switch_costs",
+    "trust_box",
+    "warm_shapes",
 ]

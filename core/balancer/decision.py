@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from hetero.core.balancer.model import StepModel
+from hetero.core.balancer.payback import Horizon
 from hetero.core.balancer.plan import Batches, Constraints
 from hetero.core.balancer.stats import DeviceProfile, History
 
@@ -43,4 +44,5 @@ class Policy(Protocol):
         current: Batches,
         constraints: Constraints,
         profiles: Sequence[DeviceProfile] | None = None,
+        horizon: Horizon | None = None,
     ) -> Decision: ...

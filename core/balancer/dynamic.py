@@ -1,23 +1,34 @@
 """Measurement-driven policies: ``dynamic`` (measurements only) and ``hybrid`` (with a prior).
 
-Both fit ``t_i(b) = a_i·b + c_i`` per rank (``robust_fit.fit_rank``: Huber fit,
-sudden-change detection, fixed cost carried across changes) and solve for equal
-compute time (``model.equal_time_plan``: clamps to ``[min_batch, cap]`` and
-re-solves, integer plan summing to B). A new plan is adopted only when it lowers
-the predicted step time by more than ``dead_band``, so interval-to-interval
-noise does not move samples back and forth.
+Both fit ``t_i(b) = a_i·b + c_i`` per rank on its *busy time* per step
+(``RankInterval.busy_s``: exposed input wait + compute + optimizer, the work a
+rank does between two gradient synchronisations; ``robust_fit.fit_rank``:
+Huber fit, sudden-change detection, fixed cost carried across changes) and
+solve for equal busy time. The optimizer step lands in ``c_i``; input wait
+that grows with the batch lands in ``a_i``, so an input-bound rank gets fewer
+samples. Compute-only time alone would miss both: an AdamW step of an 86 M
+parameter model took 7.4 ms on a GPU shared with a neighbour against 2.7 ms on
+a free one, imbalance no compute-only fit can see.
+
+What to do with the fits (trust region, grid, order, warm shapes, confidence
+test and pay-back) is ``moves.py``'s.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from hetero.core.balancer.changepoint import Point
 from hetero.core.balancer.decision import Decision
-from hetero.core.balancer.model import StepModel, equal_time_plan, predict_step_s
+from hetero.core.balancer.model import StepModel
+from hetero.core.balancer.moves import MoveRules, decide
+from hetero.core.balancer.order import SpeedOrder, Speeds
+from hetero.core.balancer.payback import Horizon
 from hetero.core.balancer.plan import Batches, Constraints, equal_batches, round_to_plan
 from hetero.core.balancer.robust_fit import RankFit, fit_rank
+from hetero.core.balancer.shared_load import MIN_SHARED_RANKS, divide_load, load_factors
 from hetero.core.balancer.stats import DeviceProfile, History, Interval
 from hetero.core.errors import ConfigError, PlanError
 
@@ -34,6 +45,16 @@ class Dynamic:
     mean). ``change_threshold``: relative jump in a rank's time that no
     non-negative affine model explains, treated as a sudden change.
     ``dead_band``: smallest relative gain in predicted step time worth a new plan.
+
+    How to move (``moves.py``): ``trust_factor``, how far beyond the batches a
+    rank's regime has run its next batch may go (``trust.py``);
+    ``confidence_z``, how many standard errors of the fits a gain must exceed,
+    with ``default_cv`` the noise of one interval assumed before three
+    intervals measure it; ``payback_intervals``, the rebalance intervals a gain
+    is counted over against the switching cost, with ``switch_prior_steps``
+    busy steps as the cost of a new batch size before one is measured
+    (``payback.py``); ``grid``, the step of batch sizes (0: chosen per plan,
+    1: none; ``grid.py``).
     """
 
     window: int = 8
@@ -43,6 +64,12 @@ class Dynamic:
     fixed_recency: float = 0.9
     min_spread: float = 0.05
     change_threshold: float = 0.15
+    trust_factor: float = 2.0
+    confidence_z: float = 2.0
+    default_cv: float = 0.05
+    payback_intervals: int = 10
+    switch_prior_steps: float = 1.0
+    grid: int = 0
     name: str = "dynamic"
 
     def __post_init__(self) -> None:
@@ -66,6 +93,32 @@ class Dynamic:
             raise ConfigError(
                 f"{prefix}.change_threshold must be in (0, 10], got {self.change_threshold}"
             )
+        if not 1.0 < self.trust_factor <= 1000.0:
+            raise ConfigError(
+                f"{prefix}.trust_factor must be in (1, 1000], got {self.trust_factor}"
+            )
+        for field_name in ("confidence_z", "default_cv", "switch_prior_steps"):
+            value = getattr(self, field_name)
+            if not 0.0 <= value < math.inf:
+                raise ConfigError(f"{prefix}.{field_name} must be finite and >= 0, got {value}")
+        if self.payback_intervals < 0:
+            raise ConfigError(
+                f"{prefix}.payback_intervals must be >= 0, got {self.payback_intervals}"
+            )
+        if self.grid < 0:
+            raise ConfigError(f"{prefix}.grid must be >= 0 (0: automatic), got {self.grid}")
+
+    @property
+    def rules(self) -> MoveRules:
+        return MoveRules(
+            dead_band=self.dead_band,
+            trust_factor=self.trust_factor,
+            confidence_z=self.confidence_z,
+            default_cv=self.default_cv,
+            payback_intervals=self.payback_intervals,
+            switch_prior_steps=self.switch_prior_steps,
+            grid=self.grid,
+        )
 
     def initial(
         self, constraints: Constraints, profiles: Sequence[DeviceProfile] | None = None
@@ -73,24 +126,62 @@ class Dynamic:
         return equal_batches(constraints)
 
     def fit_ranks(self, history: History) -> tuple[RankFit, ...]:
-        """One fit per rank from the newest intervals that have the newest world size."""
+        """One fit per rank of its busy time, from the newest intervals that have the
+        newest world size, with the load all ranks share divided out (``shared_load``,
+        from three ranks on)."""
         recent = _same_world_tail(history, self.history_window)
         world = len(recent[-1])
-        fits: list[RankFit | None] = []
-        for rank in range(world):
-            points = [
-                (iv[rank].batch, iv[rank].compute_s)
-                for iv in recent
-                if iv[rank].steps > 0 and iv[rank].batch > 0 and iv[rank].compute_s > 0
+        grid = [
+            [
+                (ri.batch, ri.busy_s) if ri.steps > 0 and ri.batch > 0 and ri.busy_s > 0 else None
+                for ri in iv
             ]
+            for iv in recent
+        ]
+        first = self._fit_grid(grid, recent)
+        if world < MIN_SHARED_RANKS:
+            return first
+        factors = load_factors(grid, [f.model for f in first])
+        raw_noise = [f.noise_cv for f in first]
+        fits = self._fit_grid(divide_load(grid, factors), recent, raw_noise)
+        # Dividing by the median rank's times smooths that rank's series most: no rank's
+        # relative noise counts as less than the ranks' typical one.
+        noises = sorted(f.noise_cv for f in fits if f.noise_cv is not None)
+        if not noises:
+            return fits
+        typical = noises[len(noises) // 2]
+        return tuple(replace(f, noise_cv=max(f.noise_cv or 0.0, typical)) for f in fits)
+
+    def _fit_grid(
+        self,
+        grid: Sequence[Sequence[Point | None]],
+        recent: Sequence[Interval],
+        change_noise: Sequence[float | None] | None = None,
+    ) -> tuple[RankFit, ...]:
+        fits: list[RankFit | None] = []
+        for rank in range(len(grid[-1])):
+            points = [p for row in grid if (p := row[rank]) is not None]
+            optimizer = sorted(
+                o for iv in recent if iv[rank].steps > 0 and (o := iv[rank].optimizer_s) is not None
+            )
+            floors = sorted(
+                f for iv in recent if iv[rank].steps > 0 and (f := iv[rank].noise_floor) is not None
+            )
             fits.append(
                 fit_rank(
                     points,
+                    # The optimizer step is a fixed cost by definition: the floor of c
+                    # where the batches have not spread enough to measure it.
+                    prior_fixed_s=optimizer[len(optimizer) // 2] if optimizer else None,
                     window=self.window,
                     recency=self.recency,
                     fixed_recency=self.fixed_recency,
                     min_spread=self.min_spread,
                     change_threshold=self.change_threshold,
+                    # Until consecutive intervals measure the noise: the spread of the
+                    # intervals' own steps, else the configured guess.
+                    noise_prior=floors[len(floors) // 2] if floors else self.default_cv,
+                    change_noise=change_noise[rank] if change_noise else None,
                 )
                 if points
                 else None
@@ -108,12 +199,29 @@ class Dynamic:
         fits = self.fit_ranks(history)
         return tuple(f.model for f in fits), fits
 
+    def order(self, history: History, profiles: Sequence[DeviceProfile] | None) -> SpeedOrder:
+        """What is known of the ranks' speeds with the newest interval and before it
+        (``order.py``: one noisy interval inverts nothing)."""
+        return SpeedOrder(
+            self._known(history, profiles), self._known(history[:-1], profiles), self.confidence_z
+        )
+
+    def _known(self, history: History, profiles: Sequence[DeviceProfile] | None) -> Speeds | None:
+        if not history:
+            return None
+        try:
+            models, fits = self.models(history, profiles)
+        except PlanError:
+            return None
+        return Speeds.of(models, fits, self.default_cv)
+
     def next_plan(
         self,
         history: History,
         current: Batches,
         constraints: Constraints,
         profiles: Sequence[DeviceProfile] | None = None,
+        horizon: Horizon | None = None,
     ) -> Decision:
         if not history or len(history[-1]) != constraints.world_size:
             return Decision(tuple(current), False, "no measurements for this world size yet")
@@ -121,30 +229,11 @@ class Dynamic:
             models, fits = self.models(history, profiles)
         except PlanError as exc:
             return Decision(tuple(current), False, f"keeping the plan: {exc}")
-        proposed = equal_time_plan(models, constraints)
-        t_new = predict_step_s(models, proposed, comm_s=constraints.comm_s)
-        changed_ranks = [r for r, f in enumerate(fits) if f.changed_at_newest]
-        note = f"; speed change on rank(s) {changed_ranks}" if changed_ranks else ""
-        try:
-            constraints.check(current)
-        except PlanError as exc:
-            return Decision(proposed, True, f"current plan invalid ({exc}){note}", t_new, models)
-        t_now = predict_step_s(models, current, comm_s=constraints.comm_s)
-        gain = (t_now - t_new) / t_now
-        if proposed == tuple(current) or gain <= self.dead_band:
-            return Decision(
-                tuple(current),
-                False,
-                f"within dead-band ({gain:+.1%} predicted){note}",
-                t_now,
-                models,
-            )
-        return Decision(
-            proposed,
-            True,
-            f"predicted step {t_now * 1e3:.1f} -> {t_new * 1e3:.1f} ms{note}",
-            t_new,
-            models,
+        order = self.order(history, profiles)
+        if order.before is not None and len(history[-2]) != len(history[-1]):
+            order = SpeedOrder(order.now, None, order.z)  # a restart: the old ranks are others
+        return decide(
+            history, tuple(current), constraints, models, fits, order, self.rules, horizon
         )
 
 

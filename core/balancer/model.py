@@ -12,7 +12,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hetero.core.balancer.plan import Batches, Constraints, round_to_plan
+from hetero.core.balancer.grid import grid_round
+from hetero.core.balancer.plan import Batches, Box, Constraints, largest_remainder
 
 
 @dataclass(frozen=True)
@@ -78,15 +79,19 @@ def predict_step_s(
     return max(m.time(b) for m, b in zip(models, batches, strict=True)) + comm_s
 
 
-def equal_time_plan(models: Sequence[StepModel], constraints: Constraints) -> Batches:
+def equal_time_plan(
+    models: Sequence[StepModel], constraints: Constraints, box: Box | None = None, grid: int = 1
+) -> Batches:
     """The integer plan that makes every rank's predicted step time equal.
 
     Solves ``a_i·b_i + c_i = T`` for all i with ``Σ b_i = B``:
     ``T = (B + Σ c_i/a_i) / Σ 1/a_i``, ``b_i = (T − c_i)/a_i``. Ranks pushed
-    outside ``[min_batch, cap]`` are pinned to the bound and the rest re-solved;
-    the result is rounded to integers summing to B.
+    outside their bounds (``box``, default ``[min_batch, cap]``) are pinned to
+    the bound and the rest re-solved; the result is rounded to integers summing
+    to B, on multiples of ``grid`` where the box allows (``grid.grid_round``).
     """
     world = constraints.world_size
+    box = box or Box.of(constraints)
     pinned: dict[int, float] = {}
     while True:
         free = [i for i in range(world) if i not in pinned]
@@ -99,43 +104,48 @@ def equal_time_plan(models: Sequence[StepModel], constraints: Constraints) -> Ba
         share = {i: (t_eq - models[i].fixed_s) / models[i].per_sample_s for i in free}
         violated: dict[int, float] = {}
         for i in free:
-            if share[i] < constraints.min_batch:
-                violated[i] = float(constraints.min_batch)
-            elif share[i] > constraints.upper(i):
-                violated[i] = float(constraints.upper(i))
+            if share[i] < box.lower[i]:
+                violated[i] = float(box.lower[i])
+            elif share[i] > box.upper[i]:
+                violated[i] = float(box.upper[i])
         if not violated:
             targets = [pinned.get(i, share.get(i, 0.0)) for i in range(world)]
             break
         pinned.update(violated)
-    return _best_rounding(targets, models, constraints)
+    return _best_rounding(targets, models, constraints, box, grid)
 
 
 def _best_rounding(
-    targets: Sequence[float], models: Sequence[StepModel], constraints: Constraints
+    targets: Sequence[float],
+    models: Sequence[StepModel],
+    constraints: Constraints,
+    box: Box,
+    grid: int,
 ) -> Batches:
-    """Largest-remainder rounding, then move single samples off the slowest rank
-    while that lowers the predicted step time (rounding can matter at small B)."""
-    plan = list(round_to_plan(targets, constraints))
+    """Largest-remainder rounding (on the grid if it fits the box), then move single
+    grid steps off the slowest rank while that lowers the predicted step time
+    (rounding can matter at small B)."""
+    on_grid = grid_round(targets, constraints, box, grid) if grid > 1 else None
+    g = grid if on_grid is not None else 1
+    plan = list(on_grid if on_grid is not None else largest_remainder(targets, constraints, box))
     for _ in range(constraints.world_size * 4):
         times = [m.time(b) for m, b in zip(models, plan, strict=True)]
         slow = max(range(len(plan)), key=lambda i: times[i])
         fast = min(
-            (i for i in range(len(plan)) if plan[i] < constraints.upper(i)),
-            key=lambda i: models[i].time(plan[i] + 1),
+            (i for i in range(len(plan)) if plan[i] + g <= box.upper[i]),
+            key=lambda i: models[i].time(plan[i] + g),
             default=None,
         )
-        if fast is None or fast == slow or plan[slow] <= constraints.min_batch:
+        if fast is None or fast == slow or plan[slow] - g < box.lower[slow]:
             break
-        if models[fast].time(plan[fast] + 1) >= times[slow]:
+        if models[fast].time(plan[fast] + g) >= times[slow]:
             break
-        plan[slow] -= 1
-        plan[fast] += 1
-    return _faster_gets_more(plan, models, constraints)
+        plan[slow] -= g
+        plan[fast] += g
+    return _faster_gets_more(plan, models, box)
 
 
-def _faster_gets_more(
-    plan: list[int], models: Sequence[StepModel], constraints: Constraints
-) -> Batches:
+def _faster_gets_more(plan: list[int], models: Sequence[StepModel], box: Box) -> Batches:
     """Among ranks with the same fixed cost, hand the larger batches to the faster ranks.
 
     Rounding breaks near-ties by rank order, which can give a rank that is
@@ -151,7 +161,8 @@ def _faster_gets_more(
             for j in range(len(out)):
                 faster = models[i].per_sample_s < models[j].per_sample_s
                 same_fixed = models[i].fixed_s == models[j].fixed_s
-                if faster and same_fixed and out[i] < out[j] <= constraints.upper(i):
+                fits = out[j] <= box.upper[i] and out[i] >= box.lower[j]
+                if faster and same_fixed and out[i] < out[j] and fits:
                     out[i], out[j] = out[j], out[i]
                     swapped = True
     return tuple(out)

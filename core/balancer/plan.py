@@ -3,7 +3,8 @@
 A *plan* is the tuple of per-rank batch sizes ``(b_0, …, b_{W-1})`` whose sum is
 the global batch ``B``. Policies produce real-valued targets; ``round_to_plan``
 turns them into integers that sum to exactly ``B`` and respect each rank's
-bounds ``[min_batch, cap_i]``.
+bounds ``[min_batch, cap_i]``, or the narrower ``Box`` a policy gives
+(the trust region).
 """
 
 from __future__ import annotations
@@ -86,27 +87,55 @@ class Constraints:
                 )
 
 
+@dataclass(frozen=True)
+class Box:
+    """Per-rank bounds ``lower[i] <= b_i <= upper[i]`` (samples) that a plan must keep,
+    inside the constraints' ``[min_batch, cap_i]``; they hold ``B``:
+    ``Σ lower <= B <= Σ upper``."""
+
+    lower: tuple[int, ...]
+    upper: tuple[int, ...]
+
+    @classmethod
+    def of(cls, constraints: Constraints) -> Box:
+        """The constraints' own bounds, ``[min_batch, cap_i]``."""
+        world = constraints.world_size
+        return cls(
+            (constraints.min_batch,) * world,
+            tuple(constraints.upper(r) for r in range(world)),
+        )
+
+    def holds(self, global_batch: int) -> bool:
+        return sum(self.lower) <= global_batch <= sum(self.upper) and all(
+            lo <= hi for lo, hi in zip(self.lower, self.upper, strict=True)
+        )
+
+
 def equal_batches(constraints: Constraints) -> Batches:
     """The DDP baseline: B/W each, the remainder spread over the first ranks."""
     return round_to_plan([1.0] * constraints.world_size, constraints)
 
 
-def round_to_plan(weights: Sequence[float], constraints: Constraints) -> Batches:
+def round_to_plan(
+    weights: Sequence[float], constraints: Constraints, box: Box | None = None
+) -> Batches:
     """Integer plan proportional to ``weights``, summing to B, within each rank's bounds.
 
-    Ranks whose share would fall outside ``[min_batch, cap]`` are pinned to the
-    bound and the rest of the batch is re-split among the others in proportion
-    to their weights; then the largest-remainder method rounds to integers.
+    Ranks whose share would fall outside their bounds (``box``, default
+    ``[min_batch, cap]``) are pinned to the bound and the rest of the batch is
+    re-split among the others in proportion to their weights; then the
+    largest-remainder method rounds to integers.
     """
     world = constraints.world_size
     if len(weights) != world:
         raise PlanError(f"{len(weights)} weights for {world} ranks")
     if any(not math.isfinite(w) or w < 0 for w in weights):
         raise PlanError(f"weights must be finite and >= 0, got {list(weights)}")
-    lo = [float(constraints.min_batch)] * world
-    hi = [float(constraints.upper(r)) for r in range(world)]
+    box = box or Box.of(constraints)
+    lo = [float(b) for b in box.lower]
+    hi = [float(b) for b in box.upper]
     targets = _clamped_split(list(weights), float(constraints.global_batch), lo, hi)
-    return _largest_remainder(targets, constraints)
+    return largest_remainder(targets, constraints, box)
 
 
 def _clamped_split(
@@ -137,12 +166,14 @@ def _clamped_split(
             return [pinned[i] for i in range(world)]
 
 
-def _largest_remainder(targets: Sequence[float], constraints: Constraints) -> Batches:
+def largest_remainder(
+    targets: Sequence[float], constraints: Constraints, box: Box | None = None
+) -> Batches:
+    """Round real targets to integers summing to B within ``box`` (default the
+    constraints' bounds), by largest remainder; a valid plan or ``PlanError``."""
     world = constraints.world_size
-    floors = [
-        min(max(math.floor(t), constraints.min_batch), constraints.upper(i))
-        for i, t in enumerate(targets)
-    ]
+    box = box or Box.of(constraints)
+    floors = [min(max(math.floor(t), box.lower[i]), box.upper[i]) for i, t in enumerate(targets)]
     deficit = constraints.global_batch - sum(floors)
     # Hand out (or take back) single samples by largest (smallest) remainder,
     # never crossing a rank's bounds. Ties go to the lower rank: deterministic.
@@ -153,11 +184,11 @@ def _largest_remainder(targets: Sequence[float], constraints: Constraints) -> Ba
         for i in seq:
             if deficit == 0:
                 break
-            if deficit > 0 and floors[i] < constraints.upper(i):
+            if deficit > 0 and floors[i] < box.upper[i]:
                 floors[i] += 1
                 deficit -= 1
                 moved = True
-            elif deficit < 0 and floors[i] > constraints.min_batch:
+            elif deficit < 0 and floors[i] > box.lower[i]:
                 floors[i] -= 1
                 deficit += 1
                 moved = True

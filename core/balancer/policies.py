@@ -18,6 +18,7 @@ from typing import Any
 
 from hetero.core.balancer.decision import Decision, Policy
 from hetero.core.balancer.dynamic import Dynamic, Hybrid
+from hetero.core.balancer.payback import Horizon
 from hetero.core.balancer.plan import Batches, Constraints, equal_batches, round_to_plan
 from hetero.core.balancer.stats import DeviceProfile, History
 from hetero.core.errors import ConfigError
@@ -59,6 +60,7 @@ class Equal:
         current: Batches,
         constraints: Constraints,
         profiles: Sequence[DeviceProfile] | None = None,
+        horizon: Horizon | None = None,
     ) -> Decision:
         return Decision(current, False, "equal split is fixed")
 
@@ -80,6 +82,7 @@ class Proportional:
         current: Batches,
         constraints: Constraints,
         profiles: Sequence[DeviceProfile] | None = None,
+        horizon: Horizon | None = None,
     ) -> Decision:
         return Decision(current, False, "proportional split is static")
 

@@ -9,13 +9,32 @@ over the last few points wrong in practice, and each has a remedy here:
   because step-time noise is multiplicative. Points the change detector calls
   outliers are dropped before fitting.
 * **Sudden changes** (a neighbour arrives): only the current regime's points
-  are fitted (``changepoint.find_regimes``).
+  are fitted (``changepoint.find_regimes``). A jump counts as a change only
+  if it exceeds ``change_threshold`` and ``CHANGE_SIGMAS`` times the rank's
+  interval noise (``noise.interval_noise``): on a loaded CPU box, where
+  intervals swing by 30%, a fixed 15% threshold called every other interval
+  a change of speed, and each "change" threw the fit's evidence away. The
+  newest point alone is acted on at once only on a quiet rank: one whose
+  interval noise is under ``CONFIRM_NOISE`` (5%) and whose window holds fewer
+  than ``HEAVY_TAIL_OUTLIERS`` one-off outliers. On a noisy rank one interval
+  cannot tell a change from noise, and outliers mean heavier tails than the
+  noise says (a CPU rank the scheduler starves for one interval); there a
+  jump in the newest interval waits for the next one to confirm it
+  (``RankFit.pending``), one interval of lag against a plan flung by noise.
 * **Too little spread in b to identify c.** Once a plan has converged every
   point sits at one batch size and the fixed cost ``c`` is unidentifiable. It
   is estimated from the regime's whole history (old points, from before the
   plan converged, have the spread), else carried over from the previous
   regime (a neighbour mostly slows the per-sample work, not kernel launches),
-  else taken from a prior, else 0. The per-sample cost ``a`` is then a
+  else taken from a prior, else 0. A line through points whose batches barely
+  spread *relative to their noise* extrapolates noise: two noisy intervals at
+  16 and 18 samples gave a fixed cost near the whole step time, hence a tiny
+  slope, and the next plan handed that rank four times its samples (the
+  limit cycle 53/11 → 20/44 → 44/20 of a 2-rank CPU job). So ``c`` is taken
+  from a line only when its standard error is at most ``MAX_FIXED_SE`` of the
+  mean step time. The noise behind that error is the larger of the line's
+  own residuals and the rank's interval noise, so two points far apart on a
+  quiet GPU identify ``c`` at once while a loaded CPU box never does. The per-sample cost ``a`` is then a
   recency-weighted Huber mean of ``(t − c)/b`` over the newest points, so the
   model always passes through where the rank runs now and follows drift.
   A wrong ``c`` only mis-sizes the next move, never the fixed point: when the
@@ -25,11 +44,13 @@ over the last few points wrong in practice, and each has a remedy here:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hetero.core.balancer.changepoint import Point, Regime, find_regimes
 from hetero.core.balancer.model import StepModel
+from hetero.core.balancer.noise import interval_noise
 
 #: Huber's tuning constant: 95% efficiency under Gaussian noise.
 HUBER_DELTA = 1.345
@@ -37,6 +58,20 @@ HUBER_DELTA = 1.345
 MIN_SCALE = 1e-3
 #: Smallest per-sample cost a fit may return, seconds; keeps the equal-time solve finite.
 MIN_PER_SAMPLE_S = 1e-12
+#: One-off outliers in a rank's window from which its newest jump needs confirmation.
+HEAVY_TAIL_OUTLIERS = 2
+#: Interval noise from which a rank's newest jump needs confirmation.
+CONFIRM_NOISE = 0.05
+#: Relative standard error of a rank's level that the per-sample mean aims for: where
+#: the noise needs more than ``window`` points for it, the mean averages longer.
+LEVEL_TARGET = 0.03
+#: A jump counts as a change of speed only beyond this many standard deviations of the
+#: rank's interval noise (and beyond ``change_threshold``).
+CHANGE_SIGMAS = 3.0
+#: Largest standard error of a fitted fixed cost, relative to the mean step time, for the
+#: line's ``c`` to be used: known to 10% of the step, a wrong ``c`` mis-sizes a move by
+#: at most ~10% of the step even at twice the batches seen (the trust region's reach).
+MAX_FIXED_SE = 0.10
 
 
 @dataclass(frozen=True)
@@ -49,7 +84,15 @@ class RankFit:
     robust relative spread of the per-sample values behind ``per_sample_s``
     (``None`` from fewer than three points) and ``n_eff`` their effective
     number under the recency weights, ``(Σw)²/Σw²``: together they say how
-    well ``per_sample_s`` is known.
+    well ``per_sample_s`` is known. ``noise_cv`` is the relative noise of one
+    interval's time: ``noise.interval_noise`` over all the rank's points (noise
+    is the host's, it outlives a change of speed), else the larger of the
+    caller's prior and ``per_sample_cv``, else the previous regime's spread;
+    ``None`` when nothing measures it yet.
+    ``seen`` is the smallest and largest batch among the current regime's
+    points: where the model has evidence (the trust region grows from it).
+    ``pending``: the newest point jumped, but this rank is too noisy to call one
+    interval a change: it waits for the next (and is left out meanwhile).
     """
 
     model: StepModel
@@ -58,6 +101,9 @@ class RankFit:
     fixed_from: str
     per_sample_cv: float | None = None
     n_eff: float = 1.0
+    noise_cv: float | None = None
+    seen: tuple[int, int] = (0, 0)
+    pending: bool = False
 
     @property
     def changed_at_newest(self) -> bool:
@@ -124,6 +170,8 @@ def fit_rank(
     min_spread: float = 0.05,
     change_threshold: float = 0.15,
     prior_fixed_s: float | None = None,
+    noise_prior: float | None = None,
+    change_noise: float | None = None,
 ) -> RankFit:
     """Fit one rank's step model from its points, oldest first (see the module doc).
 
@@ -131,22 +179,42 @@ def fit_rank(
     the newest weighing 1 and each older ``recency`` times less; the fixed cost
     comes from the whole regime weighted by ``fixed_recency`` per point of age,
     if the regime's batches spread by at least ``min_spread`` (range over mean).
+    ``noise_prior`` is the interval noise assumed until the points measure it;
+    ``change_noise``, a floor under it for telling a change from noise (the noise
+    of the rank's raw times where the caller divided a shared load out of
+    ``points``: dividing by the median rank's times leaves that rank's series too
+    smooth to judge one interval by).
     """
     if not points:
         raise ValueError("fit_rank needs at least one point")
-    regime = find_regimes(points, change_threshold)
+    measured = interval_noise(points)
+    noise = measured if measured is not None else noise_prior
+    noise = max(noise or 0.0, change_noise or 0.0)
+    threshold = max(change_threshold, math.expm1(CHANGE_SIGMAS * noise))
+    regime = find_regimes(points, threshold)
     n = len(points)
+    noisy = noise >= CONFIRM_NOISE or len(regime.outliers) >= HEAVY_TAIL_OUTLIERS
+    pending = 0 < regime.start == n - 1 and noisy
+    if pending:
+        # Too noisy to call one interval a change: hold it back until the next confirms it.
+        regime = Regime(regime.starts[:-1], (*regime.outliers, n - 1))
     current = regime.members(-1, n)
     fixed_s: float | None = None
     fixed_from = "none"
     for which in range(len(regime.starts) - 1, -1, -1):
-        fixed_s = _fixed_cost(points, regime.members(which, n), fixed_recency, min_spread)
+        fixed_s = _fixed_cost(points, regime.members(which, n), fixed_recency, min_spread, noise)
         if fixed_s is not None:
             fixed_from = "regime" if which == len(regime.starts) - 1 else "earlier regime"
             break
     if fixed_s is None and prior_fixed_s is not None:
         fixed_s, fixed_from = prior_fixed_s, "prior"
     recent = current[-window:]
+    n_target = (noise / LEVEL_TARGET) ** 2 if noise else 0.0
+    if n_target > _n_eff([recency**k for k in range(len(recent))]):
+        # Noisy: average over the whole regime, weights falling as an exponential
+        # window of about n_target points ((1 + ρ)/(1 − ρ) effective points).
+        recent = current
+        recency = max(recency, (n_target - 1.0) / (n_target + 1.0))
     # c may not exceed most of the smallest recent time, or a would come out <= 0.
     ceiling = 0.9 * min(points[i][1] for i in recent)
     c = min(max(fixed_s or 0.0, 0.0), ceiling)
@@ -154,15 +222,47 @@ def fit_rank(
     weights = [recency ** (len(recent) - 1 - k) for k in range(len(recent))]
     a = max(huber_mean(values, weights), MIN_PER_SAMPLE_S)
     cv = robust_scale([v / a - 1.0 for v in values]) if len(values) >= 3 else None
-    n_eff = sum(weights) ** 2 / sum(w * w for w in weights)
-    return RankFit(StepModel(a, c), regime, n, fixed_from, cv, n_eff)
+    n_eff = _n_eff(weights)
+    # Consecutive intervals measure the noise; until they can, the larger of the prior
+    # (the steps' own spread) and the model's residuals (which also hold drift and a
+    # wrong c) stands in.
+    if measured is not None:
+        noise = measured
+    else:
+        noise = max((v for v in (noise_prior, cv) if v is not None), default=None)
+    if noise is None and len(regime.starts) > 1:
+        noise = _values_cv(points, regime.members(-2, n)[-window:], c)
+    batches = [points[i][0] for i in current]
+    seen = (min(batches), max(batches))
+    return RankFit(StepModel(a, c), regime, n, fixed_from, cv, n_eff, noise, seen, pending)
+
+
+def _n_eff(weights: Sequence[float]) -> float:
+    """Effective number of points under ``weights``: ``(Σw)²/Σw²``."""
+    return sum(weights) ** 2 / sum(w * w for w in weights) if weights else 0.0
+
+
+def _values_cv(points: Sequence[Point], members: Sequence[int], c: float) -> float | None:
+    """Relative spread of the per-sample values ``(t − c)/b`` of ``members`` (≥ 3 points)."""
+    if len(members) < 3:
+        return None
+    values = [max(points[i][1] - c, MIN_PER_SAMPLE_S) / points[i][0] for i in members]
+    mid = _median(values)
+    return robust_scale([v / mid - 1.0 for v in values])
 
 
 def _fixed_cost(
-    points: Sequence[Point], members: Sequence[int], fixed_recency: float, min_spread: float
+    points: Sequence[Point],
+    members: Sequence[int],
+    fixed_recency: float,
+    min_spread: float,
+    noise: float | None,
 ) -> float | None:
-    """The fixed cost fitted over ``members``, or None if their batches barely differ."""
-    if len(members) < 2:
+    """The fixed cost fitted over ``members``, or None where it is not known well enough:
+    batches that barely differ, no measure of their noise (two points and no
+    same-batch noise), or a standard error above ``MAX_FIXED_SE`` of the mean step
+    time (see the module doc)."""
+    if len(members) < 2 or (len(members) < 3 and noise is None):
         return None
     bs = [points[i][0] for i in members]
     mean_b = sum(bs) / len(bs)
@@ -172,7 +272,32 @@ def _fixed_cost(
     a, c = huber_line([points[i] for i in members], weights)
     if a <= 0:
         return None  # a slope this wrong is noise or drift, not a measurement of c
+    if _fixed_cost_se(points, members, a, c, noise) > MAX_FIXED_SE:
+        return None
     return max(c, 0.0)
+
+
+def _fixed_cost_se(
+    points: Sequence[Point], members: Sequence[int], a: float, c: float, noise: float | None
+) -> float:
+    """Standard error of the intercept of ``t = a·b + c`` over ``members``, relative to
+    their mean time: the least-squares ``s·√(1/n + b̄²/S_bb)``, with ``s`` the larger of
+    the residuals' relative spread (RMS over ``n − 2`` degrees of freedom from 3
+    points, a robust scale from 5) and the interval ``noise``."""
+    n = len(members)
+    bs = [float(points[i][0]) for i in members]
+    ts = [points[i][1] for i in members]
+    s = noise or 0.0
+    if n >= 3:
+        rel = [(t - (a * b + c)) / t for b, t in zip(bs, ts, strict=True)]
+        # From 5 points a robust scale, so the outlier the Huber fit set aside (an
+        # interval straddling a change) does not count as the line's noise.
+        spread = robust_scale(rel) if n >= 5 else (sum(r * r for r in rel) / (n - 2)) ** 0.5
+        s = max(s, spread)
+    b_mean = sum(bs) / n
+    s_bb = sum((b - b_mean) ** 2 for b in bs)
+    se: float = s * (1.0 / n + b_mean * b_mean / s_bb) ** 0.5
+    return se
 
 
 def _theil_sen(bs: Sequence[float], ts: Sequence[float]) -> tuple[float, float]:

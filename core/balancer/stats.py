@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -10,9 +11,23 @@ from dataclasses import dataclass
 class RankInterval:
     """One rank's measurements over one rebalance interval, all at one batch size.
 
-    ``compute_s`` is the mean *compute-only* time per step: forward plus
-    backward until the last gradient bucket is ready, without the wait for the
-    all-reduce (which makes every rank's wall time equal the slowest rank's).
+    Times are seconds per step over the interval's settled steps.
+    ``compute_s`` is the *compute-only* time: forward plus backward until the
+    last gradient bucket is ready, without the wait for the all-reduce (which
+    makes every rank's wall time equal the slowest rank's). ``data_s`` is the
+    exposed wait for the step's input and ``optimizer_s`` the optimizer step;
+    both run on each rank between two gradient synchronisations, so they are
+    on the critical path as much as compute (``busy_s``). ``None`` = not
+    measured (an older trainer): busy time is then compute time.
+
+    ``switch_s`` is the extra time, in seconds in all, that the rank's first
+    steps at a new batch size took over its settled steps (allocator growth,
+    kernel selection for new shapes): what a plan change cost this rank.
+    ``None`` when the rank's batch did not change in this interval.
+
+    ``busy_cv`` is the relative spread (robust, one standard deviation) of the
+    settled steps' busy times within the interval: from the first interval on,
+    it says how well the interval's median is known (``noise_floor``).
     """
 
     rank: int
@@ -21,9 +36,29 @@ class RankInterval:
     compute_s: float
     step_s: float = 0.0
     peak_memory_bytes: int | None = None
+    data_s: float | None = None
+    optimizer_s: float | None = None
+    switch_s: float | None = None
+    busy_cv: float | None = None
+
+    @property
+    def noise_floor(self) -> float | None:
+        """Relative standard error of the interval's median busy time from the spread of
+        its steps (``1.2533·cv/√steps``, a median's); None where not measured. Intervals
+        vary at least this much; on a shared host, with its swings of load, more."""
+        if self.busy_cv is None or self.steps < 1:
+            return None
+        return 1.2533 * self.busy_cv / math.sqrt(self.steps)
+
+    @property
+    def busy_s(self) -> float:
+        """Seconds per step the rank is busy between two synchronisations: exposed input
+        wait + compute + optimizer (compute alone where the phases were not measured)."""
+        return self.compute_s + (self.data_s or 0.0) + (self.optimizer_s or 0.0)
 
     @property
     def per_sample_s(self) -> float:
+        """Compute-only seconds per sample (a speed measure: stragglers, the TUI)."""
         return self.compute_s / self.batch if self.batch > 0 else float("inf")
 
 
@@ -44,19 +79,20 @@ class DeviceProfile:
 
 
 def estimate_comm_s(history: History, window: int = 8) -> float:
-    """Per-step time outside every rank's compute, seconds: a value for ``Constraints.comm_s``.
+    """Per-step time outside every rank's busy time, seconds: a value for ``Constraints.comm_s``.
 
-    Each interval's wall step time minus its slowest rank's compute time is
-    what the whole job waited for after compute (exposed all-reduce, optimizer,
-    data loading). The median over the newest ``window`` intervals that report
-    ``step_s`` resists one slow interval; 0.0 when none reports it.
+    Each interval's wall step time minus its slowest rank's busy time (input
+    wait + compute + optimizer) is what the whole job waited for beyond any
+    rank's own work: the exposed all-reduce. The median over the newest
+    ``window`` intervals that report ``step_s`` resists one slow interval; 0.0
+    when none reports it.
     """
     gaps = []
     for iv in list(history[-window:]):
         measured = [ri for ri in iv if ri.steps > 0 and ri.step_s > 0]
         if measured:
             step_s = max(ri.step_s for ri in measured)
-            gaps.append(max(step_s - max(ri.compute_s for ri in measured), 0.0))
+            gaps.append(max(step_s - max(ri.busy_s for ri in measured), 0.0))
     if not gaps:
         return 0.0
     gaps.sort()

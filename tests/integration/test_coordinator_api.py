@@ -153,6 +153,35 @@ def test_reported_stats_move_the_plan_toward_the_slower_rank(coordinator) -> Non
     assert job.last_step == 10 and any(e.kind == "replanned" for e in job.events)
 
 
+def test_the_coordinator_plans_busy_time_from_the_reported_phases(coordinator) -> None:  # type: ignore[no-untyped-def]
+    """Equal compute, but rank 1 waits for its input and steps a slower optimizer: the
+    re-plan moves samples off it. A report with a negative phase is refused."""
+    _register(coordinator, "n1")
+    _register(coordinator, "n2")
+    spec = DEMO.replace("ranks: 3", "ranks: 2").replace("emulate_slowdown: [1, 2, 3]", "")
+    job_id = coordinator.stub.SubmitJob(
+        pb.SubmitJobRequest(spec_yaml=spec), timeout=DEADLINE_S
+    ).job_id
+    report = tpb.IntervalReport(job_id=job_id, end_step=10, plan_version=1)
+    for rank, (data_s, optimizer_s) in enumerate(((0.0, 0.003), (0.02, 0.03))):
+        report.ranks.add(
+            rank=rank,
+            batch=48,
+            steps=10,
+            compute_s=0.05,
+            step_s=0.11,
+            data_s=data_s,
+            optimizer_s=optimizer_s,
+        )
+    plan = coordinator.stub.ReportIntervalStats(report, timeout=DEADLINE_S).plan
+    assert plan.version == 2 and plan.batches[1] < plan.batches[0] and sum(plan.batches) == 96
+    report.end_step, report.plan_version = 20, 2
+    report.ranks[1].optimizer_s = -0.01
+    with pytest.raises(grpc.RpcError) as info:
+        coordinator.stub.ReportIntervalStats(report, timeout=DEADLINE_S)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
 def test_list_get_cancel_and_stop_orders(coordinator) -> None:  # type: ignore[no-untyped-def]
     node_id = _register(coordinator, "n1")
     first = coordinator.stub.SubmitJob(

@@ -23,10 +23,18 @@ from hetero.core.errors import ConfigError, PlanError
 Models = Sequence[StepModel]
 
 
-def interval(models: Models, plan: Sequence[int], scale: Sequence[float] | None = None):
+def interval(
+    models: Models,
+    plan: Sequence[int],
+    scale: Sequence[float] | None = None,
+    busy_cv: float = 0.01,
+):
+    """One interval of 20 steps at ``plan``, each rank's time scaled by ``scale``; its steps
+    spread by ``busy_cv`` (1%: a quiet GPU; the trainer reports it)."""
     scale = scale or [1.0] * len(models)
     return tuple(
-        RankInterval(r, plan[r], 20, m.time(plan[r]) * scale[r]) for r, m in enumerate(models)
+        RankInterval(r, plan[r], 20, m.time(plan[r]) * scale[r], busy_cv=busy_cv)
+        for r, m in enumerate(models)
     )
 
 
@@ -79,7 +87,7 @@ def test_dynamic_keeps_its_plan_when_the_gain_is_inside_the_dead_band() -> None:
     constraints = Constraints(1024, 4)
     plan = (256, 256, 256, 256)
     history = [interval(models, plan, [1.0, 1.004, 0.997, 1.0]) for _ in range(5)]
-    decision = Dynamic().next_plan(history, plan, constraints)
+    decision = Dynamic(grid=1).next_plan(history, plan, constraints)
     assert not decision.changed
     assert decision.batches == plan
     assert "dead-band" in decision.reason
@@ -151,8 +159,9 @@ def test_hybrid_follows_clean_measurements_over_a_wrong_prior() -> None:
 def test_hybrid_leans_on_the_prior_when_measurements_are_noisy() -> None:
     prior_right = [DeviceProfile("a", 2.0), DeviceProfile("b", 1.0)]
     models = [StepModel(0.0002, 0.0), StepModel(0.0004, 0.0)]
-    noise = [[1.0, 1.0], [1.3, 0.8], [0.75, 1.25], [1.25, 0.8]]
-    history = [interval(models, (256, 256), n) for n in noise]
+    # Noise in the ranks' relative speed (the load both ranks share is divided out).
+    noise = [[1.0, 1.0], [1.0, 1.3], [1.0, 0.75], [1.0, 1.25]]
+    history = [interval(models, (256, 256), n, busy_cv=0.3) for n in noise]
     policy = Hybrid(prior_cv=0.05)
     hybrid_models = policy.models(history, prior_right)[0]
     dynamic_models = Dynamic().fit(history)

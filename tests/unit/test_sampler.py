@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hetero.core.balancer import Box, Constraints, StepModel, equal_time_plan
 from hetero.core.errors import ConfigError, PlanError
 from hetero.trainer.sampler import UnevenBatchSampler, epoch_permutation
 
@@ -163,3 +164,36 @@ def test_resume_with_another_world_size_continues_the_same_global_order(
     got = [sorted(i for it in new_iters for i in next(it)) for _ in range(more)]
     assert got == expected
     assert [len(x) for x in got] == [global_batch] * more
+
+
+@st.composite
+def planner_plans(draw: st.DrawFn) -> tuple[int, int, list[tuple[int, tuple[int, ...]]]]:
+    """Plans as the balancer makes them: equal-time solves of random step models,
+    rounded onto a grid of sizes (one rank takes ``B mod g``) within random bounds."""
+    world = draw(st.integers(2, 5))
+    global_batch = draw(st.integers(4 * world, 96))
+    num_samples = draw(st.integers(global_batch, 300))
+    constraints = Constraints(global_batch, world)
+    changes = []
+    for _ in range(draw(st.integers(1, 6))):
+        models = [
+            StepModel(draw(st.floats(1e-4, 1e-2)), draw(st.floats(0.0, 0.02))) for _ in range(world)
+        ]
+        grid = draw(st.sampled_from([1, 2, 4, 8]))
+        plan = equal_time_plan(models, constraints, Box.of(constraints), grid)
+        changes.append((draw(st.integers(0, 30)), plan))
+    changes.sort(key=lambda c: c[0])
+    return num_samples, world, changes
+
+
+@settings(max_examples=100, deadline=None)
+@given(planner_plans())
+def test_every_sample_once_per_epoch_under_the_planners_grid_plans(scenario) -> None:
+    num_samples, world, changes = scenario
+    plan0 = changes[0][1]
+    samplers = [UnevenBatchSampler(num_samples, plan0, r, seed=3) for r in range(world)]
+    steps = _run_epoch(samplers, changes[1:])
+    seen = [i for batch in steps for rank_idx in batch for i in rank_idx]
+    assert len(seen) == len(set(seen)), "a sample was duplicated"
+    expected = num_samples - samplers[0].dropped_per_epoch
+    assert seen == epoch_permutation(num_samples, 3, 0)[:expected]

@@ -15,6 +15,7 @@ from hetero.core.balancer import (
     Decision,
     DeviceProfile,
     History,
+    Horizon,
     equal_batches,
 )
 
@@ -47,6 +48,7 @@ class Recorder:
         current: Batches,
         constraints: Constraints,
         profiles: Sequence[DeviceProfile] | None = None,
+        horizon: Horizon | None = None,
     ) -> Decision:
         self.seen.append((list(history), constraints))
         return Decision(current, False, "recording")

@@ -24,6 +24,8 @@ from hetero.core.balancer import make_policy
 #: The memory cap pins a rank below its share, so it idles every step: no plan
 #: reaches the ideal there, and the target is to match the best possible plan.
 IDEAL_UNREACHABLE = {"memory-capped"}
+#: Interval-level noise of 30% (a loaded CPU host): the targets there are order and calm.
+NOISY = {"cpu-loaded"}
 
 
 @cache
@@ -35,7 +37,7 @@ def result(scenario: str, policy: str) -> SimResult:
     return summarize(simulated(scenario, policy))
 
 
-@pytest.mark.parametrize("scenario", sorted(set(known_scenarios()) - IDEAL_UNREACHABLE))
+@pytest.mark.parametrize("scenario", sorted(set(known_scenarios()) - IDEAL_UNREACHABLE - NOISY))
 def test_dynamic_reaches_97_percent_of_ideal_in_steady_state(scenario: str) -> None:
     assert result(scenario, "dynamic").pct_of_ideal >= 97.0
 

@@ -1,0 +1,168 @@
+"""From fitted step models to the next plan, and whether to move to it at all.
+
+The measurement-driven policies fit each rank (``dynamic.py``) and then
+decide here, in this order:
+
+1. **Trust region** (``trust.py``): each rank's bounds for the next plan,
+   within a factor of the batches its current regime has run; a rank whose
+   speed just changed is free.
+2. **Equal busy time** (``model.equal_time_plan``) within those bounds, on a
+   grid of sizes (``grid.py``).
+3. **Order** (``order.py``): no rank confidently slower than another, as
+   known with or before the newest interval, holds more samples.
+4. **Warm shapes** (``grid.snap_to_warm``): the same plan moved onto sizes
+   the ranks ran recently, as a second candidate.
+5. **Pay-back** (``payback.py``): a candidate is adopted only if its
+   predicted gain beats the noise of the fits and the dead-band, and the gain
+   over the coming intervals beats the cost of switching shapes; of those
+   that qualify, the largest net gain wins. Otherwise the plan is kept.
+
+A current plan that breaks the constraints or the confident order is
+replaced whatever the gain. Keeping the plan unless a move is clearly
+better is the hysteresis: noise of either sign around an optimum that the
+grid or the integers cannot hit exactly moves nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hetero.core.balancer.decision import Decision
+from hetero.core.balancer.grid import grid_step, snap_to_warm, warm_shapes
+from hetero.core.balancer.model import StepModel, equal_time_plan, predict_step_s
+from hetero.core.balancer.order import SpeedOrder
+from hetero.core.balancer.payback import Horizon, gain_threshold, switch_costs
+from hetero.core.balancer.plan import Batches, Box, Constraints
+from hetero.core.balancer.robust_fit import RankFit
+from hetero.core.balancer.stats import History
+from hetero.core.balancer.trust import trust_box
+from hetero.core.errors import PlanError
+
+
+@dataclass(frozen=True)
+class MoveRules:
+    """The knobs of the decision (``Dynamic``'s fields of the same names)."""
+
+    dead_band: float
+    trust_factor: float
+    confidence_z: float
+    default_cv: float
+    payback_intervals: int
+    switch_prior_steps: float
+    grid: int
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    batches: Batches
+    step_s: float
+    gain: float  # relative to the current plan's predicted step
+    threshold: float  # relative gain needed to count as real
+    cost_s: float  # switching cost, seconds
+    net_s: float  # gain over the horizon minus the cost, seconds
+
+
+def propose(
+    models: Sequence[StepModel], fits: Sequence[RankFit], constraints: Constraints, rules: MoveRules
+) -> tuple[Batches, Box]:
+    """The equal-busy-time plan within the trust region, on the grid, and its bounds."""
+    box = trust_box(fits, constraints, factor=rules.trust_factor)
+    free = equal_time_plan(models, constraints, box)
+    g = rules.grid or grid_step(free)
+    return (equal_time_plan(models, constraints, box, g) if g > 1 else free), box
+
+
+def decide(
+    history: History,
+    current: Batches,
+    constraints: Constraints,
+    models: Sequence[StepModel],
+    fits: Sequence[RankFit],
+    order: SpeedOrder,
+    rules: MoveRules,
+    horizon: Horizon | None = None,
+) -> Decision:
+    """The decision from ``current`` given the fitted ``models`` (see the module doc)."""
+    changed_ranks = [r for r, f in enumerate(fits) if f.changed_at_newest]
+    pending = [r for r, f in enumerate(fits) if f.pending]
+    note = f"; speed change on rank(s) {changed_ranks}" if changed_ranks else ""
+    if pending:
+        note += f"; rank(s) {pending} jumped, waiting for the next interval to confirm"
+    models = tuple(models)
+    proposed, box = propose(models, fits, constraints, rules)
+    proposed = order.enforce(proposed, box)
+    t_new = predict_step_s(models, proposed, comm_s=constraints.comm_s)
+    try:
+        constraints.check(current)
+    except PlanError as exc:
+        return Decision(proposed, True, f"current plan invalid ({exc}){note}", t_new, models)
+    t_now = predict_step_s(models, current, comm_s=constraints.comm_s)
+    inverted = order.violations(current, settled=True)
+    if inverted and not order.violations(proposed):
+        slower = ", ".join(f"{j} slower than {i}" for i, j in inverted)
+        reason = f"order: rank {slower} held more samples{note}"
+        return Decision(proposed, proposed != tuple(current), reason, t_new, models)
+
+    shapes = warm_shapes(history)
+    busy_now = [m.time(b) for m, b in zip(models, current, strict=True)]
+    costs = switch_costs(history, busy_now, prior_steps=rules.switch_prior_steps)
+    steps = (horizon or _default_horizon(history)).steps(rules.payback_intervals)
+    options = [proposed]
+    snapped = snap_to_warm(proposed, shapes, constraints, box)
+    if snapped is not None:
+        options.append(order.enforce(snapped, box))
+    candidates = []
+    for batches in dict.fromkeys(options):  # unique, in order
+        if batches == tuple(current) or order.violations(batches):
+            continue
+        step_s = predict_step_s(models, batches, comm_s=constraints.comm_s)
+        gain = (t_now - step_s) / t_now
+        threshold = max(
+            rules.dead_band,
+            gain_threshold(
+                models,
+                fits,
+                current,
+                batches,
+                z=rules.confidence_z,
+                default_cv=rules.default_cv,
+            ),
+        )
+        cost = costs.of(current, batches, shapes)
+        net = (t_now - step_s) * steps - cost
+        candidates.append(_Candidate(batches, step_s, gain, threshold, cost, net))
+    if not candidates:
+        return Decision(tuple(current), False, f"plan is the equal-time plan{note}", t_now, models)
+    real = [c for c in candidates if c.gain > c.threshold]
+    paying = [c for c in real if c.net_s > 0]
+    if paying:
+        best = max(
+            paying,
+            key=lambda c: (c.net_s, -sum(c.batches[i] != current[i] for i in range(len(current)))),
+        )
+        reason = (
+            f"predicted step {t_now * 1e3:.1f} -> {best.step_s * 1e3:.1f} ms "
+            f"(gain {best.gain:.1%} > {best.threshold:.1%}; pays {best.cost_s * 1e3:.0f} ms "
+            f"switch in {steps} steps){note}"
+        )
+        return Decision(best.batches, True, reason, best.step_s, models)
+    top = max(candidates, key=lambda c: c.gain)
+    if not real:
+        reason = (
+            f"within dead-band and noise ({top.gain:+.1%} predicted, "
+            f"needs > {top.threshold:.1%}){note}"
+        )
+    else:
+        top = max(real, key=lambda c: c.net_s)
+        reason = (
+            f"does not pay back ({(t_now - top.step_s) * 1e3:.2f} ms/step x {steps} steps "
+            f"< {top.cost_s * 1e3:.0f} ms switch){note}"
+        )
+    return Decision(tuple(current), False, reason, t_now, models)
+
+
+def _default_horizon(history: History) -> Horizon:
+    """Without a horizon from the caller: intervals as long as the newest one measured."""
+    steps = max((ri.steps for ri in history[-1]), default=1) if history else 1
+    return Horizon(max(steps, 1))
