@@ -174,6 +174,8 @@ def print_summary(summary: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from hetero.core.verdict import lines
+
     t = Table(title=f"hetero-train: {summary['policy']}", show_header=False)
     t.add_column(style="bold")
     t.add_column()
@@ -218,7 +220,11 @@ def print_summary(summary: dict[str, Any]) -> None:
     )
     if summary["emulated"]:
         t.add_row("heterogeneity", f"EMULATED ({summary['emulated_slowdown']})")
+    if summary.get("gap"):
+        t.add_row("where the gap went", summary["gap"]["verdict"])
     Console().print(t)
+    if summary.get("gap"):
+        print("\n".join(lines(summary["gap"])))
 
 
 def main(argv: list[str] | None = None) -> int:

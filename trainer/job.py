@@ -26,11 +26,12 @@ from hetero.trainer.context import Context, init
 from hetero.trainer.control import AgentPlanner
 from hetero.trainer.datasets import TEXT_DATASETS, build_dataset
 from hetero.trainer.emulation import format_slowdowns
-from hetero.trainer.ideal import measure_standalone
+from hetero.trainer.ideal import measure_solo
 from hetero.trainer.memory import MemoryMonitor, describe, parse_max_batch
 from hetero.trainer.models import model_info
 from hetero.trainer.oom import OomGuard
 from hetero.trainer.precision import Autocast, autocast, check_amp, grad_scaler
+from hetero.trainer.runsummary import gap_fields
 from hetero.trainer.simulate import apply_memory_fraction, parse_fractions
 from hetero.trainer.tasks import Task, evaluate, make_task
 
@@ -397,6 +398,7 @@ def _train(ctx: Context, cfg: JobConfig) -> dict[str, Any] | None:
     final_plan = ctx.plan
     standalone: list[float] = []
     side_by_side: list[float] = []
+    solos = None
     if cfg.ideal_steps > 0:
 
         def fresh_copy() -> nn.Module:
@@ -408,23 +410,25 @@ def _train(ctx: Context, cfg: JobConfig) -> dict[str, Any] | None:
             # The same on every rank (a collective): Gloo jobs share a host CPU somewhere.
             (False, True) if ctx.backend == "gloo" and ctx.world_size > 1 else (False,)
         ):
-            rates = measure_standalone(
+            measured = measure_solo(
                 ctx,
                 fresh_copy,
                 _local_optimizer(optimizer),
                 dataset,
                 task.loss,
-                final_plan,
+                ctx.running_plan,  # a plan scheduled at the last boundary never ran
                 steps=cfg.ideal_steps,
                 seed=cfg.seed,
                 concurrent=concurrent,
                 memory_format=memory_format,
             )
-            (side_by_side if concurrent else standalone).extend(rates)
+            (side_by_side if concurrent else standalone).extend(s.samples_per_s for s in measured)
+            solos = solos or measured
     if ctx.rank != 0:
         return None
     summary = summarize(ctx, cfg, start_step, train_wall_s, final_plan, standalone, side_by_side)
     summary.update(evaluation)
+    summary.update(gap_fields(ctx, solos, summary["steady_samples_per_s"]))
     summary.update(
         task=task.name,
         seq_len=(cfg.seq_len or model_info(cfg.model).default_image_size) if task.text else None,
@@ -532,7 +536,8 @@ def summarize(
         "ideal_samples_per_s": ideal,
         "ideal_method": (
             f"sum over ranks of each rank's standalone throughput at its final planned batch, "
-            f"measured one rank at a time after training ({cfg.ideal_steps} steps each, median)"
+            f"measured one rank at a time after training, the batch on the device "
+            f"({cfg.ideal_steps} steps each, median)"
             if standalone
             else "not measured (--ideal-steps 0)"
         ),
