@@ -28,8 +28,11 @@ class RankTimes:
 
     @property
     def busy_s(self) -> float | None:
-        parts = (self.data_s, self.compute_s, self.optimizer_s)
-        return None if any(p is None for p in parts) else sum(p for p in parts if p is not None)
+        """Input wait + compute + optimizer; ``None`` without compute-only time (plain DDP).
+        A phase not recorded counts as 0."""
+        if self.compute_s is None:
+            return None
+        return self.compute_s + (self.data_s or 0.0) + (self.optimizer_s or 0.0)
 
 
 @dataclass(frozen=True)
