@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -144,14 +144,14 @@ def train(ctx: ht.Context, args: argparse.Namespace) -> dict[str, object]:
     }
 
 
-def run(argv: Sequence[str] | None = None) -> int:
-    """``main`` with hetero's errors as one line on stderr and a non-zero exit."""
+def run(entry: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:
+    """``entry(argv)`` with hetero's errors as one line on stderr and a non-zero exit."""
     try:
-        return main(argv)
+        return entry(argv)
     except HeteroError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
 
 
 if __name__ == "__main__":
-    sys.exit(run())
+    sys.exit(run(main))

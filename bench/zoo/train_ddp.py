@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from hetero.bench.zoo.train import parse_args
+from hetero.bench.zoo.train import parse_args, run
 from hetero.bench.zoo.workloads import build_data, build_model, is_language_model, loss_fn
 from hetero.core.gap import Solo, intervals_from_records
 from hetero.core.verdict import diagnose, lines
@@ -258,4 +258,4 @@ def summarize(
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))
