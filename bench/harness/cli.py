@@ -34,13 +34,8 @@ from hetero.bench.harness.commands import (
     prepare_argv,
     run_specs,
 )
-from hetero.bench.harness.scenario import (
-    BASELINE,
-    Scenario,
-    configure,
-    known_scenarios,
-    load_scenario,
-)
+from hetero.bench.harness.resize import configure
+from hetero.bench.harness.scenario import BASELINE, Scenario, known_scenarios, load_scenario
 from hetero.core.errors import ConfigError
 
 

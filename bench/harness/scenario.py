@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -177,82 +177,6 @@ class Scenario:
         return dict(self.overrides).get(run, RunOverride())
 
 
-def _scale_step(step: int | None, factor: float, interval: int) -> int | None:
-    """``step`` scaled by ``factor``, on a rebalance boundary, at least one interval in."""
-    if step is None:
-        return None
-    return max(interval, round(step * factor / interval) * interval)
-
-
-def resize(scenario: Scenario, steps: int) -> Scenario:
-    """The scenario with ``steps`` total steps; change steps keep their fraction of the run."""
-    if steps < 2 * scenario.rebalance_interval:
-        raise ConfigError(
-            f"--steps must be at least two rebalance intervals "
-            f"({2 * scenario.rebalance_interval}) for {scenario.name}, got {steps}"
-        )
-    f = steps / scenario.steps
-    k = scenario.rebalance_interval
-    neighbours = tuple(
-        replace(
-            n,
-            arrive_step=_scale_step(n.arrive_step, f, k),
-            leave_step=_scale_step(n.leave_step, f, k),
-        )
-        for n in scenario.neighbours
-    )
-    slowdowns = tuple(
-        replace(
-            s,
-            start=(_scale_step(s.start, f, k) or 0) if s.start > 0 else 0,
-            end=_scale_step(s.end, f, k),
-        )
-        for s in scenario.slowdowns
-    )
-    overrides = tuple(
-        (name, replace(o, steps=max(2 * k, round(o.steps * f)) if o.steps else None))
-        for name, o in scenario.overrides
-    )
-    out = replace(
-        scenario, steps=steps, neighbours=neighbours, slowdowns=slowdowns, overrides=overrides
-    )
-    _check_changes(out)
-    return out
-
-
-def configure(
-    scenario: Scenario,
-    *,
-    quick: bool = False,
-    steps: int | None = None,
-    ideal_steps: int | None = None,
-    policies: tuple[str, ...] | None = None,
-    baseline: bool | None = None,
-) -> Scenario:
-    """Apply ``--quick`` (the file's ``quick:`` block), then explicit flags, which win."""
-    s = scenario
-    if quick:
-        if s.quick_steps is not None:
-            s = resize(s, s.quick_steps)
-        if s.quick_ideal_steps is not None:
-            s = replace(s, ideal_steps=s.quick_ideal_steps)
-        if s.quick_policies is not None:
-            s = replace(s, policies=s.quick_policies)
-        if s.quick_data_paths is not None:
-            s = replace(s, data_paths=s.quick_data_paths)
-    if steps is not None:
-        s = resize(s, steps)
-    if ideal_steps is not None:
-        if ideal_steps < 0:
-            raise ConfigError(f"--ideal-steps must be >= 0, got {ideal_steps}")
-        s = replace(s, ideal_steps=ideal_steps)
-    if policies is not None:
-        s = replace(s, policies=_policies(policies, "--policies"))
-    if baseline is not None:
-        s = replace(s, baseline=baseline)
-    return s
-
-
 # -- loading ---------------------------------------------------------------------------
 
 
@@ -294,7 +218,7 @@ def _choices(values: Any, known: tuple[str, ...], what: str, where: str) -> tupl
     return tuple(str(v) for v in values)
 
 
-def _policies(values: Any, where: str) -> tuple[str, ...]:
+def policy_list(values: Any, where: str) -> tuple[str, ...]:
     return _choices(values, POLICIES, "policy/policies", where)
 
 
@@ -318,7 +242,7 @@ def parse_scenario(name: str, text: str) -> Scenario:
     kw: dict[str, Any] = {k: v for k, v in data.items() if k not in _NESTED}
     try:
         if "policies" in data:
-            kw["policies"] = _policies(data["policies"], f"{where}.policies")
+            kw["policies"] = policy_list(data["policies"], f"{where}.policies")
         if "data_paths" in data:
             kw["data_paths"] = _data_paths(data["data_paths"], f"{where}.data_paths")
         if data.get("neighbour") is not None and data.get("neighbours") is not None:
@@ -346,7 +270,7 @@ def parse_scenario(name: str, text: str) -> Scenario:
         kw["quick_steps"] = quick.get("steps")
         kw["quick_ideal_steps"] = quick.get("ideal_steps")
         if "policies" in quick:
-            kw["quick_policies"] = _policies(quick["policies"], f"{where}.quick.policies")
+            kw["quick_policies"] = policy_list(quick["policies"], f"{where}.quick.policies")
         if "data_paths" in quick:
             kw["quick_data_paths"] = _data_paths(quick["data_paths"], f"{where}.quick.data_paths")
         scenario = Scenario(name=name, **kw)
@@ -413,10 +337,10 @@ def _validate(s: Scenario) -> None:
     for sd in s.slowdowns:
         if not 0 <= sd.rank < s.ranks:
             raise ConfigError(f"{where}.slowdowns: rank {sd.rank} is not in a {s.ranks}-rank job")
-    _check_changes(s)
+    check_changes(s)
 
 
-def _check_changes(s: Scenario) -> None:
+def check_changes(s: Scenario) -> None:
     for n in s.neighbours:
         _check_neighbour_changes(s, n)
 

@@ -21,8 +21,9 @@ import pytest
 from hetero.bench.harness.commands import SAFE_ENV, run_specs
 from hetero.bench.harness.gpu_monitor import GpuMonitor
 from hetero.bench.harness.neighbour import NeighbourProcess
+from hetero.bench.harness.resize import configure
 from hetero.bench.harness.runner import execute
-from hetero.bench.harness.scenario import Neighbour, configure, load_scenario
+from hetero.bench.harness.scenario import Neighbour, load_scenario
 
 pytestmark = pytest.mark.slow
 

@@ -15,12 +15,8 @@ import pytest
 from hetero.bench.cli import main
 from hetero.bench.harness.commands import run_specs
 from hetero.bench.harness.report import write_outputs
-from hetero.bench.harness.scenario import (
-    configure,
-    known_scenarios,
-    load_scenario,
-    parse_scenario,
-)
+from hetero.bench.harness.resize import configure
+from hetero.bench.harness.scenario import known_scenarios, load_scenario, parse_scenario
 from hetero.core.errors import ConfigError
 
 
