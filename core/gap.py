@@ -25,7 +25,8 @@ Then, exactly, *W* − *T** = the six terms + the residual::
     lost to overlap        Σ w_i (C_i − C*_i)
     optimizer              Σ w_i (O_i − O*_i)
     plan-change warm-up    W − T in intervals that run a new plan, beyond the usual boundary cost
-    residual               the rest of W − T (boundaries), Σ w_i (C*_i + O*_i − S_i) (medians)
+    residual               the rest of W − T (boundaries), Σ w_i (C*_i + O*_i − S_i) (medians),
+                           and the median interval the run reports against the window's mean
 
 Weighted means because under a plan that balances busy time, removing a cost
 *x_i* from every rank and re-balancing shortens the step by Σ *w_i* *x_i* (to first
