@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.hetero-installed
 PY     ?= 3.12
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv demo demo-embedded test test-fast chaos load lint typecheck check proto wheelhouse pyroot clean
+.PHONY: help venv demo demo-embedded test test-fast chaos load lint typecheck check proto docs-tables wheelhouse pyroot clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -106,6 +106,9 @@ proto: $(PROTO_STAMP)  ## regenerate proto/hetero/v1/*_pb2*.py and SOURCES.sha25
 	    proto/hetero/v1/*.proto
 	cd proto && { echo "# generator grpcio-tools==$(PROTO_TOOLS_VERSION)"; sha256sum hetero/v1/*.proto; } \
 	    > hetero/v1/SOURCES.sha256
+
+docs-tables: $(STAMP)  ## rewrite the docs' tables of models, datasets, policies and options from the catalogue
+	@$(BIN)/python -m hetero.core.catalogue.reference --write
 
 clean:  ## remove build outputs (keeps .venv)
 	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache wheelhouse

@@ -10,51 +10,29 @@ initial plan, the progress file, the CPU threads).
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
 from hetero.auth import AGENT_TOKEN_ENV, Secret, scrub_environment
+from hetero.core.catalogue.commandline import argv_for
 from hetero.core.rankenv import LaunchPlan, RankEnv
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
 
-#: Samples in hetero-train's synthetic dataset (its --num-samples default): turns epochs into steps.
-SYNTHETIC_SAMPLES = 8192
-
 
 def rank_command(order: pb.RankLaunch, python: str, output_dir: Path) -> list[str]:
-    """argv of the rank. An emulated slowdown reaches built-in jobs as ``--emulate-slowdown``
-    (user scripts read ``HETERO_EMULATE_SLOWDOWN`` through ``ht.init()``)."""
+    """argv of the rank. A built-in job's options reach ``hetero-train`` as flags built from
+    the order's option map (``hetero.core.catalogue``): the agent needs to know none of
+    them. An emulated slowdown reaches built-in jobs as ``--emulate-slowdown`` (user
+    scripts read ``HETERO_EMULATE_SLOWDOWN`` through ``ht.init()``)."""
     a = order.args
     if a.command:
         return list(a.command)
-    if a.HasField("steps"):
-        steps = a.steps
-    else:
-        steps = max(a.epochs, 1) * math.ceil(SYNTHETIC_SAMPLES / max(a.global_batch, 1))
-    argv = [
-        python,
-        "-m",
-        "hetero.trainer.cli",
-        "--model",
-        a.model,
-        "--dataset",
-        a.dataset or "synthetic",
-        "--global-batch",
-        str(a.global_batch),
-        "--steps",
-        str(steps),
-        "--policy",
-        a.policy,
-        "--rebalance-interval",
-        str(a.rebalance_interval),
-        "--lr",
-        repr(a.lr),
-        "--seed",
-        str(a.seed),
+    options = dict(a.options) if a.options else _options_of_older_coordinator(a)
+    argv = [python, "-m", "hetero.trainer.cli", *argv_for(options)]
+    argv += [
         "--device",
         "cuda" if order.device_kind == tpb.DEVICE_KIND_CUDA else "cpu",
         "--output-dir",
@@ -63,16 +41,35 @@ def rank_command(order: pb.RankLaunch, python: str, output_dir: Path) -> list[st
         str(output_dir / "summary.json"),
         "--json",
     ]
-    if a.data_dir:
-        argv += ["--data-dir", a.data_dir]
-    if a.checkpoint_dir:
-        argv += ["--checkpoint-dir", a.checkpoint_dir]
-        argv += ["--checkpoint-interval", str(a.checkpoint_interval_steps)]
-        if a.resume:  # a restarted job: continue from the last checkpoint, if one was written
-            argv += ["--resume", "auto"]
+    if a.checkpoint_dir and a.resume:  # a restarted job: continue from its last checkpoint, if any
+        argv += ["--resume", "auto"]
     if order.emulated_slowdown > 1.0:
         argv += ["--emulate-slowdown", f"{order.rank}:{order.emulated_slowdown:g}"]
     return argv
+
+
+def _options_of_older_coordinator(a: pb.TrainingArgs) -> dict[str, str]:
+    """The option map a coordinator that predates ``TrainingArgs.options`` meant, from its
+    fixed fields (its ``epochs`` are counted by the rank from the dataset's real size)."""
+    options = {
+        "model": a.model,
+        "dataset": a.dataset or "synthetic",
+        "global_batch": str(a.global_batch),
+        "policy": a.policy,
+        "rebalance_interval": str(a.rebalance_interval),
+        "lr": repr(a.lr),
+        "seed": str(a.seed),
+    }
+    if a.HasField("steps"):
+        options["steps"] = str(a.steps)
+    else:
+        options["epochs"] = str(max(a.epochs, 1))
+    if a.data_dir:
+        options["data_dir"] = a.data_dir
+    if a.checkpoint_dir:
+        options["checkpoint_dir"] = a.checkpoint_dir
+        options["checkpoint_interval"] = str(a.checkpoint_interval_steps)
+    return options
 
 
 def rank_environment(

@@ -23,8 +23,8 @@ from google.protobuf.message import Message
 from rich.console import Console
 
 from hetero.coordinator import export, render
-from hetero.coordinator.jobspec import load_jobspec
 from hetero.core.errors import HeteroError
+from hetero.core.jobspec import load_jobspec
 from hetero.core.states import JobState, job_terminal
 from hetero.transport import client_channel, client_security_from_args, remote_error
 from hetero.v1 import coordinator_pb2 as pb

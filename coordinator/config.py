@@ -12,10 +12,10 @@ from pathlib import Path
 
 from hetero.coordinator.database import sqlite_url
 from hetero.coordinator.retention import IntervalRetention
-from hetero.coordinator.roots import default_roots, normalize_root
 from hetero.core import defaults
 from hetero.core.defaults import LOG_FORMATS, default_state_dir
 from hetero.core.errors import ConfigError
+from hetero.core.roots import default_roots, normalize_root
 from hetero.core.yamlfields import Fields
 
 

@@ -42,7 +42,7 @@ class Deps:
     master_port_span: int = defaults.MASTER_PORT_SPAN
     #: Set on shutdown: ends WatchCluster streams so a graceful stop does not wait for them.
     stopping: threading.Event = field(default_factory=threading.Event)
-    #: Directories jobs' checkpoint.dir and data_dir must lie under (coordinator.roots);
+    #: Directories jobs' checkpoint.dir and data_dir must lie under (core.roots);
     #: None = only "absolute".
     allowed_roots: tuple[str, ...] | None = None
     #: When this coordinator started (Unix s; None = ``clock()`` at construction):

@@ -7,9 +7,9 @@ import logging
 import grpc
 
 from hetero.coordinator import store, views, wire
-from hetero.coordinator.jobspec import parse_jobspec
 from hetero.coordinator.placement import place, predict
 from hetero.coordinator.rpc import Handlers, invalid, rpc, state_name
+from hetero.core.jobspec import parse_jobspec
 from hetero.core.states import JobState
 from hetero.v1 import coordinator_pb2 as pb
 

@@ -9,8 +9,8 @@ import math
 import grpc
 
 from hetero.coordinator import lifecycle, recovery, store, validate, views, wire
-from hetero.coordinator.jobspec import JobSpec, parse_jobspec
 from hetero.coordinator.rpc import Handlers, invalid, rpc, state_name
+from hetero.core.jobspec import JobSpec, parse_jobspec
 from hetero.core.states import RankState
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb

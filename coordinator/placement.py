@@ -21,7 +21,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hetero.coordinator.jobspec import JobSpec
 from hetero.core.balancer import (
     Batches,
     Constraints,
@@ -33,6 +32,7 @@ from hetero.core.balancer import (
     predict_step_s,
 )
 from hetero.core.errors import HeteroError
+from hetero.core.jobspec import JobSpec
 
 
 class PlacementError(HeteroError):

@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from sqlalchemy.orm import Session, sessionmaker
 
 from hetero.coordinator import lifecycle, store
-from hetero.coordinator.jobspec import JobSpec, parse_jobspec
 from hetero.coordinator.models import JobRow
 from hetero.coordinator.periodic import Periodic
 from hetero.coordinator.placement import Placement, PlacementError, initial_plan, place
 from hetero.core import defaults
 from hetero.core.errors import HeteroError
+from hetero.core.jobspec import JobSpec, parse_jobspec
 
 log = logging.getLogger("hetero.coordinator.recovery")
 
@@ -126,12 +126,18 @@ def place_restart(s: Session, spec: JobSpec, cfg: SweepConfig, *, now: float) ->
 
 
 def replace_spec_ranks(spec: JobSpec, world_size: int) -> JobSpec:
-    """``spec`` with ``world_size`` ranks (the first ranks' emulated slowdowns kept)."""
+    """``spec`` with ``world_size`` ranks (the first ranks' emulated slowdowns kept).
+
+    The global batch stays the one the job started with, also when the file gave a
+    per-rank ``batch_size``: the gradient and the learning rate's meaning must not
+    change across a restart."""
     if world_size == spec.world_size:
         return spec
+    options = spec.options.replace(global_batch=spec.global_batch, batch_size=None)
     return dataclasses.replace(
         spec,
         resources=dataclasses.replace(spec.resources, ranks=world_size),
+        options=options,
         emulate_slowdown=spec.emulate_slowdown[:world_size],
     )
 

@@ -12,7 +12,6 @@ from typing import Any, cast
 
 from hetero.coordinator import placement as placement_mod
 from hetero.coordinator import store, throughput
-from hetero.coordinator.jobspec import JobSpec
 from hetero.coordinator.models import (
     DeviceRow,
     EventRow,
@@ -25,6 +24,7 @@ from hetero.coordinator.models import (
     TelemetryRow,
 )
 from hetero.core.balancer import StragglerEvidence
+from hetero.core.jobspec import JobSpec
 from hetero.core.rankenv import RankEnv
 from hetero.core.states import JobState, RankState
 from hetero.v1 import coordinator_pb2 as pb
@@ -390,7 +390,11 @@ def log_message(row: LogLineRow) -> pb.LogLine:
 
 
 def launch_message(job: JobRow, rank: RankRow, spec: JobSpec, plan: PlanRow) -> pb.RankLaunch:
-    """A launch order: the torch.distributed environment plus what to train."""
+    """A launch order: the torch.distributed environment plus what to train.
+
+    ``args.options`` carries the job's training options generically (the agent turns
+    each into a ``hetero-train`` flag); the fixed fields repeat the ones agents that
+    predate the map read."""
     args = pb.TrainingArgs(
         model=spec.model or "",
         dataset=spec.dataset or "",
@@ -401,6 +405,7 @@ def launch_message(job: JobRow, rank: RankRow, spec: JobSpec, plan: PlanRow) -> 
         policy=spec.policy,
         rebalance_interval=spec.rebalance_interval,
         command=list(spec.command),
+        options=spec.launch_options(),
     )
     if spec.steps is not None:
         args.steps = spec.steps

@@ -57,7 +57,6 @@ COLLECTIVE_TIMEOUT_S = 600.0
 
 # ---- balancing ------------------------------------------------------------------------------
 
-#: Steps between re-plans for ``ht.init`` and ``hetero-train``.
+#: Steps between re-plans for job.yaml, ``hetero-train`` and ``ht.init`` alike
+#: (``hetero.core.catalogue``).
 REBALANCE_INTERVAL_STEPS = 10
-#: Steps between re-plans for a job.yaml without ``rebalance_interval`` (docs/jobspec.md).
-JOB_REBALANCE_INTERVAL_STEPS = 20

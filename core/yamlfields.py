@@ -118,6 +118,11 @@ class Fields:
         except (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionError):
             raise self.fail(key, f"cannot read the value tagged {node.tag}", node) from None
 
+    def scalar(self, key: str) -> Any:
+        """The plain Python value under ``key`` (a single value, not a list or mapping)."""
+        self._asked.add(key)
+        return self._scalar(key)[1]
+
     def string(self, key: str, default: str | None = None) -> str | None:
         if not self._present(key):
             return default

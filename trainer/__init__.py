@@ -12,11 +12,25 @@ A plain DDP script adopts it in a few lines::
         ctx.backward(loss)
         optimizer.step(); optimizer.zero_grad()
         ctx.step()
+
+``ht.train(model="resnet50", epochs=2, ...)`` runs a built-in job instead, with
+``hetero-train``'s options as keywords (``hetero.core.catalogue``).
 """
+
+from typing import Any
 
 from hetero.trainer.checkpoint import load_checkpoint, save_checkpoint
 from hetero.trainer.context import Context, HeteroLoader, TrainerConfig, init
 from hetero.trainer.sampler import UnevenBatchSampler, epoch_permutation
+
+
+def train(**options: Any) -> dict[str, Any] | None:
+    """A built-in job in this process: :func:`hetero.trainer.job.train` (loaded on first use,
+    so a training loop that only calls ``init`` does not import the built-in models)."""
+    from hetero.trainer.job import train as run
+
+    return run(**options)
+
 
 __all__ = [
     "Context",
@@ -27,4 +41,5 @@ __all__ = [
     "init",
     "load_checkpoint",
     "save_checkpoint",
+    "train",
 ]

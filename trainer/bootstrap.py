@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from hetero.core import defaults, rankenv
-from hetero.core.balancer import make_policy
+from hetero.core.catalogue import BY_NAME
 from hetero.core.errors import ConfigError, DistributedError
 from hetero.core.rankenv import RankEnv
 from hetero.trainer.emulation import Slowdown, parse_slowdowns
@@ -49,22 +49,19 @@ class TrainerConfig:
     collective_timeout_s: float = field(default_factory=_collective_timeout_s)
 
     def __post_init__(self) -> None:
-        make_policy(self.policy)  # raises ConfigError naming the known ones
-        if self.rebalance_interval < 1:
-            raise ConfigError(f"rebalance_interval must be >= 1, got {self.rebalance_interval}")
-        if self.min_batch < 1:
-            raise ConfigError(f"min_batch must be >= 1, got {self.min_batch}")
-        if self.warmup_steps < 0:
-            raise ConfigError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
-        if self.settle_steps < 0:
-            raise ConfigError(f"settle_steps must be >= 0, got {self.settle_steps}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
-        if self.backend not in (None, "gloo", "nccl"):
-            raise ConfigError(f"backend must be gloo or nccl, got {self.backend!r}")
-        if not self.collective_timeout_s > 0:
-            raise ConfigError(f"collective_timeout_s must be > 0, got {self.collective_timeout_s}")
-        parse_slowdowns(self.emulate_slowdown)
+        """Each field is checked by its option in the catalogue (``hetero.core.catalogue``:
+        the bounds ``hetero-train``, job.yaml and ``ht.init`` share); an error names it."""
+        for name in _CHECKED:
+            BY_NAME[name].check(getattr(self, name))
+        if self.max_batch is not None:
+            BY_NAME["max_batch"].check(self.max_batch)
+
+
+#: The fields of ``TrainerConfig`` that are catalogue options checked by value.
+_CHECKED = (
+    "policy", "rebalance_interval", "min_batch", "emulate_slowdown", "device", "backend",
+    "warmup_steps", "settle_steps", "history_intervals", "collective_timeout_s",
+)  # fmt: skip
 
 
 def pick_device(choice: str, env: RankEnv) -> torch.device:

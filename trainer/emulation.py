@@ -10,62 +10,21 @@ Every output of a run that used it says ``emulated``.
 
 from __future__ import annotations
 
-import re
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
 
 from hetero.core.errors import ConfigError
+from hetero.core.slowdown import Slowdown, format_slowdowns
+from hetero.core.slowdown import parse_slowdowns as _parse
 
-_SPEC = re.compile(r"^\s*(\d+)\s*:\s*([0-9]*\.?[0-9]+)\s*(?:@\s*(\d+)?\s*-\s*(\d+)?)?\s*$")
-
-
-@dataclass(frozen=True)
-class Slowdown:
-    """``factor``× slower from global step ``start`` (inclusive) to ``end`` (exclusive)."""
-
-    factor: float
-    start: int = 0
-    end: int | None = None
-
-    def __post_init__(self) -> None:
-        if not 1.0 <= self.factor <= 1000.0:
-            raise ConfigError(f"slowdown factor must be in [1, 1000], got {self.factor}")
-        if self.end is not None and self.end <= self.start:
-            raise ConfigError(f"slowdown window {self.start}-{self.end} is empty")
-
-    def factor_at(self, step: int) -> float:
-        active = step >= self.start and (self.end is None or step < self.end)
-        return self.factor if active else 1.0
-
-    def describe(self) -> str:
-        window = "" if (self.start == 0 and self.end is None) else f"@{self.start}-{self.end or ''}"
-        return f"{self.factor:g}x{window}"
+__all__ = ["Slowdown", "emulate_wait", "format_slowdowns", "parse_slowdowns"]
 
 
 def parse_slowdowns(spec: str | None) -> dict[int, Slowdown]:
-    """Parse ``RANK:FACTOR[@START-END],...`` (e.g. ``1:2,2:3@100-200``)."""
-    if not spec:
-        return {}
-    out: dict[int, Slowdown] = {}
-    for part in spec.split(","):
-        m = _SPEC.match(part)
-        if not m:
-            raise ConfigError(
-                f"--emulate-slowdown: cannot parse {part.strip()!r}; "
-                "expected RANK:FACTOR[@START-END]"
-            )
-        rank = int(m.group(1))
-        if rank in out:
-            raise ConfigError(f"--emulate-slowdown: rank {rank} given twice")
-        start = int(m.group(3)) if m.group(3) else 0
-        end = int(m.group(4)) if m.group(4) else None
-        out[rank] = Slowdown(float(m.group(2)), start, end)
-    return out
-
-
-def format_slowdowns(slowdowns: Mapping[int, Slowdown]) -> str:
-    return ",".join(f"{r}:{s.describe()}" for r, s in sorted(slowdowns.items()))
+    """``RANK:FACTOR[@START-END],...`` (``hetero.core.slowdown``), an error naming the option."""
+    try:
+        return _parse(spec)
+    except ConfigError as exc:
+        raise ConfigError(f"emulate_slowdown: {exc}") from None
 
 
 def emulate_wait(factor: float, compute_s: float) -> float:

@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from hetero.core.balancer import Constraints, round_to_plan
+from hetero.core.catalogue import BY_NAME, OptionError
 from hetero.core.errors import HeteroError, PlanError
 from hetero.core.rankenv import RankEnv
 from hetero.trainer.context import Context
@@ -45,18 +46,18 @@ Caps = tuple[int | None, ...]
 
 
 def parse_max_batch(text: str | None, world_size: int) -> Caps | None:
-    """``--max-batch``: one cap for every rank (``64``) or one per rank (``64,128,-``)."""
+    """``max_batch``: one cap for every rank (``64``) or one per rank (``64,128,-``).
+
+    The syntax is the catalogue's (``hetero.core.catalogue``); an error is an
+    ``OptionError`` naming ``max_batch``."""
     if not text:
         return None
-    parts = [p.strip() for p in text.split(",")]
-    try:
-        caps = [None if p in ("-", "") else int(p) for p in parts]
-    except ValueError:
-        raise HeteroError(f"--max-batch {text!r}: expected N or N,N,... (- for no cap)") from None
+    text = BY_NAME["max_batch"].check(text)
+    caps = [None if p == "-" else int(p) for p in text.split(",")]
     if len(caps) == 1:
         caps = caps * world_size
     if len(caps) != world_size:
-        raise HeteroError(f"--max-batch has {len(caps)} caps for {world_size} ranks")
+        raise OptionError("max_batch", f"has {len(caps)} caps for {world_size} ranks")
     return tuple(caps)
 
 

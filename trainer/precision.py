@@ -14,17 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from hetero.core.errors import ConfigError
-
-#: Mixed-precision modes of ``--amp``.
-AMP_MODES = ("none", "bf16", "fp16")
-
+#: The dtype of each mode of the catalogue's ``amp`` option but ``none`` (which checks them).
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def check_amp(amp: str) -> None:
-    if amp not in AMP_MODES:
-        raise ConfigError(f"--amp must be one of {', '.join(AMP_MODES)}, got {amp!r}")
 
 
 def autocast(device: torch.device, amp: str) -> torch.autocast:

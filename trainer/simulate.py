@@ -17,30 +17,25 @@ SIMULATED. Without a GPU the ranks run on the CPU and the fraction is ignored
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import torch
 
-from hetero.core.errors import ConfigError
+from hetero.core.catalogue import BY_NAME, OptionError, TrainingOptions
 from hetero.trainer.context import Context
 
 
 def parse_fractions(text: str | None, world_size: int) -> list[float] | None:
-    """``F`` for every rank or ``F0,F1,...`` one per rank; each in (0, 1]."""
+    """``memory_fraction``: ``F`` for every rank or ``F0,F1,...`` one per rank; each in (0, 1]
+    (the catalogue's syntax; an error is an ``OptionError`` naming ``memory_fraction``)."""
     if not text:
         return None
-    try:
-        values = [float(p) for p in text.split(",")]
-    except ValueError:
-        raise ConfigError(f"--memory-fraction {text!r}: expected F or F0,F1,...") from None
-    if any(not 0.0 < v <= 1.0 for v in values):
-        raise ConfigError(f"--memory-fraction values must be in (0, 1], got {text!r}")
+    values = [float(p) for p in BY_NAME["memory_fraction"].check(text).split(",")]
     if len(values) == 1:
         return values * world_size
     if world_size > 1 and len(values) != world_size:
-        raise ConfigError(f"--memory-fraction has {len(values)} values for {world_size} ranks")
+        raise OptionError("memory_fraction", f"has {len(values)} values for {world_size} ranks")
     return values
 
 
@@ -54,18 +49,12 @@ def apply_memory_fraction(ctx: Context, fractions: list[float] | None) -> float 
     return mine
 
 
-def check_args(args: argparse.Namespace) -> None:
-    if args.simulate_nodes and args.nproc not in (1, args.simulate_nodes):
-        raise ConfigError("--simulate-nodes N starts N ranks itself; leave out --nproc")
-    if args.simulate_nodes == 1:
-        raise ConfigError("--simulate-nodes needs at least 2 nodes")
-
-
-def launch_simulated(args: argparse.Namespace, argv: list[str]) -> int:
-    """Start ``--simulate-nodes`` ranks on this machine, all on GPU 0."""
+def launch_simulated(cfg: TrainingOptions, argv: list[str]) -> int:
+    """Start ``simulate_nodes`` ranks on this machine, all on GPU 0."""
     from hetero.trainer.launch import launch_local
 
-    log_dir = Path(args.output_dir) / "logs" if args.output_dir else None
+    run_dir = cfg.run_dir
+    log_dir = Path(run_dir) / "logs" if run_dir else None
     cmd = [sys.executable, "-m", "hetero.trainer.cli", *argv]
     # Every rank on device 0: LOCAL_RANK picks the GPU (bootstrap.pick_device).
-    return launch_local(cmd, args.simulate_nodes, log_dir=log_dir, extra_env={"LOCAL_RANK": "0"})
+    return launch_local(cmd, cfg.simulate_nodes, log_dir=log_dir, extra_env={"LOCAL_RANK": "0"})

@@ -10,12 +10,12 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from hetero.coordinator import lifecycle
-from hetero.coordinator.jobspec import JobSpec
 from hetero.coordinator.models import JobRow, NodeRow, RankRow
 from hetero.coordinator.placement import InitialPlan, Placement, initial_plan
 from hetero.coordinator.store.events import add_event
 from hetero.coordinator.store.plans import add_plan
 from hetero.coordinator.store.rows import NotFoundError
+from hetero.core.jobspec import JobSpec
 
 
 def next_master_port(s: Session, base: int, span: int) -> int:

@@ -23,10 +23,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hetero.agent.local import AgentLocalService, PlanCache, create_local_server
-from hetero.coordinator.jobspec import parse_jobspec
 from hetero.coordinator.placement import DeviceSlot, place, predict
 from hetero.coordinator.wire import dry_run_job, prediction_message
 from hetero.core.errors import ConfigError, HeteroError
+from hetero.core.jobspec import parse_jobspec
 from hetero.v1 import agent_pb2, coordinator_pb2, coordinator_pb2_grpc
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb

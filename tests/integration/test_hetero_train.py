@@ -122,9 +122,9 @@ def test_resume_gives_the_losses_of_an_uninterrupted_run(
     [
         (["--emulate-slowdown", "5:2", "--nproc", "2"], "rank 5"),
         (["--emulate-slowdown", "1:x"], "cannot parse"),
-        (["--global-batch", "0"], "--global-batch must be >= 1"),
+        (["--global-batch", "0"], "--global-batch: must be >= 1"),
         (["--resume", "/nonexistent/ckpt.pt"], "does not exist"),
-        (["--dataset", "imagefolder"], "needs --data-dir"),
+        (["--dataset", "imagefolder"], "--data-dir: required when --dataset is imagefolder"),
         (["--dataset", "imagefolder", "--data-dir", "/nonexistent"], "not a directory"),
     ],
 )

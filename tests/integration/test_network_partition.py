@@ -31,7 +31,7 @@ import grpc
 import pytest
 
 from hetero.auth import new_token
-from hetero.coordinator.jobspec import JobSpec
+from hetero.core.jobspec import JobSpec
 from hetero.transport import ClientSecurity, client_channel
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc

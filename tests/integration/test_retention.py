@@ -15,13 +15,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from hetero.coordinator import lifecycle, store
 from hetero.coordinator.config import load_config, with_flags
 from hetero.coordinator.database import open_database, session_factory
-from hetero.coordinator.jobspec import parse_jobspec
 from hetero.coordinator.models import DeviceRow, IntervalStatRow
 from hetero.coordinator.placement import place
 from hetero.coordinator.pruning import IntervalPruner, PruneState, prune_batch
 from hetero.coordinator.retention import IntervalRetention
 from hetero.coordinator.views import HISTORY_FOR_REPORT
 from hetero.core.errors import ConfigError
+from hetero.core.jobspec import parse_jobspec
 
 NOW = 1_700_000_000.0
 HOUR = 3600.0

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from hetero.coordinator.jobspec import parse_jobspec
 from hetero.coordinator.placement import DeviceSlot, PlacementError, place, predict
+from hetero.core.jobspec import parse_jobspec
 
 
 def _spec(extra: str = "", ranks: int = 2, batch: int = 96) -> object:

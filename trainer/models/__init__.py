@@ -1,4 +1,10 @@
-"""Built-in models, by name. ``build_model("resnet50", num_classes=10)``."""
+"""Built-in models, by name: the implementations of the catalogue's models.
+
+``hetero.core.catalogue`` describes each model (kind, task, default size);
+this package registers how to build it (with torch). ``BUILDERS`` must name
+exactly the catalogue's models, which a test checks.
+``build_model("resnet50", num_classes=10)``.
+"""
 
 from __future__ import annotations
 
@@ -7,49 +13,52 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from hetero.core.errors import ConfigError
+from hetero.core import catalogue
 from hetero.trainer.models.transformer import CONFIGS, build_transformer
 from hetero.trainer.models.vision import DebugNet, SimpleCNN, resnet
+
+#: ``build(num_classes, size)``: ``size`` is pixels per side for image models and tokens
+#: per sample for language models (whose vocabulary is their own, so ``num_classes`` is
+#: ignored).
+Builder = Callable[[int, int], nn.Module]
+
+BUILDERS: dict[str, Builder] = {
+    "debug": lambda n, s: DebugNet(n, s),
+    "simple_cnn": lambda n, s: SimpleCNN(n),
+    "resnet18": lambda n, s: resnet(18, n),
+    "resnet50": lambda n, s: resnet(50, n),
+}
+
+
+def _transformer(name: str) -> Builder:
+    return lambda n, s: build_transformer(name)
+
+
+BUILDERS.update({name: _transformer(name) for name in CONFIGS})
 
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """What a built-in job needs to know about a model.
+    """What a built-in job needs to know about a model: the catalogue's entry and a builder.
 
-    ``build(num_classes, size)``: ``size`` is pixels per side for image models
-    and tokens per sample for language models (whose vocabulary is their own,
-    so ``num_classes`` is ignored). ``task`` names how the loss is computed
-    (``hetero.trainer.tasks``).
+    ``task`` names how the loss is computed (``hetero.trainer.tasks``).
     """
 
-    build: Callable[[int, int], nn.Module]
+    build: Builder
     default_image_size: int  # language models: default tokens per sample
     has_batchnorm: bool
     task: str = "classification"
 
 
 MODELS: dict[str, ModelInfo] = {
-    "debug": ModelInfo(lambda n, s: DebugNet(n, s), 8, False),
-    "simple_cnn": ModelInfo(lambda n, s: SimpleCNN(n), 32, True),
-    "resnet18": ModelInfo(lambda n, s: resnet(18, n), 224, True),
-    "resnet50": ModelInfo(lambda n, s: resnet(50, n), 224, True),
+    entry.name: ModelInfo(BUILDERS[entry.name], entry.default_size, entry.has_batchnorm, entry.task)
+    for entry in catalogue.MODELS
 }
 
 
-def _language_model(name: str) -> ModelInfo:
-    cfg = CONFIGS[name]
-    task = "causal-lm" if cfg.causal else "masked-lm"
-    return ModelInfo(lambda n, s: build_transformer(name), cfg.seq_len, False, task)
-
-
-MODELS.update({name: _language_model(name) for name in CONFIGS})
-
-
 def model_info(name: str) -> ModelInfo:
-    try:
-        return MODELS[name]
-    except KeyError:
-        raise ConfigError(f"unknown model {name!r} (known: {', '.join(sorted(MODELS))})") from None
+    catalogue.model(name)  # an unknown name: a ConfigError with a hint
+    return MODELS[name]
 
 
 def build_model(name: str, num_classes: int = 10, image_size: int | None = None) -> nn.Module:
@@ -57,4 +66,4 @@ def build_model(name: str, num_classes: int = 10, image_size: int | None = None)
     return info.build(num_classes, image_size or info.default_image_size)
 
 
-__all__ = ["MODELS", "ModelInfo", "build_model", "model_info"]
+__all__ = ["BUILDERS", "MODELS", "ModelInfo", "build_model", "model_info"]

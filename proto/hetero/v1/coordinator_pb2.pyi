@@ -344,7 +344,14 @@ class PollAssignmentsRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ...) -> None: ...
 
 class TrainingArgs(_message.Message):
-    __slots__ = ("model", "dataset", "data_dir", "global_batch", "steps", "epochs", "lr", "seed", "policy", "rebalance_interval", "checkpoint_dir", "checkpoint_interval_steps", "command", "resume")
+    __slots__ = ("model", "dataset", "data_dir", "global_batch", "steps", "epochs", "lr", "seed", "policy", "rebalance_interval", "checkpoint_dir", "checkpoint_interval_steps", "command", "resume", "options")
+    class OptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
     DATA_DIR_FIELD_NUMBER: _ClassVar[int]
@@ -359,6 +366,7 @@ class TrainingArgs(_message.Message):
     CHECKPOINT_INTERVAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
     model: str
     dataset: str
     data_dir: str
@@ -373,7 +381,8 @@ class TrainingArgs(_message.Message):
     checkpoint_interval_steps: int
     command: _containers.RepeatedScalarFieldContainer[str]
     resume: bool
-    def __init__(self, model: _Optional[str] = ..., dataset: _Optional[str] = ..., data_dir: _Optional[str] = ..., global_batch: _Optional[int] = ..., steps: _Optional[int] = ..., epochs: _Optional[int] = ..., lr: _Optional[float] = ..., seed: _Optional[int] = ..., policy: _Optional[str] = ..., rebalance_interval: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., checkpoint_interval_steps: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., resume: bool = ...) -> None: ...
+    options: _containers.ScalarMap[str, str]
+    def __init__(self, model: _Optional[str] = ..., dataset: _Optional[str] = ..., data_dir: _Optional[str] = ..., global_batch: _Optional[int] = ..., steps: _Optional[int] = ..., epochs: _Optional[int] = ..., lr: _Optional[float] = ..., seed: _Optional[int] = ..., policy: _Optional[str] = ..., rebalance_interval: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., checkpoint_interval_steps: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., resume: bool = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class RankLaunch(_message.Message):
     __slots__ = ("job_id", "rank", "world_size", "local_rank", "master_addr", "master_port", "backend", "device_index", "device_kind", "emulated_slowdown", "args", "env", "plan", "attempt")

@@ -18,7 +18,7 @@ the agents' file systems, so a symlink inside a root is followed there. It
 guards against mistakes and against jobs writing outside their area; it is not
 a sandbox for a job's own ``command:``, which runs as the agent's user anyway.
 
-Pure: no grpc, sqlalchemy or torch.
+Pure: no grpc, sqlalchemy or torch; job.yaml's parser (``hetero.core.jobspec``) uses it.
 """
 
 from __future__ import annotations

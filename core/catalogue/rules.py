@@ -1,0 +1,80 @@
+"""The rules between training options, checked wherever a ``TrainingOptions`` is made.
+
+Each rule raises an ``OptionError`` naming the option at fault (mentions of
+other options go through ``ref`` so that ``hetero-train`` says ``--steps`` and
+job.yaml says ``steps``). What can only be known once the job runs (the
+dataset's real size, a rank's memory, the world size of a ``--max-batch``
+list) is checked by the trainer.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hetero.core.catalogue.entries import DATASETS, dataset, model
+from hetero.core.catalogue.options import OptionError, ref
+
+if TYPE_CHECKING:
+    from hetero.core.catalogue.training import TrainingOptions
+
+_TEXT_DATASETS = ", ".join(d.name for d in DATASETS if d.kind == "text")
+_FILE_DATASETS = ", ".join(d.name for d in DATASETS if d.needs_data_dir)
+
+
+def check_rules(o: TrainingOptions) -> None:
+    """Raise the first broken rule as an ``OptionError``."""
+    _exclusive(o)
+    _workload(o)
+    _outputs(o)
+    if o.simulate_nodes == 1:
+        raise OptionError("simulate_nodes", "needs at least 2 nodes")
+    if o.simulate_nodes and o.nproc not in (1, o.simulate_nodes):
+        raise OptionError(
+            "nproc", f"leave out {ref('nproc')}: {ref('simulate_nodes')} N starts N ranks itself"
+        )
+
+
+def _exclusive(o: TrainingOptions) -> None:
+    for first, second, why in (
+        ("steps", "epochs", ""),
+        ("global_batch", "batch_size", f" ({ref('batch_size')} is per rank)"),
+        ("compute_scores", "gpu_profiles", " (the profiles carry the scores)"),
+    ):
+        if getattr(o, first) is not None and getattr(o, second) is not None:
+            raise OptionError(second, f"give either {ref(first)} or {ref(second)}, not both{why}")
+
+
+def _workload(o: TrainingOptions) -> None:
+    m = model(o.model)
+    assert o.dataset is not None  # TrainingOptions fills it in before the rules run
+    d = dataset(o.dataset)
+    if m.kind != d.kind:
+        wanted = f"a text dataset ({_TEXT_DATASETS})" if m.kind == "text" else "an image dataset"
+        raise OptionError("dataset", f"model {m.name} needs {wanted}, not {d.name!r}")
+    if d.needs_data_dir and o.data_dir is None:
+        raise OptionError(
+            "data_dir", f"required when {ref('dataset')} is {d.name}", anchor="dataset"
+        )
+    if not d.needs_data_dir and o.data_dir is not None:
+        raise OptionError(
+            "data_dir", f"only used with the datasets read from files ({_FILE_DATASETS})"
+        )
+    # image_size and channels_last mean nothing to a language model, nor seq_len to an
+    # image model: they are ignored there (the summary says what applied), as scenario
+    # files that set them for every model expect.
+    limit = m.max_seq_len if m.kind == "text" else None
+    if o.seq_len is not None and limit is not None and o.seq_len > limit:
+        raise OptionError("seq_len", f"{o.seq_len} exceeds {m.name}'s {limit} positions")
+    if m.kind != "text" and o.activation_checkpointing:
+        raise OptionError(
+            "activation_checkpointing", f"is implemented for the transformer models, not {m.name}"
+        )
+
+
+def _outputs(o: TrainingOptions) -> None:
+    if o.checkpoint_interval and o.checkpoint_file is None:
+        raise OptionError(
+            "checkpoint_interval", f"needs {ref('checkpoint_dir')} or {ref('output_dir')}"
+        )
+    if o.resume == "auto" and o.checkpoint_file is None:
+        raise OptionError("resume", f"auto needs {ref('checkpoint_dir')} or {ref('output_dir')}")

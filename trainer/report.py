@@ -1,0 +1,209 @@
+"""What a built-in job tells its user: progress lines, the evaluation, the summary.
+
+The summary is the run's result (``--summary-json``, ``--json``, the table at
+the end, ``ht.train``'s return value): throughput over the whole run and in
+steady state, the plans, the ideal, the steps and epochs, and whether the
+heterogeneity was emulated or simulated.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from hetero.core.slowdown import format_slowdowns
+from hetero.trainer.context import Context
+from hetero.trainer.control import AgentPlanner
+from hetero.trainer.datasets import build_dataset
+from hetero.trainer.jobconfig import JobConfig
+from hetero.trainer.precision import Autocast
+from hetero.trainer.tasks import Task, evaluate
+
+
+def progress(ctx: Context, cfg: JobConfig, total_steps: int, t0: float) -> None:
+    """A progress line on rank 0 at about every twentieth interval boundary."""
+    if ctx.rank != 0 or cfg.quiet or not ctx.summaries:
+        return
+    n_intervals = max(total_steps // cfg.rebalance_interval, 1)
+    every = max(n_intervals // 20, 1)
+    if len(ctx.summaries) % every and ctx.global_step < total_steps:
+        return
+    s = ctx.summaries[-1]
+    samples = sum(r.samples for r in s)
+    loss = sum(r.loss_sum for r in s) / samples if samples else float("nan")
+    rec_wall = time.perf_counter() - t0
+    tag = " (emulated slowdown)" if ctx.emulated else ""
+    print(
+        f"step {ctx.global_step:>6}/{total_steps}  loss {loss:7.4f}  "
+        f"plan {list(ctx.plan)}  compute/sample ms "
+        f"{[round(r.compute_s / r.batch * 1e3, 2) if r.batch else None for r in s]}  "
+        f"{rec_wall:6.1f}s{tag}",
+        flush=True,
+    )
+
+
+def evaluate_rank0(
+    ctx: Context, cfg: JobConfig, task: Task, raw: nn.Module, train_set: Any, batch: int
+) -> dict[str, Any]:
+    """Rank 0 only, on the unwrapped model (no collectives): CIFAR's test split, else training data."""
+    split = "train"
+    data = train_set
+    if cfg.dataset in ("cifar10", "cifar100"):
+        test = build_dataset(
+            cfg.dataset, image_size=0, num_classes=0, data_dir=cfg.data_dir, train=False
+        )
+        if len(test):  # type: ignore[arg-type]
+            data, split = task.prepare(test, raw, seed=cfg.seed), "test"
+    model = Autocast(raw, ctx.device, cfg.amp) if cfg.amp != "none" else raw
+    result: dict[str, Any] = evaluate(
+        model, data, task, ctx.device, samples=cfg.eval_samples, batch=batch
+    )
+    result["eval_split"] = split
+    return result
+
+
+def summarize(
+    ctx: Context,
+    cfg: JobConfig,
+    start_step: int,
+    train_wall_s: float,
+    final_plan: tuple[int, ...],
+    standalone: list[float],
+    side_by_side: list[float] | None = None,
+) -> dict[str, Any]:
+    """The run's result: throughput (whole run and steady state), plan, ideal, emulation."""
+    intervals = ctx.summaries
+    rates: list[float] = []
+    samples_after_first = 0
+    wall_after_first = 0.0
+    for k, (iv, wall) in enumerate(zip(intervals, ctx.interval_walls, strict=True)):
+        n = sum(r.samples for r in iv)
+        if wall > 0:
+            rates.append(n / wall)
+        if k > 0:
+            samples_after_first += n
+            wall_after_first += wall
+    steady_window = rates[len(rates) // 2 :] or rates
+    steady = statistics.median(steady_window) if steady_window else 0.0
+    overall = samples_after_first / wall_after_first if wall_after_first > 0 else steady
+    # A rank whose standalone measurement ran out of memory reports 0: no ideal then.
+    ideal = sum(standalone) if standalone and all(r > 0 for r in standalone) else None
+    last = intervals[-1] if intervals else []
+    losses = [sum(r.loss_sum for r in iv) / max(sum(r.samples for r in iv), 1) for iv in intervals]
+    return {
+        "name": cfg.name,
+        "policy": cfg.policy,
+        "model": cfg.model,
+        "dataset": cfg.dataset,
+        "steps": ctx.global_step,
+        "steps_this_run": ctx.global_step - start_step,
+        "global_batch": cfg.global_batch_for(ctx.world_size),
+        "world_size": ctx.world_size,
+        "backend": ctx.backend,
+        "device": ctx.device.type,
+        "throughput_samples_per_s": overall,
+        "steady_samples_per_s": steady,
+        "train_wall_s": train_wall_s,
+        "final_plan": list(final_plan),
+        "plan_changes": len(ctx.plans) - 1,
+        "plans": [asdict(p) | {"batches": list(p.batches)} for p in ctx.plans],
+        "per_rank_compute_s": [r.compute_s for r in last],
+        "per_rank_per_sample_ms": [r.compute_s / r.batch * 1e3 if r.batch else None for r in last],
+        "channels_last": cfg.channels_last,
+        "control_plane": ctx.planner.stats() if isinstance(ctx.planner, AgentPlanner) else None,
+        "emulated": ctx.emulated,
+        "emulated_slowdown": format_slowdowns(ctx.slowdowns) or None,
+        "ideal_samples_per_s": ideal,
+        "ideal_method": (
+            f"sum over ranks of each rank's standalone throughput at its final planned batch, "
+            f"measured one rank at a time after training ({cfg.ideal_steps} steps each, median)"
+            if standalone
+            else "not measured (ideal_steps 0)"
+        ),
+        "standalone_samples_per_s": standalone,
+        "pct_of_ideal": 100.0 * steady / ideal if ideal else None,
+        # CPU only: the ranks measured at the same time, sharing the host's cores.
+        "side_by_side_samples_per_s": sum(side_by_side) if side_by_side else None,
+        "pct_of_side_by_side": 100.0 * steady / sum(side_by_side) if side_by_side else None,
+        "loss_first": losses[0] if losses else None,
+        "loss_last": losses[-1] if losses else None,
+        "interval_losses": losses,
+    }
+
+
+def write(summary: dict[str, Any], path: str | None, as_json: bool) -> None:
+    """The summary to ``path`` (if any) and to stdout, as JSON or as a table."""
+    if path:
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(summary, indent=2) + "\n")
+    if as_json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print_summary(summary)
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    title = (
+        f"hetero-train: {summary['name'] + ', ' if summary.get('name') else ''}{summary['policy']}"
+    )
+    t = Table(title=title, show_header=False)
+    t.add_column(style="bold")
+    t.add_column()
+
+    def rate(x: float | None) -> str:
+        return f"{x:,.1f} samples/s" if x else "n/a"
+
+    amp = f", {summary['amp']}" if summary.get("amp", "none") != "none" else ""
+    t.add_row(
+        "model", f"{summary['model']} ({summary['world_size']} ranks, {summary['backend']}{amp})"
+    )
+    t.add_row("steps x global batch", f"{summary['steps']} x {summary['global_batch']}")
+    if summary.get("epochs") is not None:
+        t.add_row(
+            "epochs",
+            f"{summary['epochs']:.2f} ({summary['steps_per_epoch']} steps of "
+            f"{summary['samples_per_epoch']:,} samples each)",
+        )
+    t.add_row("throughput (steady)", rate(summary["steady_samples_per_s"]))
+    t.add_row("throughput (whole run)", rate(summary["throughput_samples_per_s"]))
+    t.add_row("ideal", rate(summary["ideal_samples_per_s"]))
+    pct = summary["pct_of_ideal"]
+    t.add_row("% of ideal", f"{pct:.1f}%" if pct is not None else "n/a")
+    if summary.get("side_by_side_samples_per_s"):
+        t.add_row(
+            "ranks side by side, no sync",
+            f"{rate(summary['side_by_side_samples_per_s'])} "
+            f"(job reaches {summary['pct_of_side_by_side']:.1f}%)",
+        )
+    t.add_row("final plan", str(summary["final_plan"]))
+    if any(c is not None for c in summary.get("memory_caps") or []):
+        t.add_row("memory caps (samples)", summary["memory_caps_text"])
+    if summary.get("oom_retries"):
+        t.add_row("steps retried after OOM", str(len(summary["oom_retries"])))
+    if summary.get("eval_accuracy") is not None:
+        t.add_row(
+            f"eval ({summary['eval_split']}, {summary['eval_samples']:.0f})",
+            f"loss {summary['eval_loss']:.4f}, accuracy {100 * summary['eval_accuracy']:.1f}%",
+        )
+    if summary.get("simulated_nodes"):
+        t.add_row("simulation", f"SIMULATED {summary['simulated_nodes']} nodes on one device")
+    t.add_row("plan changes", str(summary["plan_changes"]))
+    t.add_row(
+        "loss first -> last",
+        f"{summary['loss_first']:.4f} -> {summary['loss_last']:.4f}"
+        if summary["loss_first"] is not None
+        else "n/a",
+    )
+    if summary["emulated"]:
+        t.add_row("heterogeneity", f"EMULATED ({summary['emulated_slowdown']})")
+    Console().print(t)
