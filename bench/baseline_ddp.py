@@ -8,17 +8,22 @@ momentum 0.9, bf16 autocast around forward and loss, channels_last. It joins and
 leaves the process group as the trainer does (``hetero.trainer.procgroup``), so
 that a finished rank exits cleanly; that touches no step.
 
-Timing: each step is bracketed by CUDA events (host clocks on CPU); every
+Timing: each step is cut by CUDA events (host clocks on CPU) at its start,
+after the batch is gathered, after forward, after backward and at its end; every
 ``--rebalance-interval`` steps the rank synchronizes its device and writes one
 record to ``OUTPUT_DIR/metrics/rank<R>.jsonl`` (same field names as
 ``hetero-train``'s: ``step``, ``samples_per_s`` over the interval's wall time,
-``batch``, ``step_s``, ``forward_s``, ``time_s``, ``interval_wall_s``).
-``compute_s`` is ``null``: under plain DDP the backward pass includes the wait
-for the slowest peer, so no compute-only time exists to report.
+``batch``, ``step_s``, ``forward_s`` (gather + forward), ``phases_s`` {data,
+forward, backward, optimizer}, ``time_s``, ``interval_wall_s``). ``compute_s``
+is ``null``: under plain DDP the backward pass includes the wait for the
+slowest peer, so no compute-only time exists to report.
 
 Ideal: after training, each rank alone (the others wait at a barrier) runs
 ``--ideal-steps`` full steps at its B/W batch on a copy of the model without
-DDP; the median step gives its standalone samples/s; the sum is the ideal.
+DDP, with hetero's definition (``hetero.trainer.ideal.solo_times``: the batch
+gathered before the clock starts); the median step gives its standalone
+samples/s; the sum is the ideal. The summary's ``solo`` holds each rank's phase
+times alone and ``gap`` the gap breakdown (``hetero.core.verdict``).
 
 ``--emulate-slowdown`` (CPU only, as in ``hetero-train``) sleeps
 ``(factor − 1)`` × the rank's own compute time of a step (forward + backward,
@@ -38,6 +43,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -101,10 +107,13 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel
 
+    from hetero.core.gap import Solo, intervals_from_records
+    from hetero.core.verdict import diagnose
     from hetero.trainer import procgroup
     from hetero.trainer.datasets.synthetic import SyntheticImages
     from hetero.trainer.datasets.text import SyntheticText
     from hetero.trainer.emulation import parse_slowdowns
+    from hetero.trainer.ideal import solo_times
     from hetero.trainer.models import model_info
     from hetero.trainer.tasks import make_task
 
@@ -186,20 +195,6 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
         if cuda:
             torch.cuda.synchronize(device)
 
-    def solo_step_s(net: nn.Module, optimizer: Any, step: int, slowdown: float) -> float:
-        t0 = time.perf_counter()
-        x, y = data.get_batch(indices(step), device)
-        with autocast():
-            loss = loss_fn(net(x.contiguous(memory_format=fmt)), y)
-        loss.backward()
-        sync()
-        if slowdown > 1.0:
-            time.sleep((slowdown - 1.0) * (time.perf_counter() - t0))
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        sync()
-        return time.perf_counter() - t0
-
     def fresh_copy() -> tuple[nn.Module, Any]:
         m = info.build(args.num_classes, image_size).to(device).to(memory_format=fmt)
         m.load_state_dict(model.state_dict())
@@ -208,9 +203,10 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
     # The emulated slowdown's unit: this rank's own compute time, measured alone.
     own_compute_s = 0.0
     if args.emulate_slowdown:
-        m, o = fresh_copy()
-        own_compute_s = statistics.median(solo_step_s(m, o, k, 1.0) for k in range(3))
-        del m, o
+        own = solo_times(lambda: fresh_copy()[0], opt, data, loss_fn, mine, steps=1,
+                         slowdown=1.0, device=device, seed=args.seed, amp=args.amp,
+                         memory_format=fmt)  # fmt: skip
+        own_compute_s = own.compute_s or 0.0
 
     out_dir: Path | None = args.output_dir
     metrics = None
@@ -220,99 +216,105 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
     interval = max(1, args.rebalance_interval)
     rates: list[float] = []
     walls: list[float] = []
+    records: list[dict[str, Any]] = []
     ddp.train()
     if world > 1:
         dist.barrier()
     sync()
     t_interval = t_start = time.perf_counter()
-    marks: list[tuple[Any, Any, Any]] = []  # (start, after forward, end) per step
-    host_marks: list[tuple[float, float, float]] = []
+    # Per step: start, batch gathered, forward done, backward done, end (events on CUDA).
+    marks: list[list[Any]] = []
+
+    def mark() -> Any:
+        if not cuda:
+            return time.perf_counter()
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def span(m: list[Any], a: int, b: int) -> float:
+        return float(m[a].elapsed_time(m[b]) / 1e3 if cuda else m[b] - m[a])
+
     for step in range(args.steps):
         factor = factor_at(step)
-        events = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if cuda else []
-        if cuda:
-            events[0].record()
-        h0 = time.perf_counter()
+        m = [mark()]
         x, y = data.get_batch(indices(step), device)
+        m.append(mark())
         with autocast():
             loss = loss_fn(ddp(x.contiguous(memory_format=fmt)), y)
-        if cuda:
-            events[1].record()
-        h1 = time.perf_counter()
+        m.append(mark())
         if factor > 1.0:
             time.sleep((factor - 1.0) * own_compute_s)
         loss.backward()
+        m.append(mark())
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if cuda:
-            events[2].record()
-            marks.append((events[0], events[1], events[2]))
-        host_marks.append((h0, h1, time.perf_counter()))
+        m.append(mark())
+        marks.append(m)
         if (step + 1) % interval == 0 or step + 1 == args.steps:
             sync()
             now = time.perf_counter()
             wall = now - t_interval
-            n = len(host_marks)
-            if cuda:
-                step_s = [a.elapsed_time(c) / 1e3 for a, _, c in marks]
-                fwd_s = [a.elapsed_time(b) / 1e3 for a, b, _ in marks]
-            else:
-                step_s = [c - a for a, _, c in host_marks]
-                fwd_s = [b - a for a, b, _ in host_marks]
+            n = len(marks)
+            step_s = [span(m, 0, 4) for m in marks]
+            fwd_s = [span(m, 0, 2) for m in marks]
+            phases = {
+                name: statistics.mean(span(m, a, a + 1) for m in marks)
+                for a, name in enumerate(("data", "forward", "backward", "optimizer"))
+            }
             rate = gb * n / wall
             rates.append(rate)
             walls.append(wall)
+            rec = {
+                "step": step + 1,
+                "rank": rank,
+                "time_s": time.time(),
+                "interval_wall_s": wall,
+                "samples_per_s": rate,
+                "loss": float(loss.detach().float().item()),
+                "batch": mine,
+                "steps_measured": n,
+                "compute_s": None,
+                "forward_s": statistics.mean(fwd_s),
+                "step_s": statistics.mean(step_s),
+                "phases_s": phases,
+                "plan": sizes,
+                "emulated": bool(args.emulate_slowdown),
+                "slowdown": factor,
+            }
+            records.append(rec)
             if metrics is not None:
-                rec = {
-                    "step": step + 1,
-                    "rank": rank,
-                    "time_s": time.time(),
-                    "interval_wall_s": wall,
-                    "samples_per_s": rate,
-                    "loss": float(loss.detach().float().item()),
-                    "batch": mine,
-                    "steps_measured": n,
-                    "compute_s": None,
-                    "forward_s": statistics.mean(fwd_s),
-                    "step_s": statistics.mean(step_s),
-                    "plan": sizes,
-                    "emulated": bool(args.emulate_slowdown),
-                    "slowdown": factor,
-                }
                 metrics.write(json.dumps(rec) + "\n")
                 metrics.flush()
             marks.clear()
-            host_marks.clear()
             t_interval = time.perf_counter()
     train_wall_s = time.perf_counter() - t_start
     if metrics is not None:
         metrics.close()
 
-    # Ideal: each rank alone at its B/W batch, one at a time.
-    standalone = [0.0] * world
+    # Ideal: each rank alone at its B/W batch, one at a time, as hetero measures it.
+    solos = [Solo(mine, 0.0)] * world
     if args.ideal_steps > 0:
-        slowdown = factor_at(args.steps - 1)
-        mine_rate = 0.0
+        mine_solo = Solo(mine, 0.0)
         for r in range(world):
             if world > 1:
                 dist.barrier()
             if r == rank:
-                m, o = fresh_copy()
-                times = [
-                    solo_step_s(m, o, k, slowdown) for k in range(WARMUP_STEPS + args.ideal_steps)
-                ]
-                mine_rate = mine / statistics.median(times[WARMUP_STEPS:])
-                del m, o
+                mine_solo = solo_times(
+                    lambda: fresh_copy()[0], opt, data, loss_fn, mine, steps=args.ideal_steps,
+                    slowdown=factor_at(args.steps - 1), device=device, seed=args.seed,
+                    amp=args.amp, memory_format=fmt,
+                )  # fmt: skip
+        solos = [mine_solo]
         if world > 1:
             dist.barrier()
-            t = torch.tensor([mine_rate], dtype=torch.float64)
-            gathered = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
-            if backend == "nccl":
-                t, gathered = t.to(device), [g.to(device) for g in gathered]
-            dist.all_gather(gathered, t)
-            standalone = [float(g.item()) for g in gathered]
-        else:
-            standalone = [mine_rate]
+            solos = [None] * world  # type: ignore[list-item]
+            dist.all_gather_object(solos, mine_solo)
+    every_rank: list[Any] = [records]
+    if world > 1:
+        every_rank = [None] * world
+        dist.all_gather_object(every_rank, records)
+    standalone = [s.samples_per_s for s in solos]
     # DDP's reducer holds the process group: without the wrapper, leaving ends the group
     # and joins Gloo's threads now, not during interpreter exit (see hetero.trainer.procgroup).
     del ddp
@@ -321,8 +323,13 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
     if rank != 0:
         return None
     steady = statistics.median(rates[len(rates) // 2 :]) if rates else 0.0
-    ideal = sum(standalone) if args.ideal_steps > 0 else None
+    ideal = sum(standalone) if args.ideal_steps > 0 and all(standalone) else None
     after_first = sum(walls[1:])
+    gap = diagnose(
+        intervals_from_records(every_rank),
+        solos if ideal else None,
+        achieved_samples_per_s=steady or None,
+    )
     return {
         "runner": "torch-ddp",
         "policy": "ddp",
@@ -344,9 +351,11 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
             else steady
         ),
         "standalone_samples_per_s": standalone if ideal else [],
+        "solo": [asdict(s) for s in solos] if ideal else None,
+        "gap": gap.to_dict() if gap is not None else None,
         "ideal_samples_per_s": ideal,
-        "ideal_method": "sum over ranks of each rank alone at B/W (no DDP), median of "
-        f"{args.ideal_steps} steps"
+        "ideal_method": "sum over ranks of each rank alone at B/W (no DDP), the batch on the "
+        f"device, median of {args.ideal_steps} steps"
         if ideal
         else "not measured (--ideal-steps 0)",
         "pct_of_ideal": 100.0 * steady / ideal if ideal else None,

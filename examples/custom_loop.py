@@ -56,6 +56,7 @@ def main() -> None:
         print(
             f"done: {ctx.global_step} steps, final plan {list(ctx.plan)}{tag}, loss {loss.item():.4f}"
         )
+    ctx.report()  # hetero: throughput and where it went, printed on rank 0
     ctx.close()
 
 

@@ -28,10 +28,10 @@ interval).
 from __future__ import annotations
 
 import collections
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 import torch.distributed as dist
@@ -47,6 +47,7 @@ from hetero.core.balancer import (
     make_policy,
 )
 from hetero.core.errors import ConfigError
+from hetero.core.gap import Solo
 from hetero.core.rankenv import RankEnv
 from hetero.trainer import control, procgroup
 from hetero.trainer.bootstrap import (
@@ -126,6 +127,8 @@ class Context:
         self._batch_since = 0  # global step from which this rank ran its current batch size
         self._last_loss: torch.Tensor | None = None
         self._interval = IntervalTotals()
+        #: Each rank alone at its batch (``measure_ideal``), for the ideal and the gap breakdown.
+        self.solo: list[Solo] | None = None
 
     # -- properties -------------------------------------------------------------------
     @property
@@ -137,6 +140,11 @@ class Context:
     def comm_mode(self) -> str | None:
         """When the gradient all-reduces start this step (None without DDP)."""
         return self.weighting.mode if self._ddp else None
+
+    @property
+    def running_plan(self) -> tuple[int, ...]:
+        """The plan of the last step run (``plan`` may be scheduled for a later step)."""
+        return self._step_sizes or self.plan
 
     @property
     def slowdown(self) -> Slowdown | None:
@@ -312,6 +320,47 @@ class Context:
         self.progress.beat()
         if replan.is_boundary(self.global_step, self.config.rebalance_interval):
             rebalance(self)
+
+    # -- the outcome ------------------------------------------------------------------
+    def measure_ideal(
+        self,
+        make_model: Callable[[], nn.Module],
+        optimizer: torch.optim.Optimizer,
+        dataset: Dataset[Any],
+        loss_fn: Callable[[Any, Any], torch.Tensor],
+        *,
+        steps: int = 8,
+        amp: str = "none",
+        memory_format: torch.memory_format = torch.contiguous_format,
+        seed: int = 0,
+    ) -> list[Solo]:
+        """Each rank alone at its batch of the plan that ran last: the ideal (collective).
+
+        Ranks take turns (the others wait at a barrier), each running ``steps`` full
+        steps on ``make_model()`` (a fresh copy of the model on this rank's device)
+        with an optimizer like ``optimizer``; the batch is put on the device before
+        each step's clock starts. Kept for :meth:`report`.
+        """
+        from hetero.trainer.ideal import measure_solo
+
+        self.solo = measure_solo(
+            self, make_model, optimizer, dataset, loss_fn, self.running_plan,
+            steps=steps, seed=seed, amp=amp, memory_format=memory_format,
+        )  # fmt: skip
+        return self.solo
+
+    def report(self, *, print_table: bool = True, file: TextIO | None = None) -> dict[str, Any]:
+        """The run's summary: throughput, plans, the ideal (if measured) and the gap breakdown.
+
+        Every rank returns it; rank 0 prints it (``print_table``) with a one-line
+        verdict on where the throughput missing from the ideal went.
+        """
+        from hetero.trainer.runsummary import api_summary, print_report
+
+        summary = api_summary(self)
+        if print_table and self.rank == 0:
+            print_report(summary, file)
+        return summary
 
     # -- lifecycle ----------------------------------------------------------------------
     def barrier(self) -> None:

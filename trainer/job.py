@@ -20,16 +20,18 @@ from torch import nn
 
 from hetero.core.catalogue.keywords import from_keywords
 from hetero.core.errors import DistributedError, HeteroError
+from hetero.core.gap import Solo
 from hetero.core.slowdown import format_slowdowns
 from hetero.trainer import report
 from hetero.trainer.build import Built, build, local_optimizer, make_optimizer
 from hetero.trainer.checkpoint import load_checkpoint, save_checkpoint
 from hetero.trainer.context import Context, HeteroLoader, init
-from hetero.trainer.ideal import measure_standalone
+from hetero.trainer.ideal import measure_solo
 from hetero.trainer.jobconfig import JobConfig, checkpoint_path, memory_format, profiles
 from hetero.trainer.memory import MemoryMonitor, describe, parse_max_batch
 from hetero.trainer.oom import OomGuard
 from hetero.trainer.precision import Autocast, autocast, grad_scaler
+from hetero.trainer.runsummary import gap_fields
 from hetero.trainer.simulate import apply_memory_fraction, parse_fractions
 
 __all__ = ["JobConfig", "as_distributed_error", "run_job", "train"]
@@ -248,13 +250,13 @@ def _train(ctx: Context, cfg: JobConfig) -> dict[str, Any] | None:
     return _finish(run, start_step, train_wall_s, fraction, steps_per_epoch)
 
 
-def _ideal(run: _Run) -> tuple[list[float], list[float]]:
-    """Each rank alone at its final planned batch (and, on a shared CPU host, all at once)."""
+def _ideal(run: _Run) -> tuple[list[Solo], list[float]]:
+    """Each rank alone at the batch it ran last (and, on a shared CPU host, all at once)."""
     ctx, cfg, built = run.ctx, run.cfg, run.built
-    standalone: list[float] = []
+    solos: list[Solo] = []
     side_by_side: list[float] = []
     if cfg.ideal_steps <= 0:
-        return standalone, side_by_side
+        return solos, side_by_side
 
     def fresh_copy() -> nn.Module:
         m = built.fresh().to(ctx.device).to(memory_format=run.layout)
@@ -264,20 +266,23 @@ def _ideal(run: _Run) -> tuple[list[float], list[float]]:
     # The same on every rank (a collective): Gloo jobs share a host CPU somewhere.
     shared_host = ctx.backend == "gloo" and ctx.world_size > 1
     for concurrent in (False, True) if shared_host else (False,):
-        rates = measure_standalone(
+        measured = measure_solo(
             ctx,
             fresh_copy,
             local_optimizer(run.optimizer),
             built.dataset,
             built.task.loss,
-            ctx.plan,
+            ctx.running_plan,  # a plan scheduled at the last boundary never ran
             steps=cfg.ideal_steps,
             seed=cfg.seed,
             concurrent=concurrent,
             memory_format=run.layout,
         )
-        (side_by_side if concurrent else standalone).extend(rates)
-    return standalone, side_by_side
+        if concurrent:
+            side_by_side.extend(s.samples_per_s for s in measured)
+        else:
+            solos = measured
+    return solos, side_by_side
 
 
 def _finish(
@@ -291,13 +296,15 @@ def _finish(
             ctx, cfg, built.task, built.model, built.dataset, ctx.plan[ctx.rank]
         )
     final_plan = ctx.plan
-    standalone, side_by_side = _ideal(run)
+    solos, side_by_side = _ideal(run)
     if ctx.rank != 0:
         return None
+    standalone = [s.samples_per_s for s in solos]
     summary = report.summarize(
         ctx, cfg, start_step, train_wall_s, final_plan, standalone, side_by_side
     )
     summary.update(evaluation)
+    summary.update(gap_fields(ctx, solos, summary["steady_samples_per_s"]))
     global_batch = cfg.global_batch_for(ctx.world_size)
     samples_per_epoch = len(built.dataset)
     summary.update(

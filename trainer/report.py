@@ -126,8 +126,9 @@ def summarize(
         "emulated_slowdown": format_slowdowns(ctx.slowdowns) or None,
         "ideal_samples_per_s": ideal,
         "ideal_method": (
-            f"sum over ranks of each rank's standalone throughput at its final planned batch, "
-            f"measured one rank at a time after training ({cfg.ideal_steps} steps each, median)"
+            f"sum over ranks of each rank's standalone throughput at the batch it ran last, "
+            f"measured one rank at a time after training, the batch on the device "
+            f"({cfg.ideal_steps} steps each, median)"
             if standalone
             else "not measured (ideal_steps 0)"
         ),
@@ -157,6 +158,8 @@ def write(summary: dict[str, Any], path: str | None, as_json: bool) -> None:
 def print_summary(summary: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
+
+    from hetero.core.verdict import lines as gap_lines
 
     title = (
         f"hetero-train: {summary['name'] + ', ' if summary.get('name') else ''}{summary['policy']}"
@@ -213,7 +216,11 @@ def print_summary(summary: dict[str, Any]) -> None:
     )
     if summary["emulated"]:
         t.add_row("heterogeneity", f"EMULATED ({summary['emulated_slowdown']})")
+    if summary.get("gap"):
+        t.add_row("where the gap went", summary["gap"]["verdict"])
     Console().print(t)
+    if summary.get("gap"):
+        print("\n".join(gap_lines(summary["gap"])))
 
 
 def _comm_text(summary: dict[str, Any]) -> str:

@@ -18,6 +18,7 @@ import os
 import platform
 import shlex
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -26,14 +27,15 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from hetero.bench.harness.commands import RunSpec, neighbour_argv, neighbour_stem, run_specs
-from hetero.bench.harness.scenario import (
-    BASELINE,
-    Scenario,
-    configure,
-    known_scenarios,
-    load_scenario,
+from hetero.bench.harness.commands import (
+    RunSpec,
+    neighbour_argv,
+    neighbour_stem,
+    prepare_argv,
+    run_specs,
 )
+from hetero.bench.harness.resize import configure
+from hetero.bench.harness.scenario import BASELINE, Scenario, known_scenarios, load_scenario
 from hetero.core.errors import ConfigError
 
 
@@ -115,6 +117,11 @@ def run_command(args: argparse.Namespace) -> int:
     failures = 0
     interrupted = False
     try:
+        prepare = prepare_argv(scenario, out)
+        if prepare:
+            runner.progress(f"prepare: {shlex.join(prepare)}")
+            if subprocess.run(prepare, check=False).returncode != 0:
+                raise ConfigError(f"the preparation step failed: {shlex.join(prepare)}")
         for k, spec in enumerate(specs, 1):
             runner.progress(f"[{k}/{len(specs)}] {spec.name} ({spec.runner}, {spec.steps} steps)")
             spec = _with_solo_scores(spec, specs)
@@ -132,8 +139,10 @@ def run_command(args: argparse.Namespace) -> int:
             pct = f"{r['pct_of_ideal']:.1f}% of ideal" if r["pct_of_ideal"] else "ideal n/a"
             vs = f"{r['speedup_vs_ddp']:.2f}x DDP" if r["speedup_vs_ddp"] else ""
             print(
-                f"{r['policy']:>13} {r['window']:>9}  {r['samples_per_s']:>10,.0f} samples/s  {pct}  {vs}"
+                f"{r['run']:>16} {r['window']:>9}  {r['samples_per_s']:>10,.0f} samples/s  {pct}  {vs}"
             )
+            if r.get("gap_verdict"):
+                print(f"{'':>16} {'':>9}  {r['gap_verdict']}")
     print(f"wrote {out}/results.json, results.csv, report.md")
     if interrupted:
         return 130
@@ -152,6 +161,16 @@ def print_plan(scenario: Scenario, specs: list[RunSpec], out: Path, timeout_s: f
     print(f"# each run is stopped after {timeout_s:.0f} s; nothing below was run (--dry-run)")
     for s, label in scenario.change_steps:
         print(f"# change at step {s}: {label}")
+    if scenario.loop == "zoo":
+        print(
+            f"# zoo loop under torchrun, data paths {', '.join(scenario.data_paths)} "
+            f"({scenario.num_workers} loader workers per rank); the model comes from timm, or "
+            "torchvision when timm is missing (each run says which)"
+        )
+    prepare = prepare_argv(scenario, out)
+    if prepare:
+        print("# prepare the token file once, before the runs:")
+        print(shlex.join(prepare))
     for n in scenario.neighbours:
         when = (
             "for the whole run"
@@ -174,7 +193,7 @@ def print_plan(scenario: Scenario, specs: list[RunSpec], out: Path, timeout_s: f
 
 def _software() -> str:
     parts = [f"python {platform.python_version()}"]
-    for dist in ("torch", "torchvision", "nvidia-ml-py"):
+    for dist in ("torch", "torchvision", "timm", "nvidia-ml-py"):
         try:
             parts.append(f"{dist} {version(dist)}")
         except PackageNotFoundError:
@@ -237,9 +256,9 @@ def _with_solo_scores(spec: RunSpec, specs: list[RunSpec]) -> RunSpec:
     static split by those rates is the "static split by solo throughput" of
     ``docs/design.md``. Without a baseline summary the policies fall back to equal.
     """
-    if spec.name not in ("proportional", "hybrid"):
+    if spec.policy not in ("proportional", "hybrid"):
         return spec
-    base = next((s for s in specs if s.name == BASELINE), None)
+    base = next((s for s in specs if s.policy == BASELINE and s.data_path == spec.data_path), None)
     if base is None or not base.summary_path.is_file():
         return spec
     rates = json.loads(base.summary_path.read_text()).get("standalone_samples_per_s") or []

@@ -2,7 +2,9 @@
 
 ``hetero-bench run --dry-run`` prints these; the runner executes them. Every
 run is started with ``sys.executable -m …`` (never a console script), so a GPU
-machine that has hetero only on ``PYTHONPATH`` runs it the same way. Every
+machine that has hetero only on ``PYTHONPATH`` runs it the same way; a ``zoo``
+scenario's runs go through ``python -m torch.distributed.run`` (torchrun), as a
+user launches a script. Every
 environment carries the NVLink-multicast switches ``rank_env`` sets for ranks
 (the neighbour is a process on a GPU too), and ``CUDA_DEVICE_ORDER=PCI_BUS_ID``
 so CUDA's device indices are NVML's, which the harness samples.
@@ -33,14 +35,16 @@ SAFE_ENV = {
 class RunSpec:
     """One process tree to start: ``argv`` with ``env`` added to the harness's environment."""
 
-    name: str  # "ddp", "gpu-only" or a policy name
-    runner: str  # "torch-ddp" (bench/baseline_ddp.py) or "hetero-train"
+    name: str  # "ddp", "gpu-only" or a policy name; zoo runs add the data path
+    runner: str  # "torch-ddp" (plain DDP), "hetero-train" or "hetero-api" (bench/zoo/train.py)
     argv: tuple[str, ...]
     env: Mapping[str, str]
     out_dir: Path
     ranks: int
     steps: int
     ideal_steps: int
+    policy: str = ""  # "ddp", "gpu-only" or the hetero policy
+    data_path: str = "device"
 
     @property
     def summary_path(self) -> Path:
@@ -61,6 +65,54 @@ def run_specs(scenario: Scenario, out_dir: Path, python: str | None = None) -> l
     return [_spec(scenario, name, out_dir / "runs" / name, python) for name in scenario.run_names()]
 
 
+def token_file(scenario: Scenario, out_dir: Path) -> Path | None:
+    """The token file a zoo language-model scenario trains on (written before the runs)."""
+    if scenario.loop != "zoo" or not scenario.seq_len:
+        return None
+    return out_dir / "data" / "tokens.bin"
+
+
+def prepare_argv(scenario: Scenario, out_dir: Path, python: str | None = None) -> tuple[str, ...]:
+    """The preparation step before the runs (a zoo LM's token file), or ``()``."""
+    path = token_file(scenario, out_dir)
+    if path is None:
+        return ()
+    count = scenario.num_samples * scenario.seq_len + 1 if scenario.seq_len else 0
+    return (python or sys.executable, "-m", "hetero.bench.zoo.tokens", "--out", str(path),
+            "--tokens", str(count))  # fmt: skip
+
+
+def _zoo_spec(s: Scenario, name: str, out: Path, py: str, env: dict[str, str]) -> RunSpec:
+    policy, path = s.run_parts(name)
+    script = "hetero.bench.zoo.train_ddp" if policy == BASELINE else "hetero.bench.zoo.train"
+    argv = [
+        py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(s.ranks),
+        "-m", script,
+        "--model", s.model, "--data", path,
+        *(("--num-workers", str(s.num_workers)) if path == "loader" else ()),
+        "--global-batch", str(s.global_batch), "--steps", str(s.steps),
+        "--rebalance-interval", str(s.rebalance_interval), "--lr", str(s.lr), "--amp", s.amp,
+        "--num-classes", str(s.num_classes), "--num-samples", str(s.num_samples),
+        "--ideal-steps", str(s.ideal_steps), "--device", "cpu" if s.devices == "cpu" else "cuda",
+        "--output-dir", str(out), "--summary-json", str(out / "summary.json"),
+    ]  # fmt: skip
+    if s.image_size:
+        argv += ["--image-size", str(s.image_size)]
+    tokens = token_file(s, out.parent.parent)
+    if tokens is not None:
+        argv += ["--tokens", str(tokens), "--seq-len", str(s.seq_len)]
+    if s.channels_last:
+        argv.append("--channels-last")
+    if s.emulate_spec:
+        argv += ["--emulate-slowdown", s.emulate_spec]
+    if policy != BASELINE:
+        argv += ["--policy", policy]
+    runner = "torch-ddp" if policy == BASELINE else "hetero-api"
+    return RunSpec(
+        name, runner, tuple(argv), env, out, s.ranks, s.steps, s.ideal_steps, policy, path
+    )
+
+
 def _spec(s: Scenario, name: str, out: Path, python: str | None) -> RunSpec:
     py = python or sys.executable
     ov = s.override(name)
@@ -74,6 +126,8 @@ def _spec(s: Scenario, name: str, out: Path, python: str | None) -> RunSpec:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in range(s.gpus))
     elif s.devices == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
+    if s.loop == "zoo":
+        return _zoo_spec(s, name, out, py, env)
     device = (
         "cpu" if s.devices == "cpu" else "cuda" if s.devices == "cuda" or ranks == 1 else "auto"
     )
@@ -106,13 +160,13 @@ def _spec(s: Scenario, name: str, out: Path, python: str | None) -> RunSpec:
         common += ["--emulate-slowdown", s.emulate_spec]
     if name == BASELINE:
         argv = [py, "-m", "hetero.bench.baseline_ddp", *common]
-        return RunSpec(name, "torch-ddp", tuple(argv), env, out, ranks, steps, ideal)
+        return RunSpec(name, "torch-ddp", tuple(argv), env, out, ranks, steps, ideal, name)
     policy = "equal" if name == GPU_ONLY else name
     argv = [
         py, "-m", "hetero.trainer.cli", *common,
         "--policy", policy, "--min-batch", str(s.min_batch), "--json", "--quiet",
     ]  # fmt: skip
-    return RunSpec(name, "hetero-train", tuple(argv), env, out, ranks, steps, ideal)
+    return RunSpec(name, "hetero-train", tuple(argv), env, out, ranks, steps, ideal, name)
 
 
 def neighbour_stem(scenario: Scenario, n: Neighbour) -> str:

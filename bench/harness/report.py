@@ -14,8 +14,16 @@ from typing import Any
 
 from hetero.bench.harness import plots
 from hetero.bench.harness.forecast import exclusion_forecasts
-from hetero.bench.harness.results import RunData, build_rows, run_changes, write_csv, write_json
+from hetero.bench.harness.results import (
+    GAP_COLUMNS,
+    RunData,
+    build_rows,
+    run_changes,
+    write_csv,
+    write_json,
+)
 from hetero.core.errors import ConfigError
+from hetero.core.verdict import lines as gap_lines
 
 FIGURES_HELP = """\
 - **samples/s**: median of the job's per-interval throughput over the steady
@@ -35,6 +43,12 @@ FIGURES_HELP = """\
   plan from the intervals before the steady window (what the planner knew when
   it chose the plan), and its error against the measured samples/s.
 - **GPU util**: mean NVML utilization per GPU over the window (n/a without NVML).
+- **where the gap went** (last phase): the share of the ideal lost to imbalance
+  (max − mean busy time, busy = input wait + compute + optimizer), input wait,
+  exposed communication (step − max busy), compute lost to overlap (compute in
+  the job against alone at the same batch), a slower optimizer, plan-change
+  warm-up, and the residual the six leave; ideal = achieved + the seven.
+  Definitions in docs/design.md ("The gap breakdown").
 """
 
 
@@ -106,6 +120,30 @@ def _util(v: Any) -> str:
     return " / ".join("n/a" if u is None else f"{u:.0f}%" for u in v)
 
 
+def _gap_section(rows: list[dict[str, Any]]) -> list[str]:
+    """Where each run's gap to the ideal went: the shares, the verdict, the full breakdown."""
+    with_gap = [r for r in rows if r.get("gap")]
+    if not with_gap:
+        return []
+    out = [
+        "",
+        "## Where the gap went (% of ideal)",
+        "",
+        "| run | window | % of ideal | imbalance | input wait | exposed comm | overlap "
+        "| optimizer | warm-up | residual | verdict |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in with_gap:
+        shares = " | ".join(_f(r.get(c), "{:.1f}") for c in GAP_COLUMNS)
+        out.append(
+            f"| {r['run']} | {r['window']} | {_f(r['pct_of_ideal'], '{:.1f}')} | {shares} "
+            f"| {r['gap_verdict']} |"
+        )
+    for r in with_gap:
+        out += ["", f"**{r['run']}** ({r['window']}):", "", "```", *gap_lines(r["gap"]), "```"]
+    return out
+
+
 def render(
     manifest: dict[str, Any],
     rows: list[dict[str, Any]],
@@ -149,13 +187,14 @@ def render(
             else ""
         )
         lines.append(
-            f"| {r['policy']}{'' if r['ok'] else ' FAILED'} | {r['window']} {r['window_label']} | "
+            f"| {r['run']}{'' if r['ok'] else ' FAILED'} | {r['window']} {r['window_label']} | "
             f"{_f(r['samples_per_s'])} | {_f(r['pct_of_ideal'], '{:.1f}%')} | "
             f"{_f(r['speedup_vs_ddp'], '{:.2f}x')}{gpu_only} | {_f(r['speedup_vs_equal'], '{:.2f}x')} | "
             f"{_f(r.get('scaling_efficiency'), '{:.1%}')} | {_predicted(r)} | "
             f"{_f(r['imbalance'], '{:.1%}')} | {_f(r.get('adaptation_steps'), '{}')} | "
             f"{_util(r.get('gpu_util_pct'))} | {r.get('final_plan') or 'n/a'} |"
         )
+    lines += _gap_section(rows)
     lines += ["", "## Figures", "", FIGURES_HELP]
     if forecasts:
         lines += ["## Does the planner say the CPU ranks should go?", ""]

@@ -9,7 +9,10 @@ numbers from the same raw data.
 One row per run for a scenario without changes (``window = "steady"``); with
 changes, one row per phase (``p0``, ``p1``, …) plus ``whole-run``. The ideal is
 measured after training, in the run's final conditions, so ``pct_of_ideal``
-is given only for the last phase.
+and the gap breakdown (``gap``: ``hetero.core.verdict``, the same arithmetic as the
+run's own summary, recomputed here from every rank's metrics) are given only for
+the last phase. Rows carry the run's data path (``loader``/``device``); speedups
+compare runs of the same data path.
 """
 
 from __future__ import annotations
@@ -24,14 +27,20 @@ from hetero.bench.harness import figures
 from hetero.bench.harness.forecast import predicted_rate
 from hetero.bench.harness.gpu_monitor import read_samples
 from hetero.bench.harness.scenario import BASELINE, GPU_ONLY
+from hetero.core.gap import TERMS, intervals_from_records, solos_from_summary
+from hetero.core.verdict import diagnose
+
+#: The gap breakdown's terms as CSV columns: % of ideal each cost (see docs/benchmarks.md).
+GAP_COLUMNS = tuple(f"gap_{t}_pct" for t in (*TERMS, "residual"))
 
 CSV_COLUMNS = (
-    "scenario", "model", "policy", "runner", "window", "window_label", "samples_per_s",
+    "scenario", "model", "run", "policy", "data_path", "runner", "window", "window_label",
+    "samples_per_s",
     "ideal_samples_per_s", "pct_of_ideal", "speedup_vs_ddp", "speedup_vs_equal",
     "speedup_vs_gpu_only", "scaling_efficiency", "predicted_samples_per_s",
     "prediction_error", "imbalance", "adaptation_intervals", "adaptation_steps",
     "gpu_util_pct", "final_plan", "plan_changes", "global_batch", "steps", "amp", "device",
-    "emulated", "ok", "date", "note",
+    "emulated", "ok", "date", "note", *GAP_COLUMNS, "gap_verdict",
 )  # fmt: skip
 
 
@@ -48,6 +57,14 @@ class RunData:
     @property
     def runner_is_ddp(self) -> bool:
         return bool(self.outcome.get("runner") == "torch-ddp")
+
+    @property
+    def policy(self) -> str:
+        return str(self.outcome.get("policy") or self.name)
+
+    @property
+    def data_path(self) -> str:
+        return str(self.outcome.get("data_path") or "device")
 
     @property
     def rank0(self) -> list[dict[str, Any]]:
@@ -128,7 +145,9 @@ def rows_for_run(run: RunData, manifest: dict[str, Any]) -> list[dict[str, Any]]
     base = {
         "scenario": sc["name"],
         "model": sc["model"],
-        "policy": run.name,
+        "run": run.name,
+        "policy": run.policy,
+        "data_path": run.data_path,
         "runner": run.outcome.get("runner", "hetero-train"),
         "final_plan": s.get("final_plan"),
         "plan_changes": max(len(s.get("plans", [])) - 1, 0) if s else None,
@@ -180,6 +199,7 @@ def rows_for_run(run: RunData, manifest: dict[str, Any]) -> list[dict[str, Any]]
             predicted = predicted_rate(run.ranks, int(sc["global_batch"]), plan, before)
         rows.append(
             base
+            | _gap_columns(run, ph.steady, rate if last else None)
             | {
                 "window": "steady" if len(phases) == 1 else f"p{k}",
                 "window_label": ph.label if len(phases) > 1 else "latter half of the run",
@@ -212,6 +232,32 @@ def rows_for_run(run: RunData, manifest: dict[str, Any]) -> list[dict[str, Any]]
     return rows
 
 
+def _gap_columns(run: RunData, window: range, rate: float | None) -> dict[str, Any]:
+    """The gap breakdown of the window (the last phase's only: it needs the ideal)."""
+    if rate is None:
+        return {}
+    steps = {int(run.rank0[i]["step"]) for i in window if i < len(run.rank0)}
+    intervals = intervals_from_records(run.ranks)
+    chosen = [k for k, iv in enumerate(intervals) if iv.end_step in steps]
+    if not chosen:
+        return {}
+    bd = diagnose(
+        intervals,
+        solos_from_summary(run.summary),
+        window=range(chosen[0], chosen[-1] + 1),
+        achieved_samples_per_s=rate,
+    )
+    if bd is None:
+        return {}
+    gap = bd.to_dict()
+    cols = {f"gap_{name}_pct": gap["terms"][name]["pct"] for name in TERMS}
+    return cols | {
+        "gap_residual_pct": gap["residual"]["pct"],
+        "gap_verdict": bd.verdict,
+        "gap": gap,
+    }
+
+
 def build_rows(
     run_dir: Path, manifest: dict[str, Any]
 ) -> tuple[list[dict[str, Any]], list[RunData]]:
@@ -224,9 +270,12 @@ def build_rows(
         ("equal", "speedup_vs_equal"),
         (GPU_ONLY, "speedup_vs_gpu_only"),
     ):
-        by_window = {r["window"]: r["samples_per_s"] for r in rows if r["policy"] == ref}
+        by_window = {
+            (r["data_path"], r["window"]): r["samples_per_s"] for r in rows if r["policy"] == ref
+        }
         for r in rows:
-            denom = by_window.get(r["window"]) or by_window.get("steady")
+            path = r["data_path"]
+            denom = by_window.get((path, r["window"])) or by_window.get((path, "steady"))
             r[col] = r["samples_per_s"] / denom if (denom and r["samples_per_s"]) else None
     single = single_gpu_rate(runs)
     for r in rows:

@@ -43,6 +43,8 @@ class RunOutcome:
     name: str
     runner: str
     command: str
+    policy: str = ""
+    data_path: str = "device"
     returncode: int | None = None
     wall_s: float = 0.0
     timed_out: bool = False
@@ -107,7 +109,14 @@ def execute(
     out.mkdir(parents=True, exist_ok=True)
     for old in (out / "metrics").glob("rank*.jsonl"):
         old.unlink()  # a re-run must not read the previous run's records
-    outcome = RunOutcome(spec.name, spec.runner, spec.shell(), started_time_s=time.time())
+    outcome = RunOutcome(
+        spec.name,
+        spec.runner,
+        spec.shell(),
+        policy=spec.policy or spec.name,
+        data_path=spec.data_path,
+        started_time_s=time.time(),
+    )
     neighbours: list[tuple[Neighbour, NeighbourProcess]] = []
     proc: subprocess.Popen[bytes] | None = None
     t0 = time.perf_counter()

@@ -1,7 +1,10 @@
 """Benchmark scenarios for ``hetero-bench run``: typed, validated, loaded from YAML.
 
 A scenario names the ranks and their devices, the job (model, global batch,
-precision, steps, rebalance interval), which runs to make (the plain-DDP
+precision, steps, rebalance interval), the loop that trains it (``builtin``:
+``hetero-train`` and ``bench/baseline_ddp.py``; ``zoo``: a user's script through
+the API and the same loop in plain DDP, ``bench/zoo/``, under torchrun, once per
+data path: ``loader`` or ``device``), which runs to make (the plain-DDP
 baseline, hetero's policies, a GPU-alone reference) and the heterogeneity: a
 noisy neighbour on a GPU (present all run, or arriving and leaving at given
 steps) or emulated slowdowns on CPU ranks. Files live in ``bench/scenarios/``
@@ -15,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -29,6 +32,10 @@ POLICIES = ("equal", "proportional", "dynamic", "hybrid")
 BASELINE = "ddp"
 GPU_ONLY = "gpu-only"
 DEVICES = ("cpu", "cuda", "mixed")
+LOOPS = ("builtin", "zoo")
+#: ``loader``: a map-style Dataset through a DataLoader with workers; ``device``: the
+#: dataset gathers whole batches on the device (``get_batch``), no workers.
+DATA_PATHS = ("loader", "device")
 
 
 @dataclass(frozen=True)
@@ -112,7 +119,11 @@ class Scenario:
     quick_steps: int | None = None
     quick_ideal_steps: int | None = None
     quick_policies: tuple[str, ...] | None = None
+    quick_data_paths: tuple[str, ...] | None = None
     run_timeout_s: float = 300.0
+    loop: str = "builtin"
+    data_paths: tuple[str, ...] = ("device",)
+    num_workers: int = 6  # DataLoader workers per rank on the loader path
 
     @property
     def emulated(self) -> bool:
@@ -145,88 +156,25 @@ class Scenario:
         return tuple(sorted(out))
 
     def run_names(self) -> tuple[str, ...]:
-        """The runs in order: the baseline first, then the GPU-alone reference, then policies."""
+        """The runs in order: the baseline first, then the GPU-alone reference, then policies;
+        a ``zoo`` scenario makes them once per data path (``ddp-loader``, ``dynamic-loader``, …)."""
         names = [BASELINE] if self.baseline else []
         if self.gpu_only_reference:
             names.append(GPU_ONLY)
-        return (*names, *self.policies)
+        names += self.policies
+        if self.loop != "zoo":
+            return tuple(names)
+        return tuple(f"{n}-{path}" for path in self.data_paths for n in names)
+
+    def run_parts(self, name: str) -> tuple[str, str]:
+        """(policy or reference, data path) of run ``name``."""
+        for path in DATA_PATHS:
+            if self.loop == "zoo" and name.endswith(f"-{path}"):
+                return name.removesuffix(f"-{path}"), path
+        return name, self.data_paths[0]
 
     def override(self, run: str) -> RunOverride:
         return dict(self.overrides).get(run, RunOverride())
-
-
-def _scale_step(step: int | None, factor: float, interval: int) -> int | None:
-    """``step`` scaled by ``factor``, on a rebalance boundary, at least one interval in."""
-    if step is None:
-        return None
-    return max(interval, round(step * factor / interval) * interval)
-
-
-def resize(scenario: Scenario, steps: int) -> Scenario:
-    """The scenario with ``steps`` total steps; change steps keep their fraction of the run."""
-    if steps < 2 * scenario.rebalance_interval:
-        raise ConfigError(
-            f"--steps must be at least two rebalance intervals "
-            f"({2 * scenario.rebalance_interval}) for {scenario.name}, got {steps}"
-        )
-    f = steps / scenario.steps
-    k = scenario.rebalance_interval
-    neighbours = tuple(
-        replace(
-            n,
-            arrive_step=_scale_step(n.arrive_step, f, k),
-            leave_step=_scale_step(n.leave_step, f, k),
-        )
-        for n in scenario.neighbours
-    )
-    slowdowns = tuple(
-        replace(
-            s,
-            start=(_scale_step(s.start, f, k) or 0) if s.start > 0 else 0,
-            end=_scale_step(s.end, f, k),
-        )
-        for s in scenario.slowdowns
-    )
-    overrides = tuple(
-        (name, replace(o, steps=max(2 * k, round(o.steps * f)) if o.steps else None))
-        for name, o in scenario.overrides
-    )
-    out = replace(
-        scenario, steps=steps, neighbours=neighbours, slowdowns=slowdowns, overrides=overrides
-    )
-    _check_changes(out)
-    return out
-
-
-def configure(
-    scenario: Scenario,
-    *,
-    quick: bool = False,
-    steps: int | None = None,
-    ideal_steps: int | None = None,
-    policies: tuple[str, ...] | None = None,
-    baseline: bool | None = None,
-) -> Scenario:
-    """Apply ``--quick`` (the file's ``quick:`` block), then explicit flags, which win."""
-    s = scenario
-    if quick:
-        if s.quick_steps is not None:
-            s = resize(s, s.quick_steps)
-        if s.quick_ideal_steps is not None:
-            s = replace(s, ideal_steps=s.quick_ideal_steps)
-        if s.quick_policies is not None:
-            s = replace(s, policies=s.quick_policies)
-    if steps is not None:
-        s = resize(s, steps)
-    if ideal_steps is not None:
-        if ideal_steps < 0:
-            raise ConfigError(f"--ideal-steps must be >= 0, got {ideal_steps}")
-        s = replace(s, ideal_steps=ideal_steps)
-    if policies is not None:
-        s = replace(s, policies=_policies(policies, "--policies"))
-    if baseline is not None:
-        s = replace(s, baseline=baseline)
-    return s
 
 
 # -- loading ---------------------------------------------------------------------------
@@ -247,7 +195,7 @@ _TOP = {
     "rebalance_interval", "ideal_steps", "image_size", "num_classes", "num_samples", "amp",
     "channels_last", "lr", "min_batch", "dataset", "seq_len", "policies", "baseline",
     "gpu_only_reference", "neighbour", "neighbours", "slowdowns", "overrides", "quick",
-    "run_timeout_s",
+    "run_timeout_s", "loop", "data_paths", "num_workers",
 }  # fmt: skip
 
 
@@ -259,13 +207,23 @@ def _unknown_keys(where: str, data: Mapping[str, Any], allowed: set[str]) -> Non
             raise ConfigError(f"{where}: unknown key {key!r}{hint}")
 
 
-def _policies(values: Any, where: str) -> tuple[str, ...]:
+def _choices(values: Any, known: tuple[str, ...], what: str, where: str) -> tuple[str, ...]:
+    """``values`` as a tuple, each one of ``known``; ``what`` is "singular/plural"."""
+    one, many = what.split("/")
     if not isinstance(values, (list, tuple)) or not values:
-        raise ConfigError(f"{where}: expected a non-empty list of policies")
-    for p in values:
-        if p not in POLICIES:
-            raise ConfigError(f"{where}: unknown policy {p!r} (known: {', '.join(POLICIES)})")
-    return tuple(str(p) for p in values)
+        raise ConfigError(f"{where}: expected a non-empty list of {many}")
+    for v in values:
+        if v not in known:
+            raise ConfigError(f"{where}: unknown {one} {v!r} (known: {', '.join(known)})")
+    return tuple(str(v) for v in values)
+
+
+def policy_list(values: Any, where: str) -> tuple[str, ...]:
+    return _choices(values, POLICIES, "policy/policies", where)
+
+
+def _data_paths(values: Any, where: str) -> tuple[str, ...]:
+    return _choices(values, DATA_PATHS, "data path/data paths", where)
 
 
 def parse_scenario(name: str, text: str) -> Scenario:
@@ -284,7 +242,9 @@ def parse_scenario(name: str, text: str) -> Scenario:
     kw: dict[str, Any] = {k: v for k, v in data.items() if k not in _NESTED}
     try:
         if "policies" in data:
-            kw["policies"] = _policies(data["policies"], f"{where}.policies")
+            kw["policies"] = policy_list(data["policies"], f"{where}.policies")
+        if "data_paths" in data:
+            kw["data_paths"] = _data_paths(data["data_paths"], f"{where}.data_paths")
         if data.get("neighbour") is not None and data.get("neighbours") is not None:
             raise ConfigError(f"{where}: give either neighbour or neighbours, not both")
         if data.get("neighbour") is not None:
@@ -306,11 +266,13 @@ def parse_scenario(name: str, text: str) -> Scenario:
             for run, o in (data.get("overrides") or {}).items()
         )
         quick = data.get("quick") or {}
-        _unknown_keys(f"{where}.quick", quick, {"steps", "ideal_steps", "policies"})
+        _unknown_keys(f"{where}.quick", quick, {"steps", "ideal_steps", "policies", "data_paths"})
         kw["quick_steps"] = quick.get("steps")
         kw["quick_ideal_steps"] = quick.get("ideal_steps")
         if "policies" in quick:
-            kw["quick_policies"] = _policies(quick["policies"], f"{where}.quick.policies")
+            kw["quick_policies"] = policy_list(quick["policies"], f"{where}.quick.policies")
+        if "data_paths" in quick:
+            kw["quick_data_paths"] = _data_paths(quick["data_paths"], f"{where}.quick.data_paths")
         scenario = Scenario(name=name, **kw)
     except TypeError as exc:
         raise ConfigError(f"{where}: {exc}") from None
@@ -319,7 +281,7 @@ def parse_scenario(name: str, text: str) -> Scenario:
 
 
 _REQUIRED = ("devices", "ranks", "gpus", "model", "global_batch", "steps")
-_NESTED = {"policies", "neighbour", "neighbours", "slowdowns", "overrides", "quick"}
+_NESTED = {"policies", "neighbour", "neighbours", "slowdowns", "overrides", "quick", "data_paths"}
 
 
 def _checked(data: Any, cls: type, where: str) -> dict[str, Any]:
@@ -361,16 +323,24 @@ def _validate(s: Scenario) -> None:
         raise ConfigError(f"{where}.neighbours: at most one neighbour per GPU")
     if s.gpu_only_reference and s.devices != "mixed":
         raise ConfigError(f"{where}.gpu_only_reference: only for mixed GPU+CPU scenarios")
+    if s.loop not in LOOPS:
+        raise ConfigError(f"{where}.loop: expected one of {', '.join(LOOPS)}, got {s.loop!r}")
+    if s.loop == "builtin" and s.data_paths != ("device",):
+        raise ConfigError(f"{where}.data_paths: the builtin loop gathers on the device only")
+    if s.loop == "zoo" and s.devices == "mixed":
+        raise ConfigError(f"{where}.loop: zoo scenarios run on cpu or cuda ranks, not mixed")
+    if s.num_workers < 0:
+        raise ConfigError(f"{where}.num_workers: must be >= 0, got {s.num_workers}")
     for run, _ in s.overrides:
         if run not in (*POLICIES, BASELINE, GPU_ONLY):
             raise ConfigError(f"{where}.overrides: unknown run {run!r}")
     for sd in s.slowdowns:
         if not 0 <= sd.rank < s.ranks:
             raise ConfigError(f"{where}.slowdowns: rank {sd.rank} is not in a {s.ranks}-rank job")
-    _check_changes(s)
+    check_changes(s)
 
 
-def _check_changes(s: Scenario) -> None:
+def check_changes(s: Scenario) -> None:
     for n in s.neighbours:
         _check_neighbour_changes(s, n)
 

@@ -21,8 +21,9 @@ import pytest
 from hetero.bench.harness.commands import SAFE_ENV, run_specs
 from hetero.bench.harness.gpu_monitor import GpuMonitor
 from hetero.bench.harness.neighbour import NeighbourProcess
+from hetero.bench.harness.resize import configure
 from hetero.bench.harness.runner import execute
-from hetero.bench.harness.scenario import Neighbour, configure, load_scenario
+from hetero.bench.harness.scenario import Neighbour, load_scenario
 
 pytestmark = pytest.mark.slow
 
@@ -153,8 +154,9 @@ def test_cpu_emulated_quick_runs_end_to_end_and_writes_its_outputs(tmp_path: Pat
 
 
 def test_gpu_machine_path_imports_nothing_it_lacks(tmp_path: Path) -> None:
-    """The GPU machine has torch, pyyaml, nvidia-ml-py but no rich, textual, sqlalchemy or
-    matplotlib: hetero-train --json, the baseline and hetero-bench report must not need them."""
+    """The GPU machine has torch, pyyaml, nvidia-ml-py (and timm) but no rich, textual,
+    sqlalchemy or matplotlib: hetero-train --json, the baselines, the zoo loops and
+    hetero-bench report must not need them."""
     code = f"""
 import sys
 class Block:
@@ -169,10 +171,19 @@ common = ["--model", "debug", "--num-samples", "64", "--global-batch", "8", "--s
           "--rebalance-interval", "2", "--ideal-steps", "1", "--amp", "bf16", "--channels-last"]
 assert train([*common, "--json", "--quiet", "--output-dir", r"{tmp_path}/t"]) == 0
 assert baseline([*common, "--output-dir", r"{tmp_path}/b"]) == 0
+from hetero.bench.zoo.train import main as zoo
+from hetero.bench.zoo.train_ddp import main as zoo_ddp
+loop = ["--model", "debug", "--image-size", "8", "--num-classes", "4", "--num-samples", "64",
+        "--global-batch", "8", "--steps", "4", "--rebalance-interval", "2", "--ideal-steps", "1",
+        "--amp", "bf16", "--device", "cpu", "--data", "loader", "--num-workers", "0"]
+assert zoo([*loop, "--output-dir", r"{tmp_path}/z"]) == 0
+assert zoo_ddp([*loop, "--output-dir", r"{tmp_path}/d"]) == 0
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "b" / "metrics" / "rank0.jsonl").exists()
+    assert (tmp_path / "z" / "metrics" / "rank0.jsonl").exists()
+    assert "verdict: " in proc.stdout  # the zoo loops' own reports
 
 
 def test_plain_ddp_baseline_trains_a_language_model_on_token_windows(tmp_path: Path) -> None:

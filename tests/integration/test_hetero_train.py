@@ -52,6 +52,13 @@ def test_emulated_three_rank_run_writes_summary_and_metrics(hetero_train, tmp_pa
     assert s["steps"] == 40 and sum(s["final_plan"]) == 48
     assert s["ideal_samples_per_s"] > 0 and len(s["standalone_samples_per_s"]) == 3
     assert "EMULATED" in proc.stdout
+    # Each rank alone, phase by phase, and where the gap to the ideal went.
+    assert [x["samples_per_s"] for x in s["solo"]] == s["standalone_samples_per_s"]
+    assert all(x["compute_s"] > 0 and x["optimizer_s"] >= 0 for x in s["solo"])
+    gap = s["gap"]
+    assert len(gap["ranks"]) == 3 and gap["verdict"] and gap["last_step"] == 40
+    shares = sum(t["pct"] for t in gap["terms"].values()) + gap["residual"]["pct"]
+    assert gap["pct_of_ideal"] + shares == pytest.approx(100.0)
     for rank in range(3):
         recs = read_metrics(out / "metrics" / f"rank{rank}.jsonl")
         assert [r["step"] for r in recs] == [5, 10, 15, 20, 25, 30, 35, 40]

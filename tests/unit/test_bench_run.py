@@ -15,12 +15,8 @@ import pytest
 from hetero.bench.cli import main
 from hetero.bench.harness.commands import run_specs
 from hetero.bench.harness.report import write_outputs
-from hetero.bench.harness.scenario import (
-    configure,
-    known_scenarios,
-    load_scenario,
-    parse_scenario,
-)
+from hetero.bench.harness.resize import configure
+from hetero.bench.harness.scenario import known_scenarios, load_scenario, parse_scenario
 from hetero.core.errors import ConfigError
 
 
@@ -106,6 +102,40 @@ def test_commands_run_as_modules_with_the_multicast_switches_off(tmp_path: Path)
     assert "gloo" in by_name["dynamic"].argv and by_name["equal"].steps == 4
 
 
+def test_zoo_runs_each_policy_on_each_data_path_under_torchrun(tmp_path: Path) -> None:
+    vit = load_scenario("zoo-vit")
+    assert vit.run_names() == (
+        "ddp-loader", "equal-loader", "dynamic-loader", "ddp-device", "equal-device",
+        "dynamic-device",
+    )  # fmt: skip
+    specs = {s.name: s for s in run_specs(vit, tmp_path, python="py")}
+    loader, device = specs["dynamic-loader"], specs["ddp-device"]
+    assert (loader.policy, loader.data_path, loader.runner) == ("dynamic", "loader", "hetero-api")
+    assert (device.policy, device.data_path, device.runner) == ("ddp", "device", "torch-ddp")
+    assert loader.argv[:6] == ("py", "-m", "torch.distributed.run", "--standalone",
+                               "--nproc-per-node", "2")  # fmt: skip
+    assert loader.argv[6:8] == ("-m", "hetero.bench.zoo.train")
+    assert device.argv[7] == "hetero.bench.zoo.train_ddp"
+    for flag in ("--data", "--amp", "--num-classes"):
+        assert flag in loader.argv
+    assert loader.argv[loader.argv.index("--num-workers") + 1] == "6"
+    assert "--num-workers" not in device.argv and "--policy" not in device.argv
+    assert "--channels-last" in run_specs(load_scenario("zoo-convnext"), tmp_path)[0].argv
+    quick = configure(load_scenario("zoo-cpu"), quick=True)
+    assert quick.run_names() == ("ddp-loader", "dynamic-loader") and quick.emulated
+    cpu = run_specs(quick, tmp_path)[1]
+    assert cpu.env["CUDA_VISIBLE_DEVICES"] == "" and "--emulate-slowdown" in cpu.argv
+    lm = run_specs(load_scenario("zoo-lm"), tmp_path)[0]
+    assert lm.argv[lm.argv.index("--tokens") + 1] == str(tmp_path / "data" / "tokens.bin")
+    base = "devices: cuda\nranks: 2\ngpus: 2\nmodel: debug\nglobal_batch: 8\nsteps: 20\n"
+    with pytest.raises(ConfigError, match="the builtin loop gathers on the device only"):
+        parse_scenario("x", base + "data_paths: [loader]\n")
+    with pytest.raises(ConfigError, match="unknown data path 'disk'"):
+        parse_scenario("x", base + "loop: zoo\ndata_paths: [disk]\n")
+    with pytest.raises(ConfigError, match=r"x\.loop: expected one of builtin, zoo"):
+        parse_scenario("x", base + "loop: script\n")
+
+
 def test_unknown_scenario_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "gpu-neighbor"]) == 2
     err = capsys.readouterr().err
@@ -126,6 +156,7 @@ def test_dry_run_needs_no_torch_rich_or_matplotlib() -> None:
         from hetero.bench.cli import main
         assert main(["run", "gpu-neighbour-dynamic", "--dry-run", "--out", "/tmp/x"]) == 0
         assert main(["run", "gpu-cpu-hybrid", "--dry-run", "--quick"]) == 0
+        assert main(["run", "zoo-lm", "--dry-run", "--out", "/tmp/z"]) == 0
         """
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -135,6 +166,10 @@ def test_dry_run_needs_no_torch_rich_or_matplotlib() -> None:
     assert "switched on at the boundary >= step 100, off at >= step 200" in out
     assert "-m hetero.bench.baseline_ddp" in out and "--policy dynamic" in out
     assert "nothing below was run" in out
+    assert "-m hetero.bench.zoo.tokens --out /tmp/z/data/tokens.bin --tokens 4194305" in out
+    assert (
+        "-m torch.distributed.run --standalone --nproc-per-node 2 -m hetero.bench.zoo.train " in out
+    )
 
 
 def _write_run(
@@ -239,3 +274,72 @@ def test_gpu_cpu_report_sets_the_planners_forecast_beside_the_gpu_alone_run(tmp_
     report = (tmp_path / "report.md").read_text()
     assert "dynamic, planner forecast: excluding rank 1 would" in report
     assert "the GPU alone ran 200% faster (3,000 vs 1,000 samples/s" in report
+
+
+def _write_zoo_run(root: Path, policy: str, path: str, rate: float, compute: list[float]) -> None:
+    """A zoo run's files: every rank's records with phases, a summary with the solo times."""
+    name = f"{policy}-{path}"
+    d = root / "runs" / name
+    (d / "metrics").mkdir(parents=True)
+    ddp = policy == "ddp"
+    for rank, c in enumerate(compute):
+        with (d / "metrics" / f"rank{rank}.jsonl").open("w") as fh:
+            for k in range(6):
+                rec = {"step": 10 * (k + 1), "rank": rank, "time_s": 1000.0 + k,
+                       "interval_wall_s": 10 * 32 / rate, "samples_per_s": rate, "batch": 16,
+                       "steps_measured": 9, "compute_s": None if ddp else c, "step_s": 32 / rate - 1e-3,
+                       "phases_s": {"data": 0.004 if path == "loader" else 0.0, "optimizer": 0.002}}  # fmt: skip
+                fh.write(json.dumps(rec) + "\n")
+    solo = [{"batch": 16, "samples_per_s": 16 / (c + 0.002), "data_s": 0.001, "compute_s": c,
+             "optimizer_s": 0.002} for c in (0.05, 0.1)]  # fmt: skip
+    ideal = sum(s["samples_per_s"] for s in solo)
+    summary = {"final_plan": [16, 16], "plans": [{}], "steps": 60, "ideal_samples_per_s": ideal,
+               "standalone_samples_per_s": [s["samples_per_s"] for s in solo], "solo": solo}  # fmt: skip
+    (d / "summary.json").write_text(json.dumps(summary))
+    outcome = {"name": name, "runner": "torch-ddp" if ddp else "hetero-api", "policy": policy,
+               "data_path": path, "returncode": 0, "error": None, "switches": [],
+               "command": "x", "wall_s": 1.0}  # fmt: skip
+    (d / "run.json").write_text(json.dumps(outcome))
+
+
+def test_zoo_rows_carry_the_data_path_and_a_gap_breakdown_that_accounts_for_the_ideal(
+    tmp_path: Path,
+) -> None:
+    scenario = load_scenario("zoo-cpu")
+    runs = ["ddp-loader", "dynamic-loader", "ddp-device", "dynamic-device"]
+    manifest = {"scenario": asdict(scenario), "runs": runs, "changes": [],
+                "date": "2026-01-01T00:00:00+00:00", "device": "CPU"}  # fmt: skip
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    _write_zoo_run(tmp_path, "ddp", "loader", 280.0, [0.05, 0.1])
+    _write_zoo_run(tmp_path, "dynamic", "loader", 350.0, [0.07, 0.075])
+    _write_zoo_run(tmp_path, "ddp", "device", 290.0, [0.05, 0.1])
+    _write_zoo_run(tmp_path, "dynamic", "device", 380.0, [0.07, 0.075])
+    rows = {r["run"]: r for r in write_outputs(tmp_path, draw_plots=False)["rows"]}
+    assert set(rows) == set(runs)
+    dyn = rows["dynamic-loader"]
+    assert (dyn["policy"], dyn["data_path"]) == ("dynamic", "loader")
+    assert dyn["speedup_vs_ddp"] == pytest.approx(350 / 280)  # against ddp-loader
+    assert rows["dynamic-device"]["speedup_vs_ddp"] == pytest.approx(380 / 290)
+    for row in rows.values():
+        shares = [row[f"gap_{t}_pct"] or 0.0 for t in
+                  ("imbalance", "input_wait", "exposed_comm", "overlap", "optimizer", "warmup",
+                   "residual")]  # fmt: skip
+        assert row["pct_of_ideal"] + sum(shares) == pytest.approx(100.0)
+        assert row["gap_verdict"]
+    assert rows["ddp-loader"]["gap_verdict"].startswith("imbalance: equal batches leave rank 1")
+    assert (
+        rows["dynamic-loader"]["gap_input_wait_pct"] > rows["dynamic-device"]["gap_input_wait_pct"]
+    )
+    assert rows["dynamic-device"]["gap_input_wait_pct"] == pytest.approx(0.0)
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert all(r["gap"]["terms"]["imbalance"]["ms_per_step"] is not None for r in doc["rows"])
+    with (tmp_path / "results.csv").open() as fh:
+        csv_rows = list(csv.DictReader(fh))
+    assert {r["data_path"] for r in csv_rows} == {"loader", "device"}
+    assert all(r["gap_verdict"] for r in csv_rows)
+    report = (tmp_path / "report.md").read_text()
+    assert "## Where the gap went (% of ideal)" in report
+    assert "| dynamic-loader | steady |" in report and "verdict: " in report
+    # hetero-bench report recomputes the same from the raw runs/ directory.
+    again = {r["run"]: r for r in write_outputs(tmp_path, draw_plots=False)["rows"]}
+    assert again["dynamic-loader"]["gap"] == dyn["gap"]

@@ -34,6 +34,8 @@ ENTRY_POINTS = {
     "hetero.core.rankenv": (*HEAVY[:-1], "hetero.v1"),
     "hetero.core.yamlfields": (*HEAVY[:-1], "hetero.v1"),
     "hetero.core.replan": (*HEAVY, "hetero.v1"),
+    # The gap breakdown: hetero-bench report reads it on machines without torch.
+    "hetero.core.verdict": (*HEAVY, "hetero.v1", "hetero.trainer", "hetero.bench"),
     # The balancer: the trainer embeds it.
     "hetero.core.balancer": (*HEAVY, "hetero.v1", "hetero.bench"),
 }

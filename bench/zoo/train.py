@@ -1,0 +1,157 @@
+"""A user's training loop on a model-zoo model, through hetero's public API.
+
+Launched as users launch theirs::
+
+    torchrun --nproc-per-node 2 -m hetero.bench.zoo.train --model vit_base_patch16_224 \\
+        --data loader --num-workers 6 --global-batch 256 --amp bf16 --steps 200 \\
+        --output-dir runs/vit --summary-json runs/vit/summary.json
+
+It reads top to bottom like a plain DDP script with hetero's five calls
+(``ht.init``, ``ctx.wrap``, ``ctx.loader``, ``ctx.backward``, ``ctx.step``);
+after training it measures each rank alone at its final batch
+(``ctx.measure_ideal``) and prints where the throughput missing from that ideal
+went (``ctx.report()``). ``train_ddp.py`` is the same loop in plain DDP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from hetero import trainer as ht
+from hetero.bench.zoo.workloads import build_data, build_model, is_language_model, loss_fn
+from hetero.core.balancer import DeviceProfile
+from hetero.core.errors import HeteroError
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="hetero.bench.zoo.train", description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="vit_base_patch16_224", help="timm name or hetero model")
+    p.add_argument("--data", choices=("loader", "device"), default="loader", help="data path")
+    p.add_argument("--num-workers", type=int, default=6, help="DataLoader workers (loader path)")
+    p.add_argument("--tokens", type=Path, help="token file of a language model (zoo.tokens)")
+    p.add_argument("--seq-len", type=int, default=1024, help="tokens per sample")
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--num-classes", type=int, default=1000)
+    p.add_argument("--num-samples", type=int, default=8192, help="images in the dataset")
+    p.add_argument("--global-batch", type=int, default=256)
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--amp", choices=("none", "bf16"), default="bf16")
+    p.add_argument("--channels-last", action="store_true", help="CNNs: channels_last layout")
+    p.add_argument("--policy", default="dynamic")
+    p.add_argument("--rebalance-interval", type=int, default=10)
+    p.add_argument("--compute-scores", help="relative speed per rank (proportional, hybrid)")
+    p.add_argument("--emulate-slowdown", help="CPU ranks only, e.g. 1:2 (EMULATED)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--ideal-steps", type=int, default=8, help="steps per rank alone; 0 skips")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output-dir", type=Path)
+    p.add_argument("--summary-json", type=Path)
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    scores = args.compute_scores.split(",") if args.compute_scores else []
+    profiles = [DeviceProfile(f"rank{r}", float(x)) for r, x in enumerate(scores)] or None
+    ctx = ht.init(
+        args.policy,
+        rebalance_interval=args.rebalance_interval,
+        device=args.device,
+        output_dir=args.output_dir,
+        emulate_slowdown=args.emulate_slowdown,
+        profiles=profiles,
+    )
+    try:
+        summary = train(ctx, args)
+    finally:
+        ctx.close()
+    if ctx.rank == 0 and args.summary_json:
+        args.summary_json.parent.mkdir(parents=True, exist_ok=True)
+        args.summary_json.write_text(json.dumps(summary, indent=2) + "\n")
+    return 0
+
+
+def train(ctx: ht.Context, args: argparse.Namespace) -> dict[str, object]:
+    torch.manual_seed(args.seed)
+    text = is_language_model(args.model)
+    size = args.seq_len if text else args.image_size
+    model, source = build_model(args.model, args.num_classes, size)
+    fmt = torch.channels_last if args.channels_last and not text else torch.contiguous_format
+    model = model.to(memory_format=fmt)
+    dataset, describe = build_data(
+        args.model, path=args.data, num_samples=args.num_samples, image_size=args.image_size,
+        num_classes=args.num_classes, tokens=args.tokens, seq_len=args.seq_len, seed=args.seed,
+    )  # fmt: skip
+
+    ddp_model = ctx.wrap(model)
+    optimizer = torch.optim.AdamW(ddp_model.parameters(), lr=args.lr, weight_decay=0.05)
+    workers = args.num_workers if args.data == "loader" else 0
+    loader = ctx.loader(dataset, args.global_batch, seed=args.seed, num_workers=workers)
+    if ctx.rank == 0:
+        params = sum(p.numel() for p in model.parameters())
+        emu = f", EMULATED slowdown {args.emulate_slowdown}" if args.emulate_slowdown else ""
+        print(
+            f"zoo: {source} ({params / 1e6:.1f} M parameters), {ctx.world_size} ranks "
+            f"[{ctx.backend}/{ctx.device.type}], policy {args.policy}, global batch "
+            f"{args.global_batch}, amp {args.amp}{emu}\n"
+            f"zoo: data path {args.data} ({workers} workers): {describe()}",
+            flush=True,
+        )
+
+    ddp_model.train()
+    while ctx.global_step < args.steps:
+        for x, y in loader:
+            if x.dim() == 4:
+                x = x.contiguous(memory_format=fmt)
+            with torch.autocast(ctx.device.type, torch.bfloat16, enabled=args.amp == "bf16"):
+                loss = loss_fn(ddp_model(x), y)
+            ctx.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            ctx.step(loss)
+            if ctx.global_step >= args.steps:
+                break
+
+    if args.ideal_steps > 0:
+
+        def fresh_copy() -> torch.nn.Module:
+            copy, _ = build_model(args.model, args.num_classes, size)
+            copy.load_state_dict(model.state_dict())
+            return copy.to(ctx.device).to(memory_format=fmt)
+
+        ctx.measure_ideal(
+            fresh_copy, optimizer, dataset, loss_fn,
+            steps=args.ideal_steps, amp=args.amp, memory_format=fmt, seed=args.seed,
+        )  # fmt: skip
+    summary = ctx.report()
+    return summary | {
+        "runner": "hetero-api",
+        "model": args.model,
+        "model_source": source,
+        "data_path": args.data,
+        "num_workers": workers,
+        "amp": args.amp,
+        "channels_last": fmt is torch.channels_last,
+        "optimizer": "AdamW",
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
+
+
+def run(entry: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:
+    """``entry(argv)`` with hetero's errors as one line on stderr and a non-zero exit."""
+    try:
+        return entry(argv)
+    except HeteroError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(run(main))
