@@ -378,6 +378,8 @@ class Context:
         that model goes: its DDP reducer holds the group (see ``procgroup``).
         """
         self.metrics.close()
+        if self._loader is not None:
+            self._loader.close()
         close_planner = getattr(self.planner, "close", None)
         if close_planner is not None:
             close_planner()
