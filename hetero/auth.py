@@ -10,7 +10,11 @@ it reveals only "serving"); reflection and every hetero RPC need the token.
 Where a token comes from, first match wins: a file named by ``--token-file`` or
 the config key ``token_file``; the file named by ``$HETERO_TOKEN_FILE`` (what
 the systemd units set, pointing into ``$CREDENTIALS_DIRECTORY``); the value of
-``$HETERO_TOKEN`` (an ``EnvironmentFile``). The token is held in a
+``$HETERO_TOKEN`` (an ``EnvironmentFile``). A coordinator given none of these
+generates one into its state directory (``ensure_token``, mode 0600), and a
+client dialling a loopback address reads it from this user's state directory
+(``local_token_path``): secure by default, with nothing to configure on one
+machine. The token is held in a
 :class:`Secret`, whose ``repr`` and ``str`` are masked, so it cannot reach a
 log line, an error message or the database by accident.
 
@@ -27,6 +31,7 @@ import logging
 import os
 import secrets
 import stat
+import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
@@ -36,12 +41,15 @@ from typing import Any, NoReturn
 import grpc
 import grpc.aio
 
+from hetero.core.defaults import default_state_dir
 from hetero.core.errors import ConfigError
 
 log = logging.getLogger("hetero.auth")
 
 TOKEN_ENV = "HETERO_TOKEN"
 TOKEN_FILE_ENV = "HETERO_TOKEN_FILE"
+#: Name of the token a coordinator generates in its state directory when given none.
+TOKEN_FILE_NAME = "token"
 #: The agent's own endpoint token, given to the ranks it launches.
 AGENT_TOKEN_ENV = "HETERO_AGENT_TOKEN"
 #: Variables a launched rank must not inherit from its agent (credentials and their paths).
@@ -120,8 +128,13 @@ def read_token_file(path: Path) -> Secret:
     return check_token(text, f"token file {path}")
 
 
-def load_token(path: Path | None, environ: Mapping[str, str] | None = None) -> Secret | None:
-    """The token from ``path``, else ``$HETERO_TOKEN_FILE``, else ``$HETERO_TOKEN``, else None."""
+def load_token(
+    path: Path | None,
+    environ: Mapping[str, str] | None = None,
+    fallback: Path | None = None,
+) -> Secret | None:
+    """The token from ``path``, else ``$HETERO_TOKEN_FILE``, else ``$HETERO_TOKEN``, else
+    the file ``fallback`` if it exists and this user may read it, else None."""
     env = os.environ if environ is None else environ
     if path is not None:
         return read_token_file(path)
@@ -129,7 +142,39 @@ def load_token(path: Path | None, environ: Mapping[str, str] | None = None) -> S
         return read_token_file(Path(env[TOKEN_FILE_ENV]))
     if env.get(TOKEN_ENV):
         return check_token(env[TOKEN_ENV], f"${TOKEN_ENV}")
+    if fallback is not None and os.access(fallback, os.R_OK):
+        return read_token_file(fallback)
     return None
+
+
+def local_token_path(state_dir: Path | None = None) -> Path:
+    """Where a coordinator with no configured token keeps the one it generated:
+    ``token`` in its state directory (default: this user's, ``default_state_dir``)."""
+    return (state_dir or default_state_dir()) / TOKEN_FILE_NAME
+
+
+def ensure_token(path: Path) -> Secret:
+    """The token in ``path``, made first (256 random bits, mode 0600, never replaced) if
+    the file does not exist: what a coordinator started without a token uses, so that
+    a local client of the same user reads it and nobody else can call. Written to a
+    temporary file and linked into place, so a concurrent reader never sees it half
+    written and of two concurrent writers the first wins."""
+    if path.exists():
+        return read_token_file(path)
+    token = new_token()
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)  # mode 0600
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(token.reveal() + "\n")
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return read_token_file(path)
+        finally:
+            os.unlink(tmp)
+    except OSError as exc:
+        raise ConfigError(f"cannot create token file {path}: {exc.strerror}") from None
+    return token
 
 
 def agent_token_from_env(environ: Mapping[str, str] | None = None) -> Secret | None:

@@ -31,6 +31,7 @@ from hetero.auth import (
     Secret,
     TokenAuthInterceptor,
     load_token,
+    local_token_path,
     with_token,
 )
 from hetero.core.errors import ConfigError, RemoteError, UnreachableError, error_for_status
@@ -109,6 +110,8 @@ class ServerSecurity:
     token: Secret | None = None
     tls: TLSFiles = field(default_factory=TLSFiles)
     insecure: bool = False
+    #: Where ``token`` was generated when none was configured (said in the start-up line).
+    generated_token: Path | None = None
 
     @property
     def mutual_tls(self) -> bool:
@@ -149,8 +152,12 @@ def client_security(
     tls_ca: Path | None = None,
     tls_cert: Path | None = None,
     tls_key: Path | None = None,
+    *,
+    address: str | None = None,
 ) -> ClientSecurity:
-    """Read the token and check the TLS files; each TLS path falls back to ``$HETERO_TLS_*``."""
+    """Read the token and check the TLS files; each TLS path falls back to ``$HETERO_TLS_*``.
+    A client of a loopback ``address`` given no token uses the one a local coordinator
+    generated (``hetero.auth.local_token_path``); it is never sent beyond loopback."""
 
     def env(path: Path | None, key: str) -> Path | None:
         value = os.environ.get(TLS_ENV[key])
@@ -158,7 +165,10 @@ def client_security(
 
     tls = TLSFiles(env(tls_cert, "cert"), env(tls_key, "key"), env(tls_ca, "ca"))
     tls.channel_credentials()
-    return ClientSecurity(load_token(token_file), tls)
+    local = address is not None and is_loopback(address)
+    return ClientSecurity(
+        load_token(token_file, fallback=local_token_path() if local else None), tls
+    )
 
 
 # ---- servers -------------------------------------------------------------------------------
@@ -302,7 +312,9 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
         "--token-file",
         type=Path,
         metavar="FILE",
-        help="file holding the coordinator's token (else $HETERO_TOKEN_FILE, $HETERO_TOKEN)",
+        help="file holding the coordinator's token (else $HETERO_TOKEN_FILE, $HETERO_TOKEN, "
+        "else, for a coordinator on loopback, the token it generated in this user's state "
+        "directory)",
     )
     g.add_argument(
         "--tls-ca", type=Path, metavar="PEM", help="CA of the server's certificate: turns on TLS"
@@ -312,14 +324,21 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def client_security_from_args(args: argparse.Namespace) -> ClientSecurity:
-    return client_security(args.token_file, args.tls_ca, args.tls_cert, args.tls_key)
+    return client_security(
+        args.token_file,
+        args.tls_ca,
+        args.tls_cert,
+        args.tls_key,
+        address=getattr(args, "coordinator", None),
+    )
 
 
 def describe(security: ServerSecurity | None) -> str:
     """How callers authenticate, for the daemon's start-up log line (never the token)."""
     if security is None:
         return "no authentication"
-    parts = ["token" if security.token is not None else "", "TLS" if security.tls.cert else ""]
+    token = "token" if security.generated_token is None else f"token in {security.generated_token}"
+    parts = [token if security.token is not None else "", "TLS" if security.tls.cert else ""]
     if security.mutual_tls:
         parts.append("client certificates")
     named = [p for p in parts if p]
