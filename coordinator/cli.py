@@ -41,7 +41,7 @@ examples:
   hetero-coord cancel 3f2a9c1b7d4e
   hetero-coord drain gpu-node-3                     # no new ranks there; --undo to reverse
   hetero-coord export 3f2a9c1b7d4e --format csv --out stats.csv
-  hetero-coord serve --metrics-listen 0.0.0.0:9464  # Prometheus /metrics
+  hetero-coord serve --metrics-listen 127.0.0.1:9464  # Prometheus /metrics (loopback)
 
 The coordinator address comes from --coordinator, else $HETERO_COORDINATOR, else 127.0.0.1:7070.
 The job file format is documented in docs/jobspec.md.
@@ -88,7 +88,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--metrics-listen",
         metavar="ADDR",
-        help="host:port to serve Prometheus /metrics on (default: off)",
+        help="host:port to serve Prometheus /metrics on (default: off); beyond loopback "
+        "scrapes must send the token (Authorization: Bearer)",
     )
     auth = serve.add_argument_group("authentication (see docs/reliability.md#security)")
     auth.add_argument(
@@ -264,10 +265,14 @@ def _serve(args: argparse.Namespace) -> int:
         # local user could otherwise submit a `command:` job run by the agents.
         token_path = local_token_path(state_dir)
         security = replace(security, token=ensure_token(token_path), generated_token=token_path)
-    elif security.insecure and security.token is None:
+    elif security.insecure and not security.authenticated:
         logging.getLogger("hetero.coordinator").warning(
             "--insecure: no token; every user who can reach %s can submit jobs", config.listen
         )
+    if config.metrics_listen:
+        from hetero.coordinator.metricsserver import check_metrics_listen
+
+        check_metrics_listen(config.metrics_listen, security)
     serve(
         config.listen,
         config.db_url,
