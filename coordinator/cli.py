@@ -21,6 +21,7 @@ from hetero.auth import ensure_token, local_token_path
 from hetero.coordinator import commands
 from hetero.coordinator.config import CoordinatorConfig, load_config, with_flags
 from hetero.coordinator.export import FORMATS, TABLES
+from hetero.coordinator.roles import load_roles
 from hetero.core import defaults
 from hetero.core.errors import HeteroError
 from hetero.logs import configure_logging
@@ -256,6 +257,8 @@ def _serve(args: argparse.Namespace) -> int:
     security = server_security(
         config.token_file, config.tls_cert, config.tls_key, config.tls_ca, config.insecure
     )
+    if config.roles:
+        security = replace(security, roles=load_roles(config.roles))
     # A listener beyond loopback needs authentication the operator configured (agents on
     # other nodes need a copy of it); checked before the generated token is added.
     check_listen(config.listen, security, "coordinator")

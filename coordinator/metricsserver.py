@@ -52,6 +52,8 @@ def check_metrics_listen(address: str, security: ServerSecurity) -> None:
     ``--insecure``; one line naming what to do."""
     if is_loopback(address) or security.token is not None:
         return
+    if any(r.role == "read" for r in security.roles):
+        return
     if not security.insecure:
         raise ConfigError(
             f"refusing to serve /metrics on {address} without authentication: give a token "
@@ -145,11 +147,13 @@ class MetricsServer:
             raise ConfigError(f"metrics_listen must be host:port, got {address!r}")
         security = security or ServerSecurity()
         check_metrics_listen(address, security)
-        token = None if is_loopback(address) else security.token
+        # Beyond loopback a scrape sends the cluster token or the read role's.
+        readers = [r.token for r in security.roles if r.role == "read"]
+        tokens = [] if is_loopback(address) else [*filter(None, [security.token]), *readers]
         self.exposition = CachedExposition(snapshot, ttl_s)
         try:
             self._httpd = _BoundedServer(
-                (host.strip("[]") or "0.0.0.0", int(port)), _handler(self.exposition, token)
+                (host.strip("[]") or "0.0.0.0", int(port)), _handler(self.exposition, tokens)
             )
         except OSError as exc:
             raise ConfigError(f"cannot listen for metrics on {address}: {exc.strerror}") from None
@@ -172,7 +176,9 @@ class MetricsServer:
         self._thread.join(timeout=5.0)
 
 
-def _handler(exposition: CachedExposition, token: Secret | None) -> type[BaseHTTPRequestHandler]:
+def _handler(exposition: CachedExposition, tokens: list[Secret]) -> type[BaseHTTPRequestHandler]:
+    """Scrapes need one of ``tokens`` (none: open)."""
+
     class Handler(BaseHTTPRequestHandler):
         timeout = READ_TIMEOUT_S  # per socket read: a half-open connection is dropped
 
@@ -180,7 +186,7 @@ def _handler(exposition: CachedExposition, token: Secret | None) -> type[BaseHTT
             if self.path.split("?", 1)[0] != "/metrics":
                 self._reply(404, "text/plain; charset=utf-8", b"not found: try /metrics\n")
                 return
-            if token is not None and not self._authorized(token):
+            if tokens and not self._authorized(tokens):
                 self._reply(401, "text/plain; charset=utf-8", b"unauthenticated: bearer token\n")
                 return
             try:
@@ -191,9 +197,10 @@ def _handler(exposition: CachedExposition, token: Secret | None) -> type[BaseHTT
                 return
             self._reply(200, CONTENT_TYPE, body)
 
-        def _authorized(self, expected: Secret) -> bool:
+        def _authorized(self, expected: list[Secret]) -> bool:
             scheme, _, value = (self.headers.get(METADATA_KEY) or "").partition(" ")
-            return scheme.lower() == SCHEME.lower() and expected.matches(value.strip())
+            matches = [t.matches(value.strip()) for t in expected]  # compare with all
+            return scheme.lower() == SCHEME.lower() and any(matches)
 
         def _reply(self, code: int, content_type: str, data: bytes) -> None:
             self.send_response(code)

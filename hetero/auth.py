@@ -34,7 +34,8 @@ import stat
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -198,12 +199,28 @@ def _presented(metadata: Iterable[tuple[str, Any]] | None) -> str | None:
     return None
 
 
-def _denied(handler: grpc.RpcMethodHandler | None, message: str) -> grpc.RpcMethodHandler:
-    """A handler of ``handler``'s shape that fails with UNAUTHENTICATED before reading
-    the request (no deserializer: an unauthenticated message is never parsed)."""
+@dataclass(frozen=True)
+class RoleToken:
+    """A token that may call only ``methods`` (full gRPC names, ``/pkg.Service/Method``):
+    a role such as "read" or "agent" (docs/deploy.md#roles). ``role`` names it in
+    PERMISSION_DENIED messages; the token never appears in them."""
+
+    role: str
+    token: Secret
+    methods: frozenset[str]
+
+
+#: Why a call is refused: its status code and one-line message.
+Refusal = tuple[grpc.StatusCode, str]
+
+
+def _denied(handler: grpc.RpcMethodHandler | None, refusal: Refusal) -> grpc.RpcMethodHandler:
+    """A handler of ``handler``'s shape that fails with ``refusal`` before reading the
+    request (no deserializer: an unauthenticated message is never parsed)."""
+    code, message = refusal
 
     def deny(_request: Any, context: grpc.ServicerContext) -> Any:
-        context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        context.abort(code, message)
 
     if handler is not None and handler.request_streaming and handler.response_streaming:
         return grpc.stream_stream_rpc_method_handler(deny)
@@ -223,13 +240,15 @@ class TokenAuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc, unused
 
     def __init__(
         self,
-        token: Secret,
+        token: Secret | None,
         what: str,
         hint: str,
         *,
+        roles: Sequence[RoleToken] = (),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._token = token
+        self._roles = tuple(roles)
         self.missing = f"unauthenticated: the {what} requires a token ({hint})"
         self.wrong = f"unauthenticated: the {what} did not accept the token ({hint})"
         self._clock = clock
@@ -246,17 +265,32 @@ class TokenAuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc, unused
         handler = continuation(details)
         return handler if reason is None else _denied(handler, reason)
 
-    def refusal(self, details: grpc.HandlerCallDetails) -> str | None:
-        """None if the call may proceed, else the UNAUTHENTICATED message (logged)."""
+    def refusal(self, details: grpc.HandlerCallDetails) -> Refusal | None:
+        """None if the call may proceed, else its status and message (logged): the
+        cluster token may call anything, a role's token only its methods."""
         if details.method in OPEN_METHODS:
             return None
         presented = _presented(details.invocation_metadata)
         if presented is not None:
-            scheme, _, value = presented.partition(" ")
-            if scheme.lower() == SCHEME.lower() and self._token.matches(value.strip()):
+            scheme, _, raw = presented.partition(" ")
+            value = raw.strip() if scheme.lower() == SCHEME.lower() else None
+            if value is not None and self._token is not None and self._token.matches(value):
                 return None
+            # Every role's token is compared, so the time taken tells nothing of which matched.
+            matched = [r for r in self._roles if value is not None and r.token.matches(value)]
+            if matched:
+                role = matched[0]
+                if details.method in role.methods:
+                    return None
+                name = details.method.rsplit("/", 1)[-1]
+                self._log_rejection(details.method, f"{role.role} token")
+                return (
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"permission denied: the {role.role} token may not call {name}",
+                )
         self._log_rejection(details.method, "no token" if presented is None else "wrong token")
-        return self.missing if presented is None else self.wrong
+        message = self.missing if presented is None else self.wrong
+        return grpc.StatusCode.UNAUTHENTICATED, message
 
     def _log_rejection(self, method: str, why: str) -> None:
         with self._lock:
@@ -274,8 +308,10 @@ class AioTokenAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc,
     """:class:`TokenAuthInterceptor` for a ``grpc.aio`` server: the same check and
     messages, an ``async`` refusal."""
 
-    def __init__(self, token: Secret, what: str, hint: str) -> None:
-        self._check = TokenAuthInterceptor(token, what, hint)
+    def __init__(
+        self, token: Secret | None, what: str, hint: str, *, roles: Sequence[RoleToken] = ()
+    ) -> None:
+        self._check = TokenAuthInterceptor(token, what, hint, roles=roles)
 
     async def intercept_service(
         self,
@@ -287,16 +323,17 @@ class AioTokenAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc,
         return handler if reason is None else _denied_async(handler, reason)
 
 
-def _denied_async(handler: grpc.RpcMethodHandler | None, message: str) -> grpc.RpcMethodHandler:
+def _denied_async(handler: grpc.RpcMethodHandler | None, refusal: Refusal) -> grpc.RpcMethodHandler:
     """:func:`_denied` with coroutine handlers, as a ``grpc.aio`` server calls them."""
+    code, message = refusal
 
     async def deny(_request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        await context.abort(code, message)
 
     async def deny_stream(
         _request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[Any]:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        await context.abort(code, message)
         yield  # pragma: no cover - abort raises
 
     if handler is not None and handler.request_streaming and handler.response_streaming:

@@ -28,6 +28,7 @@ import grpc.aio
 
 from hetero.auth import (
     AioTokenAuthInterceptor,
+    RoleToken,
     Secret,
     TokenAuthInterceptor,
     load_token,
@@ -112,6 +113,8 @@ class ServerSecurity:
     insecure: bool = False
     #: Where ``token`` was generated when none was configured (said in the start-up line).
     generated_token: Path | None = None
+    #: Tokens limited to a role's methods, beside ``token`` (which may call anything).
+    roles: tuple[RoleToken, ...] = ()
 
     @property
     def mutual_tls(self) -> bool:
@@ -119,7 +122,7 @@ class ServerSecurity:
 
     @property
     def authenticated(self) -> bool:
-        return self.token is not None or self.mutual_tls
+        return self.token is not None or bool(self.roles) or self.mutual_tls
 
 
 @dataclass(frozen=True)
@@ -218,8 +221,8 @@ def new_server(
     """A gRPC server with hetero's interceptors (token check first, then the guard) and
     message limit; ``what``/``hint`` word the UNAUTHENTICATED messages."""
     interceptors: list[grpc.ServerInterceptor] = []
-    if security.token is not None:
-        interceptors.append(TokenAuthInterceptor(security.token, what, hint))
+    if security.token is not None or security.roles:
+        interceptors.append(TokenAuthInterceptor(security.token, what, hint, roles=security.roles))
     interceptors.append(GuardInterceptor())
     return grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=thread_name_prefix),
@@ -238,8 +241,10 @@ def new_aio_server(security: ServerSecurity, *, what: str, hint: str) -> grpc.ai
     """:func:`new_server` for ``grpc.aio`` (the same interceptors and limit); call it
     on the event loop that will run the server."""
     interceptors: list[grpc.aio.ServerInterceptor] = []
-    if security.token is not None:
-        interceptors.append(AioTokenAuthInterceptor(security.token, what, hint))
+    if security.token is not None or security.roles:
+        interceptors.append(
+            AioTokenAuthInterceptor(security.token, what, hint, roles=security.roles)
+        )
     interceptors.append(AioGuardInterceptor())
     return grpc.aio.server(
         interceptors=interceptors,
