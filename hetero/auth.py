@@ -19,13 +19,15 @@ machine. The token is held in a
 log line, an error message or the database by accident.
 
 The agent never hands the coordinator's token to the ranks it launches: it
-makes a fresh token for its own ``AgentLocal`` endpoint at start and passes
-that one to its ranks as ``$HETERO_AGENT_TOKEN`` (environment, not argv).
+makes a fresh secret for its own ``AgentLocal`` endpoint at start and gives each
+rank the token of its job (:class:`JobTokens`) as ``$HETERO_AGENT_TOKEN``
+(environment, not argv); ``AgentLocal`` answers a call only for that job.
 """
 
 from __future__ import annotations
 
 import collections
+import hashlib
 import hmac
 import logging
 import os
@@ -176,6 +178,29 @@ def ensure_token(path: Path) -> Secret:
     except OSError as exc:
         raise ConfigError(f"cannot create token file {path}: {exc.strerror}") from None
     return token
+
+
+class JobTokens:
+    """Per-job credentials an agent mints for its ranks: ``for_job(j)`` is
+    HMAC-SHA256(agent secret, j), so the agent keeps no table, a rank's token is good
+    for its own job only, and neither reveals the agent's secret or another job's token."""
+
+    __slots__ = ("_secret",)
+
+    def __init__(self, secret: Secret) -> None:
+        self._secret = secret
+
+    def for_job(self, job_id: str) -> Secret:
+        key = self._secret.reveal().encode("utf-8")
+        return Secret(hmac.new(key, job_id.encode("utf-8"), hashlib.sha256).hexdigest())
+
+    def matches(self, job_id: str, metadata: Iterable[tuple[str, Any]] | None) -> bool:
+        """Whether ``metadata`` carries the bearer token of ``job_id``."""
+        scheme, _, value = (_presented(metadata) or "").partition(" ")
+        return scheme.lower() == SCHEME.lower() and self.for_job(job_id).matches(value.strip())
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("job tokens are not pickled")
 
 
 def agent_token_from_env(environ: Mapping[str, str] | None = None) -> Secret | None:

@@ -127,3 +127,43 @@ def test_roles_in_the_config_file_are_checked_by_name(tmp_path: Path) -> None:
     token.write_text("r" * 32)
     path.write_text(f"roles:\n  read: {token}\n")
     assert load_config(path).roles == (("read", token),)
+
+
+def test_a_ranks_token_is_good_for_its_own_job_only(served: Served) -> None:
+    """Before: every rank of an agent shared one endpoint token, good for any job."""
+    from hetero.agent.local import AgentLocalService, PlanCache, create_local_server
+    from hetero.agent.orders import rank_environment
+    from hetero.auth import AGENT_TOKEN_ENV, JobTokens
+    from hetero.v1 import agent_pb2_grpc
+
+    tokens = JobTokens(new_token())
+    order = pb.RankLaunch(job_id="job-a", rank=0, world_size=1, master_port=29500)
+    env = rank_environment(
+        order,
+        agent_endpoint="127.0.0.1:7071",
+        threads=1,
+        local_world_size=1,
+        base={"HETERO_TOKEN": served.tokens["cluster"].reveal(), "PATH": "/usr/bin"},
+        agent_token=tokens.for_job("job-a"),
+    )
+    assert served.tokens["cluster"].reveal() not in env.values(), "never the cluster's token"
+    rank_token = Secret(env[AGENT_TOKEN_ENV])
+    service = AgentLocalService(served.stub("agent"), PlanCache(), job_tokens=tokens)
+    server, port = create_local_server("127.0.0.1:0", service)
+    server.start()
+    try:
+        with client_channel(f"127.0.0.1:{port}", ClientSecurity(token=rank_token)) as channel:
+            local = agent_pb2_grpc.AgentLocalStub(channel)
+            for job in ("job-b", ""):
+                with pytest.raises(grpc.RpcError) as err:
+                    local.GetPlan(tpb.GetPlanRequest(job_id=job), timeout=DEADLINE_S)
+                assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+                with pytest.raises(grpc.RpcError) as err:
+                    report = tpb.IntervalReport(job_id=job)
+                    local.ReportIntervalStats(report, timeout=DEADLINE_S)
+                assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            with pytest.raises(grpc.RpcError) as own:  # its own job: forwarded upstream
+                local.GetPlan(tpb.GetPlanRequest(job_id="job-a"), timeout=DEADLINE_S)
+            assert own.value.code() == grpc.StatusCode.NOT_FOUND
+    finally:
+        server.stop(0).wait()
