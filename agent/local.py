@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import replace
 
 import grpc
 
 from hetero.agent.outbox import Outbox
-from hetero.auth import AGENT_TOKEN_ENV, JobTokens, Secret
+from hetero.auth import AGENT_TOKEN_ENV, JobTokens
 from hetero.transport import ServerSecurity, bind, is_unreachable, new_server
 from hetero.v1 import agent_pb2_grpc
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
@@ -142,9 +141,7 @@ def create_local_server(
     With ``service.job_tokens`` every call needs its job's token (each rank gets its
     own as ``$HETERO_AGENT_TOKEN``); a non-loopback ``address`` needs them unless
     ``insecure``."""
-    # The token check is the service's (per job); the listen rule counts it as a token.
-    listen = ServerSecurity(token=Secret("per-job") if service.job_tokens else None)
-    security = ServerSecurity(insecure=insecure)
+    security = ServerSecurity(insecure=insecure, checked_by_service=service.job_tokens is not None)
     server = new_server(
         security,
         what="agent endpoint",
@@ -153,4 +150,4 @@ def create_local_server(
         thread_name_prefix="local",
     )
     agent_pb2_grpc.add_AgentLocalServicer_to_server(service, server)  # type: ignore[no-untyped-call, unused-ignore]
-    return server, bind(server, address, replace(listen, insecure=insecure), "agent endpoint")
+    return server, bind(server, address, security, "agent endpoint")

@@ -115,6 +115,9 @@ class ServerSecurity:
     generated_token: Path | None = None
     #: Tokens limited to a role's methods, beside ``token`` (which may call anything).
     roles: tuple[RoleToken, ...] = ()
+    #: The service itself checks a credential bound to the request (AgentLocal's
+    #: per-job tokens), which no interceptor can: counts as authentication.
+    checked_by_service: bool = False
 
     @property
     def mutual_tls(self) -> bool:
@@ -122,7 +125,9 @@ class ServerSecurity:
 
     @property
     def authenticated(self) -> bool:
-        return self.token is not None or bool(self.roles) or self.mutual_tls
+        return (
+            self.token is not None or bool(self.roles) or self.mutual_tls or self.checked_by_service
+        )
 
 
 @dataclass(frozen=True)
