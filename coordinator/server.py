@@ -18,10 +18,10 @@ import grpc
 import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from sqlalchemy.engine import make_url
 
 from hetero.coordinator.asyncserver import CoordinatorServer, add_coordinator
 from hetero.coordinator.database import open_database, read_session_factory, session_factory
+from hetero.coordinator.dburl import masked
 from hetero.coordinator.deps import Deps
 from hetero.coordinator.ingest import HeartbeatIngest
 from hetero.coordinator.metrics import MetricsServer
@@ -130,7 +130,7 @@ def serve(
         address,
         port,
         describe(security),
-        make_url(db_url).render_as_string(hide_password=True),
+        masked(db_url),
     )
     log.info(
         "retention: telemetry %g h; interval stats whole for %g h, then 1 interval in %d, "
