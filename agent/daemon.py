@@ -79,7 +79,7 @@ class Agent:
             f"{'127.0.0.1' if host in ('', '0.0.0.0', '[::]') else host}:{self.local_port}"
         )
         self.link.endpoint = self.endpoint
-        self.supervisor = Supervisor(self.state_dir, clock=clock)
+        self.supervisor = Supervisor(self.state_dir, clock=clock, log_limits=config.rank_logs)
         self.shipper = Shipper(config, self.link, self.supervisor, self.plans, self.outbox)
         self.reconciler = Reconciler(
             config,
@@ -140,4 +140,10 @@ class Agent:
         self.telemetry.stop()
         self.local_server.stop(0.5).wait()
         self.link.close()
+        if self.supervisor.dropped_total:
+            log.warning(
+                "%d rank output lines were dropped before shipping (each gap noted in the "
+                "job's logs)",
+                self.supervisor.dropped_total,
+            )
         log.info("agent stopped")
