@@ -203,13 +203,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(config: AgentConfig, refresh: bool) -> int:
     from hetero.agent.daemon import Agent
+    from hetero.agent.leftovers import RankRecords
 
     # Credentials first: a bad token file fails in a second, not after the profile.
     security = client_security(config.token_file, config.tls_ca, config.tls_cert, config.tls_key)
     if not security.secured and not config.insecure:  # the listen rule, before the profile
         check_listen(config.local_listen, ServerSecurity(), "agent endpoint")
+    # What a killed predecessor left running goes first: before the profile, which
+    # takes seconds and would measure beside it.
+    leftovers = RankRecords(config.resolved_state_dir).end_leftovers()
     profile = _profile(config, refresh)
-    agent = Agent(config, profile, security=security)
+    agent = Agent(config, profile, security=security, leftovers=leftovers)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         logging.getLogger("hetero.agent").info("received %s, stopping", signal.Signals(signum).name)

@@ -1,9 +1,11 @@
 """Worker processes: start ranks from launch orders, capture their output, stop and reap them.
 
 Each rank runs in its own session (process group), so a stop reaches its data
-loader workers too: SIGTERM to the group, SIGKILL after the grace period. On
-Linux each rank also gets ``PR_SET_PDEATHSIG``: if the agent dies without
-cleaning up (SIGKILL, OOM), the kernel kills its ranks, so nothing is orphaned.
+loader workers too: SIGTERM to the group, SIGKILL after the grace period; a
+rank that exits takes its group with it. On Linux each rank also gets
+``PR_SET_PDEATHSIG``: if the agent dies without cleaning up (SIGKILL, OOM),
+the kernel kills the rank; what the rank started is ended by the agent's next
+start from the records of ``agent.leftovers``, so nothing is orphaned.
 
 Output lines go to ``<state>/jobs/<job>/rank<r>.log`` (capped and rotated:
 ``agent.ranklog``) and to a queue the agent ships to the coordinator with
@@ -36,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from hetero.agent.leftovers import RankRecords
 from hetero.agent.ranklog import RankLog, RankLogLimits
 
 log = logging.getLogger("hetero.agent.supervisor")
@@ -122,6 +125,8 @@ class Supervisor:
         self.jobs_dir = state_dir / "jobs"
         self.clock = clock
         self.log_limits = log_limits or RankLogLimits()
+        #: Every running rank, on disk: what a restarted agent ends (``agent.leftovers``).
+        self.records = RankRecords(state_dir)
         self.workers: dict[tuple[str, int], Worker] = {}
         self._lines: collections.deque[Line] = collections.deque(maxlen=max_pending_lines)
         #: Lines dropped per (job, rank) since the last note about them was queued.
@@ -167,6 +172,7 @@ class Supervisor:
             start_new_session=True,
             preexec_fn=_die_with_parent,  # a prctl() call only: no Python locks
         )
+        self.records.record(job_id, rank, attempt, proc.pid)
         if progress_file is not None:
             progress_file.unlink(missing_ok=True)  # an earlier attempt's file is no progress
         worker = Worker(
@@ -266,6 +272,7 @@ class Supervisor:
             for t in worker.readers:
                 t.join(timeout=1.0)
             worker.logfile.close()
+            self.records.forget(worker.job_id, worker.rank)
             del self.workers[key]
             shell_code = code if code >= 0 else 128 - code
             stopped = worker.kill_at is not None and not worker.reason
