@@ -210,6 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(config: AgentConfig, refresh: bool) -> int:
     from hetero.agent.daemon import Agent
+    from hetero.agent.leftovers import RankRecords
 
     set_daemon_umask()
     # Credentials first: a bad token file fails in a second, not after the profile.
@@ -224,8 +225,11 @@ def _run(config: AgentConfig, refresh: bool) -> int:
         check_listen(config.local_listen, ServerSecurity(), "agent endpoint")
     refuse_root(config.allow_root)
     private_dir(config.resolved_state_dir)
+    # What a killed predecessor left running goes first: before the profile, which
+    # takes seconds and would measure beside it.
+    leftovers = RankRecords(config.resolved_state_dir).end_leftovers()
     profile = _profile(config, refresh)
-    agent = Agent(config, profile, security=security)
+    agent = Agent(config, profile, security=security, leftovers=leftovers)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         logging.getLogger("hetero.agent").info("received %s, stopping", signal.Signals(signum).name)

@@ -288,6 +288,7 @@ def _serve(args: argparse.Namespace) -> int:
         master_port_base=config.master_port_base,
         telemetry=TelemetryPolicy(retention_s=config.telemetry_retention_h * 3600),
         interval_retention=config.interval_retention,
+        log_retention=config.log_retention,
     )
     return 0
 

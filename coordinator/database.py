@@ -15,13 +15,15 @@ write attempted through it fails loudly instead of racing for the lock.
 from __future__ import annotations
 
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, inspect, select
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import SAWarning, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from hetero.coordinator.dburl import masked, missing_driver, scrubbed
 from hetero.coordinator.models import SCHEMA_VERSION, Base, SchemaVersion
 from hetero.core.errors import HeteroError
 
@@ -54,17 +56,25 @@ def open_database(url: str) -> Engine:
     try:
         file_sqlite = url.startswith("sqlite:///") and ":memory:" not in url
         pool = {"pool_size": SQLITE_POOL_SIZE, "max_overflow": 8} if file_sqlite else {}
-        engine = create_engine(url, **pool)
-    except (SQLAlchemyError, ValueError) as exc:
-        raise DatabaseError(f"bad database URL {url!r}: {exc}") from None
+        with warnings.catch_warnings():
+            # An argument the driver would ignore (``?password=`` for SQLite) is a mistake
+            # to name in one line, not a warning to print beside it.
+            warnings.simplefilter("error", SAWarning)
+            engine = create_engine(url, **pool)
+    except ImportError as exc:  # the dialect's DB-API module is not installed
+        raise DatabaseError(missing_driver(url, exc)) from None
+    except (SQLAlchemyError, SAWarning, ValueError) as exc:
+        raise DatabaseError(
+            f"bad database URL {masked(url)!r}: {scrubbed(str(exc), url)}"
+        ) from None
     if engine.dialect.name == "sqlite":
         _sqlite_pragmas(engine)
     try:
         _check_or_create_schema(engine, url)
     except SQLAlchemyError as exc:
         engine.dispose()
-        first = str(exc).splitlines()[0]
-        raise DatabaseError(f"cannot open database {url}: {first}") from None
+        first = scrubbed(str(exc).splitlines()[0], url)
+        raise DatabaseError(f"cannot open database {masked(url)}: {first}") from None
     except DatabaseError:
         engine.dispose()
         raise
@@ -160,13 +170,13 @@ def _check_or_create_schema(engine: Engine, url: str) -> None:
         return
     if SchemaVersion.__tablename__ not in tables:
         raise DatabaseError(
-            f"database {url} is not a hetero coordinator database (no schema_version table)"
+            f"database {masked(url)} is not a hetero coordinator database (no schema_version table)"
         )
     with Session(engine) as session:
         found = session.scalars(select(SchemaVersion.version)).all()
     if list(found) != [SCHEMA_VERSION]:
         have = ", ".join(str(v) for v in found) or "none"
         raise DatabaseError(
-            f"database {url} has schema version {have}, this coordinator needs "
+            f"database {masked(url)} has schema version {have}, this coordinator needs "
             f"{SCHEMA_VERSION}: use a matching hetero version or a new --state-dir/--db"
         )
