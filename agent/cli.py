@@ -129,7 +129,7 @@ def device_notes(suspect: list[str], shared: bool, foreign_percent: float | None
         notes.append(f"SUSPECT {names} (above the device's limits; not scored)")
     if shared:
         notes.append("profiled while shared with other processes")
-    if foreign_percent is not None:
+    if foreign_percent:
         notes.append(
             f"other processes use {foreign_percent:.0f}%: score / {1 + foreign_percent / 100:.2f}"
         )

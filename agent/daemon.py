@@ -140,9 +140,9 @@ class Agent:
         devices, changed = [], []
         for d in self.link.profile.devices:
             now = self.telemetry.foreign.utilization_percent(d.index) if d.kind == "cuda" else None
-            if worth_reregistering(d.foreign_utilization_percent, now):
-                changed.append(f"cuda:{d.index} {now or 0:.0f}%")
-                d = replace(d, foreign_utilization_percent=now)
+            if now is not None and worth_reregistering(d.foreign_utilization_percent, now):
+                changed.append(f"cuda:{d.index} {now:.0f}%")
+                d = replace(d, foreign_utilization_percent=now or None)
             devices.append(d)
         if changed:
             log.warning(

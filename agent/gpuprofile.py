@@ -19,6 +19,7 @@ The CUDA calls go through a ``CudaLayer`` so the logic is tested with a fake one
 from __future__ import annotations
 
 import logging
+import math
 import os
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -80,6 +81,9 @@ class GpuProfile:
     suspect: tuple[str, ...] = ()
     foreign_pids: tuple[int, ...] = ()
     warnings: tuple[str, ...] = ()
+    #: NVML utilization just before the measurement, while only the foreign processes
+    #: ran (percent); ``None`` when there were none.
+    foreign_utilization_percent: float | None = None
 
 
 def foreign_pids(nvml: Nvml, index: int, own: set[int]) -> tuple[int, ...]:
@@ -94,6 +98,7 @@ def profile_gpu(nvml: Nvml, cuda: CudaLayer, index: int, quick: bool) -> GpuProf
     namespace that hides our own pid from NVML cannot make us our own neighbour.
     """
     foreign = foreign_pids(nvml, index, {os.getpid()})
+    busy = nvml.sample(index).utilization_percent if foreign else None
     props = cuda.props(index)
     limits = limits_from_nvml(nvml, index, sm_count=props.sm_count, capability=props.capability)
     figures = cuda.measure(index, quick)
@@ -117,7 +122,7 @@ def profile_gpu(nvml: Nvml, cuda: CudaLayer, index: int, quick: bool) -> GpuProf
             props.name,
             ", ".join(map(str, foreign)),
         )
-    return GpuProfile(index, props, figures, limits, tuple(bad), foreign, warnings)
+    return GpuProfile(index, props, figures, limits, tuple(bad), foreign, warnings, busy)
 
 
 class TorchCuda:
@@ -165,20 +170,28 @@ class TorchCuda:
             torch.cuda.empty_cache()  # the buffers died with measure's frame
 
 
+#: Seconds one timing sample lasts at least: many calls of a short kernel, so a
+#: neighbour time-slicing the GPU is seen in the figure rather than slipped between.
+SAMPLE_S = 0.02
+
+
 def _best_event_s(fn: Any, repeats: int) -> float:
-    """The fastest of ``repeats`` calls of ``fn`` on the current CUDA device, in seconds,
-    timed by events on its current stream (after one warm-up)."""
+    """Seconds per call of ``fn`` on the current CUDA device: the best of ``repeats``
+    samples, each ``SAMPLE_S`` or more of back-to-back calls timed by events on the
+    current stream (after a warm-up call that also sizes the samples)."""
     import torch
 
-    fn()
-    torch.cuda.current_stream().synchronize()
-    best = float("inf")
-    for _ in range(repeats):
+    def timed(calls: int) -> float:
         start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         start.record()
-        fn()
+        for _ in range(calls):
+            fn()
         end.record()
         end.synchronize()
-        best = min(best, start.elapsed_time(end) / 1e3)
+        return float(start.elapsed_time(end)) / 1e3
+
+    first = max(timed(1), 1e-6)
+    calls = max(1, min(1000, math.ceil(SAMPLE_S / first)))
+    best = min(timed(calls) / calls for _ in range(repeats))
     return max(best, 1e-9)

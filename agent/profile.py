@@ -9,8 +9,10 @@ see :func:`hetero.agent.network.measure_network`.
 one scale. An emulated slowdown is never folded into the measurement: it is
 carried beside it (``emulated_slowdown``) and the coordinator divides. Two
 things do lower it: a GPU's matmul figure that failed its plausibility check
-(``agent.gpuprofile``) is replaced by a same-model sibling's (else by the
-device's peak), and sustained use of the GPU by foreign processes divides it
+(``agent.gpuprofile``), or one measured beside foreign processes, is replaced
+by an idle same-model sibling's (else by the device's peak, or the shared
+figure times 1 + the neighbour's utilization); and use of the GPU by foreign
+processes, at the profile and sustained in telemetry, divides it
 (``agent.sharing``), so initial plans give a shared GPU the smaller share.
 """
 
@@ -54,20 +56,20 @@ class DeviceMeasure:
     memory_bytes: int | None = None
     #: Figures that exceeded the device's limits twice (field names); not scored.
     suspect: tuple[str, ...] = ()
-    #: TFLOP/s scored in place of a suspect ``matmul_tflops``.
+    #: The idle device's TFLOP/s where ``matmul_tflops`` is not it (suspect, or measured
+    #: beside foreign processes): a same-model idle sibling's figure, else an estimate.
     scored_tflops: float | None = None
     #: Other processes on the GPU while it was profiled (its figures are low).
     foreign_pids: tuple[int, ...] = ()
-    #: Sustained utilization by foreign processes since (telemetry), in percent.
+    #: Utilization by foreign processes, percent: at the profile, then sustained in
+    #: telemetry (``agent.sharing``); ``None`` or 0 = not shared.
     foreign_utilization_percent: float | None = None
 
     @property
     def compute_score(self) -> float:
-        """Matmul TFLOP/s (a suspect one replaced), divided by the sharing factor."""
-        tflops = self.matmul_tflops
-        if "matmul_tflops" in self.suspect and self.scored_tflops is not None:
-            tflops = self.scored_tflops
-        return max(tflops * sharing_factor(self.foreign_utilization_percent), 1e-6)
+        """The idle device's matmul TFLOP/s times the sharing factor (``agent.sharing``)."""
+        idle = self.matmul_tflops if self.scored_tflops is None else self.scored_tflops
+        return max(idle * sharing_factor(self.foreign_utilization_percent), 1e-6)
 
     @property
     def shared_while_profiled(self) -> bool:
@@ -106,7 +108,7 @@ class NodeProfile:
                 suspect=list(d.suspect),
                 shared_while_profiled=d.shared_while_profiled,
             )
-            if d.foreign_utilization_percent is not None:
+            if d.foreign_utilization_percent:  # 0 = not shared: unset
                 msg.foreign_utilization_percent = d.foreign_utilization_percent
             for name in (
                 "memory_bandwidth_bytes_per_s",
@@ -208,6 +210,12 @@ def measure_cpu(quick: bool) -> DeviceMeasure:
 
 def _device(p: GpuProfile) -> DeviceMeasure:
     f = p.figures
+    idle: float | None = None
+    if "matmul_tflops" in p.suspect:
+        idle = p.limits.matmul_tflops  # the peak: an upper bound, until a sibling says better
+    elif p.foreign_pids:
+        # Measured beside a neighbour busy u of the time: about 1/(1 + u) of the idle speed.
+        idle = f.matmul_tflops * (1 + (p.foreign_utilization_percent or 0.0) / 100)
     return DeviceMeasure(
         index=p.index,
         kind="cuda",
@@ -218,21 +226,23 @@ def _device(p: GpuProfile) -> DeviceMeasure:
         device_to_host_bytes_per_s=f.device_to_host_bytes_per_s,
         memory_bytes=p.props.memory_bytes,
         suspect=p.suspect,
-        scored_tflops=p.limits.matmul_tflops if "matmul_tflops" in p.suspect else None,
+        scored_tflops=idle,
         foreign_pids=p.foreign_pids,
+        foreign_utilization_percent=p.foreign_utilization_percent if p.foreign_pids else None,
     )
 
 
-def score_suspects(devices: list[DeviceMeasure]) -> list[DeviceMeasure]:
-    """A suspect matmul figure is scored as the median plausible figure of the node's
-    devices of the same model (alike when idle), else as the device's peak."""
+def score_from_idle_siblings(devices: list[DeviceMeasure]) -> list[DeviceMeasure]:
+    """A GPU whose matmul figure is not its idle speed (suspect, or measured beside
+    foreign processes) is scored as the median figure of the node's idle, plausible
+    GPUs of the same model: alike devices run alike when idle."""
     out = []
     for d in devices:
-        if "matmul_tflops" in d.suspect:
+        if d.scored_tflops is not None:
             alike = sorted(
                 x.matmul_tflops
                 for x in devices
-                if x.name == d.name and "matmul_tflops" not in x.suspect and not x.foreign_pids
+                if x.name == d.name and x.scored_tflops is None and x.kind == d.kind
             )
             if alike:
                 d = replace(d, scored_tflops=alike[len(alike) // 2])
@@ -259,7 +269,7 @@ def measure(nvml: Nvml, quick: bool, cuda: CudaLayer | None = None) -> NodeProfi
         cpu_count=os.cpu_count() or 1,
         cpu_gflops=cpu.matmul_tflops * 1e3,
         ram_bytes=int(psutil.virtual_memory().total),
-        devices=tuple(score_suspects(devices)),
+        devices=tuple(score_from_idle_siblings(devices)),
         measured_in_s=time.perf_counter() - t0,
     )
 
@@ -296,8 +306,7 @@ def load_or_measure(state_dir: Path, nvml: Nvml, *, quick: bool, refresh: bool) 
 
 
 def _cached_device(data: dict[str, Any]) -> DeviceMeasure:
-    # JSON holds tuples as lists; the telemetry-derived share is never cached.
-    data.pop("foreign_utilization_percent", None)
+    # JSON holds tuples as lists. (A profile taken while shared is never reused.)
     for key in ("suspect", "foreign_pids"):
         data[key] = tuple(data.get(key, ()))
     return DeviceMeasure(**data)

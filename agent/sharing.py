@@ -13,8 +13,13 @@ The rule (used for the compute score an initial plan is made from):
   about ``1/(1 + u)`` of a GPU that a neighbour keeps busy a fraction u of the
   time (half of it next to a neighbour that never idles).
 
-A brief neighbour (shorter than the window) changes nothing: the balancer
-corrects the plan from measured step times once the job runs. The agent
+The profile itself starts the estimate: a GPU with foreign processes when it
+is profiled registers the utilization NVML reported just before (and its idle
+speed from an idle sibling, or its measured speed times ``1 + u``, so the
+contention is not counted twice). Telemetry then confirms or clears it: a
+neighbour that leaves restores the score at the next sample without it. A
+brief neighbour (shorter than the window) that arrives later changes nothing:
+the balancer corrects the plan from measured step times once the job runs. The agent
 re-registers with the new score when the factor moves by more than
 ``REREGISTER_CHANGE``, so placements made later start from it.
 
@@ -77,7 +82,7 @@ class ForeignLoad:
     def _update(self, index: int, window: deque[_Sample]) -> None:
         covered = window[-1].time_s - window[0].time_s >= self.window_s * 0.95
         if not all(s.foreign for s in window):
-            self._estimate.pop(index, None)
+            self._estimate[index] = 0.0  # a sample without a neighbour: not shared
             return
         alone = [s.utilization_percent for s in window if not s.ours]
         readings = [u for u in alone if u is not None]
@@ -85,11 +90,16 @@ class ForeignLoad:
             self._estimate[index] = sum(readings) / len(readings)
 
     def utilization_percent(self, index: int) -> float | None:
-        """Sustained foreign utilization of GPU ``index``; ``None`` = not shared."""
+        """Sustained foreign utilization of GPU ``index``: 0.0 = not shared (a sample in
+        the window had no foreign process), ``None`` = no verdict yet (foreign processes
+        in every sample, but not for a whole window)."""
         return self._estimate.get(index)
 
 
 def worth_reregistering(registered: float | None, now: float | None) -> bool:
-    """Whether the sharing factor moved enough since the last registration."""
+    """Whether the sharing factor moved enough since the last registration (``now``
+    ``None``: no verdict yet, keep the registered one)."""
+    if now is None:
+        return False
     before, after = sharing_factor(registered), sharing_factor(now)
     return abs(after - before) / before > REREGISTER_CHANGE

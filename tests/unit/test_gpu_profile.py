@@ -34,8 +34,9 @@ class FakeNvml:
 
     NVML_TEMPERATURE_GPU, NVML_CLOCK_SM, NVML_CLOCK_MEM = 0, 1, 2
 
-    def __init__(self, utilization: tuple[int, int] = (0, 90)) -> None:
+    def __init__(self, utilization: tuple[int, int] = (0, 90), shared: int = 1) -> None:
         self.utilization = utilization
+        self.shared = shared
 
     def nvmlInit(self) -> None:
         pass
@@ -65,7 +66,7 @@ class FakeNvml:
         return 16
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:
-        return [SimpleNamespace(pid=NEIGHBOUR_PID)] if handle == 1 else []
+        return [SimpleNamespace(pid=NEIGHBOUR_PID)] if handle == self.shared else []
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: int) -> list[Any]:
         return []
@@ -127,9 +128,11 @@ def test_figures_above_the_limits_twice_are_suspect_warned_and_not_scored(
         "host_to_device_bytes_per_s",
         "device_to_host_bytes_per_s",
     }
-    # The suspect matmul is scored as its same-model sibling's, never as 2,000 TFLOP/s.
+    # The suspect matmul is scored as its idle same-model sibling's, never as 2,000
+    # TFLOP/s; the neighbour busy 90% of the time when it was profiled divides it by 1.9.
     assert gpu0.compute_score == 369.0
-    assert gpu1.compute_score == 369.0
+    assert gpu1.scored_tflops == 369.0
+    assert gpu1.compute_score == pytest.approx(369.0 / 1.9)
     assert "suspect memory_bandwidth_bytes_per_s = 10,000.0 GB/s exceeds" in caplog.text
     assert "pids 4242" in caplog.text
 
@@ -146,8 +149,21 @@ def test_a_gpu_used_by_another_process_while_profiled_says_so() -> None:
     gpu0, gpu1 = measure(Nvml(FakeNvml()), quick=True, cuda=cuda).devices
     assert not gpu0.shared_while_profiled
     assert gpu1.foreign_pids == (NEIGHBOUR_PID,) and gpu1.shared_while_profiled
+    assert gpu1.foreign_utilization_percent == 90.0  # read before measuring, neighbour alone
+    assert gpu1.compute_score == pytest.approx(gpu0.compute_score / 1.9)
     msg0, msg1 = measure(Nvml(FakeNvml()), quick=True, cuda=cuda).device_messages()
     assert not msg0.shared_while_profiled and msg1.shared_while_profiled
+
+
+def test_a_shared_gpu_without_an_idle_sibling_is_not_charged_its_neighbour_twice() -> None:
+    # One GPU, measured at about half speed beside a neighbour busy 90% of the time: the
+    # measurement already carries the contention, so the score is the measured figure.
+    half = GpuFigures(369.0 / 1.9, 1.2e12, 30e9, 30e9)
+    (gpu,) = measure(
+        Nvml(FakeNvml(utilization=(90, 0), shared=0)), True, FakeCuda({0: [half]})
+    ).devices
+    assert gpu.shared_while_profiled and gpu.scored_tflops == pytest.approx(369.0)
+    assert gpu.compute_score == pytest.approx(369.0 / 1.9)
 
 
 def _telemetry_for(seconds: int, nvml: FakeNvml) -> TelemetrySampler:
@@ -163,7 +179,7 @@ def test_sustained_foreign_use_is_measured_from_telemetry_and_brief_use_is_not()
     brief = _telemetry_for(30, FakeNvml())
     assert brief.foreign.utilization_percent(1) is None
     sustained = _telemetry_for(70, FakeNvml())
-    assert sustained.foreign.utilization_percent(0) is None  # no process: not shared
+    assert sustained.foreign.utilization_percent(0) == 0.0  # no process: not shared
     assert sustained.foreign.utilization_percent(1) == pytest.approx(90.0)
 
 
@@ -171,7 +187,7 @@ def test_our_own_ranks_never_count_as_foreign() -> None:
     load = ForeignLoad(window_s=10)
     for t in range(20):
         load.observe(0, float(t), 95.0, [NEIGHBOUR_PID], own_pids={NEIGHBOUR_PID})
-    assert load.utilization_percent(0) is None
+    assert load.utilization_percent(0) == 0.0
 
 
 def test_the_sharing_rule_divides_the_score_by_one_plus_foreign_utilization() -> None:
@@ -179,6 +195,7 @@ def test_the_sharing_rule_divides_the_score_by_one_plus_foreign_utilization() ->
     assert sharing_factor(100.0) == 0.5
     assert sharing_factor(50.0) == pytest.approx(1 / 1.5)
     assert worth_reregistering(None, 90.0) and not worth_reregistering(90.0, 95.0)
+    assert worth_reregistering(90.0, 0.0) and not worth_reregistering(90.0, None)
     d = DeviceMeasure(1, "cuda", "H100", 369.0, foreign_utilization_percent=90.0)
     assert d.compute_score == pytest.approx(369.0 / 1.9)
 
