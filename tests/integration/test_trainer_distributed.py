@@ -29,12 +29,7 @@ pytestmark = pytest.mark.slow
         "dynamic",
         "workers",
         "plainbackward",
-        pytest.param(
-            "syncbn",
-            marks=pytest.mark.skipif(
-                torch.cuda.device_count() < 3, reason="SyncBatchNorm runs on CUDA ranks only"
-            ),
-        ),
+        # SyncBatchNorm needs CUDA ranks: tests/gpu/test_batchnorm_gpus.py (make test-gpu).
     ],
 )
 def test_uneven_ddp_equals_single_process_over_the_global_batch(run_ranks, tmp_path: Path, mode):
