@@ -75,7 +75,9 @@ class ForeignLoad:
         )
         window = self._samples.setdefault(index, deque())
         window.append(sample)
-        while window and window[0].time_s < time_s - self.window_s:
+        # Keep the newest sample at or before the window's start: it shows what held
+        # there, however far apart the samples are.
+        while len(window) >= 2 and window[1].time_s <= time_s - self.window_s:
             window.popleft()
         self._update(index, window)
 

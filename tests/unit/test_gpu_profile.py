@@ -226,3 +226,12 @@ def test_the_initial_plan_gives_the_unshared_gpu_the_larger_share() -> None:
     plan = place(spec, slots, master_port=29500).plan  # type: ignore[arg-type]
     assert sum(plan) == 256
     assert plan[0] > plan[1], plan
+
+
+def test_samples_sparser_than_half_the_window_still_reach_a_verdict() -> None:
+    load = ForeignLoad(window_s=60)
+    for t in (0.0, 31.0, 62.0):
+        load.observe(1, t, 50.0, [NEIGHBOUR_PID], own_pids=set())
+    assert load.utilization_percent(1) == 50.0
+    load.observe(1, 93.0, 0.0, [], own_pids=set())  # the neighbour left
+    assert load.utilization_percent(1) == 0.0
