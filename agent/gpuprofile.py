@@ -178,7 +178,7 @@ SAMPLE_S = 0.02
 def _best_event_s(fn: Any, repeats: int) -> float:
     """Seconds per call of ``fn`` on the current CUDA device: the best of ``repeats``
     samples, each ``SAMPLE_S`` or more of back-to-back calls timed by events on the
-    current stream (after a warm-up call that also sizes the samples)."""
+    current stream (after a warm-up call, and one more that sizes the samples)."""
     import torch
 
     def timed(calls: int) -> float:
@@ -191,6 +191,7 @@ def _best_event_s(fn: Any, repeats: int) -> float:
         end.synchronize()
         return float(start.elapsed_time(end)) / 1e3
 
+    timed(1)  # warm-up: library handles, workspaces, the allocator's first blocks
     first = max(timed(1), 1e-6)
     calls = max(1, min(1000, math.ceil(SAMPLE_S / first)))
     best = min(timed(calls) / calls for _ in range(repeats))
