@@ -52,12 +52,17 @@ def history_from_metrics(ranks: list[list[dict[str, Any]]]) -> list[tuple[RankIn
 
 
 def exclusion_forecasts(
-    ranks: list[list[dict[str, Any]]], global_batch: int, candidates: list[int], min_batch: int = 1
+    ranks: list[list[dict[str, Any]]],
+    global_batch: int,
+    candidates: list[int],
+    min_batch: int = 1,
+    kinds: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """One forecast per candidate rank, then (for several) one without them all:
     predicted samples/s with and without, and the verdict. ``ranks`` lists the ranks
     left out (``rank`` the first); the last forecast of a GPU + CPU job is the GPU
-    alone, which the report sets beside the measured ``gpu-only`` run."""
+    alone, which the report sets beside the measured ``gpu-only`` run. ``kinds`` (the
+    device kind of each rank) lets a forecast say when the smaller job changes backend."""
     history = history_from_metrics(ranks)
     if len(history) < 2:
         return []
@@ -68,7 +73,7 @@ def exclusion_forecasts(
         out = []
         groups = [[rank] for rank in candidates] + ([candidates] if len(candidates) > 1 else [])
         for group in groups:
-            f = predict_exclusion(models, constraints, group)
+            f = predict_exclusion(models, constraints, group, kinds=kinds)
             out.append(
                 {
                     "rank": group[0],

@@ -81,8 +81,10 @@ def write_outputs(run_dir: Path, *, draw_plots: bool = True) -> dict[str, Any]:
         for run in runs:
             if run.runner_is_ddp or run.name == "gpu-only" or len(run.ranks) < 2:
                 continue
+            cpus = cpu_ranks(manifest)
+            kinds = ["cpu" if r in cpus else "cuda" for r in range(len(run.ranks))]
             forecasts[run.name] = exclusion_forecasts(
-                run.ranks, int(sc["global_batch"]), cpu_ranks(manifest), int(sc.get("min_batch", 1))
+                run.ranks, int(sc["global_batch"]), cpus, int(sc.get("min_batch", 1)), kinds
             )
     changes = _changes(runs, manifest)
     pngs: list[Path] = []
