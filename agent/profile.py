@@ -212,7 +212,8 @@ def _device(p: GpuProfile) -> DeviceMeasure:
     f = p.figures
     idle: float | None = None
     if "matmul_tflops" in p.suspect:
-        idle = p.limits.matmul_tflops  # the peak: an upper bound, until a sibling says better
+        # The peak (or, unknown, the sanity bound): an upper bound, until a sibling says better.
+        idle = p.limits.matmul_tflops or p.limits.bound("matmul_tflops")
     elif p.foreign_pids:
         # Measured beside a neighbour busy u of the time: about 1/(1 + u) of the idle speed.
         idle = f.matmul_tflops * (1 + (p.foreign_utilization_percent or 0.0) / 100)

@@ -235,3 +235,14 @@ def test_samples_sparser_than_half_the_window_still_reach_a_verdict() -> None:
     assert load.utilization_percent(1) == 50.0
     load.observe(1, 93.0, 0.0, [], own_pids=set())  # the neighbour left
     assert load.utilization_percent(1) == 0.0
+
+
+def test_a_suspect_matmul_without_nvml_limits_or_sibling_is_capped_at_the_sanity_bound() -> None:
+    class NoNvml:
+        def nvmlInit(self) -> None:
+            raise RuntimeError("NVML Shared Library Not Found")
+
+    absurd = GpuFigures(50_000.0, 1e12, 20e9, 20e9)
+    (gpu,) = measure(Nvml(NoNvml()), True, FakeCuda({0: [absurd]})).devices
+    assert gpu.suspect == ("matmul_tflops",)
+    assert gpu.compute_score == 10_000.0  # never the 50,000 measured
