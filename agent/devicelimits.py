@@ -12,6 +12,8 @@ shows a GPU finishing before it started). The peaks:
   tensor FLOP per clock per SM (``FLOP_PER_CLOCK_PER_SM``): 132 × 1980 MHz ×
   4096 = 1,070 TFLOP/s on an H100 SXM.
 
+NVML reports none of these peaks itself (nor does nvitop, built on it), only the
+fields they follow from; the table of FLOP per clock is ours for that reason.
 Where NVML cannot say (no driver field, an unknown architecture), a generous
 sanity bound stands in (``SANITY``): it only catches the absurd. Pure: no NVML,
 no torch; :func:`limits_from_nvml` reads the fields through ``Nvml``.
