@@ -128,6 +128,21 @@ def _config(args: argparse.Namespace) -> AgentConfig:
     return with_flags(load_config(args.config), **flags)
 
 
+def device_notes(suspect: list[str], shared: bool, foreign_percent: float | None) -> str:
+    """What a reader must know about a device's figures, in a few words ("" = nothing)."""
+    notes = []
+    if suspect:
+        names = ", ".join(f.removesuffix("_bytes_per_s").replace("_", " ") for f in suspect)
+        notes.append(f"SUSPECT {names} (above the device's limits; not scored)")
+    if shared:
+        notes.append("profiled while shared with other processes")
+    if foreign_percent:
+        notes.append(
+            f"other processes use {foreign_percent:.0f}%: score / {1 + foreign_percent / 100:.2f}"
+        )
+    return "; ".join(notes)
+
+
 def _profile(config: AgentConfig, refresh: bool) -> Any:
     from hetero.agent.nvml import Nvml
     from hetero.agent.profile import load_or_measure
@@ -163,6 +178,7 @@ def _print_profile(profile: Any, as_json: bool) -> None:
         "H2D GB/s",
         "memory GiB",
         "score",
+        "notes",
     ):
         t.add_column(col)
 
@@ -178,6 +194,7 @@ def _print_profile(profile: Any, as_json: bool) -> None:
             gb(d.host_to_device_bytes_per_s),
             f"{d.memory_bytes / 2**30:.1f}" if d.memory_bytes else "n/a",
             f"{d.compute_score:.3f}",
+            device_notes(list(d.suspect), d.shared_while_profiled, d.foreign_utilization_percent),
         )
     Console().print(t)
     took = f"measured in {profile.measured_in_s:.1f} s" if profile.measured_in_s else "from cache"

@@ -29,6 +29,7 @@ from hetero.agent.nvml import Nvml
 from hetero.agent.outbox import Outbox
 from hetero.agent.profile import NodeProfile
 from hetero.agent.reconcile import Reconciler
+from hetero.agent.sharing import worth_reregistering
 from hetero.agent.shipper import Shipper
 from hetero.agent.supervisor import Supervisor
 from hetero.agent.telemetry import TelemetrySampler
@@ -65,7 +66,10 @@ class Agent:
         self.security = security or ClientSecurity()
         gpus = [d.index for d in self.profile.devices if d.kind == "cuda"]
         cpus = [d.index for d in self.profile.devices if d.kind != "cuda"]
-        self.telemetry = TelemetrySampler(nvml or Nvml(), gpus, cpu_indexes=cpus, clock=clock)
+        self.supervisor = Supervisor(self.state_dir, clock=clock, log_limits=config.rank_logs)
+        self.telemetry = TelemetrySampler(
+            nvml or Nvml(), gpus, cpu_indexes=cpus, clock=clock, rank_pids=self.supervisor.pids
+        )
         self.plans = PlanCache()
         self.outbox = Outbox()
         self.link = CoordinatorLink(
@@ -87,7 +91,6 @@ class Agent:
             f"{'127.0.0.1' if host in ('', '0.0.0.0', '[::]') else host}:{self.local_port}"
         )
         self.link.endpoint = self.endpoint
-        self.supervisor = Supervisor(self.state_dir, clock=clock, log_limits=config.rank_logs)
         self.shipper = Shipper(config, self.link, self.supervisor, self.plans, self.outbox)
         self.reconciler = Reconciler(
             config,
@@ -122,6 +125,7 @@ class Agent:
         self._report_leftovers()
         try:
             while not self._stop.is_set():
+                self._follow_sharing()
                 if self.link.due():
                     orders = self.link.contact()
                     if orders is not None:
@@ -151,6 +155,24 @@ class Agent:
             self.shipper.queue(
                 rec.job_id, rec.rank, pb.RANK_STATE_EXITED, 137, message, rec.attempt
             )
+
+    def _follow_sharing(self) -> None:
+        """Re-register with lower (or restored) scores when foreign processes' sustained
+        use of a GPU changed enough (``agent.sharing``): later placements start from it."""
+        devices, changed = [], []
+        for d in self.link.profile.devices:
+            now = self.telemetry.foreign.utilization_percent(d.index) if d.kind == "cuda" else None
+            if now is not None and worth_reregistering(d.foreign_utilization_percent, now):
+                changed.append(f"cuda:{d.index} {now:.0f}%")
+                d = replace(d, foreign_utilization_percent=now or None)
+            devices.append(d)
+        if changed:
+            log.warning(
+                "sustained use by other processes changed (%s): re-registering with "
+                "scores divided by 1 + utilization",
+                ", ".join(changed),
+            )
+            self.link.update_profile(replace(self.link.profile, devices=tuple(devices)))
 
     def _shutdown(self) -> None:
         """Stop every rank (no orphans), tell the coordinator briefly, close the servers."""

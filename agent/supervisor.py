@@ -138,6 +138,11 @@ class Supervisor:
     def job_dir(self, job_id: str) -> Path:
         return self.jobs_dir / job_id
 
+    def pids(self) -> set[int]:
+        """Pids of the running ranks; safe to call from the telemetry thread (the copy
+        of the dict's values is taken under the GIL in one step)."""
+        return {w.proc.pid for w in tuple(self.workers.values())}
+
     def running(self, job_id: str, rank: int) -> bool:
         return (job_id, rank) in self.workers
 

@@ -13,7 +13,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 #: 2: nodes.draining, jobs.total_steps; interval_stats phase times, loss and samples.
 #: 3: nodes.down; jobs.max_restarts, attempt_first_plan, restarting_since_unix_s (recovery).
-SCHEMA_VERSION = 3
+#: 4: devices.suspect, shared_while_profiled, foreign_utilization_percent.
+SCHEMA_VERSION = 4
 
 
 class Base(DeclarativeBase):
@@ -63,6 +64,12 @@ class DeviceRow(Base):
     memory_bytes: Mapped[int | None] = mapped_column(Integer)
     compute_score: Mapped[float] = mapped_column(Float)
     emulated_slowdown: Mapped[float] = mapped_column(Float, default=1.0)
+    #: Comma-separated profile fields that exceeded the device's limits; "" = none.
+    suspect: Mapped[str] = mapped_column(String(255), default="")
+    #: Other processes used the device while its agent profiled it.
+    shared_while_profiled: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: Sustained use by other processes, percent; ``compute_score`` already reflects it.
+    foreign_utilization_percent: Mapped[float | None] = mapped_column(Float)
     node: Mapped[NodeRow] = relationship(back_populates="devices")
 
 
