@@ -1,28 +1,41 @@
-"""Opening the coordinator's database: URL, SQLite pragmas, schema version check.
+"""Opening the coordinator's database: URL, connection set-up, one writer at a time.
 
-SQLite (the default, one file under the state dir) runs in WAL mode so readers
-never block the writer, and every transaction of ``session_factory`` starts
-with ``BEGIN IMMEDIATE``: the gRPC server handles requests on several threads,
-and a deferred transaction that reads and then writes can fail at once with
-"database is locked" when another thread wrote in between; an immediate one
-waits (``busy_timeout``). Read-only handlers use ``read_session_factory``
-instead: a deferred ``BEGIN`` on a ``query_only`` connection, so a read never
-queues behind the write lock (under load that queue, polled by SQLite's busy
-handler in sleeps of up to 100 ms, made every read's p99 hundreds of ms), and a
-write attempted through it fails loudly instead of racing for the lock.
+SQLite (the default, one file under the state dir) and PostgreSQL are supported
+(any other SQLAlchemy URL is tried as is). The store's functions read and then
+write in one transaction, and were written for writers that run one after
+another; a coordinator is one process, so its writers queue on a lock of the
+process before their transaction starts, on every database. On PostgreSQL that
+makes each write transaction see every earlier one committed (READ COMMITTED
+would otherwise let two of them read the same row and both act on it) without
+SERIALIZABLE's retries.
+
+SQLite runs in WAL mode so readers never block the writer, and every write
+transaction starts with ``BEGIN IMMEDIATE``: the gRPC server handles requests
+on several threads, and a deferred transaction that reads and then writes can
+fail at once with "database is locked" when another thread wrote in between; an
+immediate one waits (``busy_timeout``). Read-only handlers use
+``read_session_factory`` instead: a transaction that never takes the write lock
+and cannot write (SQLite: a deferred ``BEGIN`` on a ``query_only`` connection;
+PostgreSQL: ``SET TRANSACTION READ ONLY``), so a read never queues behind the
+writers (under load that queue, polled by SQLite's busy handler in sleeps of up
+to 100 ms, made every read's p99 hundreds of ms), and a write attempted through
+it fails loudly instead of racing for the lock.
+
+The schema is Alembic's (``schema.upgrade_to_head``): a new database is created,
+an older one upgraded, on open.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, inspect, select
+from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from hetero.coordinator.models import SCHEMA_VERSION, Base, SchemaVersion
 from hetero.core.errors import HeteroError
 
 #: How long a transaction waits for another thread's write lock, in milliseconds.
@@ -31,10 +44,10 @@ SQLITE_BUSY_TIMEOUT_MS = 10_000
 _READ_ONLY = "hetero_read_only"
 #: ``Connection.info`` key: this connection holds the process's write lock.
 _WRITER = "hetero_writer"
-#: Pooled SQLite connections: more than the server's database threads
-#: (``asyncserver.DB_THREADS``) plus the daemon's own (ingest, sweeper, pruner, metrics),
-#: so no request waits for a connection.
-SQLITE_POOL_SIZE = 40
+#: Pooled connections (SQLite file or database server): more than the server's
+#: database threads (``asyncserver.DB_THREADS``) plus the daemon's own (ingest,
+#: sweeper, pruner, metrics), so no request waits for a connection.
+POOL_SIZE = 40
 
 
 class DatabaseError(HeteroError):
@@ -49,26 +62,53 @@ def sqlite_url(state_dir: Path) -> str:
 
 
 def open_database(url: str) -> Engine:
-    """Engine for ``url``; creates the schema in an empty database, and raises
-    ``DatabaseError`` (one line) for a database of another schema version."""
+    """Engine for ``url``, its schema created or upgraded to this version's
+    (``schema.upgrade_to_head``); raises ``DatabaseError`` (one line) for a database
+    it cannot open or upgrade."""
+    from hetero.coordinator.schema import upgrade_to_head
+
+    engine = connect(url)
     try:
-        file_sqlite = url.startswith("sqlite:///") and ":memory:" not in url
-        pool = {"pool_size": SQLITE_POOL_SIZE, "max_overflow": 8} if file_sqlite else {}
-        engine = create_engine(url, **pool)
-    except (SQLAlchemyError, ValueError) as exc:
-        raise DatabaseError(f"bad database URL {url!r}: {exc}") from None
-    if engine.dialect.name == "sqlite":
-        _sqlite_pragmas(engine)
-    try:
-        _check_or_create_schema(engine, url)
+        upgrade_to_head(engine)
     except SQLAlchemyError as exc:
         engine.dispose()
         first = str(exc).splitlines()[0]
-        raise DatabaseError(f"cannot open database {url}: {first}") from None
+        raise DatabaseError(f"cannot open database {_shown(url)}: {first}") from None
     except DatabaseError:
         engine.dispose()
         raise
     return engine
+
+
+def connect(url: str) -> Engine:
+    """Engine for ``url`` with the connection set-up and writer lock of this module,
+    its schema untouched."""
+    try:
+        in_memory = url.startswith("sqlite") and (":memory:" in url or url.endswith("://"))
+        pool = {} if in_memory else {"pool_size": POOL_SIZE, "max_overflow": 8}
+        engine = create_engine(url, **pool)
+    except ImportError as exc:
+        driver = exc.name or "its driver"
+        hint = " (pip install 'hetero[postgres]')" if url.startswith("postgres") else ""
+        raise DatabaseError(f"database URL {_shown(url)} needs {driver}{hint}") from None
+    except (SQLAlchemyError, ValueError) as exc:
+        raise DatabaseError(f"bad database URL {_shown(url)}: {exc}") from None
+    if engine.dialect.name == "sqlite":
+        _sqlite_pragmas(engine)
+        _one_writer(engine, _sqlite_begin, _sqlite_end)
+    elif engine.dialect.name == "postgresql":
+        _one_writer(engine, _postgres_begin, _postgres_end)
+    return engine
+
+
+def _shown(url: str) -> str:
+    """``url`` with any password masked, for messages."""
+    try:
+        from sqlalchemy import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except (SQLAlchemyError, ValueError):
+        return url
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:
@@ -85,7 +125,7 @@ def read_session_factory(engine: Engine) -> sessionmaker[Session]:
 def _sqlite_pragmas(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
-        # Let SQLAlchemy's "begin" hook below issue BEGIN itself (pysqlite would
+        # Let SQLAlchemy's "begin" hook issue BEGIN itself (pysqlite would
         # otherwise start deferred transactions on its own).
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
@@ -99,47 +139,75 @@ def _sqlite_pragmas(engine: Engine) -> None:
         cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cursor.close()
 
-    # Writers of this process queue on a lock before BEGIN IMMEDIATE, so the next
-    # one starts the moment the last one ends. Left to SQLite, waiters poll the
-    # file lock in sleeps growing to 100 ms: under load the lock sat idle between
-    # writers, and writes (and the RPC threads waiting on them) piled up.
+
+def _sqlite_begin(connection: Any, read_only: bool) -> None:
+    # Connections are pooled and shared by both kinds of session: set query_only
+    # every time (outside a transaction, where SQLite allows it).
+    connection.exec_driver_sql(f"PRAGMA query_only={int(read_only)}")
+    connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+
+
+def _sqlite_end(connection: Any, commit: bool) -> None:
+    # pysqlite's own commit()/rollback() that follows finds no transaction and does nothing.
+    connection.connection.driver_connection.execute("COMMIT" if commit else "ROLLBACK")
+
+
+def _postgres_begin(connection: Any, read_only: bool) -> None:
+    # psycopg opens the transaction at the first statement: this one.
+    if read_only:
+        connection.exec_driver_sql("SET TRANSACTION READ ONLY")
+
+
+def _postgres_end(connection: Any, commit: bool) -> None:
+    # psycopg's commit()/rollback() that follows finds no transaction and does nothing.
+    driver = connection.connection.driver_connection
+    driver.commit() if commit else driver.rollback()
+
+
+def _one_writer(
+    engine: Engine,
+    begin: Callable[[Any, bool], None],
+    end: Callable[[Any, bool], None],
+) -> None:
+    """Writers of this process queue on a lock before their transaction begins, and
+    the next one starts the moment the last one's commit or rollback is done.
+    ``begin(connection, read_only)`` starts a transaction; ``end(connection, commit)``
+    ends a write transaction on the driver's connection, before the lock is let go.
+
+    On SQLite this also replaces its own waiting: left to SQLite, waiters poll the
+    file lock in sleeps growing to 100 ms, and under load the lock sat idle between
+    writers while writes (and the RPC threads waiting on them) piled up."""
     write_lock = threading.Lock()
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:
-        # Connections are pooled and shared by both kinds of session: set query_only
-        # every time (outside a transaction, where SQLite allows it).
         if connection.get_execution_options().get(_READ_ONLY):
-            connection.exec_driver_sql("PRAGMA query_only=1")
-            connection.exec_driver_sql("BEGIN")
+            begin(connection, True)
             return
         if not write_lock.acquire(timeout=SQLITE_BUSY_TIMEOUT_MS / 1000):
             raise DatabaseError("database is locked: another write took too long")
         try:
-            connection.exec_driver_sql("PRAGMA query_only=0")
-            connection.exec_driver_sql("BEGIN IMMEDIATE")
+            begin(connection, False)
         except BaseException:
             write_lock.release()
             raise
         connection.info[_WRITER] = True
 
-    def _end(connection: Any, statement: str) -> None:
-        # End the transaction here, then let the next writer in; pysqlite's own
-        # commit()/rollback() that follows finds no transaction and does nothing.
+    def _end(connection: Any, commit: bool) -> None:
         if not connection.info.pop(_WRITER, False):
             return
         try:
-            connection.connection.driver_connection.execute(statement)
+            end(connection, commit)
         finally:
             write_lock.release()
 
     @event.listens_for(engine, "commit")
     def _on_commit(connection: Any) -> None:
-        _end(connection, "COMMIT")
+        _end(connection, True)
 
     @event.listens_for(engine, "rollback")
     def _on_rollback(connection: Any) -> None:
-        _end(connection, "ROLLBACK")
+        _end(connection, False)
 
     def _abandoned(_dbapi_connection: Any, record: Any, *_args: Any) -> None:
         # A connection invalidated, or returned to the pool, inside a write (the pool
@@ -149,24 +217,3 @@ def _sqlite_pragmas(engine: Engine) -> None:
 
     event.listen(engine, "checkin", _abandoned)
     event.listen(engine, "invalidate", _abandoned)
-
-
-def _check_or_create_schema(engine: Engine, url: str) -> None:
-    tables = set(inspect(engine).get_table_names())
-    if not tables:
-        Base.metadata.create_all(engine)
-        with Session(engine) as session, session.begin():
-            session.add(SchemaVersion(version=SCHEMA_VERSION))
-        return
-    if SchemaVersion.__tablename__ not in tables:
-        raise DatabaseError(
-            f"database {url} is not a hetero coordinator database (no schema_version table)"
-        )
-    with Session(engine) as session:
-        found = session.scalars(select(SchemaVersion.version)).all()
-    if list(found) != [SCHEMA_VERSION]:
-        have = ", ".join(str(v) for v in found) or "none"
-        raise DatabaseError(
-            f"database {url} has schema version {have}, this coordinator needs "
-            f"{SCHEMA_VERSION}: use a matching hetero version or a new --state-dir/--db"
-        )

@@ -2,18 +2,35 @@
 
 Times are Unix seconds (``*_unix_s``, wall clock: they are timestamps, not
 durations). Nullable telemetry columns mean "not available on this device".
-Bump ``SCHEMA_VERSION`` with any change to these tables: a coordinator refuses
-to open a database written with another version instead of misreading it.
+Any change to these tables comes with an Alembic revision under ``migrations/``
+(``schema`` applies them on open) that also bumps ``SCHEMA_VERSION``.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 #: 2: nodes.draining, jobs.total_steps; interval_stats phase times, loss and samples.
 #: 3: nodes.down; jobs.max_restarts, attempt_first_plan, restarting_since_unix_s (recovery).
-SCHEMA_VERSION = 3
+#: 4: byte counts and the ids of the growing tables are 64-bit on PostgreSQL (Alembic
+#: revision 0002; from 3 on, ``migrations/`` holds every change and ``schema`` applies it).
+SCHEMA_VERSION = 4
+
+#: A 64-bit integer: PostgreSQL's INTEGER is 32-bit, and a GPU's memory in bytes (or
+#: the telemetry table's ids after a month of 1,000 nodes) overflows it. SQLite's
+#: INTEGER is 64-bit already, and only ``INTEGER PRIMARY KEY`` is its rowid.
+Int64 = BigInteger().with_variant(Integer(), "sqlite")
 
 
 class Base(DeclarativeBase):
@@ -60,7 +77,7 @@ class DeviceRow(Base):
     memory_bandwidth_bytes_per_s: Mapped[float | None] = mapped_column(Float)
     host_to_device_bytes_per_s: Mapped[float | None] = mapped_column(Float)
     device_to_host_bytes_per_s: Mapped[float | None] = mapped_column(Float)
-    memory_bytes: Mapped[int | None] = mapped_column(Integer)
+    memory_bytes: Mapped[int | None] = mapped_column(Int64)
     compute_score: Mapped[float] = mapped_column(Float)
     emulated_slowdown: Mapped[float] = mapped_column(Float, default=1.0)
     node: Mapped[NodeRow] = relationship(back_populates="devices")
@@ -72,22 +89,22 @@ class TelemetryRow(Base):
 
     __tablename__ = "telemetry"
     __table_args__ = (Index("ix_telemetry_node_bucket", "node_id", "bucket"),)
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(Int64, primary_key=True, autoincrement=True)
     node_id: Mapped[str] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
     device_index: Mapped[int | None] = mapped_column(Integer)
     bucket: Mapped[int] = mapped_column(Integer)
     time_unix_s: Mapped[float] = mapped_column(Float)
     utilization_percent: Mapped[float | None] = mapped_column(Float)
-    memory_used_bytes: Mapped[int | None] = mapped_column(Integer)
-    memory_total_bytes: Mapped[int | None] = mapped_column(Integer)
+    memory_used_bytes: Mapped[int | None] = mapped_column(Int64)
+    memory_total_bytes: Mapped[int | None] = mapped_column(Int64)
     temperature_c: Mapped[float | None] = mapped_column(Float)
     power_w: Mapped[float | None] = mapped_column(Float)
     sm_clock_mhz: Mapped[float | None] = mapped_column(Float)
     #: Comma-separated reason names; "" = not throttled; NULL = n/a.
     throttle_reasons: Mapped[str | None] = mapped_column(String(255))
     cpu_percent: Mapped[float | None] = mapped_column(Float)
-    ram_used_bytes: Mapped[int | None] = mapped_column(Integer)
-    ram_total_bytes: Mapped[int | None] = mapped_column(Integer)
+    ram_used_bytes: Mapped[int | None] = mapped_column(Int64)
+    ram_total_bytes: Mapped[int | None] = mapped_column(Int64)
 
 
 class JobRow(Base):
@@ -161,7 +178,7 @@ class IntervalStatRow(Base):
 
     __tablename__ = "interval_stats"
     __table_args__ = (Index("ix_interval_stats_job_step", "job_id", "end_step"),)
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(Int64, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     end_step: Mapped[int] = mapped_column(Integer)
     plan_version: Mapped[int] = mapped_column(Integer)
@@ -170,7 +187,7 @@ class IntervalStatRow(Base):
     steps: Mapped[int] = mapped_column(Integer)
     compute_s: Mapped[float] = mapped_column(Float)
     step_s: Mapped[float] = mapped_column(Float)
-    peak_memory_bytes: Mapped[int | None] = mapped_column(Integer)
+    peak_memory_bytes: Mapped[int | None] = mapped_column(Int64)
     data_s: Mapped[float | None] = mapped_column(Float)
     comm_wait_s: Mapped[float | None] = mapped_column(Float)
     forward_s: Mapped[float | None] = mapped_column(Float)
@@ -183,7 +200,7 @@ class IntervalStatRow(Base):
 
 class EventRow(Base):
     __tablename__ = "events"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(Int64, primary_key=True, autoincrement=True)
     time_unix_s: Mapped[float] = mapped_column(Float)
     job_id: Mapped[str | None] = mapped_column(String(32), index=True)
     node_id: Mapped[str | None] = mapped_column(String(32))
@@ -196,7 +213,7 @@ class LogLineRow(Base):
 
     __tablename__ = "log_lines"
     __table_args__ = (Index("ix_log_lines_job_id", "job_id", "id"),)
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(Int64, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     rank: Mapped[int] = mapped_column(Integer)
     stream: Mapped[str] = mapped_column(String(8))

@@ -1,42 +1,188 @@
-"""Opening the SQLite store: WAL mode, and a clear error for another schema version."""
+"""Opening the store on SQLite and PostgreSQL: the schema created at Alembic's head,
+a pre-Alembic database upgraded without losing a row, and one-line refusals for a
+database this coordinator cannot use."""
 
 from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import BigInteger, Boolean, Engine, Float, Integer, String, Table, text
 
-from hetero.coordinator.database import DatabaseError, open_database
-from hetero.coordinator.models import SCHEMA_VERSION
+from hetero.coordinator.database import DatabaseError, connect, open_database
+from hetero.coordinator.models import SCHEMA_VERSION, Base
+from hetero.coordinator.schema import BASELINE, alembic_config, current_revision, head
+
+#: Rows written into each table before an upgrade.
+ROWS = 3
+GIB = 1 << 30
 
 
-def test_a_new_database_is_created_in_wal_mode_with_its_schema_version(tmp_path: Path) -> None:
+def _schema_version(engine: Engine) -> list[int]:
+    with engine.connect() as conn:
+        return list(conn.scalars(text("SELECT version FROM schema_version")).all())
+
+
+def _value(table: Table, column: str, i: int) -> Any:
+    """A value of row ``i`` for ``table.column``, the same wherever it is referenced."""
+    col = table.c[column]
+    for fk in col.foreign_keys:
+        return _value(fk.column.table, fk.column.name, i)
+    kind = col.type
+    if isinstance(kind, Boolean):
+        return i % 2 == 1
+    if isinstance(kind, Integer | BigInteger):
+        return 1000 * i + len(column)
+    if isinstance(kind, Float):
+        return i + 0.25
+    if isinstance(kind, String) and kind.length:
+        return f"{column}{i}"[: kind.length]
+    return f"{table.name}.{column} row {i}"
+
+
+def _fill(engine: Engine) -> None:
+    """``ROWS`` rows in every table but ``schema_version``, every column set except the
+    tables' own autoincrement ids (left to the database, as the store leaves them)."""
+    with engine.begin() as conn:
+        for table in Base.metadata.sorted_tables:
+            if table.name == "schema_version":
+                continue
+            columns = [
+                c.name
+                for c in table.columns
+                if not (c.primary_key and c.autoincrement is True and not c.foreign_keys)
+            ]
+            rows = [{c: _value(table, c, i) for c in columns} for i in range(ROWS)]
+            conn.execute(table.insert(), rows)
+
+
+def _dump(engine: Engine) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every table, ordered by primary key."""
+    with engine.connect() as conn:
+        return {
+            t.name: [tuple(r) for r in conn.execute(t.select().order_by(*t.primary_key.columns))]
+            for t in Base.metadata.sorted_tables
+            if t.name != "schema_version"
+        }
+
+
+def _pre_alembic(url: str) -> Engine:
+    """A database as a schema-3 coordinator (the last before Alembic) left it: the
+    tables of revision ``BASELINE``, ``schema_version`` 3, no ``alembic_version``."""
+    engine = connect(url)
+    with engine.begin() as conn:
+        command.upgrade(alembic_config(conn), BASELINE)
+        conn.execute(text("DROP TABLE alembic_version"))
+    return engine
+
+
+@pytest.fixture
+def db_url(both_stores_url: str) -> str:
+    return both_stores_url
+
+
+def test_a_new_database_is_created_at_head_with_its_schema_version(db_url: str) -> None:
+    engine = open_database(db_url)
+    try:
+        assert current_revision(engine) == head()
+        assert _schema_version(engine) == [SCHEMA_VERSION]
+    finally:
+        engine.dispose()
+    open_database(db_url).dispose()  # reopening a database at head works
+
+
+def test_replaying_every_revision_gives_the_tables_of_the_models(db_url: str) -> None:
+    """A new database is made with ``create_all`` and stamped at head: that is only
+    right while the revisions build the same tables, indexes and types."""
+    engine = connect(db_url)
+    try:
+        with engine.begin() as conn:
+            command.upgrade(alembic_config(conn), "head")
+            assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
+        assert _schema_version(engine) == [SCHEMA_VERSION]
+    finally:
+        engine.dispose()
+
+
+def test_a_pre_alembic_database_is_upgraded_on_open_and_loses_no_row(db_url: str) -> None:
+    old = _pre_alembic(db_url)
+    try:
+        assert _schema_version(old) == [3]
+        _fill(old)
+        before = _dump(old)
+    finally:
+        old.dispose()
+    assert all(len(rows) == ROWS for rows in before.values()), before
+    engine = open_database(db_url)
+    try:
+        assert current_revision(engine) == head()
+        assert _schema_version(engine) == [SCHEMA_VERSION]
+        assert _dump(engine) == before
+        with engine.connect() as conn:
+            assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
+        # 64-bit now on every store: an 80 GiB device, and ids past 2^31.
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE devices SET memory_bytes = :b"), {"b": 80 * GIB})
+            if engine.dialect.name == "postgresql":
+                conn.execute(text("SELECT setval('events_id_seq', 3000000000)"))
+            conn.execute(
+                text("INSERT INTO events (time_unix_s, kind, message) VALUES (1, 'k', 'm')")
+            )
+        with engine.connect() as conn:
+            assert conn.scalar(text("SELECT min(memory_bytes) FROM devices")) == 80 * GIB
+    finally:
+        engine.dispose()
+
+
+def test_a_database_of_an_unknown_revision_is_refused_in_one_line(db_url: str) -> None:
+    open_database(db_url).dispose()
+    engine = connect(db_url)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = 'f00d'"))
+    engine.dispose()
+    with pytest.raises(DatabaseError) as info:
+        open_database(db_url)
+    message = str(info.value)
+    assert f"schema revision f00d, which this coordinator (head {head()}) does not know" in message
+    assert "\n" not in message
+
+
+def test_a_pre_alembic_database_of_an_older_version_is_refused_in_one_line(db_url: str) -> None:
+    engine = _pre_alembic(db_url)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE schema_version SET version = 2"))
+    engine.dispose()
+    with pytest.raises(DatabaseError) as info:
+        open_database(db_url)
+    assert "has schema version 2, which this coordinator cannot upgrade" in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_a_foreign_database_is_refused(db_url: str) -> None:
+    engine = connect(db_url)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE users (id INTEGER)"))
+    engine.dispose()
+    with pytest.raises(DatabaseError, match="not a hetero coordinator database"):
+        open_database(db_url)
+
+
+def test_sqlite_runs_in_wal_mode(tmp_path: Path) -> None:
     db = tmp_path / "c.db"
     open_database(f"sqlite:///{db}").dispose()
     with sqlite3.connect(db) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
-    open_database(f"sqlite:///{db}").dispose()  # reopening a matching database works
 
 
-def test_a_database_of_another_schema_version_is_refused_in_one_line(tmp_path: Path) -> None:
-    db = tmp_path / "c.db"
-    open_database(f"sqlite:///{db}").dispose()
-    with sqlite3.connect(db) as conn:
-        conn.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION + 41,))
+def test_an_unreachable_postgresql_server_is_one_line() -> None:
+    pytest.importorskip("psycopg")
     with pytest.raises(DatabaseError) as info:
-        open_database(f"sqlite:///{db}")
+        open_database("postgresql+psycopg://hetero@/hetero?host=/nonexistent")
     message = str(info.value)
-    assert (
-        f"schema version {SCHEMA_VERSION + 41}, this coordinator needs {SCHEMA_VERSION}" in message
-    )
+    assert message.startswith("cannot open database postgresql+psycopg://hetero@/hetero")
     assert "\n" not in message
-
-
-def test_a_foreign_database_is_refused(tmp_path: Path) -> None:
-    db = tmp_path / "other.db"
-    with sqlite3.connect(db) as conn:
-        conn.execute("CREATE TABLE users (id INTEGER)")
-    with pytest.raises(DatabaseError, match="not a hetero coordinator database"):
-        open_database(f"sqlite:///{db}")
