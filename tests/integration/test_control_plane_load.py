@@ -1,5 +1,5 @@
 """The coordinator's high-rate paths, as ``hetero-coord serve`` wires them, over real gRPC
-and SQLite: batched heartbeats, cached polls and plans, read-only sessions, queued
+and SQLite, then PostgreSQL: batched heartbeats, cached polls and plans, read-only sessions, queued
 writers; and ``hetero-bench load`` end to end at a CI size."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import grpc
 import pytest
 from sqlalchemy import text
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError
 
 from hetero.bench.loadgen import device_profiles, heartbeat_request
 from hetero.coordinator import store
@@ -64,10 +64,10 @@ class Served:
 
 
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[Served]:
+def served(both_stores_url: str) -> Iterator[Served]:
     """The production wiring of ``server.serve`` with a hand-moved clock; the ingest's
     flusher is not started, so each test flushes when it wants the writes."""
-    engine = open_database(f"sqlite:///{tmp_path / 'coordinator.db'}")
+    engine = open_database(both_stores_url)
     sessions, readers = session_factory(engine), read_session_factory(engine)
     policy = TelemetryPolicy(period_s=10.0, retention_s=60.0)
     ingest = HeartbeatIngest(sessions, readers, policy)
@@ -324,14 +324,16 @@ def test_a_plan_stored_outside_a_report_is_served_once_the_caches_are_dropped(
 
 
 def test_read_sessions_cannot_write_and_writers_from_many_threads_all_commit(
-    tmp_path: Path,
+    both_stores_url: str,
 ) -> None:
-    engine = open_database(f"sqlite:///{tmp_path / 'c.db'}")
+    engine = open_database(both_stores_url)
     sessions, readers = session_factory(engine), read_session_factory(engine)
     with sessions.begin() as s:
         s.execute(text("CREATE TABLE counter (n INTEGER)"))
         s.execute(text("INSERT INTO counter VALUES (0)"))
-    with readers() as s, pytest.raises(OperationalError, match="readonly"):
+    # SQLite: "attempt to write a readonly database"; PostgreSQL: "cannot execute UPDATE
+    # in a read-only transaction".
+    with readers() as s, pytest.raises(DBAPIError, match=r"read-?only"):
         s.execute(text("UPDATE counter SET n = n + 1"))
     # A write that fails rolls back and lets the next writer in (no lock left held).
     with pytest.raises(ZeroDivisionError), sessions.begin() as s:

@@ -1,4 +1,5 @@
-"""The Coordinator over real gRPC and a real SQLite file: nodes, jobs, plans, errors."""
+"""The Coordinator over real gRPC and a real SQLite file, then PostgreSQL: nodes, jobs,
+plans, errors."""
 
 from __future__ import annotations
 
@@ -7,6 +8,12 @@ import pytest
 
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
+
+
+@pytest.fixture
+def db_url(both_stores_url: str) -> str:
+    return both_stores_url
+
 
 DEMO = """\
 name: demo

@@ -1,4 +1,5 @@
-"""Recovery through the real Coordinator API (gRPC on port 0, SQLite under tmp_path).
+"""Recovery through the real Coordinator API (gRPC on port 0, SQLite under tmp_path,
+then PostgreSQL).
 
 The test plays the agents' part with the same RPCs they use, and moves the
 clock by hand, so detection and restart are pinned without waiting: a silent
@@ -9,10 +10,9 @@ attempts' news changes nothing, and exhausted restarts fail the job.
 
 from __future__ import annotations
 
-import sqlite3
-
 import grpc
 import pytest
+from sqlalchemy import text
 
 from hetero.coordinator import recovery
 from hetero.v1 import coordinator_pb2 as pb
@@ -29,6 +29,11 @@ max_restarts: {restarts}
 checkpoint: {{dir: /tmp/ckpt, interval_steps: 10}}
 resources: {{ranks: 2, device: {device}}}
 """
+
+
+@pytest.fixture
+def db_url(both_stores_url: str) -> str:
+    return both_stores_url
 
 
 def _register(c, name: str, kind: int = tpb.DEVICE_KIND_CPU) -> str:  # type: ignore[no-untyped-def]
@@ -65,9 +70,11 @@ def _sweep(c) -> None:  # type: ignore[no-untyped-def]
 
 
 def _events(c, kind: str) -> list[str]:  # type: ignore[no-untyped-def]
-    db = sqlite3.connect(c.db_path)
-    rows = db.execute("SELECT message FROM events WHERE kind = ? ORDER BY id", (kind,))
-    return [m for (m,) in rows.fetchall()]
+    with c.engine.connect() as db:
+        rows = db.execute(
+            text("SELECT message FROM events WHERE kind = :kind ORDER BY id"), {"kind": kind}
+        )
+        return [m for (m,) in rows.all()]
 
 
 def _start(c, job_id: str, nodes: dict[str, str], attempt: int = 0) -> dict[int, str]:  # type: ignore[no-untyped-def]
@@ -204,9 +211,9 @@ def test_buffered_telemetry_lands_in_the_bucket_it_was_sampled_in(coordinator) -
         node_id=node_id, host=tpb.HostTelemetry(cpu_percent=7.0), sampled_at_unix_s=sampled
     )
     coordinator.stub.Heartbeat(late, timeout=DEADLINE_S)
-    db = sqlite3.connect(coordinator.db_path)
-    rows = db.execute("SELECT time_unix_s, cpu_percent FROM telemetry").fetchall()
-    assert rows == [(sampled, 7.0)]
+    with coordinator.engine.connect() as db:
+        rows = db.execute(text("SELECT time_unix_s, cpu_percent FROM telemetry")).all()
+    assert [tuple(r) for r in rows] == [(sampled, 7.0)]
 
 
 def test_a_report_of_an_earlier_attempt_is_kept_but_never_replans(coordinator) -> None:  # type: ignore[no-untyped-def]
