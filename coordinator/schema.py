@@ -24,14 +24,19 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, Engine, insert, inspect, select
+# Alembic logs INFO lines as it is imported ("setup plugin ...") and each time it
+# opens a context ("Context impl ..."): they would fill every start's log. The
+# upgrades themselves are logged here.
+logging.getLogger("alembic").setLevel(logging.WARNING)
 
-from hetero.coordinator.database import DatabaseError
-from hetero.coordinator.models import SCHEMA_VERSION, Base, SchemaVersion
+from alembic import command  # noqa: E402
+from alembic.config import Config  # noqa: E402
+from alembic.runtime.migration import MigrationContext  # noqa: E402
+from alembic.script import ScriptDirectory  # noqa: E402
+from sqlalchemy import Connection, Engine, insert, inspect, select  # noqa: E402
+
+from hetero.coordinator.database import DatabaseError  # noqa: E402
+from hetero.coordinator.models import SCHEMA_VERSION, Base, SchemaVersion  # noqa: E402
 
 log = logging.getLogger("hetero.coordinator.schema")
 
@@ -68,9 +73,6 @@ def current_revision(engine: Engine) -> str | None:
 def upgrade_to_head(engine: Engine) -> None:
     """Create, or upgrade to head, the schema in ``engine``'s database, in one
     transaction; ``DatabaseError`` (one line) for one it cannot upgrade."""
-    # Alembic's INFO lines ("Context impl ...") would fill every start's log; the
-    # upgrades themselves are logged here.
-    logging.getLogger("alembic").setLevel(logging.WARNING)
     url = engine.url.render_as_string(hide_password=True)
     with engine.begin() as conn:
         tables = set(inspect(conn).get_table_names())

@@ -5,6 +5,8 @@ database this coordinator cannot use."""
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -186,3 +188,23 @@ def test_an_unreachable_postgresql_server_is_one_line() -> None:
     message = str(info.value)
     assert message.startswith("cannot open database postgresql+psycopg://hetero@/hetero")
     assert "\n" not in message
+
+
+def test_hetero_coord_db_upgrade_upgrades_without_serving(db_url: str) -> None:
+    _pre_alembic(db_url).dispose()
+
+    def db(action: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "hetero.coordinator.cli", "db", action, "--db", db_url]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+    before = db("current")
+    assert before.returncode == 0, before.stderr
+    assert "schema revision none (this hetero's head is" in before.stdout
+    done = db("upgrade")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith(f"schema revision {head()} (head)")
+    engine = connect(db_url)
+    try:
+        assert current_revision(engine) == head()
+    finally:
+        engine.dispose()
