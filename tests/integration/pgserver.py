@@ -129,3 +129,17 @@ class PgServer:
         with contextlib.suppress(Unavailable, subprocess.TimeoutExpired):
             self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    # `python tests/integration/pgserver.py`: can a server run here? One line either way
+    # (.ci/run asks before it runs the PostgreSQL tier).
+    import sys
+
+    try:
+        server = PgServer()
+    except Unavailable as exc:
+        print(f"PostgreSQL unavailable: {exc}")
+        sys.exit(1)
+    server.stop()
+    print(f"PostgreSQL server available ({server.bin.parent.name})")
