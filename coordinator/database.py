@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -84,9 +84,14 @@ def connect(url: str) -> Engine:
     """Engine for ``url`` with the connection set-up and writer lock of this module,
     its schema untouched."""
     try:
+        parsed = make_url(url)
+        if parsed.drivername in ("postgresql", "postgres"):
+            # SQLAlchemy's default PostgreSQL driver is psycopg2; hetero's extra installs
+            # psycopg (3), so a URL that names no driver gets that one.
+            parsed = parsed.set(drivername="postgresql+psycopg")
         in_memory = url.startswith("sqlite") and (":memory:" in url or url.endswith("://"))
         pool = {} if in_memory else {"pool_size": POOL_SIZE, "max_overflow": 8}
-        engine = create_engine(url, **pool)
+        engine = create_engine(parsed, **pool)
     except ImportError as exc:
         driver = exc.name or "its driver"
         hint = " (pip install 'hetero[postgres]')" if url.startswith("postgres") else ""
@@ -104,8 +109,6 @@ def connect(url: str) -> Engine:
 def _shown(url: str) -> str:
     """``url`` with any password masked, for messages."""
     try:
-        from sqlalchemy import make_url
-
         return make_url(url).render_as_string(hide_password=True)
     except (SQLAlchemyError, ValueError):
         return url

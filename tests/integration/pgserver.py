@@ -65,7 +65,9 @@ def _install() -> None:
 class PgServer:
     """A running cluster; ``url(db)`` is a SQLAlchemy URL of one of its databases."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, durable: bool = False) -> None:
+        """``durable``: PostgreSQL's own settings (fsync, synchronous commits), for
+        figures; else fsync off, for tests."""
         try:
             import psycopg  # noqa: F401
         except ImportError:
@@ -90,9 +92,10 @@ class PgServer:
             )
             options = (
                 f"-c listen_addresses='' -c unix_socket_directories={self.socket_dir} "
-                f"-c port={PORT} -c fsync=off -c synchronous_commit=off "
-                "-c full_page_writes=off -c max_connections=300"
+                f"-c port={PORT} -c max_connections=300"
             )
+            if not durable:
+                options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
             self._run(
                 "pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"),
                 "-o", options, "-w", "-t", str(START_TIMEOUT_S), "start",

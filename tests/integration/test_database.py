@@ -208,3 +208,14 @@ def test_hetero_coord_db_upgrade_upgrades_without_serving(db_url: str) -> None:
         assert current_revision(engine) == head()
     finally:
         engine.dispose()
+
+
+@pytest.mark.postgres
+def test_a_postgresql_url_without_a_driver_uses_psycopg(pg_server) -> None:  # type: ignore[no-untyped-def]
+    url = pg_server.new_database().replace("postgresql+psycopg://", "postgresql://")
+    engine = open_database(url)
+    try:
+        assert engine.dialect.driver == "psycopg"
+        assert current_revision(engine) == head()
+    finally:
+        engine.dispose()
