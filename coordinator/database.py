@@ -90,7 +90,12 @@ def connect(url: str) -> Engine:
             # psycopg (3), so a URL that names no driver gets that one.
             parsed = parsed.set(drivername="postgresql+psycopg")
         in_memory = url.startswith("sqlite") and (":memory:" in url or url.endswith("://"))
-        pool = {} if in_memory else {"pool_size": POOL_SIZE, "max_overflow": 8}
+        pool: dict[str, Any] = {} if in_memory else {"pool_size": POOL_SIZE, "max_overflow": 8}
+        if parsed.get_backend_name() != "sqlite":
+            # A database server restarts, fails over or drops idle connections: a
+            # connection is checked (a round trip) before each use, so after a restart
+            # no request fails on a connection the pool still held.
+            pool["pool_pre_ping"] = True
         engine = create_engine(parsed, **pool)
     except ImportError as exc:
         driver = exc.name or "its driver"

@@ -16,7 +16,13 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import BigInteger, Boolean, Engine, Float, Integer, String, Table, text
 
-from hetero.coordinator.database import DatabaseError, connect, open_database
+from hetero.coordinator.database import (
+    DatabaseError,
+    connect,
+    open_database,
+    read_session_factory,
+    session_factory,
+)
 from hetero.coordinator.models import SCHEMA_VERSION, Base
 from hetero.coordinator.schema import BASELINE, alembic_config, current_revision, head
 
@@ -217,5 +223,22 @@ def test_a_postgresql_url_without_a_driver_uses_psycopg(pg_server) -> None:  # t
     try:
         assert engine.dialect.driver == "psycopg"
         assert current_revision(engine) == head()
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.postgres
+def test_a_postgresql_restart_fails_no_request_after_it(pg_server) -> None:  # type: ignore[no-untyped-def]
+    engine = open_database(pg_server.new_database())
+    sessions, readers = session_factory(engine), read_session_factory(engine)
+    try:
+        for factory in (sessions, readers, sessions):  # connections in the pool
+            with factory.begin() as s:
+                s.execute(text("SELECT 1"))
+        pg_server.restart()
+        with sessions.begin() as s:
+            s.execute(text("INSERT INTO events (time_unix_s, kind, message) VALUES (1, 'k', 'm')"))
+        with readers() as s:
+            assert s.execute(text("SELECT count(*) FROM events")).scalar_one() == 1
     finally:
         engine.dispose()
