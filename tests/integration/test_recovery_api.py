@@ -10,13 +10,19 @@ attempts' news changes nothing, and exhausted restarts fail the job.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import grpc
 import pytest
 from sqlalchemy import text
 
 from hetero.coordinator import recovery
+from hetero.coordinator.database import open_database, session_factory
+from hetero.coordinator.server import create_server
+from hetero.coordinator.service import Deps
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
+from hetero.v1.coordinator_pb2_grpc import CoordinatorStub
 
 DEADLINE_S = 5.0
 JOB = """\
@@ -233,3 +239,49 @@ def test_a_report_of_an_earlier_attempt_is_kept_but_never_replans(coordinator) -
     with pytest.raises(grpc.RpcError):
         bad = tpb.IntervalReport(job_id=job_id, end_step=20, plan_version=1, ranks=stats[:1])
         coordinator.stub.ReportIntervalStats(bad, timeout=DEADLINE_S)
+
+
+def test_a_coordinator_restarted_on_its_database_carries_on_where_it_stopped(  # type: ignore[no-untyped-def]
+    coordinator, db_url: str
+) -> None:
+    """A second coordinator process on the same database (SQLite file or PostgreSQL
+    database), started 100 s later: it finds the nodes and the running job, gives
+    the agents their timeout before marking anything down, and restarts the job
+    from where the first one left it."""
+    nodes = {"a": _register(coordinator, "node-a"), "b": _register(coordinator, "node-b")}
+    job_id = _submit(coordinator, restarts=1)
+    where = _start(coordinator, job_id, nodes)
+    before = _job(coordinator, job_id)
+    coordinator.deps.stopping.set()
+
+    clock = type(coordinator.clock)(coordinator.clock.now + 100.0)
+    engine = open_database(db_url)
+    deps = Deps(sessions=session_factory(engine), clock=clock, heartbeat_timeout_s=10.0)
+    server, port = create_server("127.0.0.1:0", deps)
+    server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        again = SimpleNamespace(
+            stub=CoordinatorStub(channel), engine=engine, clock=clock, deps=deps
+        )
+        job = _job(again, job_id)
+        assert job.state == pb.JOB_STATE_RUNNING
+        assert (job.plan.version, list(job.plan.batches)) == (
+            before.plan.version,
+            list(before.plan.batches),
+        )
+        _sweep(again)
+        assert _events(again, "node_down") == [], "agents get the timeout to come back"
+        for node_id in nodes.values():
+            _beat(again, node_id)
+        resp = _report(again, where[1], job_id, 1, pb.RANK_STATE_EXITED, 1)
+        assert resp.job_state == pb.JOB_STATE_RESTARTING
+        _report(again, where[0], job_id, 0, pb.RANK_STATE_EXITED, 1)
+        orders = [o for n in nodes.values() for o in _poll(again, n).launches]
+        assert sorted(o.rank for o in orders) == [0, 1]
+        assert all(o.attempt == 1 and o.args.resume for o in orders)
+    finally:
+        channel.close()
+        deps.stopping.set()
+        server.stop(0).wait()
+        engine.dispose()
