@@ -2,16 +2,16 @@
 
 A change to ``models`` comes with a revision in ``versions/``: the next number, its
 ``down_revision`` the current head, written by hand like ``0002`` or generated from
-the difference against a database at head::
+the difference between the models and the revisions so far::
 
     from alembic import command
-    from sqlalchemy import create_engine
-    from hetero.coordinator.database import open_database
+    from hetero.coordinator.database import connect
     from hetero.coordinator.schema import alembic_config
 
-    engine = open_database("sqlite:////tmp/head.db")   # the schema at head, from before the change
-    with engine.begin() as conn:
-        command.revision(alembic_config(conn), "what changed", autogenerate=True, rev_id="0003")
+    with connect("sqlite://").begin() as conn:
+        config = alembic_config(conn)
+        command.upgrade(config, "head")  # the tables the revisions so far build
+        command.revision(config, "what changed", autogenerate=True, rev_id="0003")
 
 The revision also sets the ``schema_version`` row to the new ``models.SCHEMA_VERSION``
 (a coordinator older than Alembic reads that number). ``tests/integration/test_database.py``
