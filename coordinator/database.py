@@ -38,7 +38,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from hetero.core.errors import HeteroError
 
-#: How long a transaction waits for another thread's write lock, in milliseconds.
+#: How long a transaction waits for another thread's write lock (the process's, and
+#: on SQLite the file's), in milliseconds.
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 #: Execution option marking a read-only engine (see ``read_session_factory``).
 _READ_ONLY = "hetero_read_only"
@@ -125,8 +126,9 @@ def session_factory(engine: Engine) -> sessionmaker[Session]:
 
 
 def read_session_factory(engine: Engine) -> sessionmaker[Session]:
-    """Sessions for handlers that only read: on SQLite a deferred transaction that
-    never takes the write lock and cannot write (``PRAGMA query_only``)."""
+    """Sessions for handlers that only read: a transaction that never takes the write
+    lock and cannot write (SQLite: deferred, ``PRAGMA query_only``; PostgreSQL:
+    ``READ ONLY``)."""
     return sessionmaker(engine.execution_options(**{_READ_ONLY: True}), expire_on_commit=False)
 
 
