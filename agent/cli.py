@@ -25,6 +25,7 @@ from hetero.agent.config import AgentConfig, load_config, with_flags
 from hetero.core import defaults
 from hetero.core.errors import ConfigError, HeteroError
 from hetero.logs import configure_logging
+from hetero.permissions import private_dir, refuse_root, set_daemon_umask
 from hetero.transport import ServerSecurity, add_client_arguments, check_listen, client_security
 
 EPILOG = """\
@@ -83,6 +84,12 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="allow a non-loopback --local-listen without authentication",
     )
+    run.add_argument(
+        "--allow-root",
+        action="store_true",
+        default=None,
+        help="run ranks even as root (they run as the agent's user; see docs/deploy.md)",
+    )
     run.add_argument("--name", help="node name (default: the hostname)")
     run.add_argument("--address", help="address other nodes reach this node at")
     run.add_argument(
@@ -116,7 +123,7 @@ def _config(args: argparse.Namespace) -> AgentConfig:
         "log_format": args.log_format,
     }
     names = ("name", "address", "local_listen", "cpu_threads", "stop_grace_s", "insecure")
-    for name in (*names, "watchdog_s", "token_file", "tls_ca", "tls_cert", "tls_key"):
+    for name in (*names, "allow_root", "watchdog_s", "token_file", "tls_ca", "tls_cert", "tls_key"):
         flags[name] = getattr(args, name, None)
     return with_flags(load_config(args.config), **flags)
 
@@ -204,10 +211,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(config: AgentConfig, refresh: bool) -> int:
     from hetero.agent.daemon import Agent
 
+    set_daemon_umask()
     # Credentials first: a bad token file fails in a second, not after the profile.
-    security = client_security(config.token_file, config.tls_ca, config.tls_cert, config.tls_key)
+    security = client_security(
+        config.token_file,
+        config.tls_ca,
+        config.tls_cert,
+        config.tls_key,
+        address=config.coordinator,
+    )
     if not security.secured and not config.insecure:  # the listen rule, before the profile
         check_listen(config.local_listen, ServerSecurity(), "agent endpoint")
+    refuse_root(config.allow_root)
+    private_dir(config.resolved_state_dir)
     profile = _profile(config, refresh)
     agent = Agent(config, profile, security=security)
 

@@ -47,6 +47,8 @@ class AgentConfig:
     tls_key: Path | None = None
     #: Allow a non-loopback local_listen without authentication.
     insecure: bool = False
+    #: Run ranks even when the agent is root (they run as the agent's user).
+    allow_root: bool = False
     #: Seconds a rank may go without progress (a step, an output line) before the
     #: agent kills it and reports it failed. Generous: loading data or a checkpoint,
     #: or the ideal measurement after training, shows no step progress.
@@ -103,6 +105,7 @@ def load_config(path: Path | None) -> AgentConfig:
         tls_cert=f.path("tls_cert"),
         tls_key=f.path("tls_key"),
         insecure=f.boolean("insecure", False),
+        allow_root=f.boolean("allow_root", False),
         watchdog_s=f.number("watchdog_s", d.watchdog_s, positive=True) or d.watchdog_s,
     )
     f.finish()

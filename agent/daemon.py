@@ -31,7 +31,7 @@ from hetero.agent.reconcile import Reconciler
 from hetero.agent.shipper import Shipper
 from hetero.agent.supervisor import Supervisor
 from hetero.agent.telemetry import TelemetrySampler
-from hetero.auth import new_token
+from hetero.auth import JobTokens, new_token
 from hetero.transport import ClientSecurity, warn_unverified_coordinator
 
 log = logging.getLogger("hetero.agent")
@@ -65,13 +65,15 @@ class Agent:
         self.link = CoordinatorLink(
             config, self.profile, self.security, self.telemetry, self.outbox
         )
-        # A secured agent guards AgentLocal with a token of its own, made here and given
-        # to its ranks: the coordinator's token never reaches job code.
-        self.local_token = new_token() if self.security.secured else None
+        # A secured agent guards AgentLocal with a secret of its own, made here, from
+        # which each rank gets its job's token: the coordinator's token never reaches
+        # job code, and a rank can read and report for its own job only.
+        self.job_tokens = JobTokens(new_token()) if self.security.secured else None
         self.local_server, self.local_port = create_local_server(
             config.local_listen,
-            AgentLocalService(self.link.stub, self.plans, outbox=self.outbox),
-            self.local_token,
+            AgentLocalService(
+                self.link.stub, self.plans, outbox=self.outbox, job_tokens=self.job_tokens
+            ),
             insecure=config.insecure,
         )
         host = config.local_listen.rsplit(":", 1)[0]
@@ -87,7 +89,7 @@ class Agent:
             self.plans,
             self.shipper,
             endpoint=self.endpoint,
-            local_token=self.local_token,
+            job_tokens=self.job_tokens,
         )
         self._stop = threading.Event()
 

@@ -16,7 +16,7 @@ import threading
 import grpc
 
 from hetero.agent.outbox import Outbox
-from hetero.auth import AGENT_TOKEN_ENV, Secret
+from hetero.auth import AGENT_TOKEN_ENV, JobTokens
 from hetero.transport import ServerSecurity, bind, is_unreachable, new_server
 from hetero.v1 import agent_pb2_grpc
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
@@ -59,12 +59,27 @@ class AgentLocalService(agent_pb2_grpc.AgentLocalServicer):  # type: ignore[misc
         plans: PlanCache,
         forward_timeout_s: float = FORWARD_TIMEOUT_S,
         outbox: Outbox | None = None,
+        job_tokens: JobTokens | None = None,
     ) -> None:
         self.coordinator = coordinator
         self.plans = plans
         self.forward_timeout_s = forward_timeout_s
         self.outbox = outbox
+        #: With these, a call must carry the token of the job it names (a rank's own).
+        self.job_tokens = job_tokens
         self._down_logged = False
+
+    def _check_job(self, job_id: str, context: grpc.ServicerContext) -> None:
+        """Abort unless the call carries ``job_id``'s token: checked here, not in an
+        interceptor, because the job is in the request, which an interceptor never sees."""
+        if self.job_tokens is not None and not self.job_tokens.matches(
+            job_id, context.invocation_metadata()
+        ):
+            context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                f"unauthenticated: the agent endpoint takes only job {job_id}'s own token "
+                f"(the agent gives each rank its job's ${AGENT_TOKEN_ENV})",
+            )
 
     def _fallback(self, job_id: str, exc: grpc.RpcError, context: grpc.ServicerContext) -> tpb.Plan:
         if not is_unreachable(exc):
@@ -91,6 +106,7 @@ class AgentLocalService(agent_pb2_grpc.AgentLocalServicer):  # type: ignore[misc
     def ReportIntervalStats(
         self, req: tpb.IntervalReport, context: grpc.ServicerContext
     ) -> tpb.ReportIntervalStatsResponse:
+        self._check_job(req.job_id, context)
         try:
             resp: tpb.ReportIntervalStatsResponse = self.coordinator.ReportIntervalStats(
                 req, timeout=self.forward_timeout_s
@@ -104,6 +120,7 @@ class AgentLocalService(agent_pb2_grpc.AgentLocalServicer):  # type: ignore[misc
         return resp
 
     def GetPlan(self, req: tpb.GetPlanRequest, context: grpc.ServicerContext) -> tpb.Plan:
+        self._check_job(req.job_id, context)
         try:
             plan: tpb.Plan = self.coordinator.GetPlan(req, timeout=self.forward_timeout_s)
         except grpc.RpcError as exc:
@@ -116,15 +133,15 @@ class AgentLocalService(agent_pb2_grpc.AgentLocalServicer):  # type: ignore[misc
 def create_local_server(
     address: str,
     service: AgentLocalService,
-    token: Secret | None = None,
     *,
     insecure: bool = False,
 ) -> tuple[grpc.Server, int]:
     """A server for ``address`` (port 0 = any free port) and its port; not started.
 
-    With ``token`` every call needs it (the ranks get it as ``$HETERO_AGENT_TOKEN``);
-    a non-loopback ``address`` needs a token unless ``insecure``."""
-    security = ServerSecurity(token=token, insecure=insecure)
+    With ``service.job_tokens`` every call needs its job's token (each rank gets its
+    own as ``$HETERO_AGENT_TOKEN``); a non-loopback ``address`` needs them unless
+    ``insecure``."""
+    security = ServerSecurity(insecure=insecure, checked_by_service=service.job_tokens is not None)
     server = new_server(
         security,
         what="agent endpoint",

@@ -22,10 +22,11 @@ from typing import IO
 
 import grpc
 
-from hetero.auth import load_token, scrub_environment
+from hetero.auth import ensure_token, load_token, local_token_path, scrub_environment
 from hetero.core import defaults
 from hetero.core.errors import HeteroError
 from hetero.core.states import job_label, job_terminal
+from hetero.permissions import private_dir
 from hetero.trainer.launch import free_port
 from hetero.transport import ClientSecurity, client_channel, remote_error
 from hetero.v1 import coordinator_pb2 as pb
@@ -57,7 +58,8 @@ class LocalCluster:
     heartbeat_timeout_s: float = defaults.HEARTBEAT_TIMEOUT_S
     heartbeat_interval_s: float = defaults.HEARTBEAT_INTERVAL_S
     python: str = sys.executable
-    #: Token file every daemon and this client use; None = no authentication (loopback).
+    #: Token file every daemon and this client use; None = the token the coordinator
+    #: generates in its state directory (its secure default), handed to the agents.
     token_file: Path | None = None
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     address: str = ""
@@ -65,20 +67,32 @@ class LocalCluster:
     _channel: grpc.Channel | None = None
 
     @property
+    def token_path(self) -> Path:
+        """The token clients of this cluster present (``hetero-coord --token-file``)."""
+        return self.token_file or local_token_path(self.root / "coordinator")
+
+    @property
     def stub(self) -> pb_grpc.CoordinatorStub:
         if self._channel is None:
-            security = ClientSecurity(load_token(self.token_file) if self.token_file else None)
+            self._ensure_token()
+            security = ClientSecurity(load_token(self.token_path))
             self._channel = client_channel(self.address, security)
         return pb_grpc.CoordinatorStub(self._channel)  # type: ignore[no-untyped-call, unused-ignore]
 
-    def _spawn(self, name: str, argv: list[str]) -> None:
+    def _ensure_token(self) -> None:
+        """The coordinator's generated token, made here first if an agent starts before
+        the coordinator (which then finds and keeps it in its state directory)."""
+        if self.token_file is None:
+            ensure_token(local_token_path(private_dir(self.root / "coordinator")))
+
+    def _spawn(self, name: str, argv: list[str], token: bool = True) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         log = (self.root / f"{name}.log").open("ab")  # a restarted daemon appends
         self._logs.append(log)
         # Credentials only as given here: none inherited from the caller's environment.
         env = dict(scrub_environment(os.environ), PYTHONUNBUFFERED="1")
-        if self.token_file is not None:
-            argv = [*argv, "--token-file", str(self.token_file)]
+        if token:
+            argv = [*argv, "--token-file", str(self.token_path)]
         self.procs[name] = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env
         )
@@ -97,7 +111,7 @@ class LocalCluster:
             )
         argv = [self.python, "-m", "hetero.coordinator.cli", "serve", "--config", str(config)]
         argv += ["--listen", self.address, "--state-dir", str(self.root / "coordinator")]
-        self._spawn("coordinator", argv)
+        self._spawn("coordinator", argv, token=self.token_file is not None)
 
     def start_agent(self, spec: AgentSpec) -> None:
         argv = [self.python, "-m", "hetero.agent.cli", "run", "--coordinator", self.address]
@@ -108,6 +122,9 @@ class LocalCluster:
             argv += ["--emulate-slowdown", f"{spec.emulate_slowdown:g}"]
         if spec.watchdog_s is not None:
             argv += ["--watchdog", f"{spec.watchdog_s:g}"]
+        if os.geteuid() == 0:  # the cluster runs as whoever started it, root included
+            argv += ["--allow-root"]
+        self._ensure_token()
         self._spawn(spec.name, argv)
 
     def kill(self, name: str) -> None:

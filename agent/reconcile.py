@@ -19,7 +19,7 @@ from hetero.agent.local import PlanCache
 from hetero.agent.orders import rank_command, rank_environment
 from hetero.agent.shipper import Shipper
 from hetero.agent.supervisor import Supervisor
-from hetero.auth import Secret
+from hetero.auth import JobTokens
 from hetero.core.errors import ConfigError
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
@@ -28,8 +28,8 @@ log = logging.getLogger("hetero.agent")
 
 
 class Reconciler:
-    """Launches and stops this node's ranks as ordered. ``endpoint`` and ``local_token``
-    are AgentLocal's address and token, given to every rank."""
+    """Launches and stops this node's ranks as ordered. ``endpoint`` is AgentLocal's
+    address, given to every rank with its job's token from ``job_tokens``."""
 
     def __init__(
         self,
@@ -39,14 +39,14 @@ class Reconciler:
         shipper: Shipper,
         *,
         endpoint: str,
-        local_token: Secret | None,
+        job_tokens: JobTokens | None,
     ) -> None:
         self.config = config
         self.supervisor = supervisor
         self.plans = plans
         self.shipper = shipper
         self.endpoint = endpoint
-        self.local_token = local_token
+        self.job_tokens = job_tokens
         #: (job, rank, attempt) of every launch order carried out.
         self.launched: set[tuple[str, int, int]] = set()
 
@@ -88,7 +88,7 @@ class Reconciler:
                 agent_endpoint=self.endpoint,
                 threads=self._threads(order),
                 local_world_size=local_world_size,
-                agent_token=self.local_token,
+                agent_token=self.job_tokens.for_job(order.job_id) if self.job_tokens else None,
                 progress_file=progress,
             )
         except ConfigError as exc:  # a value no rank could read: fail the rank, not the agent

@@ -9,19 +9,24 @@ one ``error: ...`` line on stderr and exits non-zero.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from hetero.auth import ensure_token, local_token_path
 from hetero.coordinator import commands
 from hetero.coordinator.config import CoordinatorConfig, load_config, with_flags
 from hetero.coordinator.export import FORMATS, TABLES
+from hetero.coordinator.roles import load_roles
 from hetero.core import defaults
 from hetero.core.errors import HeteroError
 from hetero.logs import configure_logging
-from hetero.transport import add_client_arguments, server_security
+from hetero.permissions import private_dir, set_daemon_umask
+from hetero.transport import add_client_arguments, check_listen, server_security
 
 #: Seconds each client RPC may take.
 DEFAULT_TIMEOUT_S = 10.0
@@ -37,7 +42,7 @@ examples:
   hetero-coord cancel 3f2a9c1b7d4e
   hetero-coord drain gpu-node-3                     # no new ranks there; --undo to reverse
   hetero-coord export 3f2a9c1b7d4e --format csv --out stats.csv
-  hetero-coord serve --metrics-listen 0.0.0.0:9464  # Prometheus /metrics
+  hetero-coord serve --metrics-listen 127.0.0.1:9464  # Prometheus /metrics (loopback)
   hetero-coord db upgrade --db postgresql+psycopg://hetero@db-host/hetero
 
 The coordinator address comes from --coordinator, else $HETERO_COORDINATOR, else 127.0.0.1:7070.
@@ -85,14 +90,16 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--metrics-listen",
         metavar="ADDR",
-        help="host:port to serve Prometheus /metrics on (default: off)",
+        help="host:port to serve Prometheus /metrics on (default: off); beyond loopback "
+        "scrapes must send the token (Authorization: Bearer)",
     )
     auth = serve.add_argument_group("authentication (see docs/reliability.md#security)")
     auth.add_argument(
         "--token-file",
         type=Path,
         metavar="FILE",
-        help="require this token on every call (else $HETERO_TOKEN_FILE, $HETERO_TOKEN)",
+        help="require this token on every call (else $HETERO_TOKEN_FILE, $HETERO_TOKEN, else "
+        "a token generated into the state directory, mode 0600)",
     )
     auth.add_argument("--tls-cert", type=Path, metavar="PEM", help="server certificate: TLS")
     auth.add_argument("--tls-key", type=Path, metavar="PEM", help="server certificate's key")
@@ -103,7 +110,8 @@ def _parser() -> argparse.ArgumentParser:
         "--insecure",
         action="store_true",
         default=None,
-        help="allow a non-loopback --listen without authentication (trusted networks only)",
+        help="no token at all: allow any caller, on loopback or (trusted networks only) "
+        "a non-loopback --listen",
     )
     serve.add_argument(
         "--heartbeat-interval",
@@ -281,17 +289,30 @@ def _serve(args: argparse.Namespace) -> int:
         interval_stats_thin=args.interval_stats_thin,
         interval_stats_keep_days=args.interval_stats_keep_days,
     )
+    set_daemon_umask()
     configure_logging(config.log_format)
     security = server_security(
         config.token_file, config.tls_cert, config.tls_key, config.tls_ca, config.insecure
     )
-    if config.db is None:
-        try:
-            config.resolved_state_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise HeteroError(
-                f"cannot create state directory {config.resolved_state_dir}: {exc.strerror}"
-            ) from None
+    if config.roles:
+        security = replace(security, roles=load_roles(config.roles))
+    # A listener beyond loopback needs authentication the operator configured (agents on
+    # other nodes need a copy of it); checked before the generated token is added.
+    check_listen(config.listen, security, "coordinator")
+    state_dir = private_dir(config.resolved_state_dir)
+    if not (security.authenticated or security.insecure):
+        # Secure by default: no unauthenticated listener even on loopback, where every
+        # local user could otherwise submit a `command:` job run by the agents.
+        token_path = local_token_path(state_dir)
+        security = replace(security, token=ensure_token(token_path), generated_token=token_path)
+    elif security.insecure and not security.authenticated:
+        logging.getLogger("hetero.coordinator").warning(
+            "--insecure: no token; every user who can reach %s can submit jobs", config.listen
+        )
+    if config.metrics_listen:
+        from hetero.coordinator.metricsserver import check_metrics_listen
+
+        check_metrics_listen(config.metrics_listen, security)
     serve(
         config.listen,
         config.db_url,

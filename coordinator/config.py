@@ -39,6 +39,8 @@ class CoordinatorConfig:
     tls_key: Path | None = None
     tls_ca: Path | None = None
     insecure: bool = False
+    #: Token files of the limited roles (``roles.ROLES``: user, agent, read), by role.
+    roles: tuple[tuple[str, Path], ...] = ()
     #: Directories a job's checkpoint.dir and data_dir must lie under; None = the defaults
     #: of ``coordinator.roots.default_roots``.
     allowed_roots: tuple[str, ...] | None = None
@@ -117,6 +119,7 @@ def load_config(path: Path | None) -> CoordinatorConfig:
         tls_key=f.path("tls_key"),
         tls_ca=f.path("tls_ca"),
         insecure=f.boolean("insecure", False),
+        roles=_role_files(f.mapping("roles")),
         allowed_roots=f.strings("allowed_roots"),
         master_port_base=f.integer("master_port_base", d.master_port_base, minimum=1024)
         or d.master_port_base,
@@ -127,6 +130,15 @@ def load_config(path: Path | None) -> CoordinatorConfig:
     )
     f.finish()
     return config
+
+
+def _role_files(f: Fields | None) -> tuple[tuple[str, Path], ...]:
+    """``roles: {user: FILE, agent: FILE, read: FILE}``: each optional, each a token file."""
+    if f is None:
+        return ()
+    files = tuple((role, f.path(role)) for role in ("user", "agent", "read"))
+    f.finish()
+    return tuple((role, path) for role, path in files if path is not None)
 
 
 def with_flags(config: CoordinatorConfig, **flags: object) -> CoordinatorConfig:

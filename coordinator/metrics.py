@@ -1,11 +1,11 @@
 """Prometheus ``/metrics`` for the coordinator: device telemetry, job throughput,
 per-rank batch sizes and straggler flags, in the text exposition format (0.0.4).
 
-Written with the standard library on purpose: the format is a few lines of
-text, the coordinator already builds the numbers for ``WatchCluster``, and
-one fewer dependency matters on air-gapped clusters installed from a
-wheelhouse. ``render`` is pure (a ``ClusterSnapshot`` in, text out);
-``MetricsServer`` serves it from a thread, reading a fresh snapshot per scrape.
+``render`` is pure (a ``ClusterSnapshot`` in, text out): it names the families
+and samples, and ``prometheus-client`` writes them (escaping, number format,
+``_total`` for counters), so the exposition is the one every exporter speaks.
+The HTTP side (a bounded server, a cached snapshot, the listen rule) is
+``metricsserver``.
 
 Conventions: base units (seconds, bytes, watts, hertz, ratios 0–1), ``_total``
 for counters, ``_info`` gauges of 1 carrying descriptive labels; ``node`` is
@@ -15,19 +15,16 @@ the node name, ``device`` the device index on its node, ``job`` the job id,
 
 from __future__ import annotations
 
-import logging
-import math
-import threading
-from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from hetero.core.errors import ConfigError
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector, CollectorRegistry
+
 from hetero.core.states import job_label
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
-
-log = logging.getLogger("hetero.coordinator.metrics")
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -36,15 +33,27 @@ Labels = tuple[tuple[str, str], ...]
 
 @dataclass
 class Family:
-    """One metric family: its samples in the order added."""
+    """One metric family: its samples in the order added (every sample has the same
+    label names, in the same order)."""
 
     name: str
     kind: str  # "gauge" or "counter"
     help: str
     samples: list[tuple[Labels, float]] = field(default_factory=list)
 
+    def metric(self) -> Metric:
+        names = [k for k, _ in self.samples[0][0]] if self.samples else []
+        made: GaugeMetricFamily | CounterMetricFamily
+        if self.kind == "counter":
+            made = CounterMetricFamily(self.name, self.help, labels=names)
+        else:
+            made = GaugeMetricFamily(self.name, self.help, labels=names)
+        for labels, value in self.samples:
+            made.add_metric([v for _, v in labels], float(value))
+        return made
 
-class Exposition:
+
+class Exposition(Collector):  # type: ignore[misc, unused-ignore]
     """Collects families, then writes them; families without samples are left out."""
 
     def __init__(self) -> None:
@@ -54,31 +63,14 @@ class Exposition:
         family = self._families.setdefault(name, Family(name, kind, help_text))
         family.samples.append((labels, value))
 
+    def collect(self) -> Iterator[Metric]:
+        return (f.metric() for f in self._families.values())
+
     def text(self) -> str:
-        lines: list[str] = []
-        for f in self._families.values():
-            lines.append(f"# HELP {f.name} {_escape_help(f.help)}")
-            lines.append(f"# TYPE {f.name} {f.kind}")
-            for labels, value in f.samples:
-                body = ",".join(f'{k}="{_escape_label(v)}"' for k, v in labels)
-                lines.append(f"{f.name}{{{body}}} {_number(value)}")
-        return "\n".join(lines) + "\n"
-
-
-def _escape_help(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
-
-
-def _escape_label(text: str) -> str:
-    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _number(value: float) -> str:
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value)) if not float(value).is_integer() else str(int(value))
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self)
+        text: bytes = generate_latest(registry)
+        return text.decode("utf-8")
 
 
 def render(snapshot: pb.ClusterSnapshot) -> str:
@@ -239,59 +231,3 @@ def _ranks(
         if live is not None:
             help_text = "1 if the rank is flagged as a straggler."
             out.add("hetero_rank_straggler", "gauge", help_text, labels, r.rank in flagged)
-
-
-class MetricsServer:
-    """``/metrics`` over HTTP from a daemon thread; each scrape calls ``snapshot``."""
-
-    def __init__(self, address: str, snapshot: Callable[[], pb.ClusterSnapshot]) -> None:
-        host, sep, port = address.rpartition(":")
-        if not sep or not port.isdigit():
-            raise ConfigError(f"metrics_listen must be host:port, got {address!r}")
-        handler = _handler(snapshot)
-        try:
-            self._httpd = ThreadingHTTPServer((host.strip("[]") or "0.0.0.0", int(port)), handler)
-        except OSError as exc:
-            raise ConfigError(f"cannot listen for metrics on {address}: {exc.strerror}") from None
-        self._httpd.daemon_threads = True
-        self.port: int = self._httpd.server_address[1]
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, name="metrics", daemon=True
-        )
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=5.0)
-
-
-def _handler(snapshot: Callable[[], pb.ClusterSnapshot]) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path.split("?", 1)[0] != "/metrics":
-                self._reply(404, "text/plain; charset=utf-8", "not found: try /metrics\n")
-                return
-            try:
-                body = render(snapshot())
-            except Exception:
-                log.exception("metrics scrape failed")
-                self._reply(500, "text/plain; charset=utf-8", "scrape failed, see the log\n")
-                return
-            self._reply(200, CONTENT_TYPE, body)
-
-        def _reply(self, code: int, content_type: str, body: str) -> None:
-            data = body.encode()
-            self.send_response(code)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, format: str, *args: object) -> None:
-            # Scrapes every few seconds would flood journald at INFO.
-            log.debug("%s " + format, self.address_string(), *args)
-
-    return Handler

@@ -24,7 +24,7 @@ from hetero.coordinator.asyncserver import CoordinatorServer, add_coordinator
 from hetero.coordinator.database import open_database, read_session_factory, session_factory
 from hetero.coordinator.deps import Deps
 from hetero.coordinator.ingest import HeartbeatIngest
-from hetero.coordinator.metrics import MetricsServer
+from hetero.coordinator.metricsserver import MetricsServer
 from hetero.coordinator.pruning import IntervalPruner
 from hetero.coordinator.readcache import IntervalHistories, LatestPlans, PendingOrders
 from hetero.coordinator.recovery import Sweeper
@@ -118,7 +118,9 @@ def serve(
     pruner = IntervalPruner(deps.sessions, kept, clock=deps.clock)
     server, port = create_server(address, deps, security)
     metrics = (
-        MetricsServer(metrics_listen, CoordinatorService(deps).snapshot) if metrics_listen else None
+        MetricsServer(metrics_listen, CoordinatorService(deps).snapshot, security)
+        if metrics_listen
+        else None
     )
     if deps.ingest is not None:
         deps.ingest.start()

@@ -10,38 +10,49 @@ it reveals only "serving"); reflection and every hetero RPC need the token.
 Where a token comes from, first match wins: a file named by ``--token-file`` or
 the config key ``token_file``; the file named by ``$HETERO_TOKEN_FILE`` (what
 the systemd units set, pointing into ``$CREDENTIALS_DIRECTORY``); the value of
-``$HETERO_TOKEN`` (an ``EnvironmentFile``). The token is held in a
+``$HETERO_TOKEN`` (an ``EnvironmentFile``). A coordinator given none of these
+generates one into its state directory (``ensure_token``, mode 0600), and a
+client dialling a loopback address reads it from this user's state directory
+(``local_token_path``): secure by default, with nothing to configure on one
+machine. The token is held in a
 :class:`Secret`, whose ``repr`` and ``str`` are masked, so it cannot reach a
 log line, an error message or the database by accident.
 
 The agent never hands the coordinator's token to the ranks it launches: it
-makes a fresh token for its own ``AgentLocal`` endpoint at start and passes
-that one to its ranks as ``$HETERO_AGENT_TOKEN`` (environment, not argv).
+makes a fresh secret for its own ``AgentLocal`` endpoint at start and gives each
+rank the token of its job (:class:`JobTokens`) as ``$HETERO_AGENT_TOKEN``
+(environment, not argv); ``AgentLocal`` answers a call only for that job.
 """
 
 from __future__ import annotations
 
 import collections
+import hashlib
 import hmac
 import logging
 import os
 import secrets
 import stat
+import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 import grpc
 import grpc.aio
 
+from hetero.core.defaults import default_state_dir
 from hetero.core.errors import ConfigError
 
 log = logging.getLogger("hetero.auth")
 
 TOKEN_ENV = "HETERO_TOKEN"
 TOKEN_FILE_ENV = "HETERO_TOKEN_FILE"
+#: Name of the token a coordinator generates in its state directory when given none.
+TOKEN_FILE_NAME = "token"
 #: The agent's own endpoint token, given to the ranks it launches.
 AGENT_TOKEN_ENV = "HETERO_AGENT_TOKEN"
 #: Variables a launched rank must not inherit from its agent (credentials and their paths).
@@ -120,8 +131,13 @@ def read_token_file(path: Path) -> Secret:
     return check_token(text, f"token file {path}")
 
 
-def load_token(path: Path | None, environ: Mapping[str, str] | None = None) -> Secret | None:
-    """The token from ``path``, else ``$HETERO_TOKEN_FILE``, else ``$HETERO_TOKEN``, else None."""
+def load_token(
+    path: Path | None,
+    environ: Mapping[str, str] | None = None,
+    fallback: Path | None = None,
+) -> Secret | None:
+    """The token from ``path``, else ``$HETERO_TOKEN_FILE``, else ``$HETERO_TOKEN``, else
+    the file ``fallback`` if it exists and this user may read it, else None."""
     env = os.environ if environ is None else environ
     if path is not None:
         return read_token_file(path)
@@ -129,7 +145,62 @@ def load_token(path: Path | None, environ: Mapping[str, str] | None = None) -> S
         return read_token_file(Path(env[TOKEN_FILE_ENV]))
     if env.get(TOKEN_ENV):
         return check_token(env[TOKEN_ENV], f"${TOKEN_ENV}")
+    if fallback is not None and os.access(fallback, os.R_OK):
+        return read_token_file(fallback)
     return None
+
+
+def local_token_path(state_dir: Path | None = None) -> Path:
+    """Where a coordinator with no configured token keeps the one it generated:
+    ``token`` in its state directory (default: this user's, ``default_state_dir``)."""
+    return (state_dir or default_state_dir()) / TOKEN_FILE_NAME
+
+
+def ensure_token(path: Path) -> Secret:
+    """The token in ``path``, made first (256 random bits, mode 0600, never replaced) if
+    the file does not exist: what a coordinator started without a token uses, so that
+    a local client of the same user reads it and nobody else can call. Written to a
+    temporary file and linked into place, so a concurrent reader never sees it half
+    written and of two concurrent writers the first wins."""
+    if path.exists():
+        return read_token_file(path)
+    token = new_token()
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)  # mode 0600
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(token.reveal() + "\n")
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return read_token_file(path)
+        finally:
+            os.unlink(tmp)
+    except OSError as exc:
+        raise ConfigError(f"cannot create token file {path}: {exc.strerror}") from None
+    return token
+
+
+class JobTokens:
+    """Per-job credentials an agent mints for its ranks: ``for_job(j)`` is
+    HMAC-SHA256(agent secret, j), so the agent keeps no table, a rank's token is good
+    for its own job only, and neither reveals the agent's secret or another job's token."""
+
+    __slots__ = ("_secret",)
+
+    def __init__(self, secret: Secret) -> None:
+        self._secret = secret
+
+    def for_job(self, job_id: str) -> Secret:
+        key = self._secret.reveal().encode("utf-8")
+        return Secret(hmac.new(key, job_id.encode("utf-8"), hashlib.sha256).hexdigest())
+
+    def matches(self, job_id: str, metadata: Iterable[tuple[str, Any]] | None) -> bool:
+        """Whether ``metadata`` carries the bearer token of ``job_id``."""
+        scheme, _, value = (_presented(metadata) or "").partition(" ")
+        return scheme.lower() == SCHEME.lower() and self.for_job(job_id).matches(value.strip())
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("job tokens are not pickled")
 
 
 def agent_token_from_env(environ: Mapping[str, str] | None = None) -> Secret | None:
@@ -153,12 +224,28 @@ def _presented(metadata: Iterable[tuple[str, Any]] | None) -> str | None:
     return None
 
 
-def _denied(handler: grpc.RpcMethodHandler | None, message: str) -> grpc.RpcMethodHandler:
-    """A handler of ``handler``'s shape that fails with UNAUTHENTICATED before reading
-    the request (no deserializer: an unauthenticated message is never parsed)."""
+@dataclass(frozen=True)
+class RoleToken:
+    """A token that may call only ``methods`` (full gRPC names, ``/pkg.Service/Method``):
+    a role such as "read" or "agent" (docs/deploy.md#roles). ``role`` names it in
+    PERMISSION_DENIED messages; the token never appears in them."""
+
+    role: str
+    token: Secret
+    methods: frozenset[str]
+
+
+#: Why a call is refused: its status code and one-line message.
+Refusal = tuple[grpc.StatusCode, str]
+
+
+def _denied(handler: grpc.RpcMethodHandler | None, refusal: Refusal) -> grpc.RpcMethodHandler:
+    """A handler of ``handler``'s shape that fails with ``refusal`` before reading the
+    request (no deserializer: an unauthenticated message is never parsed)."""
+    code, message = refusal
 
     def deny(_request: Any, context: grpc.ServicerContext) -> Any:
-        context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        context.abort(code, message)
 
     if handler is not None and handler.request_streaming and handler.response_streaming:
         return grpc.stream_stream_rpc_method_handler(deny)
@@ -178,13 +265,15 @@ class TokenAuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc, unused
 
     def __init__(
         self,
-        token: Secret,
+        token: Secret | None,
         what: str,
         hint: str,
         *,
+        roles: Sequence[RoleToken] = (),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._token = token
+        self._roles = tuple(roles)
         self.missing = f"unauthenticated: the {what} requires a token ({hint})"
         self.wrong = f"unauthenticated: the {what} did not accept the token ({hint})"
         self._clock = clock
@@ -201,17 +290,32 @@ class TokenAuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc, unused
         handler = continuation(details)
         return handler if reason is None else _denied(handler, reason)
 
-    def refusal(self, details: grpc.HandlerCallDetails) -> str | None:
-        """None if the call may proceed, else the UNAUTHENTICATED message (logged)."""
+    def refusal(self, details: grpc.HandlerCallDetails) -> Refusal | None:
+        """None if the call may proceed, else its status and message (logged): the
+        cluster token may call anything, a role's token only its methods."""
         if details.method in OPEN_METHODS:
             return None
         presented = _presented(details.invocation_metadata)
         if presented is not None:
-            scheme, _, value = presented.partition(" ")
-            if scheme.lower() == SCHEME.lower() and self._token.matches(value.strip()):
+            scheme, _, raw = presented.partition(" ")
+            value = raw.strip() if scheme.lower() == SCHEME.lower() else None
+            if value is not None and self._token is not None and self._token.matches(value):
                 return None
+            # Every role's token is compared, so the time taken tells nothing of which matched.
+            matched = [r for r in self._roles if value is not None and r.token.matches(value)]
+            if matched:
+                role = matched[0]
+                if details.method in role.methods:
+                    return None
+                name = details.method.rsplit("/", 1)[-1]
+                self._log_rejection(details.method, f"{role.role} token")
+                return (
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"permission denied: the {role.role} token may not call {name}",
+                )
         self._log_rejection(details.method, "no token" if presented is None else "wrong token")
-        return self.missing if presented is None else self.wrong
+        message = self.missing if presented is None else self.wrong
+        return grpc.StatusCode.UNAUTHENTICATED, message
 
     def _log_rejection(self, method: str, why: str) -> None:
         with self._lock:
@@ -229,8 +333,10 @@ class AioTokenAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc,
     """:class:`TokenAuthInterceptor` for a ``grpc.aio`` server: the same check and
     messages, an ``async`` refusal."""
 
-    def __init__(self, token: Secret, what: str, hint: str) -> None:
-        self._check = TokenAuthInterceptor(token, what, hint)
+    def __init__(
+        self, token: Secret | None, what: str, hint: str, *, roles: Sequence[RoleToken] = ()
+    ) -> None:
+        self._check = TokenAuthInterceptor(token, what, hint, roles=roles)
 
     async def intercept_service(
         self,
@@ -242,16 +348,17 @@ class AioTokenAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc,
         return handler if reason is None else _denied_async(handler, reason)
 
 
-def _denied_async(handler: grpc.RpcMethodHandler | None, message: str) -> grpc.RpcMethodHandler:
+def _denied_async(handler: grpc.RpcMethodHandler | None, refusal: Refusal) -> grpc.RpcMethodHandler:
     """:func:`_denied` with coroutine handlers, as a ``grpc.aio`` server calls them."""
+    code, message = refusal
 
     async def deny(_request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        await context.abort(code, message)
 
     async def deny_stream(
         _request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[Any]:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        await context.abort(code, message)
         yield  # pragma: no cover - abort raises
 
     if handler is not None and handler.request_streaming and handler.response_streaming:

@@ -17,6 +17,7 @@ makes gRPC answer RESOURCE_EXHAUSTED. ``AioGuardInterceptor`` does the same for 
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
@@ -44,7 +45,7 @@ class _Context:
     def __init__(self, inner: grpc.ServicerContext) -> None:
         self._inner = inner
 
-    def abort(self, code: grpc.StatusCode, details: str) -> None:
+    def abort(self, code: grpc.StatusCode, details: str = "") -> None:
         self._inner.abort(code, one_line(details))
 
     def set_details(self, details: str) -> None:
@@ -127,7 +128,8 @@ class _AsyncContext:
     def __init__(self, inner: grpc.aio.ServicerContext[Any, Any]) -> None:
         self._inner = inner
 
-    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+        # The standard health servicer aborts with a code alone (NOT_FOUND).
         await self._inner.abort(code, one_line(details))
 
     def set_details(self, details: str) -> None:
@@ -193,6 +195,20 @@ class AioGuardInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc, unu
                     await _internal_async(exc, context, method)
 
             return grpc.unary_unary_rpc_method_handler(unary, response_serializer=serializer)
+
+        if handler.unary_stream is not None and inspect.iscoroutinefunction(handler.unary_stream):
+            # A streaming handler may be a coroutine that sends with ``context.write``
+            # instead of an async generator (the standard health servicer's ``Watch``).
+            writer = handler.unary_stream
+
+            async def writing(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+                request = await _decode_async(deserializer, raw, context, method)
+                try:
+                    await writer(request, _AsyncContext(context))
+                except Exception as exc:
+                    await _internal_async(exc, context, method)
+
+            return grpc.unary_stream_rpc_method_handler(writing, response_serializer=serializer)
 
         if handler.unary_stream is not None:
             stream = handler.unary_stream

@@ -28,9 +28,11 @@ import grpc.aio
 
 from hetero.auth import (
     AioTokenAuthInterceptor,
+    RoleToken,
     Secret,
     TokenAuthInterceptor,
     load_token,
+    local_token_path,
     with_token,
 )
 from hetero.core.errors import ConfigError, RemoteError, UnreachableError, error_for_status
@@ -109,6 +111,13 @@ class ServerSecurity:
     token: Secret | None = None
     tls: TLSFiles = field(default_factory=TLSFiles)
     insecure: bool = False
+    #: Where ``token`` was generated when none was configured (said in the start-up line).
+    generated_token: Path | None = None
+    #: Tokens limited to a role's methods, beside ``token`` (which may call anything).
+    roles: tuple[RoleToken, ...] = ()
+    #: The service itself checks a credential bound to the request (AgentLocal's
+    #: per-job tokens), which no interceptor can: counts as authentication.
+    checked_by_service: bool = False
 
     @property
     def mutual_tls(self) -> bool:
@@ -116,7 +125,9 @@ class ServerSecurity:
 
     @property
     def authenticated(self) -> bool:
-        return self.token is not None or self.mutual_tls
+        return (
+            self.token is not None or bool(self.roles) or self.mutual_tls or self.checked_by_service
+        )
 
 
 @dataclass(frozen=True)
@@ -149,8 +160,12 @@ def client_security(
     tls_ca: Path | None = None,
     tls_cert: Path | None = None,
     tls_key: Path | None = None,
+    *,
+    address: str | None = None,
 ) -> ClientSecurity:
-    """Read the token and check the TLS files; each TLS path falls back to ``$HETERO_TLS_*``."""
+    """Read the token and check the TLS files; each TLS path falls back to ``$HETERO_TLS_*``.
+    A client of a loopback ``address`` given no token uses the one a local coordinator
+    generated (``hetero.auth.local_token_path``); it is never sent beyond loopback."""
 
     def env(path: Path | None, key: str) -> Path | None:
         value = os.environ.get(TLS_ENV[key])
@@ -158,7 +173,10 @@ def client_security(
 
     tls = TLSFiles(env(tls_cert, "cert"), env(tls_key, "key"), env(tls_ca, "ca"))
     tls.channel_credentials()
-    return ClientSecurity(load_token(token_file), tls)
+    local = address is not None and is_loopback(address)
+    return ClientSecurity(
+        load_token(token_file, fallback=local_token_path() if local else None), tls
+    )
 
 
 # ---- servers -------------------------------------------------------------------------------
@@ -208,8 +226,8 @@ def new_server(
     """A gRPC server with hetero's interceptors (token check first, then the guard) and
     message limit; ``what``/``hint`` word the UNAUTHENTICATED messages."""
     interceptors: list[grpc.ServerInterceptor] = []
-    if security.token is not None:
-        interceptors.append(TokenAuthInterceptor(security.token, what, hint))
+    if security.token is not None or security.roles:
+        interceptors.append(TokenAuthInterceptor(security.token, what, hint, roles=security.roles))
     interceptors.append(GuardInterceptor())
     return grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=thread_name_prefix),
@@ -228,8 +246,10 @@ def new_aio_server(security: ServerSecurity, *, what: str, hint: str) -> grpc.ai
     """:func:`new_server` for ``grpc.aio`` (the same interceptors and limit); call it
     on the event loop that will run the server."""
     interceptors: list[grpc.aio.ServerInterceptor] = []
-    if security.token is not None:
-        interceptors.append(AioTokenAuthInterceptor(security.token, what, hint))
+    if security.token is not None or security.roles:
+        interceptors.append(
+            AioTokenAuthInterceptor(security.token, what, hint, roles=security.roles)
+        )
     interceptors.append(AioGuardInterceptor())
     return grpc.aio.server(
         interceptors=interceptors,
@@ -302,7 +322,9 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
         "--token-file",
         type=Path,
         metavar="FILE",
-        help="file holding the coordinator's token (else $HETERO_TOKEN_FILE, $HETERO_TOKEN)",
+        help="file holding the coordinator's token (else $HETERO_TOKEN_FILE, $HETERO_TOKEN, "
+        "else, for a coordinator on loopback, the token it generated in this user's state "
+        "directory)",
     )
     g.add_argument(
         "--tls-ca", type=Path, metavar="PEM", help="CA of the server's certificate: turns on TLS"
@@ -312,14 +334,21 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def client_security_from_args(args: argparse.Namespace) -> ClientSecurity:
-    return client_security(args.token_file, args.tls_ca, args.tls_cert, args.tls_key)
+    return client_security(
+        args.token_file,
+        args.tls_ca,
+        args.tls_cert,
+        args.tls_key,
+        address=getattr(args, "coordinator", None),
+    )
 
 
 def describe(security: ServerSecurity | None) -> str:
     """How callers authenticate, for the daemon's start-up log line (never the token)."""
     if security is None:
         return "no authentication"
-    parts = ["token" if security.token is not None else "", "TLS" if security.tls.cert else ""]
+    token = "token" if security.generated_token is None else f"token in {security.generated_token}"
+    parts = [token if security.token is not None else "", "TLS" if security.tls.cert else ""]
     if security.mutual_tls:
         parts.append("client certificates")
     named = [p for p in parts if p]

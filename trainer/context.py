@@ -125,6 +125,7 @@ class Context:
         self._step_sizes: tuple[int, ...] = ()
         self._last_batch = -1
         self._batch_since = 0  # global step from which this rank ran its current batch size
+        self._batch_switched = False  # whether that size replaced another (a plan change)
         self._last_loss: torch.Tensor | None = None
         self._interval = IntervalTotals()
         #: Each rank alone at its batch (``measure_ideal``), for the ideal and the gap breakdown.
@@ -306,6 +307,8 @@ class Context:
             raise ConfigError("ctx.step() called before a batch was drawn from ctx.loader()")
         mine = self._step_sizes[self.rank]
         if mine != self._last_batch:
+            # The first batch size of a run (or of a resumed one) is no plan change.
+            self._batch_switched = self._last_batch >= 0
             self._last_batch, self._batch_since = mine, self.global_step
         self.clock.end_step(self.global_step, mine)
         loss = loss.detach() if loss is not None else self._last_loss
@@ -375,6 +378,8 @@ class Context:
         that model goes: its DDP reducer holds the group (see ``procgroup``).
         """
         self.metrics.close()
+        if self._loader is not None:
+            self._loader.close()
         close_planner = getattr(self.planner, "close", None)
         if close_planner is not None:
             close_planner()

@@ -15,7 +15,7 @@ no sample is dropped or repeated.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DataLoader, Dataset, default_collate
@@ -29,7 +29,9 @@ if TYPE_CHECKING:
 
 
 class HeteroLoader:
-    """Iterates one epoch of this rank's batches, already on the rank's device.
+    """Iterates one epoch of this rank's batches, already on the rank's device; the
+    next iteration continues where the last one stopped (a loop that breaks early
+    loses no batch).
 
     Datasets with a ``get_batch(indices, device)`` method are gathered directly
     (fast, no worker processes); others go through a ``DataLoader`` whose
@@ -64,6 +66,9 @@ class HeteroLoader:
         self.workers = share.initial(sampler.current_batches()) if share else num_workers
         self.worker_counts: list[tuple[int, int]] = [(sampler.global_step, self.workers)]
         self._consumed = (sampler.epoch, sampler.step_in_epoch, sampler.global_step)
+        #: The DataLoader path's batches on the device, from the next step to hand out on
+        #: (one stream for the whole run: ``_host_batches``); None until first iterated.
+        self._stream: Generator[Any, None, None] | None = None
 
     @property
     def lookahead(self) -> int:
@@ -90,15 +95,22 @@ class HeteroLoader:
 
     def __iter__(self) -> Iterator[Any]:
         s = self.sampler
-        s.epoch, s.step_in_epoch, s.global_step = self._position()
-        epoch, step_in_epoch, gstep = s.epoch, s.step_in_epoch, s.global_step
+        epoch, step_in_epoch, gstep = self._position()
         device = self.ctx.device
         source: Iterator[Any]
         if self.fast:
+            s.epoch, s.step_in_epoch, s.global_step = epoch, step_in_epoch, gstep
             source = (to_device(self._fetch(idx), device) for idx in s)
         else:
-            source = device_batches(self._host_batches(), device)
-        for batch in source:
+            if self._stream is None:
+                s.epoch, s.step_in_epoch, s.global_step = epoch, step_in_epoch, gstep
+                self._stream = device_batches(self._host_batches(), device)
+            source = self._stream
+        while step_in_epoch < s.steps_per_epoch:
+            # Checked before drawing: the stream's next batch belongs to the next epoch.
+            batch = next(source, None)
+            if batch is None:
+                return
             sizes = s.batches_at(step_in_epoch, gstep)
             s.schedule.prune(gstep)
             self.ctx._begin_step(sizes)
@@ -108,12 +120,17 @@ class HeteroLoader:
             yield batch
 
     def _host_batches(self) -> Iterator[Any]:
-        """The rest of this epoch from a ``DataLoader``, its iterator (re)built whenever
-        the plan of the next step to draw asks for another worker count."""
+        """Every later batch from one ``DataLoader`` iterator, across epochs, so its
+        workers keep loading through an epoch's end instead of starting cold and
+        leaving the first steps of each epoch waiting (a user's loop that rebuilds its
+        iterator every epoch pays that). The iterator is rebuilt only when the plan of
+        the next step to draw asks for another worker count."""
         s = self.sampler
         epoch, step_in_epoch, gstep = s.epoch, s.step_in_epoch, s.global_step
         it: Iterator[Any] | None = None
-        while step_in_epoch < s.steps_per_epoch:
+        while True:
+            if step_in_epoch >= s.steps_per_epoch:
+                epoch, step_in_epoch = epoch + 1, 0
             want = self._workers_for(gstep, fresh=it is None)
             if it is None or want != self.workers:
                 # Dropping the old iterator shuts its workers down; the sampler restarts
@@ -150,7 +167,7 @@ class HeteroLoader:
     def _dataloader_with(self, workers: int) -> DataLoader[Any]:
         return DataLoader(
             self.dataset,
-            batch_sampler=self.sampler,
+            batch_sampler=_Epochs(self.sampler),
             num_workers=workers,
             prefetch_factor=self.prefetch_factor if workers > 0 else None,
             pin_memory=self.pin_memory,
@@ -179,5 +196,24 @@ class HeteroLoader:
 
     def load_state_dict(self, state: dict[str, Any], plans: bool = True) -> None:
         """Restore the position; ``plans=False`` keeps this run's plans (another world size)."""
+        self.close()
         self.sampler.load_state_dict(state, plans=plans)
         self._consumed = (self.sampler.epoch, self.sampler.step_in_epoch, self.sampler.global_step)
+
+    def close(self) -> None:
+        """Stop the DataLoader's workers (a later iteration starts them again)."""
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+
+class _Epochs:
+    """A batch sampler that goes on into the next epoch where ``sampler`` stops: the
+    uneven sampler yields the rest of its epoch, then moves to the next one's start."""
+
+    def __init__(self, sampler: UnevenBatchSampler) -> None:
+        self.sampler = sampler
+
+    def __iter__(self) -> Iterator[list[int]]:
+        while self.sampler.steps_per_epoch > 0:
+            yield from self.sampler

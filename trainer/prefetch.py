@@ -25,7 +25,7 @@ thirty lines. On CPU, batches pass through ``to_device`` in order, as before.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -57,7 +57,7 @@ def tensors_in(batch: Any) -> Iterator[torch.Tensor]:
             yield from tensors_in(v)
 
 
-def device_batches(source: Iterable[Any], device: torch.device) -> Iterator[Any]:
+def device_batches(source: Iterable[Any], device: torch.device) -> Generator[Any, None, None]:
     """``source``'s batches on ``device``, in order; on CUDA each one's copy overlaps the
     previous one's compute (see the module doc). Draws one batch ahead of the caller."""
     if device.type != "cuda":

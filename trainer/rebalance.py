@@ -185,9 +185,14 @@ def _spread(values: list[float]) -> float | None:
 def _switch_s(ctx: Context, settling: list[StepTimes], settled: list[StepTimes]) -> float | None:
     """Seconds the ``settling`` steps (the first at a new batch size) were busy beyond
     the settled steps' median, in all; None when the batch did not change in this
-    interval after statistics began (the run's first steps are no plan change) or no
+    interval after statistics began (the run's first size is no plan change) or no
     settled step measures the baseline."""
-    if not settling or not settled or ctx._batch_since < ctx.stats_from_step:
+    if (
+        not settling
+        or not settled
+        or not ctx._batch_switched
+        or ctx._batch_since < ctx.stats_from_step
+    ):
         return None
     base = statistics.median(_busy_s(t) for t in settled)
     return max(sum(_busy_s(t) - base for t in settling), 0.0)

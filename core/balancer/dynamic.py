@@ -65,7 +65,7 @@ class Dynamic:
     min_spread: float = 0.05
     change_threshold: float = 0.15
     trust_factor: float = 2.0
-    confidence_z: float = 2.0
+    confidence_z: float = 1.5
     default_cv: float = 0.05
     payback_intervals: int = 10
     switch_prior_steps: float = 1.0
@@ -182,6 +182,7 @@ class Dynamic:
                     # intervals' own steps, else the configured guess.
                     noise_prior=floors[len(floors) // 2] if floors else self.default_cv,
                     change_noise=change_noise[rank] if change_noise else None,
+                    step_noise=floors[len(floors) // 2] if floors else None,
                 )
                 if points
                 else None

@@ -172,6 +172,7 @@ def fit_rank(
     prior_fixed_s: float | None = None,
     noise_prior: float | None = None,
     change_noise: float | None = None,
+    step_noise: float | None = None,
 ) -> RankFit:
     """Fit one rank's step model from its points, oldest first (see the module doc).
 
@@ -183,7 +184,9 @@ def fit_rank(
     ``change_noise``, a floor under it for telling a change from noise (the noise
     of the rank's raw times where the caller divided a shared load out of
     ``points``: dividing by the median rank's times leaves that rank's series too
-    smooth to judge one interval by).
+    smooth to judge one interval by); ``step_noise``, the noise of one interval's
+    time implied by the spread of its own steps, which marks a rank as noisy even
+    where a few calm intervals measured less (one interval's jump waits for the next).
     """
     if not points:
         raise ValueError("fit_rank needs at least one point")
@@ -193,7 +196,10 @@ def fit_rank(
     threshold = max(change_threshold, math.expm1(CHANGE_SIGMAS * noise))
     regime = find_regimes(points, threshold)
     n = len(points)
-    noisy = noise >= CONFIRM_NOISE or len(regime.outliers) >= HEAVY_TAIL_OUTLIERS
+    noisy = (
+        max(noise, step_noise or 0.0) >= CONFIRM_NOISE
+        or len(regime.outliers) >= HEAVY_TAIL_OUTLIERS
+    )
     pending = 0 < regime.start == n - 1 and noisy
     if pending:
         # Too noisy to call one interval a change: hold it back until the next confirms it.

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 from typing import Any
 
 from hetero.core import defaults
@@ -28,7 +27,6 @@ from hetero.core.catalogue.entries import (
     POLICY_NAMES,
     default_dataset,
 )
-from hetero.core.catalogue.entries import model as model_entry
 from hetero.core.catalogue.kinds import (
     Bool,
     Choice,
@@ -43,6 +41,7 @@ from hetero.core.catalogue.kinds import (
     score_item,
 )
 from hetero.core.catalogue.options import Entry, Option, described, opt, ref
+from hetero.core.catalogue.resolved import Resolved
 
 CLI = frozenset({Entry.CLI})
 CLI_API = frozenset({Entry.CLI, Entry.API})
@@ -50,7 +49,7 @@ _PLACED = "the coordinator plans a job.yaml job from the profiles its agents mea
 
 
 @dataclass(frozen=True)
-class TrainingOptions:
+class TrainingOptions(Resolved):
     """A built-in training job's options, validated on construction (see the module doc)."""
 
     # ---- the job ---------------------------------------------------------------------------
@@ -393,57 +392,6 @@ class TrainingOptions:
         if self.dataset is None:
             object.__setattr__(self, "dataset", default_dataset(self.model))
         check_rules(self)
-
-    # ---- what the defaults of None become ----------------------------------------------------
-    def global_batch_for(self, world_size: int) -> int:
-        """Samples per step over ``world_size`` ranks."""
-        if self.global_batch is not None:
-            return self.global_batch
-        if self.batch_size is not None:
-            return self.batch_size * world_size
-        return limits.DEFAULT_GLOBAL_BATCH
-
-    def steps_for(self, steps_per_epoch: int) -> int:
-        """Optimizer steps in total, given the dataset's steps per epoch."""
-        if self.steps is not None:
-            return self.steps
-        if self.epochs is not None:
-            return self.epochs * max(steps_per_epoch, 1)
-        return limits.DEFAULT_STEPS
-
-    @property
-    def run_dir(self) -> str | None:
-        """Where the run writes: ``output_dir``, else ``runs/NAME`` for a named run."""
-        if self.output_dir is not None:
-            return self.output_dir
-        return str(PurePosixPath("runs") / self.name) if self.name else None
-
-    @property
-    def checkpoint_every(self) -> int:
-        """Steps between checkpoints (0: none)."""
-        if self.checkpoint_interval is not None:
-            return self.checkpoint_interval
-        return limits.DEFAULT_CHECKPOINT_INTERVAL if self.checkpoint_dir else 0
-
-    @property
-    def checkpoint_file(self) -> str | None:
-        """``CHECKPOINT_DIR/last.pt`` (default ``RUN_DIR/checkpoints``), or None without either."""
-        run = self.run_dir
-        base = self.checkpoint_dir or (str(PurePosixPath(run) / "checkpoints") if run else None)
-        return str(PurePosixPath(base) / "last.pt") if base else None
-
-    @property
-    def optimizer_kind(self) -> str:
-        """``sgd`` or ``adamw``: ``auto`` is AdamW for language models, SGD otherwise."""
-        if self.optimizer != "auto":
-            return self.optimizer
-        return "adamw" if model_entry(self.model).kind == "text" else "sgd"
-
-    def learning_rate(self, optimizer: str) -> float:
-        """``lr``, else the default of ``optimizer`` (``sgd`` or ``adamw``)."""
-        if self.lr is not None:
-            return self.lr
-        return limits.SGD_LR if optimizer == "sgd" else limits.ADAMW_LR
 
     def given(self) -> dict[str, Any]:
         """The options whose value differs from their default, by name."""

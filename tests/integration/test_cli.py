@@ -87,13 +87,15 @@ def test_serve_refuses_a_database_of_a_newer_schema(tmp_path: Path) -> None:
     open_database(f"sqlite:///{db}").dispose()
     with sqlite3.connect(db) as conn:
         conn.execute("UPDATE alembic_version SET version_num = '0999'")
-    result = _cli("serve", "--db", f"sqlite:///{db}", "--listen", "127.0.0.1:0")
+    state = ("--state-dir", str(tmp_path / "state"))
+    result = _cli("serve", "--db", f"sqlite:///{db}", "--listen", "127.0.0.1:0", *state)
     assert result.returncode == 3
     assert "schema revision 0999, which this coordinator" in _one_error_line(result)
 
 
 def test_serve_refuses_bad_retention_flags_in_one_line(tmp_path: Path) -> None:
     db = ("--db", f"sqlite:///{tmp_path / 'c.db'}", "--listen", "127.0.0.1:0")
+    db += ("--state-dir", str(tmp_path / "state"))
     cases = [
         (("--interval-stats-raw-h", "0.001"), "interval_stats_raw_h: the raw window must be"),
         (("--interval-stats-thin", "0"), "interval_stats_thin must be a whole number >= 1"),

@@ -254,7 +254,7 @@ def _start_cluster(net: Network, d: Daemons) -> pb_grpc.CoordinatorStub:
         argv = [sys.executable, "-m", "hetero.agent.cli", "run", "--coordinator", address]
         argv += ["--name", host.name, "--state-dir", str(d.root / host.name), "--quick"]
         argv += ["--cpu-threads", "1", "--stop-grace", "3", "--local-listen", "127.0.0.1:0"]
-        argv += ["--token-file", str(token_file)]
+        argv += ["--token-file", str(token_file), "--allow-root"]  # the test runs as root
         # The agent's environment reaches the ranks it launches.
         env = {"HETERO_COLLECTIVE_TIMEOUT_S": f"{COLLECTIVE_TIMEOUT_S:g}"}
         d.spawn(host.name, host.argv(*argv), env)

@@ -15,7 +15,7 @@ import pytest
 
 from hetero.coordinator import cli
 from hetero.coordinator.config import load_config, with_flags
-from hetero.coordinator.metrics import MetricsServer
+from hetero.coordinator.metricsserver import MetricsServer
 from hetero.coordinator.service import CoordinatorService
 from hetero.core.errors import ConfigError
 from hetero.v1 import coordinator_pb2 as pb
@@ -109,23 +109,29 @@ def test_metrics_endpoint_exports_telemetry_throughput_batches_and_stragglers(si
         text = resp.read().decode()
     samples = [line for line in text.splitlines() if line and not line.startswith("#")]
     assert all(SAMPLE.match(line) for line in samples), "every sample line is well-formed"
-    assert 'hetero_device_utilization_ratio{node="gpu-a",device="0"}' in text
-    assert 'hetero_device_temperature_celsius{node="gpu-b",device="0"}' in text
-    assert 'hetero_device_temperature_celsius{node="cpu-c"' not in text, "n/a is left out"
+    # prometheus-client writes labels sorted by name.
+    assert 'hetero_device_utilization_ratio{device="0",node="gpu-a"}' in text
+    assert 'hetero_device_temperature_celsius{device="0",node="gpu-b"}' in text
+    assert not re.search(r'hetero_device_temperature_celsius\{[^}]*node="cpu-c"', text), (
+        "n/a is left out"
+    )
     assert f'hetero_job_state{{job="{job.id}",state="running"}} 1' in text
     assert f'hetero_job_samples_per_second{{job="{job.id}"}}' in text
     assert f'hetero_job_equal_estimate_samples_per_second{{job="{job.id}"}}' in text
     batches = {
         int(m.group(1)): int(m.group(2))
         for m in re.finditer(
-            rf'hetero_rank_batch_size{{job="{job.id}",rank="(\d)",[^}}]*}} (\d+)', text
+            rf'hetero_rank_batch_size{{device="\d+",job="{job.id}",node="[^"]*",rank="(\d)"}} (\d+)',
+            text,
         )
     }
     assert batches == dict(enumerate(job.plan.batches)) and sum(batches.values()) == 96
     assert re.search(
-        rf'hetero_rank_straggler{{job="{job.id}",rank="2",node="gpu-b",device="0"}} 1', text
+        rf'hetero_rank_straggler{{device="0",job="{job.id}",node="gpu-b",rank="2"}} 1', text
     )
-    assert re.search(rf'hetero_rank_straggler{{job="{job.id}",rank="0",[^}}]*}} 0', text)
+    assert re.search(
+        rf'hetero_rank_straggler{{[^}}]*job="{job.id}",node="[^"]*",rank="0"}} 0', text
+    )
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(f"{metrics}/other", timeout=DEADLINE_S)
     assert info.value.code == 404

@@ -25,7 +25,7 @@ from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from hetero.agent.local import AgentLocalService, PlanCache, create_local_server
-from hetero.auth import Secret
+from hetero.auth import JobTokens, Secret
 from hetero.coordinator.database import open_database, session_factory
 from hetero.coordinator.server import create_server
 from hetero.coordinator.service import Deps
@@ -230,12 +230,14 @@ def test_mutual_tls_alone_may_listen_beyond_loopback(tmp_path: Path, pki: Pki) -
         engine.dispose()
 
 
-def test_agent_endpoint_takes_only_the_agent_token(serve) -> None:  # type: ignore[no-untyped-def]
+def test_agent_endpoint_takes_only_the_jobs_own_token(serve) -> None:  # type: ignore[no-untyped-def]
     s = serve(ServerSecurity(token=Secret(TOKEN)))
-    local_token = Secret("agent-local-0123456789abcdef0123")
+    tokens = JobTokens(Secret("agent-local-0123456789abcdef0123"))
     with client_channel(s.address, ClientSecurity(Secret(TOKEN))) as upstream:
-        service = AgentLocalService(coordinator_pb2_grpc.CoordinatorStub(upstream), PlanCache())
-        server, port = create_local_server("127.0.0.1:0", service, local_token)
+        service = AgentLocalService(
+            coordinator_pb2_grpc.CoordinatorStub(upstream), PlanCache(), job_tokens=tokens
+        )
+        server, port = create_local_server("127.0.0.1:0", service)
         server.start()
         try:
             request = tpb.GetPlanRequest(job_id="nope")
@@ -250,8 +252,10 @@ def test_agent_endpoint_takes_only_the_agent_token(serve) -> None:  # type: igno
             assert "$HETERO_AGENT_TOKEN" in missing.details()
             coordinator_token = _error(lambda: plan(Secret(TOKEN)))
             assert coordinator_token.code() == grpc.StatusCode.UNAUTHENTICATED
-            # With its token the call reaches the coordinator (through the agent's own token).
-            assert _error(lambda: plan(local_token)).code() == grpc.StatusCode.NOT_FOUND
+            other_job = _error(lambda: plan(tokens.for_job("other")))
+            assert other_job.code() == grpc.StatusCode.UNAUTHENTICATED
+            # With its job's token the call reaches the coordinator (with the agent's token).
+            assert _error(lambda: plan(tokens.for_job("nope"))).code() == grpc.StatusCode.NOT_FOUND
         finally:
             server.stop(0).wait()
 

@@ -67,7 +67,7 @@ def test_uneven_ddp_equals_single_process_over_the_global_batch(run_ranks, tmp_p
     if mode not in ("dynamic", "workers"):
         assert sizes[0][:5] == [14] * 5 and sizes[2][5:9] == [17] * 4 and sizes[1][9:] == [22] * 3
     else:
-        # The emulated 4x-slow rank 2 was given less than an equal share at the end.
+        # The emulated 8x-slow rank 2 was given less than an equal share at the end.
         assert got["plans"][-1][2] < 8, got["plans"]
     held = got["held_at_last"]  # buckets deferral held when the step's last one arrived
     if mode == "overlap":

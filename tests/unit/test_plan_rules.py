@@ -345,8 +345,11 @@ def test_on_a_loud_host_a_balanced_plan_stays_put() -> None:
             changes += d.changed
             plan = d.batches
         counts.append(changes)
-    assert sum(counts) / len(counts) <= 1.5, counts
-    assert sum(c <= 4 for c in counts) >= 0.9 * len(counts), counts  # one in five
+    # At most one change in eight intervals on average (confidence_z 1.5 trades a
+    # change in ten on a loud host for reacting to a 3x slower rank within a few
+    # intervals: docs/balancer.md), and rarely more than one in five.
+    assert sum(counts) / len(counts) <= 2.5, counts
+    assert sum(c <= 4 for c in counts) >= 0.9 * len(counts), counts
 
 
 def test_a_clear_gain_on_a_quiet_host_is_taken() -> None:

@@ -1,0 +1,55 @@
+"""What a hetero daemon does about users and file modes, whatever started it.
+
+A shell, ``make demo``, a container or a unit file may start a daemon with any
+umask; systemd's ``UMask=0027`` helps only under systemd. So both daemons set
+:data:`DAEMON_UMASK` themselves first thing: the state directory, database,
+token, rank logs and checkpoints they create are then readable by their own user
+(and group, for directories) and by nobody else. A state directory that already
+exists with permissions for others is tightened when this user owns it.
+
+The agent runs every rank as its own user, so an agent running as root would run
+every job's ``command:`` as root: it refuses unless told ``--allow-root``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from pathlib import Path
+
+from hetero.core.errors import ConfigError
+
+log = logging.getLogger("hetero.permissions")
+
+#: Files 0640 and directories 0750 at most: no access for other users.
+DAEMON_UMASK = 0o027
+
+
+def set_daemon_umask() -> None:
+    """Apply :data:`DAEMON_UMASK` to this process and every process it starts."""
+    os.umask(DAEMON_UMASK)
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` created if missing (0750 under the daemon umask); if it exists with
+    access for others and belongs to this user, that access is removed (logged)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o750)
+        info = path.stat()
+        if info.st_mode & stat.S_IRWXO and info.st_uid == os.geteuid():
+            path.chmod(stat.S_IMODE(info.st_mode) & ~stat.S_IRWXO)
+            log.warning("state directory %s was open to other users; now %o", path, 0o750)
+    except OSError as exc:
+        raise ConfigError(f"cannot create state directory {path}: {exc.strerror}") from None
+    return path
+
+
+def refuse_root(allow_root: bool, euid: int | None = None) -> None:
+    """Raise unless this process is not root or ``allow_root`` says running ranks as
+    root is intended (``euid`` for tests; default this process's)."""
+    if (os.geteuid() if euid is None else euid) == 0 and not allow_root:
+        raise ConfigError(
+            "refusing to run ranks as root: every job's command would run as root; run the "
+            "agent as a service user (docs/deploy.md), or pass --allow-root"
+        )

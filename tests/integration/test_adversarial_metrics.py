@@ -1,0 +1,136 @@
+"""Attack: hold /metrics open, scrape it hard, or bind it beyond loopback (issue 17, item 2).
+
+Before the fix ``/metrics`` started a thread per connection with no limit or
+timeout and built a full cluster snapshot per scrape: 200 half-open connections
+exhausted the database pool, failed heartbeat writes and pushed a Heartbeat past
+10 s; ``--metrics-listen 0.0.0.0:P`` was accepted without a word. A real
+coordinator on port 0 (SQLite under tmp_path) with the real metrics server.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from hetero.auth import new_token
+from hetero.coordinator.metricsserver import QUEUED, WORKERS, CachedExposition, MetricsServer
+from hetero.coordinator.service import CoordinatorService
+from hetero.core.errors import ConfigError
+from hetero.transport import ServerSecurity
+from hetero.v1 import coordinator_pb2 as pb
+
+ATTACKERS = 200
+HEARTBEAT_DEADLINE_S = 2.0
+
+
+@pytest.fixture
+def metrics(coordinator, sim) -> Iterator[MetricsServer]:  # type: ignore[no-untyped-def]
+    sim.register()
+    sim.heartbeat()
+    server = MetricsServer("127.0.0.1:0", CoordinatorService(coordinator.deps).snapshot)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _scrape(port: int, token: str | None = None) -> str:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics")
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        return str(resp.read().decode())
+
+
+def _half_open(port: int, n: int) -> list[socket.socket]:
+    """``n`` connections: half send part of a request and stop, half send a whole
+    request and never read the answer."""
+    held = []
+    for i in range(n):
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + (b"\r\n" if i % 2 else b""))
+        held.append(s)
+    return held
+
+
+def test_200_half_open_connections_hold_few_threads_and_heartbeats_still_answer(
+    metrics: MetricsServer, sim
+) -> None:  # type: ignore[no-untyped-def]
+    threads_before = threading.active_count()
+    held = _half_open(metrics.port, ATTACKERS)
+    try:
+        time.sleep(0.5)  # let the server accept what it will
+        assert threading.active_count() - threads_before <= WORKERS, "a bounded pool"
+        for node_id in sim.node_ids.values():
+            for _ in range(10):  # each within its deadline, none failed
+                sim.stub.Heartbeat(
+                    pb.HeartbeatRequest(node_id=node_id), timeout=HEARTBEAT_DEADLINE_S
+                )
+        assert metrics.refused >= ATTACKERS - WORKERS - QUEUED - 64, "the rest closed unread"
+        assert metrics.exposition.builds <= 2, "held connections build no snapshots"
+    finally:
+        for s in held:
+            s.close()
+    text = _scrape(metrics.port)  # the endpoint recovers once they are gone
+    assert 'hetero_node_up{node="gpu-a"} 1.0' in text
+
+
+def test_a_scrape_storm_reads_the_cluster_at_most_once_per_second(metrics: MetricsServer) -> None:
+    t0 = time.monotonic()
+    errors: list[BaseException] = []
+
+    def scrape() -> None:
+        try:
+            for _ in range(10):
+                assert "hetero_node_up" in _scrape(metrics.port)
+        except BaseException as exc:
+            errors.append(exc)
+
+    storm = [threading.Thread(target=scrape) for _ in range(8)]
+    for t in storm:
+        t.start()
+    for t in storm:
+        t.join()
+    elapsed = time.monotonic() - t0
+    assert not errors, errors
+    assert metrics.exposition.builds <= 1 + int(elapsed / 1.0) + 1, (elapsed, "80 scrapes")
+
+
+def test_the_cached_exposition_is_rebuilt_only_after_its_ttl(coordinator, sim) -> None:  # type: ignore[no-untyped-def]
+    sim.register()
+    now = [0.0]
+    cached = CachedExposition(CoordinatorService(coordinator.deps).snapshot, 1.0, lambda: now[0])
+    first = cached.body()
+    sim.heartbeat()
+    for step in (0.1, 0.5, 0.99):
+        now[0] = step
+        assert cached.body() is first
+    now[0] = 1.0
+    assert cached.body() is not first and cached.builds == 2
+
+
+def test_a_non_loopback_metrics_listener_needs_the_token() -> None:
+    with pytest.raises(ConfigError) as err:
+        MetricsServer("0.0.0.0:0", pb.ClusterSnapshot, ServerSecurity())
+    assert str(err.value).startswith("refusing to serve /metrics on 0.0.0.0:0 without auth")
+    assert "\n" not in str(err.value)
+    token = new_token()
+    server = MetricsServer("0.0.0.0:0", pb.ClusterSnapshot, ServerSecurity(token=token))
+    server.start()
+    try:
+        with pytest.raises(urllib.error.HTTPError) as denied:
+            _scrape(server.port)
+        assert denied.value.code == 401
+        with pytest.raises(urllib.error.HTTPError) as wrong:
+            _scrape(server.port, "x" * 43)
+        assert wrong.value.code == 401
+        _scrape(server.port, token.reveal())
+    finally:
+        server.stop()
