@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.hetero-installed
 PY     ?= 3.12
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv demo demo-embedded test test-fast test-postgres chaos load lint typecheck check proto docs-tables wheelhouse pyroot clean
+.PHONY: help venv demo demo-embedded test test-fast test-postgres test-gpu chaos load lint typecheck check proto docs-tables wheelhouse pyroot clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -37,6 +37,24 @@ test-postgres: $(STAMP)  ## the store, retention, recovery and load tests on a t
 
 test-fast: $(STAMP)  ## run the tests not marked slow
 	@$(BIN)/python -m pytest -q -m 'not slow and not postgres'
+
+# The GPU tier runs where hetero may not be installed (a GPU host with Python, torch,
+# grpcio, protobuf, nvidia-ml-py and pyyaml): hetero comes from the pyroot tree, the
+# rest (pytest, SQLAlchemy, psutil, rich, ...) from `make wheelhouse PY=3.12` carried
+# there and installed with pip --no-index. NVLink multicast stays off (NCCL_NVLS_ENABLE=0):
+# some virtualised hosts cannot map it.
+GPU_PYTHON  ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+GPU_SUMMARY ?= docs/gpu-tier.md
+GPU_DEPS    := pytest sqlalchemy psutil rich grpcio-health-checking grpcio-reflection
+test-gpu:  ## the GPU tier (tests/gpu: 2+ CUDA devices, else skipped); its summary goes to docs/gpu-tier.md
+	@$(GPU_PYTHON) -c 'import pytest, sqlalchemy, psutil, rich, grpc_health, grpc_reflection' 2>/dev/null \
+	    || { echo "test-gpu: $(GPU_PYTHON) lacks pytest or a dependency of hetero; carry wheelhouse/py3.12 (make wheelhouse PY=3.12) and run: $(GPU_PYTHON) -m pip install --no-index --find-links wheelhouse/py3.12 $(GPU_DEPS)"; exit 2; }
+	@$(GPU_PYTHON) -c 'import torch; n = torch.cuda.device_count() if torch.cuda.is_available() else 0; raise SystemExit(0 if n >= 2 else 3)' \
+	    || { echo "test-gpu: skipped: needs 2 or more CUDA devices"; exit 0; }; \
+	$(MAKE) -s pyroot >/dev/null && \
+	NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+	    HETERO_GPU_SUMMARY=$(CURDIR)/$(GPU_SUMMARY) PYTHONPATH=$(CURDIR)/$(PYROOT)$${PYTHONPATH:+:$$PYTHONPATH} \
+	    $(GPU_PYTHON) -m pytest -q -rs -p no:cacheprovider -m gpu tests/gpu
 
 CHAOS_REPORT := build/chaos
 chaos: $(STAMP)  ## kill -9 agents, ranks and the coordinator of a local cluster, cut a node's network (root); figures in build/chaos
@@ -90,8 +108,9 @@ wheelhouse: $(STAMP)  ## offline wheels for an air-gapped cluster: make wheelhou
 	$(BIN)/python -m pip download -d wheelhouse/py$(PY) --only-binary=:all: --python-version $(PY) \
 	    --implementation cp --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
 	    --platform manylinux_2_28_x86_64 --platform any \
-	    $$($(BIN)/python -c 'import tomllib;d=tomllib.load(open("pyproject.toml","rb"));print(" ".join(x for x in d["project"]["dependencies"] if not x.startswith(("torch","torchvision"))))')
-	@echo ">> wheels in wheelhouse/py$(PY) (torch not included: install the CUDA build your cluster uses)"
+	    $$($(BIN)/python -c 'import tomllib;d=tomllib.load(open("pyproject.toml","rb"));print(" ".join(x for x in d["project"]["dependencies"] if not x.startswith(("torch","torchvision"))))') \
+	    'pytest>=8'
+	@echo ">> wheels in wheelhouse/py$(PY) (torch not included: install the CUDA build your cluster uses; pytest is, for make test-gpu)"
 
 # The generator is pinned OLD on purpose: stubs from a newer grpcio-tools refuse to import
 # under an older grpcio, and GPU machines may run any grpcio >= 1.66. grpcio-tools 1.66.0

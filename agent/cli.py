@@ -128,6 +128,21 @@ def _config(args: argparse.Namespace) -> AgentConfig:
     return with_flags(load_config(args.config), **flags)
 
 
+def device_notes(suspect: list[str], shared: bool, foreign_percent: float | None) -> str:
+    """What a reader must know about a device's figures, in a few words ("" = nothing)."""
+    notes = []
+    if suspect:
+        names = ", ".join(f.removesuffix("_bytes_per_s").replace("_", " ") for f in suspect)
+        notes.append(f"SUSPECT {names} (above the device's limits; not scored)")
+    if shared:
+        notes.append("profiled while shared with other processes")
+    if foreign_percent:
+        notes.append(
+            f"other processes use {foreign_percent:.0f}%: score / {1 + foreign_percent / 100:.2f}"
+        )
+    return "; ".join(notes)
+
+
 def _profile(config: AgentConfig, refresh: bool) -> Any:
     from hetero.agent.nvml import Nvml
     from hetero.agent.profile import load_or_measure
@@ -163,6 +178,7 @@ def _print_profile(profile: Any, as_json: bool) -> None:
         "H2D GB/s",
         "memory GiB",
         "score",
+        "notes",
     ):
         t.add_column(col)
 
@@ -178,6 +194,7 @@ def _print_profile(profile: Any, as_json: bool) -> None:
             gb(d.host_to_device_bytes_per_s),
             f"{d.memory_bytes / 2**30:.1f}" if d.memory_bytes else "n/a",
             f"{d.compute_score:.3f}",
+            device_notes(list(d.suspect), d.shared_while_profiled, d.foreign_utilization_percent),
         )
     Console().print(t)
     took = f"measured in {profile.measured_in_s:.1f} s" if profile.measured_in_s else "from cache"
@@ -210,6 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(config: AgentConfig, refresh: bool) -> int:
     from hetero.agent.daemon import Agent
+    from hetero.agent.leftovers import RankRecords
 
     set_daemon_umask()
     # Credentials first: a bad token file fails in a second, not after the profile.
@@ -224,8 +242,11 @@ def _run(config: AgentConfig, refresh: bool) -> int:
         check_listen(config.local_listen, ServerSecurity(), "agent endpoint")
     refuse_root(config.allow_root)
     private_dir(config.resolved_state_dir)
+    # What a killed predecessor left running goes first: before the profile, which
+    # takes seconds and would measure beside it.
+    leftovers = RankRecords(config.resolved_state_dir).end_leftovers()
     profile = _profile(config, refresh)
-    agent = Agent(config, profile, security=security)
+    agent = Agent(config, profile, security=security, leftovers=leftovers)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         logging.getLogger("hetero.agent").info("received %s, stopping", signal.Signals(signum).name)

@@ -11,6 +11,7 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from hetero.agent.ranklog import KEEP, MAX_BYTES, RankLogLimits
 from hetero.core import defaults
 from hetero.core.defaults import LOG_FORMATS, default_state_dir
 from hetero.core.errors import ConfigError
@@ -53,6 +54,10 @@ class AgentConfig:
     #: agent kills it and reports it failed. Generous: loading data or a checkpoint,
     #: or the ideal measurement after training, shows no step progress.
     watchdog_s: float = 300.0
+    #: Size of one rank log file before it rotates, in bytes, and rotated files kept:
+    #: a rank holds at most ``rank_log_max_bytes * (rank_log_keep + 1)`` bytes of disk.
+    rank_log_max_bytes: int = MAX_BYTES
+    rank_log_keep: int = KEEP
 
     def __post_init__(self) -> None:
         if self.log_format not in LOG_FORMATS:
@@ -65,12 +70,17 @@ class AgentConfig:
             raise ConfigError(f"cpu_threads must be >= 1, got {self.cpu_threads}")
         if not self.watchdog_s > 0:
             raise ConfigError(f"watchdog_s must be > 0, got {self.watchdog_s:g}")
+        RankLogLimits(self.rank_log_max_bytes, self.rank_log_keep)  # raises if out of range
         if self.stop_grace_s < 0:
             raise ConfigError(f"stop_grace_s must be >= 0, got {self.stop_grace_s:g}")
         for key in ("coordinator", "local_listen"):
             value = getattr(self, key)
             if ":" not in value:
                 raise ConfigError(f"{key} must be host:port, got {value!r}")
+
+    @property
+    def rank_logs(self) -> RankLogLimits:
+        return RankLogLimits(self.rank_log_max_bytes, self.rank_log_keep)
 
     @property
     def resolved_state_dir(self) -> Path:
@@ -107,6 +117,8 @@ def load_config(path: Path | None) -> AgentConfig:
         insecure=f.boolean("insecure", False),
         allow_root=f.boolean("allow_root", False),
         watchdog_s=f.number("watchdog_s", d.watchdog_s, positive=True) or d.watchdog_s,
+        rank_log_max_bytes=f.integer("rank_log_max_bytes", MAX_BYTES, minimum=4096) or MAX_BYTES,
+        rank_log_keep=f.integer("rank_log_keep", KEEP, minimum=1) or KEEP,
     )
     f.finish()
     return config

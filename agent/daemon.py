@@ -18,21 +18,24 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from hetero.agent.config import AgentConfig
+from hetero.agent.leftovers import RankRecord
 from hetero.agent.link import CoordinatorLink
 from hetero.agent.local import AgentLocalService, PlanCache, create_local_server
 from hetero.agent.nvml import Nvml
 from hetero.agent.outbox import Outbox
 from hetero.agent.profile import NodeProfile
 from hetero.agent.reconcile import Reconciler
+from hetero.agent.sharing import worth_reregistering
 from hetero.agent.shipper import Shipper
 from hetero.agent.supervisor import Supervisor
 from hetero.agent.telemetry import TelemetrySampler
 from hetero.auth import JobTokens, new_token
 from hetero.transport import ClientSecurity, warn_unverified_coordinator
+from hetero.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger("hetero.agent")
 
@@ -51,15 +54,22 @@ class Agent:
         nvml: Nvml | None = None,
         clock: Callable[[], float] = time.time,
         security: ClientSecurity | None = None,
+        leftovers: Sequence[tuple[RankRecord, int]] = (),
     ) -> None:
+        """``leftovers``: ranks of a killed predecessor whose processes were ended
+        (``RankRecords.end_leftovers``), reported exited once the agent runs."""
         self.config = config
+        self.leftovers = list(leftovers)
         self.profile = replace(profile, emulated_slowdown=config.emulate_slowdown)
         self.clock = clock
         self.state_dir = config.resolved_state_dir
         self.security = security or ClientSecurity()
         gpus = [d.index for d in self.profile.devices if d.kind == "cuda"]
         cpus = [d.index for d in self.profile.devices if d.kind != "cuda"]
-        self.telemetry = TelemetrySampler(nvml or Nvml(), gpus, cpu_indexes=cpus, clock=clock)
+        self.supervisor = Supervisor(self.state_dir, clock=clock, log_limits=config.rank_logs)
+        self.telemetry = TelemetrySampler(
+            nvml or Nvml(), gpus, cpu_indexes=cpus, clock=clock, rank_pids=self.supervisor.pids
+        )
         self.plans = PlanCache()
         self.outbox = Outbox()
         self.link = CoordinatorLink(
@@ -81,7 +91,6 @@ class Agent:
             f"{'127.0.0.1' if host in ('', '0.0.0.0', '[::]') else host}:{self.local_port}"
         )
         self.link.endpoint = self.endpoint
-        self.supervisor = Supervisor(self.state_dir, clock=clock)
         self.shipper = Shipper(config, self.link, self.supervisor, self.plans, self.outbox)
         self.reconciler = Reconciler(
             config,
@@ -113,8 +122,10 @@ class Agent:
             emu,
         )
         warn_unverified_coordinator(self.config.coordinator, self.security)
+        self._report_leftovers()
         try:
             while not self._stop.is_set():
+                self._follow_sharing()
                 if self.link.due():
                     orders = self.link.contact()
                     if orders is not None:
@@ -132,6 +143,37 @@ class Agent:
         finally:
             self._shutdown()
 
+    def _report_leftovers(self) -> None:
+        """Report the ranks a killed predecessor left, ended before the profile, exited."""
+        self.leftovers += self.supervisor.records.end_leftovers()  # none, unless run() alone
+        for rec, n in self.leftovers:
+            log.warning(
+                "job %s rank %d outlived the last agent: ended %d leftover processes",
+                rec.job_id, rec.rank, n,
+            )  # fmt: skip
+            message = f"the agent restarted: ended the rank's {n} leftover processes"
+            self.shipper.queue(
+                rec.job_id, rec.rank, pb.RANK_STATE_EXITED, 137, message, rec.attempt
+            )
+
+    def _follow_sharing(self) -> None:
+        """Re-register with lower (or restored) scores when foreign processes' sustained
+        use of a GPU changed enough (``agent.sharing``): later placements start from it."""
+        devices, changed = [], []
+        for d in self.link.profile.devices:
+            now = self.telemetry.foreign.utilization_percent(d.index) if d.kind == "cuda" else None
+            if now is not None and worth_reregistering(d.foreign_utilization_percent, now):
+                changed.append(f"cuda:{d.index} {now:.0f}%")
+                d = replace(d, foreign_utilization_percent=now or None)
+            devices.append(d)
+        if changed:
+            log.warning(
+                "sustained use by other processes changed (%s): re-registering with "
+                "scores divided by 1 + utilization",
+                ", ".join(changed),
+            )
+            self.link.update_profile(replace(self.link.profile, devices=tuple(devices)))
+
     def _shutdown(self) -> None:
         """Stop every rank (no orphans), tell the coordinator briefly, close the servers."""
         ended = self.supervisor.stop_all(self.config.stop_grace_s)
@@ -142,4 +184,10 @@ class Agent:
         self.telemetry.stop()
         self.local_server.stop(0.5).wait()
         self.link.close()
+        if self.supervisor.dropped_total:
+            log.warning(
+                "%d rank output lines were dropped before shipping (each gap noted in the "
+                "job's logs)",
+                self.supervisor.dropped_total,
+            )
         log.info("agent stopped")

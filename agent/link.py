@@ -84,6 +84,12 @@ class CoordinatorLink:
         self.backoff = Backoff()
         self._next_contact = 0.0
         self._unreachable_logged = False
+        self._reregister = False
+
+    def update_profile(self, profile: NodeProfile) -> None:
+        """Register ``profile`` (same node, new device scores) at the next contact."""
+        self.profile = profile
+        self._reregister = True
 
     def due(self) -> bool:
         """Whether it is time for the next heartbeat (or retry)."""
@@ -94,7 +100,7 @@ class CoordinatorLink:
         pending: the orders, or None if none were polled or the call failed (then
         the next contact is after the backoff's delay)."""
         try:
-            if self.node_id is None:
+            if self.node_id is None or self._reregister:
                 self._register()
             orders = self._heartbeat_and_poll()
         except grpc.RpcError as exc:
@@ -139,8 +145,11 @@ class CoordinatorLink:
     def _register(self) -> None:
         profile = self.profile
         try:
-            net = measure_network(self.stub, timeout_s=CALL_TIMEOUT_S)
-            profile = replace(profile, network_rtt_s=net.rtt_s, network_bytes_per_s=net.bytes_per_s)
+            if not self._reregister or profile.network_rtt_s is None:  # not for a new score
+                net = measure_network(self.stub, timeout_s=CALL_TIMEOUT_S)
+                profile = replace(
+                    profile, network_rtt_s=net.rtt_s, network_bytes_per_s=net.bytes_per_s
+                )
         except grpc.RpcError as exc:
             if not isinstance(remote_error(exc, "the coordinator"), UnsupportedError):
                 raise
@@ -157,6 +166,7 @@ class CoordinatorLink:
         )
         self.profile = profile
         self.node_id = resp.node_id
+        self._reregister = False
         self.heartbeat_interval_s = resp.heartbeat_interval_s or 1.0
         if resp.heartbeat_timeout_s:
             # Retry often enough to be heard within the timeout once the coordinator is back.

@@ -8,6 +8,7 @@ then SIGKILLs whatever is left, so nothing outlives the cluster.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -108,6 +109,8 @@ class LocalCluster:
                 f"heartbeat_timeout_s: {self.heartbeat_timeout_s}\n"
                 f"heartbeat_interval_s: {self.heartbeat_interval_s}\ngrace_s: 1\n"
                 f"master_port_base: {random.randrange(20000, 40000, 100)}\n"
+                # Jobs' checkpoints and data live under the cluster's folder.
+                f"allowed_roots: [{json.dumps(str(self.root))}]\n"
             )
         argv = [self.python, "-m", "hetero.coordinator.cli", "serve", "--config", str(config)]
         argv += ["--listen", self.address, "--state-dir", str(self.root / "coordinator")]

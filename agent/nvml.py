@@ -50,6 +50,8 @@ class GpuSample:
     power_w: float | None = None
     sm_clock_mhz: float | None = None
     throttle_reasons: tuple[str, ...] | None = None
+    #: Pids of every process holding a context on the GPU (compute and graphics).
+    pids: tuple[int, ...] | None = None
 
 
 class Nvml:
@@ -121,6 +123,40 @@ class Nvml:
             lambda m: int(m.nvmlDeviceGetMemoryInfo(m.nvmlDeviceGetHandleByIndex(index)).total),
         )
 
+    def running_pids(self, index: int) -> tuple[int, ...] | None:
+        """Pids with a context on GPU ``index``, sorted; ``None`` = n/a.
+
+        Inside a container without the host's pid namespace NVML reports host
+        pids (or none at all), so callers compare them with their own pids as a
+        hint, never as proof.
+        """
+        return self.call("processes", lambda m: _pids(m, m.nvmlDeviceGetHandleByIndex(index)))
+
+    def memory_bus_width_bits(self, index: int) -> int | None:
+        return self.call(
+            "bus_width",
+            lambda m: int(m.nvmlDeviceGetMemoryBusWidth(m.nvmlDeviceGetHandleByIndex(index))),
+        )
+
+    def max_clock_mhz(self, index: int, clock: str) -> float | None:
+        """The highest ``clock`` ("sm" or "mem") the GPU can run at, in MHz."""
+
+        def read(m: Any) -> float:
+            which = m.NVML_CLOCK_SM if clock == "sm" else m.NVML_CLOCK_MEM
+            return float(m.nvmlDeviceGetMaxClockInfo(m.nvmlDeviceGetHandleByIndex(index), which))
+
+        return self.call(f"max_{clock}_clock", read)
+
+    def max_pcie_link(self, index: int) -> tuple[int, int] | None:
+        """(generation, lanes) of the fastest PCIe link the GPU and its slot support."""
+
+        def read(m: Any) -> tuple[int, int]:
+            handle = m.nvmlDeviceGetHandleByIndex(index)
+            gen = int(m.nvmlDeviceGetMaxPcieLinkGeneration(handle))
+            return gen, int(m.nvmlDeviceGetMaxPcieLinkWidth(handle))
+
+        return self.call("pcie", read)
+
     def sample(self, index: int) -> GpuSample:
         """Every telemetry field of GPU ``index``; each field n/a on its own."""
         handle = self.call("handle", lambda m: m.nvmlDeviceGetHandleByIndex(index))
@@ -143,7 +179,16 @@ class Nvml:
             power_w=power_mw / 1000.0 if power_mw is not None else None,
             sm_clock_mhz=float(clock) if clock is not None else None,
             throttle_reasons=throttle_names(reasons) if reasons is not None else None,
+            pids=self.call("processes", lambda m: _pids(m, handle)),
         )
+
+
+def _pids(m: Any, handle: Any) -> tuple[int, ...]:
+    found: set[int] = set()
+    for name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+        if hasattr(m, name):
+            found.update(int(p.pid) for p in getattr(m, name)(handle))
+    return tuple(sorted(found))
 
 
 def _throttle_mask(m: Any, handle: Any) -> int:

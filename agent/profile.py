@@ -7,7 +7,13 @@ see :func:`hetero.agent.network.measure_network`.
 
 ``compute_score`` is the device's matmul TFLOP/s, so CPU and GPU scores share
 one scale. An emulated slowdown is never folded into the measurement: it is
-carried beside it (``emulated_slowdown``) and the coordinator divides.
+carried beside it (``emulated_slowdown``) and the coordinator divides. Two
+things do lower it: a GPU's matmul figure that failed its plausibility check
+(``agent.gpuprofile``), or one measured beside foreign processes, is replaced
+by an idle same-model sibling's (else by the device's peak, or the shared
+figure times 1 + the neighbour's utilization); and use of the GPU by foreign
+processes, at the profile and sustained in telemetry, divides it
+(``agent.sharing``), so initial plans give a shared GPU the smaller share.
 """
 
 from __future__ import annotations
@@ -24,13 +30,16 @@ from typing import Any
 
 import psutil
 
+from hetero.agent.gpuprofile import CudaLayer, GpuProfile, TorchCuda, profile_gpu
 from hetero.agent.nvml import Nvml
+from hetero.agent.sharing import sharing_factor
 from hetero.v1 import types_pb2 as tpb
 
 log = logging.getLogger("hetero.agent.profile")
 
 #: Bump when the measurement changes, so old cache files are ignored.
-PROFILE_VERSION = 1
+#: 2: GPU figures timed on the measured device, checked against its limits.
+PROFILE_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -45,10 +54,26 @@ class DeviceMeasure:
     host_to_device_bytes_per_s: float | None = None
     device_to_host_bytes_per_s: float | None = None
     memory_bytes: int | None = None
+    #: Figures that exceeded the device's limits twice (field names); not scored.
+    suspect: tuple[str, ...] = ()
+    #: The idle device's TFLOP/s where ``matmul_tflops`` is not it (suspect, or measured
+    #: beside foreign processes): a same-model idle sibling's figure, else an estimate.
+    scored_tflops: float | None = None
+    #: Other processes on the GPU while it was profiled (its figures are low).
+    foreign_pids: tuple[int, ...] = ()
+    #: Utilization by foreign processes, percent: at the profile, then sustained in
+    #: telemetry (``agent.sharing``); ``None`` or 0 = not shared.
+    foreign_utilization_percent: float | None = None
 
     @property
     def compute_score(self) -> float:
-        return max(self.matmul_tflops, 1e-6)
+        """The idle device's matmul TFLOP/s times the sharing factor (``agent.sharing``)."""
+        idle = self.matmul_tflops if self.scored_tflops is None else self.scored_tflops
+        return max(idle * sharing_factor(self.foreign_utilization_percent), 1e-6)
+
+    @property
+    def shared_while_profiled(self) -> bool:
+        return bool(self.foreign_pids)
 
 
 @dataclass(frozen=True)
@@ -80,7 +105,11 @@ class NodeProfile:
                 matmul_tflops=d.matmul_tflops,
                 compute_score=d.compute_score,
                 emulated_slowdown=self.emulated_slowdown,
+                suspect=list(d.suspect),
+                shared_while_profiled=d.shared_while_profiled,
             )
+            if d.foreign_utilization_percent:  # 0 = not shared: unset
+                msg.foreign_utilization_percent = d.foreign_utilization_percent
             for name in (
                 "memory_bandwidth_bytes_per_s",
                 "host_to_device_bytes_per_s",
@@ -179,47 +208,59 @@ def measure_cpu(quick: bool) -> DeviceMeasure:
     )
 
 
-def measure_cuda(index: int, quick: bool) -> DeviceMeasure:
-    import torch
-
-    dev = torch.device("cuda", index)
-    sync = torch.cuda.synchronize
-    n = 2048 if quick else 8192
-    a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
-    tflops = 2 * n**3 / _best_s(lambda: a @ b, 3, sync) / 1e12
-    size = (64 if quick else 512) * 1024 * 1024
-    src = torch.empty(size, dtype=torch.uint8, device=dev)
-    dst = torch.empty_like(src)
-    bandwidth = 2 * size / _best_s(lambda: dst.copy_(src), 3, sync)
-    host = torch.empty(size, dtype=torch.uint8).pin_memory()
-    h2d = size / _best_s(lambda: src.copy_(host, non_blocking=True), 3, sync)
-    d2h = size / _best_s(lambda: host.copy_(src, non_blocking=True), 3, sync)
-    props = torch.cuda.get_device_properties(index)
+def _device(p: GpuProfile) -> DeviceMeasure:
+    f = p.figures
+    idle: float | None = None
+    if "matmul_tflops" in p.suspect:
+        # The peak (or, unknown, the sanity bound): an upper bound, until a sibling says better.
+        idle = p.limits.matmul_tflops or p.limits.bound("matmul_tflops")
+    elif p.foreign_pids:
+        # Measured beside a neighbour busy u of the time: about 1/(1 + u) of the idle speed.
+        idle = f.matmul_tflops * (1 + (p.foreign_utilization_percent or 0.0) / 100)
     return DeviceMeasure(
-        index=index,
+        index=p.index,
         kind="cuda",
-        name=props.name,
-        matmul_tflops=tflops,
-        memory_bandwidth_bytes_per_s=bandwidth,
-        host_to_device_bytes_per_s=h2d,
-        device_to_host_bytes_per_s=d2h,
-        memory_bytes=int(props.total_memory),
+        name=p.props.name,
+        matmul_tflops=f.matmul_tflops,
+        memory_bandwidth_bytes_per_s=f.memory_bandwidth_bytes_per_s,
+        host_to_device_bytes_per_s=f.host_to_device_bytes_per_s,
+        device_to_host_bytes_per_s=f.device_to_host_bytes_per_s,
+        memory_bytes=p.props.memory_bytes,
+        suspect=p.suspect,
+        scored_tflops=idle,
+        foreign_pids=p.foreign_pids,
+        foreign_utilization_percent=p.foreign_utilization_percent if p.foreign_pids else None,
     )
 
 
-def measure(nvml: Nvml, quick: bool) -> NodeProfile:
-    """Measure every device now. A few seconds on a CPU box with ``quick``."""
-    import torch
+def score_from_idle_siblings(devices: list[DeviceMeasure]) -> list[DeviceMeasure]:
+    """A GPU whose matmul figure is not its idle speed (suspect, or measured beside
+    foreign processes) is scored as the median figure of the node's idle, plausible
+    GPUs of the same model: alike devices run alike when idle."""
+    out = []
+    for d in devices:
+        if d.scored_tflops is not None:
+            alike = sorted(
+                x.matmul_tflops
+                for x in devices
+                if x.name == d.name and x.scored_tflops is None and x.kind == d.kind
+            )
+            if alike:
+                d = replace(d, scored_tflops=alike[len(alike) // 2])
+        out.append(d)
+    return out
 
+
+def measure(nvml: Nvml, quick: bool, cuda: CudaLayer | None = None) -> NodeProfile:
+    """Measure every device now. A few seconds on a CPU box with ``quick``."""
+    cuda = cuda or TorchCuda()
     t0 = time.perf_counter()
     cpu = measure_cpu(quick)
     devices: list[DeviceMeasure] = []
-    cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    for i in range(cuda_count):
+    for i in range(cuda.device_count()):
         try:
-            devices.append(measure_cuda(i, quick))
-            torch.cuda.empty_cache()  # the buffers died with measure_cuda's frame
+            devices.append(_device(profile_gpu(nvml, cuda, i, quick)))
+            cuda.release(i)
         except RuntimeError as exc:  # a busy or broken GPU: leave it out, keep going
             log.warning("cannot profile cuda:%d (%s); not offered", i, exc)
     if not devices:
@@ -229,7 +270,7 @@ def measure(nvml: Nvml, quick: bool) -> NodeProfile:
         cpu_count=os.cpu_count() or 1,
         cpu_gflops=cpu.matmul_tflops * 1e3,
         ram_bytes=int(psutil.virtual_memory().total),
-        devices=tuple(devices),
+        devices=tuple(score_from_idle_siblings(devices)),
         measured_in_s=time.perf_counter() - t0,
     )
 
@@ -241,10 +282,14 @@ def load_or_measure(state_dir: Path, nvml: Nvml, *, quick: bool, refresh: bool) 
     if path.is_file() and not refresh:
         try:
             data = json.loads(path.read_text())
-            devices = tuple(DeviceMeasure(**d) for d in data.pop("devices"))
+            devices = tuple(_cached_device(d) for d in data.pop("devices"))
             profile = NodeProfile(devices=devices, **data)
-            log.info("hardware profile from cache %s", path)
-            return replace(profile, measured_in_s=0.0, fingerprint=fp)
+            if any(d.suspect or d.foreign_pids for d in devices):
+                # Taken while shared or with suspect figures: worth another try.
+                log.info("cached profile %s was suspect or shared: measuring again", path)
+            else:
+                log.info("hardware profile from cache %s", path)
+                return replace(profile, measured_in_s=0.0, fingerprint=fp)
         except (OSError, ValueError, TypeError, KeyError) as exc:
             log.warning("ignoring unreadable profile cache %s (%s)", path, exc)
     profile = replace(measure(nvml, quick), fingerprint=fp)
@@ -259,3 +304,10 @@ def load_or_measure(state_dir: Path, nvml: Nvml, *, quick: bool, refresh: bool) 
     except OSError as exc:
         log.warning("cannot cache the profile in %s (%s)", path, exc.strerror)
     return profile
+
+
+def _cached_device(data: dict[str, Any]) -> DeviceMeasure:
+    # JSON holds tuples as lists. (A profile taken while shared is never reused.)
+    for key in ("suspect", "foreign_pids"):
+        data[key] = tuple(data.get(key, ()))
+    return DeviceMeasure(**data)

@@ -8,7 +8,8 @@
   interval reports — goes first once the coordinator answers again, so a job's
   statistics arrive before the news that it ended.
 - Rank output lines go in batches of ``LOG_BATCH``; lines that could not be sent
-  go back to the supervisor for the next try.
+  go back to the supervisor for the next try, and lines the coordinator refused
+  are counted as dropped (the supervisor ships a note saying how many).
 """
 
 from __future__ import annotations
@@ -162,7 +163,14 @@ class Shipper:
                     if is_unreachable(exc):
                         unsent.extend(job_lines[start:])
                         break
-                    log.warning("logs of job %s rejected: %s", job_id, exc.details())
+                    refused = job_lines[start:]
+                    log.warning(
+                        "%d log lines of job %s dropped, refused by the coordinator: %s",
+                        len(refused),
+                        job_id,
+                        exc.details(),
+                    )
+                    self.supervisor.count_dropped(refused)
                     break
         if unsent:
             self.supervisor.put_back(unsent)

@@ -1,12 +1,17 @@
 """Worker processes: start ranks from launch orders, capture their output, stop and reap them.
 
 Each rank runs in its own session (process group), so a stop reaches its data
-loader workers too: SIGTERM to the group, SIGKILL after the grace period. On
-Linux each rank also gets ``PR_SET_PDEATHSIG``: if the agent dies without
-cleaning up (SIGKILL, OOM), the kernel kills its ranks, so nothing is orphaned.
+loader workers too: SIGTERM to the group, SIGKILL after the grace period; a
+rank that exits takes its group with it. On Linux each rank also gets
+``PR_SET_PDEATHSIG``: if the agent dies without cleaning up (SIGKILL, OOM),
+the kernel kills the rank; what the rank started is ended by the agent's next
+start from the records of ``agent.leftovers``, so nothing is orphaned.
 
-Output lines go to ``<state>/jobs/<job>/rank<r>.log`` and to a queue the agent
-ships to the coordinator with ``AppendJobLogs``.
+Output lines go to ``<state>/jobs/<job>/rank<r>.log`` (capped and rotated:
+``agent.ranklog``) and to a queue the agent ships to the coordinator with
+``AppendJobLogs``. The queue is bounded; a line it has no room for is dropped
+and counted, and the next lines shipped for that rank begin with
+``[hetero-agent] N lines dropped ...``, so a gap is never silent.
 
 Watchdog: a rank shows progress by printing a line or by touching its progress
 file (the trainer does so as it steps, ``HETERO_PROGRESS_FILE``). One silent
@@ -32,6 +37,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
+
+from hetero.agent.leftovers import RankRecords
+from hetero.agent.ranklog import RankLog, RankLogLimits
 
 log = logging.getLogger("hetero.agent.supervisor")
 
@@ -81,7 +89,7 @@ class Worker:
     rank: int
     proc: subprocess.Popen[bytes]
     log_path: Path
-    logfile: IO[bytes]
+    logfile: RankLog
     readers: list[threading.Thread] = field(default_factory=list)
     #: perf_counter deadline after which a stopping worker gets SIGKILL; None = not stopping.
     kill_at: float | None = None
@@ -106,15 +114,34 @@ class Worker:
 class Supervisor:
     """Owns the rank processes of one agent. Call methods from one thread (the agent loop)."""
 
-    def __init__(self, state_dir: Path, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        clock: Callable[[], float] = time.time,
+        log_limits: RankLogLimits | None = None,
+        max_pending_lines: int = MAX_PENDING_LINES,
+    ) -> None:
         self.jobs_dir = state_dir / "jobs"
         self.clock = clock
+        self.log_limits = log_limits or RankLogLimits()
+        #: Every running rank, on disk: what a restarted agent ends (``agent.leftovers``).
+        self.records = RankRecords(state_dir)
         self.workers: dict[tuple[str, int], Worker] = {}
-        self._lines: collections.deque[Line] = collections.deque(maxlen=MAX_PENDING_LINES)
+        self._lines: collections.deque[Line] = collections.deque(maxlen=max_pending_lines)
+        #: Lines dropped per (job, rank) since the last note about them was queued.
+        self._dropped: collections.Counter[tuple[str, int]] = collections.Counter()
+        #: Every line dropped since start (the agent's log says so at shutdown).
+        self.dropped_total = 0
         self._lock = threading.Lock()
 
     def job_dir(self, job_id: str) -> Path:
         return self.jobs_dir / job_id
+
+    def pids(self) -> set[int]:
+        """Pids of the running ranks; safe to call from the telemetry thread (the copy
+        of the dict's values is taken under the GIL in one step)."""
+        return {w.proc.pid for w in tuple(self.workers.values())}
 
     def running(self, job_id: str, rank: int) -> bool:
         return (job_id, rank) in self.workers
@@ -150,6 +177,7 @@ class Supervisor:
             start_new_session=True,
             preexec_fn=_die_with_parent,  # a prctl() call only: no Python locks
         )
+        self.records.record(job_id, rank, attempt, proc.pid)
         if progress_file is not None:
             progress_file.unlink(missing_ok=True)  # an earlier attempt's file is no progress
         worker = Worker(
@@ -157,7 +185,7 @@ class Supervisor:
             rank,
             proc,
             log_path,
-            log_path.open("ab", buffering=0),
+            RankLog(log_path, self.log_limits),
             attempt=attempt,
             progress_file=progress_file,
         )
@@ -175,27 +203,53 @@ class Supervisor:
         log.info("job %s rank %d started as pid %d: %s", job_id, rank, proc.pid, " ".join(argv))
 
     def _read(self, worker: Worker, stream: str, pipe: IO[bytes]) -> None:
-        prefix = b"" if stream == "stdout" else b"[stderr] "
+        prefix = "" if stream == "stdout" else "[stderr] "
         for raw in iter(pipe.readline, b""):
-            with contextlib.suppress(OSError, ValueError):  # disk full: still ship the line
-                worker.logfile.write(prefix + raw)
-            text = raw.decode("utf-8", errors="replace").rstrip("\n")[:MAX_LINE_CHARS]
+            text = raw.decode("utf-8", errors="replace").rstrip("\n")
+            worker.logfile.write(prefix + text)  # whole, rotated; a full disk is counted
             worker.last_output = time.perf_counter()
+            line = Line(worker.job_id, worker.rank, stream, text[:MAX_LINE_CHARS], self.clock())
             with self._lock:
-                self._lines.append(Line(worker.job_id, worker.rank, stream, text, self.clock()))
+                if len(self._lines) == self._lines.maxlen:  # the oldest line makes room
+                    self._count_dropped(self._lines[0])
+                self._lines.append(line)
         pipe.close()
 
+    def _count_dropped(self, line: Line) -> None:
+        self._dropped[(line.job_id, line.rank)] += 1
+        self.dropped_total += 1
+
     def take_lines(self) -> list[Line]:
-        """Every line captured since the last call, oldest first."""
+        """Every line captured since the last call, oldest first; a rank whose lines were
+        dropped since the last call gets a note first saying how many."""
         with self._lock:
             lines = list(self._lines)
             self._lines.clear()
-        return lines
+            dropped, self._dropped = self._dropped, collections.Counter()
+        now = self.clock()
+        notes = [
+            Line(job_id, rank, "stderr", _dropped_note(n, rank), now)
+            for (job_id, rank), n in sorted(dropped.items())
+        ]
+        return notes + lines
 
     def put_back(self, lines: Sequence[Line]) -> None:
-        """Return unshipped lines to the front of the queue (the oldest are dropped if full)."""
+        """Return unshipped lines to the front of the queue; what does not fit beside the
+        newer lines is dropped, oldest first, and counted."""
         with self._lock:
-            self._lines.extendleft(reversed(lines))
+            room = (self._lines.maxlen or 0) - len(self._lines)
+            excess = max(len(lines) - room, 0)
+            for line in lines[:excess]:
+                if not line.text.startswith(DROPPED_PREFIX):
+                    self._count_dropped(line)
+            self._lines.extendleft(reversed(lines[excess:]))
+
+    def count_dropped(self, lines: Sequence[Line]) -> None:
+        """Count ``lines`` as dropped (the coordinator refused them): noted like the rest."""
+        with self._lock:
+            for line in lines:
+                if not line.text.startswith(DROPPED_PREFIX):
+                    self._count_dropped(line)
 
     def stop(self, job_id: str, rank: int, grace_s: float) -> bool:
         """Ask a rank to stop (SIGTERM to its group); False if it is not running here."""
@@ -223,6 +277,7 @@ class Supervisor:
             for t in worker.readers:
                 t.join(timeout=1.0)
             worker.logfile.close()
+            self.records.forget(worker.job_id, worker.rank)
             del self.workers[key]
             shell_code = code if code >= 0 else 128 - code
             stopped = worker.kill_at is not None and not worker.reason
@@ -260,6 +315,17 @@ class Supervisor:
             ended.extend(self.poll())
             time.sleep(0.05)
         return ended
+
+
+#: How a note about dropped lines begins (it is itself never counted as dropped).
+DROPPED_PREFIX = "[hetero-agent] "
+
+
+def _dropped_note(n: int, rank: int) -> str:
+    return (
+        f"{DROPPED_PREFIX}{n} line{'s' if n != 1 else ''} dropped before shipping "
+        f"(the agent's queue was full); rank{rank}.log* on the node have them"
+    )
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:

@@ -9,6 +9,7 @@ waits for a sample. Clocks are injectable so tests control time.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 import psutil
 
 from hetero.agent.nvml import GpuSample, Nvml
+from hetero.agent.sharing import ForeignLoad
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
 
@@ -85,6 +87,20 @@ def sample_host() -> HostSample:
         return HostSample(cpu)
 
 
+def own_pids(listed: tuple[int, ...], ranks: set[int]) -> set[int]:
+    """Which of the ``listed`` pids are this agent's: itself, a rank, or a process in a
+    rank's process group (a rank's own workers; the supervisor starts each rank as a
+    group leader)."""
+    ours = {os.getpid()} | ranks
+    for pid in listed:
+        try:
+            if os.getpgid(pid) in ranks:
+                ours.add(pid)
+        except OSError:  # gone, or in another pid namespace
+            pass
+    return ours
+
+
 class TelemetrySampler:
     """Samples host and GPUs every ``period_s`` seconds on a daemon thread."""
 
@@ -96,8 +112,14 @@ class TelemetrySampler:
         cpu_indexes: Sequence[int] = (),
         period_s: float = 1.0,
         clock: Callable[[], float] = time.time,
+        rank_pids: Callable[[], set[int]] = set,
+        foreign: ForeignLoad | None = None,
     ) -> None:
         self.nvml = nvml
+        #: The agent's rank processes: they, their process groups and the agent are ours.
+        self.rank_pids = rank_pids
+        #: Sustained use of each GPU by other processes (``agent.sharing``).
+        self.foreign = foreign or ForeignLoad()
         self.gpu_indexes = tuple(gpu_indexes)
         self.cpu_indexes = tuple(cpu_indexes)
         self.period_s = period_s
@@ -108,7 +130,12 @@ class TelemetrySampler:
 
     def sample(self) -> Snapshot:
         gpus = tuple(self.nvml.sample(i) for i in self.gpu_indexes)
-        return Snapshot(self.clock(), sample_host(), gpus, self.cpu_indexes)
+        now = self.clock()
+        ranks = self.rank_pids()
+        for g in gpus:
+            ours = own_pids(g.pids or (), ranks)
+            self.foreign.observe(g.index, now, g.utilization_percent, g.pids, ours)
+        return Snapshot(now, sample_host(), gpus, self.cpu_indexes)
 
     def latest(self) -> Snapshot:
         return self._latest  # replaced whole, never mutated: safe to read from any thread

@@ -245,6 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _db(args: argparse.Namespace) -> int:
     from hetero.coordinator.database import connect, open_database
+    from hetero.coordinator.dburl import masked
     from hetero.coordinator.schema import current_revision, head
 
     config = with_flags(load_config(args.config), state_dir=args.state_dir, db=args.db)
@@ -256,7 +257,7 @@ def _db(args: argparse.Namespace) -> int:
         have = current_revision(engine)
     finally:
         engine.dispose()
-    shown = engine.url.render_as_string(hide_password=True)
+    shown = masked(engine.url.render_as_string(hide_password=False))
     newest = head()
     state = "head" if have == newest else f"this hetero's head is {newest}"
     print(f"database {shown}: schema revision {have or 'none'} ({state})")
@@ -325,6 +326,7 @@ def _serve(args: argparse.Namespace) -> int:
         master_port_base=config.master_port_base,
         telemetry=TelemetryPolicy(retention_s=config.telemetry_retention_h * 3600),
         interval_retention=config.interval_retention,
+        log_retention=config.log_retention,
     )
     return 0
 

@@ -24,7 +24,7 @@ from rich.console import Console
 
 from hetero.coordinator import export, render
 from hetero.core.errors import HeteroError
-from hetero.core.jobspec import load_jobspec
+from hetero.core.jobspec import parse_jobspec, read_job_file
 from hetero.core.states import JobState, job_terminal
 from hetero.transport import client_channel, client_security_from_args, remote_error
 from hetero.v1 import coordinator_pb2 as pb
@@ -51,15 +51,18 @@ def _emit(args: argparse.Namespace, message: Message, human: Callable[[Console],
 
 
 def run(args: argparse.Namespace) -> int:
+    text = ""
     if args.command == "submit":
-        # Parse locally first: precise errors without a round trip, and nothing is sent.
-        load_jobspec(args.job_file)
+        # Read once, bounded; parse locally first: precise errors without a round trip,
+        # and nothing is sent.
+        text = read_job_file(args.job_file)
+        parse_jobspec(text, source=str(args.job_file))
     with client_channel(args.coordinator, client_security_from_args(args)) as channel:
         stub = pb_grpc.CoordinatorStub(channel)  # type: ignore[no-untyped-call, unused-ignore]
         t = args.timeout
         call: Callable[[Callable[[], Any]], Any] = lambda fn: _call(args.coordinator, fn)  # noqa: E731
         if args.command == "submit":
-            return _submit(args, stub, call)
+            return _submit(args, text, stub, call)
         if args.command == "jobs":
             resp = call(lambda: stub.ListJobs(pb.ListJobsRequest(), timeout=t))
             _emit(args, resp, lambda c: c.print(render.jobs_table(resp.jobs)))
@@ -152,8 +155,9 @@ def _export(args: argparse.Namespace, stub: Any, call: Callable[[Callable[[], An
     return 0
 
 
-def _submit(args: argparse.Namespace, stub: Any, call: Callable[[Callable[[], Any]], Any]) -> int:
-    text = args.job_file.read_text(encoding="utf-8")
+def _submit(
+    args: argparse.Namespace, text: str, stub: Any, call: Callable[[Callable[[], Any]], Any]
+) -> int:
     request = pb.SubmitJobRequest(
         spec_yaml=text, source_name=str(args.job_file), dry_run=args.dry_run
     )

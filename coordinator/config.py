@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hetero.coordinator.database import sqlite_url
-from hetero.coordinator.retention import IntervalRetention
+from hetero.coordinator.retention import IntervalRetention, LogRetention
 from hetero.core import defaults
 from hetero.core.defaults import LOG_FORMATS, default_state_dir
 from hetero.core.errors import ConfigError
@@ -53,6 +53,11 @@ class CoordinatorConfig:
     interval_stats_raw_h: float = 24.0
     interval_stats_thin: int = 10
     interval_stats_keep_days: float = 30.0
+    #: Rank log lines (``retention.LogRetention``): deleted after ``log_keep_days``, at
+    #: most ``log_lines_per_job`` a job (oldest first); events after ``event_keep_days``.
+    log_keep_days: float = 7.0
+    log_lines_per_job: int = 200_000
+    event_keep_days: float = 30.0
 
     def __post_init__(self) -> None:
         if self.log_format not in LOG_FORMATS:
@@ -72,6 +77,7 @@ class CoordinatorConfig:
                 f"got {self.telemetry_retention_h:g}"
             )
         _ = self.interval_retention  # built now so a bad value fails at startup, by its key
+        _ = self.log_retention
 
     @property
     def resolved_state_dir(self) -> Path:
@@ -89,6 +95,14 @@ class CoordinatorConfig:
             raw_s=self.interval_stats_raw_h * 3600,
             thin_every=self.interval_stats_thin,
             keep_s=self.interval_stats_keep_days * 86400,
+        )
+
+    @property
+    def log_retention(self) -> LogRetention:
+        return LogRetention(
+            logs_keep_s=self.log_keep_days * 86400,
+            lines_per_job=self.log_lines_per_job,
+            events_keep_s=self.event_keep_days * 86400,
         )
 
     @property
@@ -127,6 +141,10 @@ def load_config(path: Path | None) -> CoordinatorConfig:
         interval_stats_raw_h=f.number("interval_stats_raw_h", 24.0, positive=True) or 24.0,
         interval_stats_thin=f.integer("interval_stats_thin", 10, minimum=1) or 10,
         interval_stats_keep_days=f.number("interval_stats_keep_days", 30.0, positive=True) or 30.0,
+        log_keep_days=f.number("log_keep_days", d.log_keep_days, positive=True) or 7.0,
+        log_lines_per_job=f.integer("log_lines_per_job", d.log_lines_per_job, minimum=1000)
+        or d.log_lines_per_job,
+        event_keep_days=f.number("event_keep_days", d.event_keep_days, positive=True) or 30.0,
     )
     f.finish()
     return config

@@ -22,20 +22,24 @@ to 100 ms, made every read's p99 hundreds of ms), and a write attempted through
 it fails loudly instead of racing for the lock.
 
 The schema is Alembic's (``schema.upgrade_to_head``): a new database is created,
-an older one upgraded, on open.
+an older one upgraded, on open. Every message shows the URL with its password
+masked, and a URL whose driver is not installed is one line naming the package
+(``dburl``).
 """
 
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, make_url
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import SAWarning, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from hetero.coordinator.dburl import masked, missing_driver, scrubbed
 from hetero.core.errors import HeteroError
 
 #: How long a transaction waits for another thread's write lock (the process's, and
@@ -73,8 +77,8 @@ def open_database(url: str) -> Engine:
         upgrade_to_head(engine)
     except SQLAlchemyError as exc:
         engine.dispose()
-        first = str(exc).splitlines()[0]
-        raise DatabaseError(f"cannot open database {_shown(url)}: {first}") from None
+        first = scrubbed(str(exc).splitlines()[0], url)
+        raise DatabaseError(f"cannot open database {masked(url)}: {first}") from None
     except DatabaseError:
         engine.dispose()
         raise
@@ -97,27 +101,23 @@ def connect(url: str) -> Engine:
             # connection is checked (a round trip) before each use, so after a restart
             # no request fails on a connection the pool still held.
             pool["pool_pre_ping"] = True
-        engine = create_engine(parsed, **pool)
-    except ImportError as exc:
-        driver = exc.name or "its driver"
-        hint = " (pip install 'hetero[postgres]')" if url.startswith("postgres") else ""
-        raise DatabaseError(f"database URL {_shown(url)} needs {driver}{hint}") from None
-    except (SQLAlchemyError, ValueError) as exc:
-        raise DatabaseError(f"bad database URL {_shown(url)}: {exc}") from None
+        with warnings.catch_warnings():
+            # An argument the driver would ignore (``?password=`` for SQLite) is a mistake
+            # to name in one line, not a warning to print beside it.
+            warnings.simplefilter("error", SAWarning)
+            engine = create_engine(parsed, **pool)
+    except ImportError as exc:  # the dialect's DB-API module is not installed
+        raise DatabaseError(missing_driver(url, exc)) from None
+    except (SQLAlchemyError, SAWarning, ValueError) as exc:
+        raise DatabaseError(
+            f"bad database URL {masked(url)!r}: {scrubbed(str(exc), url)}"
+        ) from None
     if engine.dialect.name == "sqlite":
         _sqlite_pragmas(engine)
         _one_writer(engine, _sqlite_begin, _sqlite_end)
     elif engine.dialect.name == "postgresql":
         _one_writer(engine, _postgres_begin, _postgres_end)
     return engine
-
-
-def _shown(url: str) -> str:
-    """``url`` with any password masked, for messages."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except (SQLAlchemyError, ValueError):
-        return url
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:

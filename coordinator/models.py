@@ -18,14 +18,17 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 #: 2: nodes.draining, jobs.total_steps; interval_stats phase times, loss and samples.
 #: 3: nodes.down; jobs.max_restarts, attempt_first_plan, restarting_since_unix_s (recovery).
-#: 4: byte counts and the ids of the growing tables are 64-bit on PostgreSQL (Alembic
-#: revision 0002; from 3 on, ``migrations/`` holds every change and ``schema`` applies it).
-SCHEMA_VERSION = 4
+#: 4: devices.suspect, shared_while_profiled, foreign_utilization_percent (the last
+#: version before Alembic; revision 0002 adds them to a database of 3).
+#: 5: byte counts and the ids of the growing tables are 64-bit on PostgreSQL (revision
+#: 0003). From 3 on, ``migrations/`` holds every change and ``schema`` applies it.
+SCHEMA_VERSION = 5
 
 #: A 64-bit integer: PostgreSQL's INTEGER is 32-bit, and a GPU's memory in bytes (or
 #: the telemetry table's ids after a month of 1,000 nodes) overflows it. SQLite's
@@ -80,6 +83,16 @@ class DeviceRow(Base):
     memory_bytes: Mapped[int | None] = mapped_column(Int64)
     compute_score: Mapped[float] = mapped_column(Float)
     emulated_slowdown: Mapped[float] = mapped_column(Float, default=1.0)
+    #: Comma-separated profile fields that exceeded the device's limits; "" = none.
+    #: (The server defaults of the two are those revision 0002 gives the rows it adds
+    #: them to, so a new database has the same columns as an upgraded one.)
+    suspect: Mapped[str] = mapped_column(String(255), default="", server_default="")
+    #: Other processes used the device while its agent profiled it.
+    shared_while_profiled: Mapped[bool] = mapped_column(
+        Boolean, default=False, server_default=false()
+    )
+    #: Sustained use by other processes, percent; ``compute_score`` already reflects it.
+    foreign_utilization_percent: Mapped[float | None] = mapped_column(Float)
     node: Mapped[NodeRow] = relationship(back_populates="devices")
 
 

@@ -25,9 +25,10 @@ from sqlalchemy import Table, bindparam, delete, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from hetero.coordinator import lifecycle, store
+from hetero.coordinator.logpruning import prune_logs_batch
 from hetero.coordinator.models import IntervalStatRow, JobRow
 from hetero.coordinator.periodic import Periodic
-from hetero.coordinator.retention import IntervalRetention
+from hetero.coordinator.retention import IntervalRetention, LogRetention
 from hetero.coordinator.views import HISTORY_FOR_REPORT
 
 log = logging.getLogger("hetero.coordinator.pruning")
@@ -231,7 +232,8 @@ def _thin(
 
 
 class IntervalPruner:
-    """The thread that prunes interval statistics every ``period_s`` until :meth:`stop`.
+    """The thread that prunes interval statistics every ``period_s`` until :meth:`stop`,
+    and with ``logs`` the log lines and events too (``coordinator.logpruning``).
 
     A pass runs batches, each its own short transaction, until one finds nothing
     more to do (at most ``max_batches``), pausing ``pause_s`` between them."""
@@ -245,9 +247,11 @@ class IntervalPruner:
         *,
         max_batches: int = MAX_BATCHES,
         pause_s: float = BATCH_PAUSE_S,
+        logs: LogRetention | None = None,
     ) -> None:
         self.sessions = sessions
         self.policy = policy
+        self.logs = logs
         self.period_s = period_s
         self.clock = clock
         self.max_batches = max_batches
@@ -275,7 +279,23 @@ class IntervalPruner:
                 break
         return removed
 
+    def run_log_pass(self) -> int:
+        """Prune log lines and events until caught up (or ``max_batches``); rows removed."""
+        removed = 0
+        if self.logs is None:
+            return removed
+        for _ in range(self.max_batches):
+            with self.sessions.begin() as s:
+                batch, more = prune_logs_batch(s, self.logs, now=self.clock())
+            removed += batch
+            if not more or self._loop.stopping.wait(self.pause_s):
+                break
+        return removed
+
     def _pass(self) -> None:
         removed = self.run_pass()
         if removed:
             log.info("pruned %d interval statistics rows", removed)
+        removed = self.run_log_pass()
+        if removed:
+            log.info("pruned %d log line and event rows", removed)

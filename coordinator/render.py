@@ -43,7 +43,9 @@ def nodes_table(nodes: Sequence[pb.Node]) -> Table:
     for n in nodes:
         devices = ", ".join(
             f"{_kind(d.kind)}:{d.index} {d.name} (score {d.compute_score:g}"
-            + (f", emulated x{d.emulated_slowdown:g})" if d.emulated_slowdown != 1.0 else ")")
+            + (f", emulated x{d.emulated_slowdown:g}" if d.emulated_slowdown != 1.0 else "")
+            + "".join(f"; {note}" for note in profile_notes(d))
+            + ")"
             for d in n.devices
         )
         cpu = f"{n.host.cpu_percent:.0f}%" if n.host.HasField("cpu_percent") else NA
@@ -56,6 +58,19 @@ def nodes_table(nodes: Sequence[pb.Node]) -> Table:
         health = "[green]up[/]" if n.healthy else f"[red]down[/] ({_age(n.last_heartbeat_unix_s)})"
         table.add_row(n.name, n.id, health, devices or "none", cpu, ram, gpus)
     return table
+
+
+def profile_notes(d: tpb.DeviceProfile) -> list[str]:
+    """Warnings about a device's profile: suspect figures, sharing with other processes."""
+    notes = []
+    if d.suspect:
+        names = ", ".join(f.removesuffix("_bytes_per_s").replace("_", " ") for f in d.suspect)
+        notes.append(f"[yellow]SUSPECT {names}[/] (above the device's limits; not scored)")
+    if d.shared_while_profiled:
+        notes.append("profiled while shared")
+    if d.HasField("foreign_utilization_percent"):
+        notes.append(f"other processes use {d.foreign_utilization_percent:.0f}%")
+    return notes
 
 
 def _device_telemetry(t: tpb.DeviceTelemetry) -> str:

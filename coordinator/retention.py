@@ -76,3 +76,30 @@ class IntervalRetention:
     def bound_rows(self, rows_per_s: float) -> float:
         """Rows at steady state for ``rows_per_s`` arriving, reports at every boundary."""
         return rows_per_s * (self.raw_s + (self.keep_s - self.raw_s) / self.thin_every)
+
+
+@dataclass(frozen=True)
+class LogRetention:
+    """How long the coordinator keeps rank log lines and events, in seconds of age, and
+    at most how many log lines one job keeps (its oldest go first). ``batch_rows``:
+    most rows one pruning batch deletes.
+
+    A chatty rank ships thousands of lines a second: age alone would let one job
+    fill the database within its window, so each job also has a line budget."""
+
+    logs_keep_s: float = 7 * 86400.0
+    lines_per_job: int = 200_000
+    events_keep_s: float = 30 * 86400.0
+    batch_rows: int = BATCH_ROWS
+
+    def __post_init__(self) -> None:
+        for key, value in (
+            ("log_keep_days", self.logs_keep_s),
+            ("event_keep_days", self.events_keep_s),
+        ):
+            if not (math.isfinite(value) and value >= 3600):
+                raise ConfigError(f"{key} must be at least 1/24 (an hour), got {value / 86400:g}")
+        if isinstance(self.lines_per_job, bool) or self.lines_per_job < 1000:
+            raise ConfigError(f"log_lines_per_job must be >= 1000, got {self.lines_per_job!r}")
+        if self.batch_rows < 1:
+            raise ConfigError(f"batch_rows must be >= 1, got {self.batch_rows}")

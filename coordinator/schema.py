@@ -10,8 +10,9 @@ before starting the new version.
 - An empty database gets ``models``' tables at once (``create_all``) and is
   stamped at head, as Alembic advises: replaying every revision would give the
   same tables (a test checks that) more slowly.
-- A database written before Alembic carries ``schema_version`` 3 and no
-  ``alembic_version``: it is the schema of ``BASELINE``, stamped so, then upgraded.
+- A database written before Alembic carries ``schema_version`` 3 or 4 and no
+  ``alembic_version``: it has the tables of revision ``BASELINE`` (3) or ``0002``
+  (4), is stamped so (``PRE_ALEMBIC``), then upgraded.
 - A database at a revision this coordinator does not know (written by a newer
   hetero), or at an older pre-Alembic version, is refused in one line.
 
@@ -36,6 +37,7 @@ from alembic.script import ScriptDirectory  # noqa: E402
 from sqlalchemy import Connection, Engine, insert, inspect, select  # noqa: E402
 
 from hetero.coordinator.database import DatabaseError  # noqa: E402
+from hetero.coordinator.dburl import masked  # noqa: E402
 from hetero.coordinator.models import SCHEMA_VERSION, Base, SchemaVersion  # noqa: E402
 
 log = logging.getLogger("hetero.coordinator.schema")
@@ -45,6 +47,9 @@ log = logging.getLogger("hetero.coordinator.schema")
 BASELINE = "0001"
 #: The ``schema_version`` of ``BASELINE``.
 BASELINE_SCHEMA_VERSION = 3
+#: The revision whose tables are those a coordinator older than Alembic created, by
+#: its ``schema_version``.
+PRE_ALEMBIC = {BASELINE_SCHEMA_VERSION: BASELINE, 4: "0002"}
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 
@@ -73,7 +78,7 @@ def current_revision(engine: Engine) -> str | None:
 def upgrade_to_head(engine: Engine) -> None:
     """Create, or upgrade to head, the schema in ``engine``'s database, in one
     transaction; ``DatabaseError`` (one line) for one it cannot upgrade."""
-    url = engine.url.render_as_string(hide_password=True)
+    url = masked(engine.url.render_as_string(hide_password=False))
     with engine.begin() as conn:
         tables = set(inspect(conn).get_table_names())
         config = alembic_config(conn)
@@ -104,10 +109,10 @@ def _stamp_pre_alembic(conn: Connection, config: Config, tables: set[str], url: 
             f"database {url} is not a hetero coordinator database (no schema_version table)"
         )
     found = list(conn.scalars(select(SchemaVersion.version)).all())
-    if found != [BASELINE_SCHEMA_VERSION]:
+    if len(found) != 1 or found[0] not in PRE_ALEMBIC:
         have = ", ".join(str(v) for v in found) or "none"
         raise DatabaseError(
             f"database {url} has schema version {have}, which this coordinator cannot "
             f"upgrade (it upgrades {BASELINE_SCHEMA_VERSION} and later): use a new --state-dir/--db"
         )
-    command.stamp(config, BASELINE)
+    command.stamp(config, PRE_ALEMBIC[found[0]])

@@ -18,17 +18,17 @@ import grpc
 import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from sqlalchemy.engine import make_url
 
 from hetero.coordinator.asyncserver import CoordinatorServer, add_coordinator
 from hetero.coordinator.database import open_database, read_session_factory, session_factory
+from hetero.coordinator.dburl import masked
 from hetero.coordinator.deps import Deps
 from hetero.coordinator.ingest import HeartbeatIngest
 from hetero.coordinator.metricsserver import MetricsServer
 from hetero.coordinator.pruning import IntervalPruner
 from hetero.coordinator.readcache import IntervalHistories, LatestPlans, PendingOrders
 from hetero.coordinator.recovery import Sweeper
-from hetero.coordinator.retention import IntervalRetention
+from hetero.coordinator.retention import IntervalRetention, LogRetention
 from hetero.coordinator.service import CoordinatorService
 from hetero.coordinator.store import TelemetryPolicy
 from hetero.coordinator.views import HISTORY_FOR_REPORT
@@ -82,6 +82,7 @@ def serve(
     master_port_base: int = defaults.MASTER_PORT_BASE,
     telemetry: TelemetryPolicy | None = None,
     interval_retention: IntervalRetention | None = None,
+    log_retention: LogRetention | None = None,
 ) -> None:
     """Run the coordinator until SIGTERM or SIGINT; with ``metrics_listen`` (host:port)
     also serve Prometheus ``/metrics`` there. Heartbeats are written in batches
@@ -89,7 +90,8 @@ def serve(
     nodes down and restarts their jobs (``recovery``); what it changes drops the
     order and plan caches (``readcache``) so polls and ``GetPlan`` see it at once.
     Telemetry is kept as ``telemetry`` says; a pruner thread keeps interval statistics
-    within ``interval_retention`` (``pruning``). Defaults: each policy's own."""
+    within ``interval_retention`` (``pruning``) and log lines and events within
+    ``log_retention`` (``logpruning``). Defaults: each policy's own."""
     engine = open_database(db_url)
     if deps is None:
         sessions, readers = session_factory(engine), read_session_factory(engine)
@@ -115,7 +117,8 @@ def serve(
         on_change=deps.invalidate_caches,
     )
     kept = interval_retention or IntervalRetention()
-    pruner = IntervalPruner(deps.sessions, kept, clock=deps.clock)
+    logs = log_retention or LogRetention()
+    pruner = IntervalPruner(deps.sessions, kept, clock=deps.clock, logs=logs)
     server, port = create_server(address, deps, security)
     metrics = (
         MetricsServer(metrics_listen, CoordinatorService(deps).snapshot, security)
@@ -132,15 +135,18 @@ def serve(
         address,
         port,
         describe(security),
-        make_url(db_url).render_as_string(hide_password=True),
+        masked(db_url),
     )
     log.info(
         "retention: telemetry %g h; interval stats whole for %g h, then 1 interval in %d, "
-        "deleted after %g days",
+        "deleted after %g days; log lines %g days, at most %d a job; events %g days",
         deps.telemetry.retention_s / 3600,
         kept.raw_s / 3600,
         kept.thin_every,
         kept.keep_s / 86400,
+        logs.logs_keep_s / 86400,
+        logs.lines_per_job,
+        logs.events_keep_s / 86400,
     )
     if metrics is not None:
         metrics.start()

@@ -60,6 +60,12 @@ def register_node(req: pb.RegisterNodeRequest) -> None:
                 _finite_non_negative(d, field, where)
         if d.HasField("memory_bytes") and d.memory_bytes < 0:
             raise ConfigError(f"{where}: memory_bytes must be >= 0, got {d.memory_bytes}")
+        if len(d.suspect) > len(_OPTIONAL_RATES) or not set(d.suspect) <= set(_OPTIONAL_RATES):
+            raise ConfigError(f"{where}: suspect must name fields of {_OPTIONAL_RATES}")
+        if d.HasField("foreign_utilization_percent"):
+            u = d.foreign_utilization_percent
+            if not (math.isfinite(u) and 0.0 <= u <= 100.0):
+                raise ConfigError(f"{where}: foreign_utilization_percent must be in [0, 100]")
         slowdown = d.emulated_slowdown
         if slowdown != 0.0 and not 1.0 <= slowdown <= MAX_EMULATED_SLOWDOWN:
             raise ConfigError(

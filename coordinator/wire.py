@@ -50,6 +50,9 @@ def device_row(d: tpb.DeviceProfile) -> DeviceRow:
         memory_bytes=_opt(d, "memory_bytes"),
         compute_score=d.compute_score,
         emulated_slowdown=d.emulated_slowdown or 1.0,
+        suspect=",".join(d.suspect),
+        shared_while_profiled=d.shared_while_profiled,
+        foreign_utilization_percent=_opt(d, "foreign_utilization_percent"),
     )
 
 
@@ -60,8 +63,11 @@ def device_profile(d: DeviceRow) -> tpb.DeviceProfile:
         kind=KIND_TO_PB.get(d.kind, tpb.DEVICE_KIND_UNSPECIFIED),
         compute_score=d.compute_score,
         emulated_slowdown=d.emulated_slowdown,
+        suspect=[f for f in (d.suspect or "").split(",") if f],
+        shared_while_profiled=bool(d.shared_while_profiled),
     )
     for field in (
+        "foreign_utilization_percent",
         "matmul_tflops",
         "memory_bandwidth_bytes_per_s",
         "host_to_device_bytes_per_s",

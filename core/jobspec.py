@@ -28,7 +28,7 @@ from hetero.core.catalogue.limits import MAX_RANKS
 from hetero.core.errors import ConfigError
 from hetero.core.roots import path_problem
 from hetero.core.slowdown import MAX_FACTOR
-from hetero.core.yamlfields import Fields
+from hetero.core.yamlfields import Fields, read_text
 
 DEVICE_KINDS = ("any", "cuda", "cpu")
 #: Bytes of job.yaml text; a spec is a page of YAML.
@@ -210,12 +210,14 @@ class JobSpec:
 
 
 def load_jobspec(path: str | Path) -> JobSpec:
-    """Read and parse a job file; a missing or unreadable file is a ``ConfigError``."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read job file {path}: {exc.strerror}") from None
-    return parse_jobspec(text, source=str(path))
+    """Read and parse a job file; a missing, unreadable, oversized or non-UTF-8 file is a
+    ``ConfigError`` (at most ``MAX_SPEC_BYTES + 1`` bytes are read)."""
+    return parse_jobspec(read_job_file(path), source=str(path))
+
+
+def read_job_file(path: str | Path) -> str:
+    """A job file's text, read once: at most ``MAX_SPEC_BYTES`` of UTF-8."""
+    return read_text(path, "job file", MAX_SPEC_BYTES)
 
 
 def parse_jobspec(

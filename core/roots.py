@@ -10,10 +10,11 @@ agent can read. The coordinator checks each path at submit time:
 - after lexical normalisation (``a/../b`` is ``b``) it must lie under one of the
   coordinator's ``allowed_roots``.
 
-Default roots: the coordinator's state directory, the home directory of the
-user it runs as, and the temp directory (``/tmp``); a deployment lists its
-shared storage in ``allowed_roots`` (``[/shared/checkpoints, /data]``), and a
-list replaces the defaults. The check is lexical: the coordinator cannot see
+Default roots: the coordinator's state directory and the home directory of
+the user it runs as. Not the temp directory: ``/tmp`` is writable by every
+local user, who could plant or read another job's checkpoints there. A
+deployment lists its shared storage in ``allowed_roots``
+(``[/shared/checkpoints, /data]``), and a list replaces the defaults. The check is lexical: the coordinator cannot see
 the agents' file systems, so a symlink inside a root is followed there. It
 guards against mistakes and against jobs writing outside their area; it is not
 a sandbox for a job's own ``command:``, which runs as the agent's user anyway.
@@ -24,7 +25,6 @@ Pure: no grpc, sqlalchemy or torch; job.yaml's parser (``hetero.core.jobspec``) 
 from __future__ import annotations
 
 import posixpath
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -33,8 +33,9 @@ MAX_PATH_BYTES = 4096
 
 
 def default_roots(state_dir: Path) -> tuple[str, ...]:
-    """The coordinator's state directory, its user's home and the temp directory."""
-    roots = [str(state_dir), str(Path.home()), tempfile.gettempdir()]
+    """The coordinator's state directory and its user's home (never ``/tmp``, which
+    every local user can write)."""
+    roots = [str(state_dir), str(Path.home())]
     return tuple(dict.fromkeys(normalize_root(r) for r in roots))
 
 

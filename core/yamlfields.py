@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,57 @@ from typing import Any
 import yaml
 
 from hetero.core.errors import ConfigError
+
+#: Longest daemon config file read, in bytes.
+MAX_CONFIG_BYTES = 1024 * 1024
+
+
+def read_text(path: str | Path, what: str, limit_bytes: int) -> str:
+    """The UTF-8 text of ``path``, at most ``limit_bytes`` long.
+
+    Reads at most ``limit_bytes + 1`` bytes, so ``/dev/zero`` or a huge file costs
+    no more memory than the limit; too long, unreadable or not UTF-8 is a
+    one-line ``ConfigError`` naming ``what`` and the path."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit_bytes + 1)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    if len(data) > limit_bytes:
+        raise ConfigError(f"{path}: {what} is longer than the limit of {limit_bytes:,} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(
+            f"{path}:{line}: {what} is not UTF-8 text (byte {exc.start}: 0x{data[exc.start]:02x})"
+        ) from None
+
+
+class Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading floats as YAML 1.2 does.
+
+    PyYAML resolves YAML 1.1, whose floats need a dot (``1.0e-3``): ``lr: 1e-3``
+    would be the *string* "1e-3" and fail as "must be a number". Every float a
+    user writes the way Python and YAML 1.2 do (``1e-3``, ``5E+2``) is a float here.
+    """
+
+
+# YAML 1.1's float pattern plus exponents without a dot; the int resolver runs first,
+# so plain integers stay ints.
+Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+        |[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
 
 
 def _line(node: yaml.Node) -> int:
@@ -51,7 +103,7 @@ class Fields:
     def parse(cls, text: str, source: str) -> Fields:
         """Compose ``text`` (no object construction yet) and wrap its top mapping."""
         try:
-            node = yaml.compose(text, Loader=yaml.SafeLoader)
+            node = yaml.compose(text, Loader=Loader)
         except yaml.MarkedYAMLError as exc:
             mark = exc.problem_mark or exc.context_mark
             line = f":{mark.line + 1}" if mark is not None else ""
@@ -71,11 +123,7 @@ class Fields:
             if not default.is_file():
                 return None
             path = default
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
-        return cls.parse(text, str(path))
+        return cls.parse(read_text(path, "config file", MAX_CONFIG_BYTES), str(path))
 
     def error(self, node: yaml.Node, message: str) -> ConfigError:
         return ConfigError(_cap(f"{self.source}:{_line(node)}: {message}"))
@@ -114,7 +162,7 @@ class Fields:
         """The Python value of a scalar; a tag it cannot carry (``!!int abc``, ``!foo``)
         is an error naming ``key``, not an exception from deep inside PyYAML."""
         try:
-            return yaml.SafeLoader("").construct_object(node)
+            return Loader("").construct_object(node)
         except (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionError):
             raise self.fail(key, f"cannot read the value tagged {node.tag}", node) from None
 

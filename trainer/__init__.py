@@ -19,7 +19,7 @@ A plain DDP script adopts it in a few lines::
 
 from typing import Any
 
-from hetero.trainer.checkpoint import load_checkpoint, save_checkpoint
+from hetero.trainer.checkpoint import RunIdentity, load_checkpoint, save_checkpoint
 from hetero.trainer.context import Context, HeteroLoader, TrainerConfig, init
 from hetero.trainer.sampler import UnevenBatchSampler, epoch_permutation
 
@@ -35,6 +35,7 @@ def train(**options: Any) -> dict[str, Any] | None:
 __all__ = [
     "Context",
     "HeteroLoader",
+    "RunIdentity",
     "TrainerConfig",
     "UnevenBatchSampler",
     "epoch_permutation",

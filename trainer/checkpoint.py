@@ -18,12 +18,28 @@ keep the state the run seeded them with; ranks below it get their own saved
 state). One caveat: when the dataset size is not a multiple of the global
 batch, whether an epoch ends with a short step depends on ``min_batch`` times
 the world size, so such an epoch may have one step more or less.
+
+**A checkpoint cannot run code.** It is read with ``torch.load(weights_only=True)``:
+tensors, numbers, strings, lists, tuples and dicts only, so a file planted in
+``checkpoint.dir`` that pickles a callable is refused, not executed. What we
+save is plain state already (``state_dict()`` of model and optimizer, our
+records as dicts); a user's ``extra`` must be plain too, checked when saving.
+
+**A checkpoint belongs to one run.** It records its :class:`RunIdentity`: the
+coordinator's job id (``HETERO_JOB_ID``; none outside a coordinator) and a
+spec hash, the SHA-256 of the training options that define what is trained
+(``hetero.trainer.jobconfig.spec_hash``; none for a user's own loop unless it
+passes one). Resuming from a checkpoint of another identity is refused with
+one line, so two jobs that share a ``checkpoint.dir`` never continue each
+other's training. A job's restarts keep its id and spec, so they resume.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +52,51 @@ from hetero.core.errors import CheckpointError
 from hetero.trainer.context import Context
 from hetero.trainer.rebalance import PlanRecord
 
-FORMAT = "hetero-checkpoint-v1"
+#: v2: read with ``weights_only=True`` and carries the run's identity. A v1 file
+#: (no identity) is refused: nothing says which run wrote it.
+FORMAT = "hetero-checkpoint-v2"
+_OLD_FORMATS = ("hetero-checkpoint-v1",)
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """Which run a checkpoint belongs to. ``job_id``: the coordinator's job id, None outside
+    a coordinator. ``spec_hash``: hex SHA-256 of the options that define what is trained,
+    None where the caller does not give one (a user's own loop)."""
+
+    job_id: str | None = None
+    spec_hash: str | None = None
+
+    @classmethod
+    def of(cls, ctx: Context, spec_hash: str | None = None) -> RunIdentity:
+        return cls(ctx.env.job_id, spec_hash)
+
+    def describe(self) -> str:
+        job = f"job {self.job_id}" if self.job_id else "a run outside a coordinator"
+        return f"{job}, spec {self.spec_hash[:12]}" if self.spec_hash else job
+
+
+#: The leaf types ``torch.load(weights_only=True)`` reads back.
+_PLAIN = (type(None), bool, int, float, str, bytes, torch.Tensor, torch.dtype, torch.device)
+
+
+def _plain_problem(value: Any, where: str) -> str | None:
+    """Why ``value`` would not load under ``weights_only=True``, or None if it would."""
+    if isinstance(value, _PLAIN):
+        return None
+    if isinstance(value, dict):
+        if any(not isinstance(k, str | int) for k in value):
+            return f"{where} has a key that is neither str nor int"
+        items: list[tuple[Any, Any]] = list(value.items())
+    elif isinstance(value, list | tuple):
+        items = list(enumerate(value))
+    else:
+        return f"{where} (a {type(value).__name__})"
+    for key, item in items:
+        problem = _plain_problem(item, f"{where}[{key!r}]")
+        if problem:
+            return problem
+    return None
 
 
 def _rng_state() -> dict[str, Any]:
@@ -63,9 +123,20 @@ def save_checkpoint(
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None = None,
     extra: dict[str, Any] | None = None,
+    identity: RunIdentity | None = None,
 ) -> Path:
-    """Collective: every rank calls it; rank 0 writes ``path``. Returns the path."""
+    """Collective: every rank calls it; rank 0 writes ``path``. Returns the path.
+
+    ``extra``: plain data only (tensors, numbers, strings, lists, tuples, dicts), the
+    state a checkpoint can hold without running code on load. ``identity``: the run's
+    (:meth:`RunIdentity.of` the context without a spec hash by default)."""
     path = Path(path)
+    identity = identity or RunIdentity.of(ctx)
+    problem = _plain_problem(extra or {}, "extra")
+    if problem:
+        raise CheckpointError(
+            f"cannot checkpoint {problem}: a checkpoint holds tensors and plain data only"
+        )
     rng = [_rng_state()]
     if ctx.world_size > 1:
         gathered: list[Any] = [None] * ctx.world_size
@@ -75,6 +146,8 @@ def save_checkpoint(
         loader = ctx._require_loader()
         state = {
             "format": FORMAT,
+            "job_id": identity.job_id,
+            "spec_hash": identity.spec_hash,
             "world_size": ctx.world_size,
             "global_step": ctx.global_step,
             "model": _unwrap(model).state_dict(),
@@ -105,17 +178,23 @@ def load_checkpoint(
     ctx: Context,
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None = None,
+    identity: RunIdentity | None = None,
 ) -> dict[str, Any]:
-    """Restore a checkpoint on every rank; returns its ``extra`` dict."""
+    """Restore a checkpoint on every rank; returns its ``extra`` dict.
+
+    Refused (``CheckpointError``, nothing restored) when the file holds anything but
+    plain state, or was written by a run of another ``identity`` (default:
+    :meth:`RunIdentity.of` the context)."""
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:  # a truncated or foreign file: name it, don't trace back
-        raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not a hetero checkpoint")
+    identity = identity or RunIdentity.of(ctx)
+    state = read_checkpoint(path)
+    theirs = RunIdentity(state.get("job_id"), state.get("spec_hash"))
+    if theirs != identity:
+        raise CheckpointError(
+            f"checkpoint {path} belongs to {theirs.describe()}, not to this run "
+            f"({identity.describe()}): refusing to resume from another run's checkpoint "
+            "(give each job its own checkpoint.dir)"
+        )
     _unwrap(model).load_state_dict(state["model"])
     if optimizer is not None and state["optimizer"] is not None:
         optimizer.load_state_dict(state["optimizer"])
@@ -141,3 +220,29 @@ def load_checkpoint(
     ctx.clock.restart()
     extra: dict[str, Any] = state["extra"]
     return extra
+
+
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """The checkpoint's state, read without running code: ``weights_only=True`` refuses
+    any pickled callable or class (the file is not trusted: anyone who can write
+    ``checkpoint.dir`` can plant one)."""
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise CheckpointError(
+            f"refusing checkpoint {path}: it holds objects other than tensors and plain "
+            "data, and loading them could run code"
+        ) from None
+    except Exception as exc:  # a truncated or foreign file: name it, don't trace back
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"cannot read checkpoint {path}: {reason}") from None
+    if not isinstance(state, dict) or state.get("format") not in (FORMAT, *_OLD_FORMATS):
+        raise CheckpointError(f"{path} is not a hetero checkpoint")
+    if state["format"] != FORMAT:
+        raise CheckpointError(
+            f"checkpoint {path} is in {state['format']}, which records no run identity: "
+            "move it away to start over"
+        )
+    return state

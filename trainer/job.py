@@ -24,10 +24,16 @@ from hetero.core.gap import Solo
 from hetero.core.slowdown import format_slowdowns
 from hetero.trainer import report
 from hetero.trainer.build import Built, build, local_optimizer, make_optimizer
-from hetero.trainer.checkpoint import load_checkpoint, save_checkpoint
+from hetero.trainer.checkpoint import RunIdentity, load_checkpoint, save_checkpoint
 from hetero.trainer.context import Context, HeteroLoader, init
 from hetero.trainer.ideal import measure_solo
-from hetero.trainer.jobconfig import JobConfig, checkpoint_path, memory_format, profiles
+from hetero.trainer.jobconfig import (
+    JobConfig,
+    checkpoint_path,
+    memory_format,
+    profiles,
+    spec_hash,
+)
 from hetero.trainer.memory import MemoryMonitor, describe, parse_max_batch
 from hetero.trainer.oom import OomGuard
 from hetero.trainer.precision import Autocast, autocast, grad_scaler
@@ -138,7 +144,8 @@ class _Run:
         assert path is not None  # the catalogue's rules: an interval needs a directory
         if self.zero:
             self.optimizer.consolidate_state_dict(to=0)  # type: ignore[attr-defined]
-        save_checkpoint(path, self.ctx, self.model, self.optimizer)
+        identity = RunIdentity.of(self.ctx, spec_hash(self.cfg))
+        save_checkpoint(path, self.ctx, self.model, self.optimizer, identity=identity)
 
 
 def _setup(ctx: Context, cfg: JobConfig) -> tuple[_Run, float | None, Any]:
@@ -195,7 +202,7 @@ def _resume(ctx: Context, cfg: JobConfig, model: nn.Module, optimizer: Any) -> N
         if ctx.rank == 0 and not cfg.quiet:
             print(f"no checkpoint at {path} yet: starting from step 0", flush=True)
         return
-    load_checkpoint(path, ctx, model, optimizer)
+    load_checkpoint(path, ctx, model, optimizer, identity=RunIdentity.of(ctx, spec_hash(cfg)))
     if ctx.rank == 0 and not cfg.quiet:
         print(f"resumed from {path} at step {ctx.global_step}", flush=True)
 

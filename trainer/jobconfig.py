@@ -11,6 +11,7 @@ which the entry point words in its caller's spelling.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,33 @@ def memory_format(cfg: JobConfig) -> torch.memory_format:
 def checkpoint_path(cfg: JobConfig) -> Path | None:
     file = cfg.checkpoint_file
     return Path(file) if file else None
+
+
+#: The options that define what a run trains: a checkpoint resumes only under the same
+#: values. Left out on purpose: what may change between a run and its resumption
+#: (length, ranks, devices, balancing, output, memory tuning), and ``name``, which a
+#: job's restarts keep anyway.
+IDENTITY_OPTIONS = (
+    "model",
+    "dataset",
+    "data_dir",
+    "num_samples",
+    "num_classes",
+    "image_size",
+    "seq_len",
+    "global_batch",
+    "batch_size",
+    "lr",
+    "optimizer",
+    "seed",
+    "zero",
+)
+
+
+def spec_hash(cfg: JobConfig) -> str:
+    """Hex SHA-256 of :data:`IDENTITY_OPTIONS` as canonical JSON: a checkpoint's spec hash."""
+    values = {name: getattr(cfg, name) for name in IDENTITY_OPTIONS}
+    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()
 
 
 def profiles(cfg: JobConfig) -> list[DeviceProfile] | None:

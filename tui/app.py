@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -24,7 +25,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static, TabbedContent, TabPane
 
 from hetero.core import defaults
-from hetero.core.errors import HeteroError, UnreachableError
+from hetero.core.errors import DeniedError, HeteroError, RemoteError
 from hetero.transport import ClientSecurity, add_client_arguments, client_security_from_args
 from hetero.tui.client import CoordinatorClient
 from hetero.tui.screens import ConfirmScreen, HelpScreen, JobDetailScreen
@@ -197,6 +198,9 @@ class HeteroTop(App[None]):
         self._last_snapshot = time.monotonic()
         self._connected_once = False
         self._problem: str | None = None
+        #: Why the app ended on its own (a refused credential): ``main`` prints it and
+        #: exits non-zero. Retrying cannot fix it, so the app does not keep trying.
+        self.fatal: HeteroError | None = None
 
     def get_default_screen(self) -> Screen[None]:
         return self.main
@@ -221,7 +225,11 @@ class HeteroTop(App[None]):
                     state = state.advance(snapshot)
                     self.post_message(SnapshotReceived(state))
                     delay, attempt = RETRY_MIN_S, 0
-            except UnreachableError as exc:
+            except DeniedError as exc:  # a wrong or missing token: no retry will help
+                self.fatal = exc
+                self.call_from_thread(self.exit, None, exc.exit_code)
+                return
+            except RemoteError as exc:  # unreachable, or an answer it may not give again
                 attempt += 1
                 self.post_message(Disconnected(str(exc), attempt))
             if self._stop.wait(delay):
@@ -335,5 +343,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         security = client_security_from_args(args)
     except HeteroError as exc:
         parser.exit(exc.exit_code, f"error: hetero-top: {exc}\n")
-    HeteroTop(args.coordinator, period_s=args.period, security=security).run()
-    return 0
+    app = HeteroTop(args.coordinator, period_s=args.period, security=security)
+    app.run()
+    if app.fatal is not None:
+        print(f"error: hetero-top: {app.fatal}", file=sys.stderr)
+        return app.fatal.exit_code
+    return app.return_code or 0

@@ -18,6 +18,7 @@ from hetero.core.balancer import (
     Constraints,
     Dynamic,
     RankInterval,
+    all_reduce_s,
     estimate_comm_s,
     predict_exclusion,
     predict_step_s,
@@ -51,9 +52,17 @@ def history_from_metrics(ranks: list[list[dict[str, Any]]]) -> list[tuple[RankIn
 
 
 def exclusion_forecasts(
-    ranks: list[list[dict[str, Any]]], global_batch: int, candidates: list[int], min_batch: int = 1
+    ranks: list[list[dict[str, Any]]],
+    global_batch: int,
+    candidates: list[int],
+    min_batch: int = 1,
+    kinds: list[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """One forecast per candidate rank: predicted samples/s with and without it, and the verdict."""
+    """One forecast per candidate rank, then (for several) one without them all:
+    predicted samples/s with and without, and the verdict. ``ranks`` lists the ranks
+    left out (``rank`` the first); the last forecast of a GPU + CPU job is the GPU
+    alone, which the report sets beside the measured ``gpu-only`` run. ``kinds`` (the
+    device kind of each rank) lets a forecast say when the smaller job changes backend."""
     history = history_from_metrics(ranks)
     if len(history) < 2:
         return []
@@ -62,16 +71,19 @@ def exclusion_forecasts(
         comm_s = estimate_comm_s(history)
         constraints = Constraints(global_batch, len(models), min_batch, comm_s=comm_s)
         out = []
-        for rank in candidates:
-            f = predict_exclusion(models, constraints, rank)
+        groups = [[rank] for rank in candidates] + ([candidates] if len(candidates) > 1 else [])
+        for group in groups:
+            f = predict_exclusion(models, constraints, group, kinds=kinds)
             out.append(
                 {
-                    "rank": rank,
+                    "rank": group[0],
+                    "ranks": list(f.excluded),
                     "samples_per_s": f.samples_per_s,
                     "samples_per_s_without": f.samples_per_s_without,
                     "gain": f.gain,
                     "worthwhile": f.worthwhile,
                     "comm_s": comm_s,
+                    "comm_s_without": all_reduce_s(comm_s, len(models), len(models) - len(group)),
                     "message": f.message,
                 }
             )

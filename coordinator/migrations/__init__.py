@@ -1,7 +1,7 @@
 """Alembic's script directory for the coordinator's schema (``hetero.coordinator.schema``).
 
 A change to ``models`` comes with a revision in ``versions/``: the next number, its
-``down_revision`` the current head, written by hand like ``0002`` or generated from
+``down_revision`` the current head, written by hand like ``0002`` and ``0003`` or generated from
 the difference between the models and the revisions so far::
 
     from alembic import command
@@ -11,7 +11,7 @@ the difference between the models and the revisions so far::
     with connect("sqlite://").begin() as conn:
         config = alembic_config(conn)
         command.upgrade(config, "head")  # the tables the revisions so far build
-        command.revision(config, "what changed", autogenerate=True, rev_id="0003")
+        command.revision(config, "what changed", autogenerate=True, rev_id="0004")
 
 The revision also sets the ``schema_version`` row to the new ``models.SCHEMA_VERSION``
 (a coordinator older than Alembic reads that number). ``tests/integration/test_database.py``

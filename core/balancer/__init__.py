@@ -4,6 +4,7 @@ Nothing here imports grpc, torch or sqlalchemy: the trainer embeds this package
 in every training process and the coordinator runs the same code.
 """
 
+from hetero.core.balancer.allreduce import all_reduce_s
 from hetero.core.balancer.changepoint import Regime, find_regimes
 from hetero.core.balancer.decision import Decision, Policy
 from hetero.core.balancer.dynamic import Dynamic, Hybrid
@@ -60,6 +61,7 @@ __all__ = [
     "StragglerDetector",
     "StragglerEvidence",
     "SwitchCosts",
+    "all_reduce_s",
     "detect_stragglers",
     "equal_batches",
     "equal_time_plan",

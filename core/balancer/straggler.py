@@ -22,6 +22,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from hetero.core.balancer.allreduce import all_reduce_s, backend_for
 from hetero.core.balancer.model import StepModel, equal_time_plan, predict_step_s
 from hetero.core.balancer.plan import Batches, Constraints
 from hetero.core.balancer.stats import History, Interval, RankInterval
@@ -160,60 +161,81 @@ class ExclusionForecast:
     worthwhile: bool
     plan_without: Batches
     message: str
+    #: Every rank left out (``(rank,)`` for one); ``rank`` is the first.
+    excluded: tuple[int, ...] = ()
 
 
 def predict_exclusion(
     models: Sequence[StepModel],
     constraints: Constraints,
-    rank: int,
+    rank: int | Sequence[int],
     *,
     min_gain: float = 0.05,
+    kinds: Sequence[str] | None = None,
 ) -> ExclusionForecast:
-    """Whether excluding ``rank`` raises predicted throughput by more than ``min_gain``.
+    """Whether excluding ``rank`` (one, or several together) raises predicted throughput
+    by more than ``min_gain``.
 
     Both sides use the equal-time plan under ``models``; the global batch stays
-    B, so the others take the rank's share. ``constraints.comm_s`` is kept for
-    the smaller job: a ring all-reduce moves ``2(W−1)/W`` of the gradient per
-    rank, nearly the same for W and W−1. ``min_gain`` (default 5%) asks for a
-    margin worth a restart.
+    B, so the others take the rank's share. ``constraints.comm_s`` is the
+    all-reduce measured with every rank; the smaller job's comes from
+    ``allreduce.all_reduce_s`` (none for one rank, ring-scaled otherwise).
+    ``kinds`` (device kind per rank, optional) lets the message say when the
+    smaller job would change backend, where its all-reduce time is an upper
+    bound. ``min_gain`` (default 5%) asks for a margin worth a restart.
     """
     world = constraints.world_size
-    if not 0 <= rank < world:
-        raise PlanError(f"rank {rank} is not in a world of {world}")
+    out = (rank,) if isinstance(rank, int) else tuple(sorted(set(rank)))
+    for r in out:
+        if not 0 <= r < world:
+            raise PlanError(f"rank {r} is not in a world of {world}")
+    if not out:
+        raise PlanError("no rank to exclude")
+    who = f"rank {out[0]}" if len(out) == 1 else f"ranks {', '.join(map(str, out))}"
+    left = world - len(out)
     with_plan = equal_time_plan(models, constraints)
     with_tp = constraints.global_batch / predict_step_s(
         models, with_plan, comm_s=constraints.comm_s
     )
-    rest = [m for r, m in enumerate(models) if r != rank]
+    rest = [m for r, m in enumerate(models) if r not in out]
+    comm_without = all_reduce_s(constraints.comm_s, world, left)
     try:
         if not rest:
-            raise PlanError("it is the only rank")
+            raise PlanError("no rank would be left")
         caps = (
-            tuple(c for r, c in enumerate(constraints.max_batch) if r != rank)
+            tuple(c for r, c in enumerate(constraints.max_batch) if r not in out)
             if constraints.max_batch is not None
             else None
         )
         smaller = Constraints(
-            constraints.global_batch, world - 1, constraints.min_batch, caps, constraints.comm_s
+            constraints.global_batch, left, constraints.min_batch, caps, comm_without
         )
         without_plan = equal_time_plan(rest, smaller)
     except PlanError as exc:
         return ExclusionForecast(
-            rank, with_tp, 0.0, -1.0, False, (), f"rank {rank} cannot be excluded: {exc}"
+            out[0], with_tp, 0.0, -1.0, False, (), f"{who} cannot be excluded: {exc}", out
         )
-    without_tp = constraints.global_batch / predict_step_s(
-        rest, without_plan, comm_s=constraints.comm_s
-    )
+    without_tp = constraints.global_batch / predict_step_s(rest, without_plan, comm_s=comm_without)
     gain = without_tp / with_tp - 1.0
     worthwhile = gain > min_gain
     verdict = "would raise" if gain > 0 else "would lower" if gain < 0 else "would not change"
+    comm = (
+        "no all-reduce with one rank"
+        if left == 1
+        else f"all-reduce {constraints.comm_s * 1e3:.1f} -> {comm_without * 1e3:.1f} ms"
+    )
+    if kinds is not None and left > 1:
+        rest_kinds = [k for r, k in enumerate(kinds) if r not in out]
+        if backend_for(rest_kinds) != backend_for(kinds):
+            comm += f", an upper bound: the job would run on {backend_for(rest_kinds)}"
     return ExclusionForecast(
-        rank,
+        out[0],
         with_tp,
         without_tp,
         gain,
         worthwhile,
         without_plan,
-        f"excluding rank {rank} {verdict} predicted throughput by {abs(gain):.1%} "
-        f"({with_tp:.0f} -> {without_tp:.0f} samples/s)",
+        f"excluding {who} {verdict} predicted throughput by {abs(gain):.1%} "
+        f"({with_tp:.0f} -> {without_tp:.0f} samples/s; {comm})",
+        out,
     )

@@ -92,8 +92,13 @@ class Timeline:
         return next((t - self.t0 for t, st, r, step in self.seen if pred(st, r, step)), None)
 
 
+def _ckpt(tmp_path: Path) -> Path:
+    """The job's checkpoint.dir: under the cluster's folder, its allowed root."""
+    return tmp_path / "cluster" / "ckpt"
+
+
 def _spec(tmp_path: Path) -> str:
-    return JOB.format(batch=GLOBAL_BATCH, steps=STEPS, interval=INTERVAL, ckpt=tmp_path / "ckpt")
+    return JOB.format(batch=GLOBAL_BATCH, steps=STEPS, interval=INTERVAL, ckpt=_ckpt(tmp_path))
 
 
 def _cluster(tmp_path: Path) -> LocalCluster:
@@ -246,7 +251,7 @@ def _start_and_reach(cluster: LocalCluster, tmp_path: Path, step: int) -> tuple[
     _wait_for(
         cluster,
         job_id,
-        lambda j: j.last_step >= step and (tmp_path / "ckpt" / "last.pt").is_file(),
+        lambda j: j.last_step >= step and (_ckpt(tmp_path) / "last.pt").is_file(),
         120,
         f"step {step} and a checkpoint",
     )
@@ -376,7 +381,7 @@ def test_a_hung_rank_ends_by_the_collective_timeout_and_the_job_restarts(
     _wait_for(
         cluster,
         job_id,
-        lambda j: j.last_step >= 100 and (tmp_path / "ckpt" / "last.pt").is_file(),
+        lambda j: j.last_step >= 100 and (_ckpt(tmp_path) / "last.pt").is_file(),
         120,
         "step 100 and a checkpoint",
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import subprocess
 import sys
@@ -111,6 +112,78 @@ def test_serve_refuses_bad_retention_flags_in_one_line(tmp_path: Path) -> None:
         assert result.returncode == 2, (flags, result.stderr)
         assert message in _one_error_line(result)
     assert not (tmp_path / "c.db").exists(), "refused before opening the database"
+
+
+def test_a_job_file_that_is_not_utf8_or_endless_is_one_line(coordinator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 17: a non-UTF-8 file gave a 17-line traceback, ``/dev/zero`` a MemoryError
+    (now at most the 1 MiB limit + 1 byte is read)."""
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(DEMO.read_bytes() + b"# caf\xe9\n")
+    bad = _cli("submit", str(latin), "--coordinator", coordinator.address)
+    assert bad.returncode == 2
+    line = DEMO.read_bytes().count(b"\n") + 1
+    assert _one_error_line(bad).startswith(f"error: {latin}:{line}: job file is not UTF-8 text")
+    zero = _cli("submit", "/dev/zero", "--coordinator", coordinator.address)
+    assert zero.returncode == 2
+    assert _one_error_line(zero) == (
+        "error: /dev/zero: job file is longer than the limit of 1,048,576 bytes"
+    )
+    assert coordinator.stub.ListJobs(pb.ListJobsRequest(), timeout=5).jobs == []
+
+
+def test_a_database_password_is_never_printed_and_a_missing_driver_is_named(tmp_path: Path) -> None:
+    """Issue 17: ``--db`` with a password printed it; a URL whose driver is absent traced back."""
+    secret = "s3cret-pw"
+    no_driver = _cli("serve", "--db", f"postgresql+psycopg2://hetero:{secret}@db/x",
+                     "--listen", "127.0.0.1:0", "--state-dir", str(tmp_path))  # fmt: skip
+    assert no_driver.returncode == 3
+    assert _one_error_line(no_driver) == (
+        "error: database URL postgresql+psycopg2://hetero:***@db/x needs the Python driver "
+        "'psycopg2', which is not installed: pip install 'psycopg2-binary'"
+    )
+    for url in (
+        f"nosuchdb://hetero:{secret}@db/x",
+        f"postgresql:/hetero:{secret}@@db",
+        f"sqlite:///{tmp_path}/absent/dir/c.db?password={secret}",
+    ):
+        result = _cli("serve", "--db", url, "--listen", "127.0.0.1:0")
+        assert result.returncode == 3, result.stderr
+        assert secret not in _one_error_line(result) and secret not in result.stdout
+
+
+def test_hetero_top_with_a_wrong_token_exits_non_zero_with_one_line(tmp_path: Path) -> None:
+    """Issue 17: hetero-top with a token the coordinator refuses exited 0."""
+    from hetero.auth import Secret
+    from hetero.coordinator.database import open_database, session_factory
+    from hetero.coordinator.deps import Deps
+    from hetero.coordinator.server import create_server
+    from hetero.transport import ServerSecurity
+
+    engine = open_database(f"sqlite:///{tmp_path / 'c.db'}")
+    deps = Deps(sessions=session_factory(engine))
+    server, port = create_server("127.0.0.1:0", deps, ServerSecurity(token=Secret("a" * 32)))
+    server.start()
+    wrong = tmp_path / "wrong"
+    wrong.write_text("b" * 32 + "\n")
+    wrong.chmod(0o600)
+    try:
+        top = subprocess.run(
+            [sys.executable, "-c", "import sys; from hetero.tui.app import main; sys.exit(main())",
+             "--coordinator", f"127.0.0.1:{port}", "--token-file", str(wrong)],
+            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    finally:
+        deps.stopping.set()
+        server.stop(0).wait()
+        engine.dispose()
+    assert top.returncode != 0
+    # The terminal's escape sequences aside (the UI drew and left), one line: the error.
+    text = re.sub(r"\x1b(\[[0-9;?<>=$]*[A-Za-z~]|\][^\x07\x1b]*(\x07|\x1b\\)?|.)", "", top.stderr)
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert lines == [
+        "error: hetero-top: unauthenticated: the coordinator did not accept the token "
+        "(--token-file or $HETERO_TOKEN_FILE)"
+    ], top.stderr
 
 
 def test_logs_filters_by_rank_prints_json_and_follow_ends_with_the_job(coordinator) -> None:  # type: ignore[no-untyped-def]

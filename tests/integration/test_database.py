@@ -14,7 +14,20 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import BigInteger, Boolean, Engine, Float, Integer, String, Table, text
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Engine,
+    Float,
+    Integer,
+    String,
+    Table,
+    inspect,
+    select,
+    text,
+)
+from sqlalchemy import column as sa_column
+from sqlalchemy import table as sa_table
 
 from hetero.coordinator.database import (
     DatabaseError,
@@ -24,7 +37,13 @@ from hetero.coordinator.database import (
     session_factory,
 )
 from hetero.coordinator.models import SCHEMA_VERSION, Base
-from hetero.coordinator.schema import BASELINE, alembic_config, current_revision, head
+from hetero.coordinator.schema import (
+    BASELINE_SCHEMA_VERSION,
+    PRE_ALEMBIC,
+    alembic_config,
+    current_revision,
+    head,
+)
 
 #: Rows written into each table before an upgrade.
 ROWS = 3
@@ -53,9 +72,22 @@ def _value(table: Table, column: str, i: int) -> Any:
     return f"{table.name}.{column} row {i}"
 
 
+def _columns(engine: Engine) -> dict[str, list[str]]:
+    """The columns each of the models' tables has in ``engine``'s database (an older
+    schema has fewer)."""
+    found = inspect(engine)
+    return {
+        t.name: [c["name"] for c in found.get_columns(t.name)]
+        for t in Base.metadata.sorted_tables
+        if t.name != "schema_version"
+    }
+
+
 def _fill(engine: Engine) -> None:
-    """``ROWS`` rows in every table but ``schema_version``, every column set except the
-    tables' own autoincrement ids (left to the database, as the store leaves them)."""
+    """``ROWS`` rows in every table but ``schema_version``, every column the database
+    has set except the tables' own autoincrement ids (left to the database, as the
+    store leaves them)."""
+    present = _columns(engine)
     with engine.begin() as conn:
         for table in Base.metadata.sorted_tables:
             if table.name == "schema_version":
@@ -63,28 +95,36 @@ def _fill(engine: Engine) -> None:
             columns = [
                 c.name
                 for c in table.columns
-                if not (c.primary_key and c.autoincrement is True and not c.foreign_keys)
+                if c.name in present[table.name]
+                and not (c.primary_key and c.autoincrement is True and not c.foreign_keys)
             ]
             rows = [{c: _value(table, c, i) for c in columns} for i in range(ROWS)]
-            conn.execute(table.insert(), rows)
+            # Only these columns: the model's defaults would name the newer ones.
+            conn.execute(sa_table(table.name, *(sa_column(c) for c in columns)).insert(), rows)
 
 
-def _dump(engine: Engine) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of every table, ordered by primary key."""
+def _dump(engine: Engine, columns: dict[str, list[str]]) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every table, ``columns`` of each, ordered by primary key."""
     with engine.connect() as conn:
         return {
-            t.name: [tuple(r) for r in conn.execute(t.select().order_by(*t.primary_key.columns))]
+            t.name: [
+                tuple(r)
+                for r in conn.execute(
+                    select(*(t.c[c] for c in columns[t.name])).order_by(*t.primary_key.columns)
+                )
+            ]
             for t in Base.metadata.sorted_tables
             if t.name != "schema_version"
         }
 
 
-def _pre_alembic(url: str) -> Engine:
-    """A database as a schema-3 coordinator (the last before Alembic) left it: the
-    tables of revision ``BASELINE``, ``schema_version`` 3, no ``alembic_version``."""
+def _pre_alembic(url: str, version: int) -> Engine:
+    """A database as a coordinator of schema ``version`` (3 or 4, before Alembic) left
+    it: the tables of revision ``PRE_ALEMBIC[version]``, that ``schema_version``, no
+    ``alembic_version``."""
     engine = connect(url)
     with engine.begin() as conn:
-        command.upgrade(alembic_config(conn), BASELINE)
+        command.upgrade(alembic_config(conn), PRE_ALEMBIC[version])
         conn.execute(text("DROP TABLE alembic_version"))
     return engine
 
@@ -117,12 +157,16 @@ def test_replaying_every_revision_gives_the_tables_of_the_models(db_url: str) ->
         engine.dispose()
 
 
-def test_a_pre_alembic_database_is_upgraded_on_open_and_loses_no_row(db_url: str) -> None:
-    old = _pre_alembic(db_url)
+@pytest.mark.parametrize("version", sorted(PRE_ALEMBIC))
+def test_a_pre_alembic_database_is_upgraded_on_open_and_loses_no_row(
+    db_url: str, version: int
+) -> None:
+    old = _pre_alembic(db_url, version)
     try:
-        assert _schema_version(old) == [3]
+        assert _schema_version(old) == [version]
         _fill(old)
-        before = _dump(old)
+        columns = _columns(old)
+        before = _dump(old, columns)
     finally:
         old.dispose()
     assert all(len(rows) == ROWS for rows in before.values()), before
@@ -130,7 +174,24 @@ def test_a_pre_alembic_database_is_upgraded_on_open_and_loses_no_row(db_url: str
     try:
         assert current_revision(engine) == head()
         assert _schema_version(engine) == [SCHEMA_VERSION]
-        assert _dump(engine) == before
+        assert _dump(engine, columns) == before
+        added = {(t, c) for t, now in _columns(engine).items() for c in now if c not in columns[t]}
+        if version == 3:  # revision 0002's columns, with the values of a device without them
+            assert added == {
+                ("devices", "suspect"),
+                ("devices", "shared_while_profiled"),
+                ("devices", "foreign_utilization_percent"),
+            }
+            with engine.connect() as conn:
+                got = conn.execute(
+                    text(
+                        "SELECT suspect, shared_while_profiled, foreign_utilization_percent "
+                        "FROM devices"
+                    )
+                ).all()
+            assert [tuple(r) for r in got] == [("", False, None)] * ROWS
+        else:
+            assert added == set()
         with engine.connect() as conn:
             assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
         # 64-bit now on every store: an 80 GiB device, and ids past 2^31.
@@ -161,7 +222,7 @@ def test_a_database_of_an_unknown_revision_is_refused_in_one_line(db_url: str) -
 
 
 def test_a_pre_alembic_database_of_an_older_version_is_refused_in_one_line(db_url: str) -> None:
-    engine = _pre_alembic(db_url)
+    engine = _pre_alembic(db_url, BASELINE_SCHEMA_VERSION)
     with engine.begin() as conn:
         conn.execute(text("UPDATE schema_version SET version = 2"))
     engine.dispose()
@@ -197,7 +258,7 @@ def test_an_unreachable_postgresql_server_is_one_line() -> None:
 
 
 def test_hetero_coord_db_upgrade_upgrades_without_serving(db_url: str) -> None:
-    _pre_alembic(db_url).dispose()
+    _pre_alembic(db_url, BASELINE_SCHEMA_VERSION).dispose()
 
     def db(action: str) -> subprocess.CompletedProcess[str]:
         cmd = [sys.executable, "-m", "hetero.coordinator.cli", "db", action, "--db", db_url]

@@ -261,6 +261,28 @@ def test_agent_local_answers_fuzzed_requests_deliberately(coordinator, method: s
 SLOTS = [DeviceSlot(f"node{i}", f"n{i}", "127.0.0.1", 0, "cpu", "cpu", 1.0 + i) for i in range(8)]
 
 
+SMALL_SPEC = "model: debug\nglobal_batch: 8\nsteps: 4\nresources: {ranks: 1}\n"
+
+
+@pytest.mark.parametrize(
+    ("line", "lr"),
+    [("lr: 1e-3", 1e-3), ("lr: 5E-2", 5e-2), ("lr: 1.0e-3", 1e-3), ("lr: .5", 0.5), ("lr: 2", 2.0)],
+)
+def test_floats_as_yaml_1_2_writes_them_are_numbers(line: str, lr: float) -> None:
+    """Issue 17: ``lr: 1e-3`` was the string "1e-3" (YAML 1.1 wants a dot) and refused."""
+    spec = parse_jobspec(f"name: f\n{line}\n{SMALL_SPEC}", source="f.yaml")
+    assert spec.options.lr == pytest.approx(lr)
+    assert parse_jobspec(f"name: i\nseed: 12\n{SMALL_SPEC}").seed == 12  # ints stay ints
+
+
+@pytest.mark.parametrize("name", ['"evil\\n"', '"evil\\nname"', '"a\\tb"', '"ok "'])
+def test_a_name_with_a_control_character_or_trailing_space_is_refused(name: str) -> None:
+    """The whole name must match (``fullmatch``): a trailing newline is not allowed by ``$``."""
+    with pytest.raises(ConfigError, match=r"^n.yaml:1: name: must be 1-64 letters") as err:
+        parse_jobspec(f"name: {name}\n{SMALL_SPEC}", source="n.yaml")
+    assert "\n" not in str(err.value)
+
+
 @settings(max_examples=SPEC_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=job_specs())
 def test_any_spec_text_parses_or_fails_with_one_line_naming_the_source(text: str) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from hetero.bench.harness.forecast import (
     exclusion_forecasts,
     history_from_metrics,
@@ -30,17 +32,32 @@ def test_history_skips_intervals_without_compute_times() -> None:
 
 def test_each_cpu_rank_gets_the_balancers_forecast_with_the_exposed_comm_time() -> None:
     # A GPU at 0.1 ms/sample beside two CPUs at 20 ms/sample, 0.3 s wall per step (mostly
-    # the Gloo all-reduce). The balancer keeps comm_s for the smaller job, so dropping one
-    # CPU rank that holds a few samples barely moves its prediction: the report sets this
-    # beside the measured GPU-alone run, which has no all-reduce at all.
+    # the Gloo all-reduce). Without one CPU rank the ring all-reduce of 2 ranks moves
+    # (1/2)/(2/3) = 0.75 of the bytes of 3 ranks': the forecast gains by it.
     ranks = _ranks([1e-4, 2e-2, 2e-2], [500, 6, 6], 0.3)
     out = exclusion_forecasts(ranks, 512, [1, 2])
-    assert [f["rank"] for f in out] == [1, 2]
-    for f in out:
+    assert [f["ranks"] for f in out] == [[1], [2], [1, 2]]
+    for f in out[:2]:
         assert f["comm_s"] > 0.1
-        assert abs(f["gain"]) < 0.05 and not f["worthwhile"]
+        assert f["comm_s_without"] == pytest.approx(0.75 * f["comm_s"])
+        assert f["gain"] > 0.05 and f["worthwhile"]
         assert f["gain"] == f["samples_per_s_without"] / f["samples_per_s"] - 1.0
-        assert f["message"].startswith(f"excluding rank {f['rank']} would")
+        assert f["message"].startswith(f"excluding rank {f['rank']} would raise")
+    # Without both CPU ranks: one rank, no all-reduce, the GPU's own rate.
+    assert out[2]["comm_s_without"] == 0.0
+    assert out[2]["samples_per_s_without"] == pytest.approx(512 / (0.005 + 1e-4 * 512), rel=0.02)
+    assert out[2]["message"].startswith("excluding ranks 1, 2 would raise")
+
+
+def test_without_its_only_cpu_rank_the_forecast_is_the_gpu_alone() -> None:
+    # gpu-cpu-hybrid: one GPU and one CPU rank. The job without the CPU rank has one rank
+    # and no all-reduce: the forecast is the GPU's own rate, as a gpu-only run measures.
+    ranks = _ranks([1e-4, 2e-2], [500, 12], 0.3)
+    (f,) = exclusion_forecasts(ranks, 512, [1])
+    assert f["comm_s_without"] == 0.0 and "no all-reduce" in f["message"]
+    gpu_alone = 512 / (0.005 + 1e-4 * 512)  # the fitted GPU model at the whole batch
+    assert f["samples_per_s_without"] == pytest.approx(gpu_alone, rel=0.02)
+    assert f["worthwhile"]
 
 
 def test_too_little_history_gives_no_forecast() -> None:

@@ -270,9 +270,11 @@ def test_gpu_cpu_report_sets_the_planners_forecast_beside_the_gpu_alone_run(tmp_
     dyn = next(r for r in rows if r["policy"] == "dynamic")
     assert dyn["speedup_vs_gpu_only"] == pytest.approx(1 / 3)
     doc = json.loads((tmp_path / "results.json").read_text())
-    assert [f["rank"] for f in doc["exclusion_forecasts"]["dynamic"]] == [1, 2]
+    assert [f["ranks"] for f in doc["exclusion_forecasts"]["dynamic"]] == [[1], [2], [1, 2]]
     report = (tmp_path / "report.md").read_text()
     assert "dynamic, planner forecast: excluding rank 1 would" in report
+    assert "dynamic, planner forecast: excluding ranks 1, 2 would" in report
+    assert "forecast without every CPU rank against the measured GPU alone: " in report
     assert "the GPU alone ran 200% faster (3,000 vs 1,000 samples/s" in report
 
 

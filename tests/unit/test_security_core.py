@@ -139,9 +139,12 @@ def test_paths_must_be_absolute_and_under_an_allowed_root(path: str, problem: st
     assert (found is None) if problem is None else (found is not None and problem in found)
 
 
-def test_default_roots_are_the_state_dir_home_and_tmp(tmp_path: Path) -> None:
+def test_default_roots_are_the_state_dir_and_home_never_tmp(tmp_path: Path) -> None:
+    """/tmp is writable by every local user: a checkpoint planted there must not be a
+    default place a job may resume from."""
     roots = default_roots(tmp_path / "state")
-    assert roots[0] == str(tmp_path / "state") and str(Path.home()) in roots and "/tmp" in roots
+    assert roots == (str(tmp_path / "state"), str(Path.home()))
+    assert path_problem("/tmp/ckpt", roots) is not None
 
 
 BASE = """\

@@ -103,3 +103,27 @@ def test_times_that_underflow_or_batches_of_zero_are_no_evidence_not_a_crash() -
     assert ratios[0] is None and ratios[1] == pytest.approx(1.0)
     assert not consistent((8, 0.1), (0, 0.1), 0.15)
     assert not consistent((8, 5e-324), (1, 5e-324), 0.15)  # t0 * b / b0 underflows to 0
+
+
+def test_a_job_of_one_rank_is_charged_no_all_reduce() -> None:
+    # A GPU and a CPU rank with 0.3 s of exposed Gloo all-reduce per step: the GPU alone
+    # runs without any, at its own rate.
+    gpu, cpu = StepModel(1e-4, 0.005), StepModel(2e-2, 0.01)
+    forecast = predict_exclusion([gpu, cpu], Constraints(512, 2, comm_s=0.3), 1)
+    assert forecast.samples_per_s_without == pytest.approx(512 / gpu.time(512))
+    assert forecast.worthwhile and "no all-reduce with one rank" in forecast.message
+
+
+def test_the_all_reduce_of_a_smaller_ring_is_scaled_and_a_backend_change_is_named() -> None:
+    from hetero.core.balancer import all_reduce_s
+
+    assert all_reduce_s(0.3, 3, 2) == pytest.approx(0.3 * 0.75)
+    assert all_reduce_s(0.3, 4, 3) == pytest.approx(0.3 * (2 / 3) / (3 / 4))
+    assert all_reduce_s(0.3, 2, 1) == 0.0
+    models = [StepModel(1e-4, 0.005)] * 2 + [StepModel(2e-2, 0.01)]
+    forecast = predict_exclusion(
+        models, Constraints(512, 3, comm_s=0.2), 2, kinds=["cuda", "cuda", "cpu"]
+    )
+    assert "all-reduce 200.0 -> 150.0 ms, an upper bound: the job would run on nccl" in (
+        forecast.message
+    )

@@ -16,7 +16,7 @@ DEVICE_KIND_CPU: DeviceKind
 DEVICE_KIND_CUDA: DeviceKind
 
 class DeviceProfile(_message.Message):
-    __slots__ = ("index", "name", "kind", "matmul_tflops", "memory_bandwidth_bytes_per_s", "host_to_device_bytes_per_s", "device_to_host_bytes_per_s", "memory_bytes", "compute_score", "emulated_slowdown")
+    __slots__ = ("index", "name", "kind", "matmul_tflops", "memory_bandwidth_bytes_per_s", "host_to_device_bytes_per_s", "device_to_host_bytes_per_s", "memory_bytes", "compute_score", "emulated_slowdown", "suspect", "shared_while_profiled", "foreign_utilization_percent")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,9 @@ class DeviceProfile(_message.Message):
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_SCORE_FIELD_NUMBER: _ClassVar[int]
     EMULATED_SLOWDOWN_FIELD_NUMBER: _ClassVar[int]
+    SUSPECT_FIELD_NUMBER: _ClassVar[int]
+    SHARED_WHILE_PROFILED_FIELD_NUMBER: _ClassVar[int]
+    FOREIGN_UTILIZATION_PERCENT_FIELD_NUMBER: _ClassVar[int]
     index: int
     name: str
     kind: DeviceKind
@@ -37,7 +40,10 @@ class DeviceProfile(_message.Message):
     memory_bytes: int
     compute_score: float
     emulated_slowdown: float
-    def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., kind: _Optional[_Union[DeviceKind, str]] = ..., matmul_tflops: _Optional[float] = ..., memory_bandwidth_bytes_per_s: _Optional[float] = ..., host_to_device_bytes_per_s: _Optional[float] = ..., device_to_host_bytes_per_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., compute_score: _Optional[float] = ..., emulated_slowdown: _Optional[float] = ...) -> None: ...
+    suspect: _containers.RepeatedScalarFieldContainer[str]
+    shared_while_profiled: bool
+    foreign_utilization_percent: float
+    def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., kind: _Optional[_Union[DeviceKind, str]] = ..., matmul_tflops: _Optional[float] = ..., memory_bandwidth_bytes_per_s: _Optional[float] = ..., host_to_device_bytes_per_s: _Optional[float] = ..., device_to_host_bytes_per_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., compute_score: _Optional[float] = ..., emulated_slowdown: _Optional[float] = ..., suspect: _Optional[_Iterable[str]] = ..., shared_while_profiled: bool = ..., foreign_utilization_percent: _Optional[float] = ...) -> None: ...
 
 class HostProfile(_message.Message):
     __slots__ = ("cpu_model", "cpu_count", "cpu_gflops", "ram_bytes", "network_rtt_s", "network_bytes_per_s", "emulated_slowdown", "measured_in_s")

@@ -9,6 +9,10 @@ Usage: equivalence.py OUT_PATH MODE
   workers        dynamic, through a DataLoader with 2 worker processes (prefetching)
   plainbackward  scripted, but the loop calls loss.backward() itself
   syncbn         scripted, with BatchNorm converted to SyncBatchNorm (CUDA ranks)
+  bn             scripted, with BatchNorm left per rank (statistics over each rank's batch)
+
+On 3 ranks the scripted plans are (14, 7, 3), (2, 5, 17) from step 5, (1, 22, 1) from
+step 9; on 2 ranks (17, 7), (5, 19), (22, 2). TF32 is off so CUDA ranks compute in fp32.
 """
 
 from __future__ import annotations
@@ -25,6 +29,11 @@ from hetero.trainer.models.vision import DebugNet
 
 STEPS = 12
 GLOBAL_BATCH = 24
+#: The scripted plans by world size: (plan, first step).
+PLANS = {
+    3: (((14, 7, 3), 0), ((2, 5, 17), 5), ((1, 22, 1), 9)),
+    2: (((17, 7), 0), ((5, 19), 5), ((22, 2), 9)),
+}
 
 
 class ItemsOnly(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -56,11 +65,42 @@ class BNNet(nn.Module):
 
 def build(mode: str) -> nn.Module:
     torch.manual_seed(0)
-    return BNNet() if mode == "syncbn" else DebugNet(num_classes=10, image_size=8)
+    return BNNet() if mode in ("syncbn", "bn") else DebugNet(num_classes=10, image_size=8)
+
+
+def fp32_only() -> None:
+    """No TF32 on CUDA: the comparison with one process is to fp32 rounding."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
+def single_process_reference(
+    mode: str, steps: int, global_batch: int, device: str = "cpu"
+) -> dict[str, torch.Tensor]:
+    """The same training as one process over the whole global batch: what DDP must equal
+    (on CPU tensors, whatever ``device`` it ran on)."""
+    from hetero.trainer.sampler import epoch_permutation
+
+    fp32_only()
+    dev = torch.device(device)
+    model = build(mode).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    data = SyntheticImages(240, 8, 10, seed=1)
+    loss_fn = nn.CrossEntropyLoss()
+    per_epoch = len(data) // global_batch
+    for step in range(steps):
+        epoch, k = divmod(step, per_epoch)
+        idx = epoch_permutation(len(data), 5, epoch)[k * global_batch : (k + 1) * global_batch]
+        x, y = data.get_batch(idx, dev)
+        loss_fn(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()}
 
 
 def main() -> None:
     out, mode = sys.argv[1], sys.argv[2]
+    fp32_only()
     model = build(mode)
     ctx = ht.init(
         "dynamic" if mode in ("dynamic", "workers") else "equal",
@@ -88,9 +128,8 @@ def main() -> None:
         loader = ctx.loader(data, GLOBAL_BATCH, seed=5)
     if mode not in ("dynamic", "workers"):
         # Identical calls on every rank: uneven from the start, changed mid-run twice.
-        ctx.set_plan((14, 7, 3), 0)
-        ctx.set_plan((2, 5, 17), 5)
-        ctx.set_plan((1, 22, 1), 9)
+        for plan, step in PLANS[ctx.world_size]:
+            ctx.set_plan(plan, step)
     loss_fn = nn.CrossEntropyLoss()
     sizes = []
     while ctx.global_step < STEPS:
@@ -109,7 +148,7 @@ def main() -> None:
     if ctx.rank == 0:
         torch.save(
             {
-                "params": {k: v.detach().clone() for k, v in ddp.module.state_dict().items()},
+                "params": {k: v.detach().cpu() for k, v in ddp.module.state_dict().items()},
                 "plans": [p.batches for p in ctx.plans],
                 "comm": [(c.step, c.mode) for c in ctx.comm_changes],
                 "held_at_last": held_at_last,

@@ -1,11 +1,11 @@
-"""Byte counts and the ids of the growing tables are 64-bit (schema_version 4).
+"""Byte counts and the ids of the growing tables are 64-bit (schema_version 5).
 
 PostgreSQL's INTEGER is 32-bit: a GPU's memory in bytes overflows it at once, and
 the telemetry table's ids after a month of 1,000 nodes. SQLite's INTEGER is 64-bit
 already, so there only the version changes.
 
-Revision ID: 0002
-Revises: 0001
+Revision ID: 0003
+Revises: 0002
 Create Date: 2026-11-26
 """
 
@@ -14,8 +14,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0002"
-down_revision: str | Sequence[str] | None = "0001"
+revision: str = "0003"
+down_revision: str | Sequence[str] | None = "0002"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -44,9 +44,9 @@ def _widen(to: sa.types.TypeEngine[int], was: sa.types.TypeEngine[int], seq_as: 
 
 def upgrade() -> None:
     _widen(sa.BigInteger(), sa.Integer(), "BIGINT")
-    op.execute("UPDATE schema_version SET version = 4")
+    op.execute("UPDATE schema_version SET version = 5")
 
 
 def downgrade() -> None:
-    op.execute("UPDATE schema_version SET version = 3")
+    op.execute("UPDATE schema_version SET version = 4")
     _widen(sa.Integer(), sa.BigInteger(), "INTEGER")

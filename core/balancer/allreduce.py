@@ -1,0 +1,47 @@
+"""What the gradient all-reduce costs a job of another size: the exclusion forecast's
+communication model.
+
+The exposed all-reduce time is measured (``estimate_comm_s``) for the job as it
+runs, with W ranks on one backend. A forecast for the job without a rank needs it
+for W−1 ranks:
+
+- **One rank has no all-reduce.** DDP with a world of one communicates nothing,
+  whatever the backend: the time is 0. (Charging the measured all-reduce to a
+  one-rank job made a GPU + CPU job look faster *with* its CPU rank.)
+- **Same backend, W' ≥ 2 ranks:** the ring algorithms Gloo and NCCL use for large
+  gradients move ``2(W−1)/W`` of the gradient through each rank, so the
+  bandwidth-bound time scales by ``((W'−1)/W') / ((W−1)/W)``: ×0.75 from 3 ranks
+  to 2, ×0.5 from 2 ranks to... one, which the first rule covers. The latency
+  term (``2(W−1)`` small messages) is ignored: a gradient of megabytes is
+  bandwidth-bound.
+- **Another backend** (dropping the last CPU rank moves a job from Gloo to
+  NCCL): a Gloo measurement says nothing of NCCL's speed over NVLink or PCIe,
+  which is higher; the scaled Gloo time is kept as an *upper bound*, so the
+  forecast understates the gain of exclusion, never overstates it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def ring_fraction(world: int) -> float:
+    """Gradient bytes each rank sends (and receives) in a ring all-reduce, per byte of
+    gradient: ``2(W−1)/W``; 0 for one rank."""
+    return 2.0 * (world - 1) / world if world > 1 else 0.0
+
+
+def backend_for(kinds: Sequence[str]) -> str:
+    """The backend a job on devices of these kinds uses (placement's rule)."""
+    return "nccl" if kinds and all(k == "cuda" for k in kinds) else "gloo"
+
+
+def all_reduce_s(measured_s: float, measured_world: int, world: int) -> float:
+    """The exposed all-reduce seconds per step for ``world`` ranks, from ``measured_s``
+    measured with ``measured_world`` ranks on the same backend (an upper bound when the
+    smaller job would use a faster one). 0 for one rank."""
+    if world <= 1:
+        return 0.0
+    if measured_world <= 1:
+        return measured_s  # nothing was measured to scale from (a one-rank job has none)
+    return measured_s * ring_fraction(world) / ring_fraction(measured_world)

@@ -1,0 +1,103 @@
+"""Retention of rank log lines and events on a real SQLite file (issue 17 item 6): the
+store's functions write them (dated by hand), the ``IntervalPruner`` prunes them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from hetero.coordinator import store
+from hetero.coordinator.config import load_config
+from hetero.coordinator.database import open_database, session_factory
+from hetero.coordinator.models import DeviceRow, EventRow, LogLineRow
+from hetero.coordinator.placement import place
+from hetero.coordinator.pruning import IntervalPruner
+from hetero.coordinator.retention import IntervalRetention, LogRetention
+from hetero.core.errors import ConfigError
+from hetero.core.jobspec import parse_jobspec
+
+NOW = 1_700_000_000.0
+DAY = 86400.0
+SPEC = "name: chatty\nmodel: debug\nglobal_batch: 8\nsteps: 100\nresources: {ranks: 1}\n"
+
+
+@pytest.fixture
+def sessions(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
+    engine = open_database(f"sqlite:///{tmp_path / 'coordinator.db'}")
+    factory = session_factory(engine)
+    with factory.begin() as s:
+        device = DeviceRow(index=0, name="cpu0", kind="cpu", compute_score=1.0)
+        store.register_node(s, name="n1", address="n1.local", agent_endpoint="",
+                            agent_version="test", devices=[device], now=NOW - 50 * DAY)  # fmt: skip
+    try:
+        yield factory
+    finally:
+        engine.dispose()
+
+
+def _job(s: Session) -> str:
+    spec = parse_jobspec(SPEC)
+    slots = store.device_slots(s, now=NOW, timeout_s=1e9)
+    return store.create_job(s, spec, SPEC, place(spec, slots, 29500), now=NOW - 50 * DAY).id
+
+
+def _lines(s: Session, job_id: str, n: int, at: float) -> None:
+    rows = [LogLineRow(rank=0, stream="stdout", text=f"l{i}", time_unix_s=at) for i in range(n)]
+    store.append_logs(s, job_id, rows)
+
+
+def _count(sessions: sessionmaker[Session], table: type, job_id: str | None = None) -> int:
+    with sessions() as s:
+        query = select(func.count()).select_from(table)
+        if job_id is not None:
+            query = query.where(table.job_id == job_id)  # type: ignore[attr-defined]
+        return int(s.scalar(query) or 0)
+
+
+def test_old_lines_and_events_go_and_a_chatty_job_keeps_its_newest_lines(
+    sessions: sessionmaker[Session],
+) -> None:
+    policy = LogRetention(
+        logs_keep_s=7 * DAY, lines_per_job=1_000, events_keep_s=30 * DAY, batch_rows=700
+    )
+    with sessions.begin() as s:
+        quiet, chatty = _job(s), _job(s)
+        _lines(s, quiet, 300, NOW - 8 * DAY)  # older than the window
+        _lines(s, quiet, 200, NOW - 1 * DAY)
+        _lines(s, chatty, 5_000, NOW - 60)  # young, but over the job's budget
+        for age in (40 * DAY, 31 * DAY, 29 * DAY, 1.0):
+            store.add_event(s, kind="note", message=f"{age}", job_id=quiet, now=NOW - age)
+    events_before = _count(sessions, EventRow)
+    pruner = IntervalPruner(
+        sessions, IntervalRetention(), clock=lambda: NOW, max_batches=100, pause_s=0.0, logs=policy
+    )
+    removed = pruner.run_log_pass()
+    assert _count(sessions, LogLineRow, quiet) == 200
+    assert _count(sessions, LogLineRow, chatty) == 1_000
+    with sessions() as s:  # the newest lines stay, in order
+        texts = s.scalars(
+            select(LogLineRow.text).where(LogLineRow.job_id == chatty).order_by(LogLineRow.id)
+        ).all()
+    assert texts[0] == "l4000" and texts[-1] == "l4999"
+    with sessions() as s:  # events by age: those of 50, 40 and 31 days went
+        kept = s.scalars(select(EventRow.message).order_by(EventRow.id)).all()
+    assert kept == [f"{29 * DAY}", "1.0"]
+    assert removed == 300 + 4_000 + events_before - 2
+    assert pruner.run_log_pass() == 0  # caught up: a second pass finds nothing
+
+
+def test_log_retention_keys_in_coordinator_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "coordinator.yaml"
+    path.write_text("log_keep_days: 2\nlog_lines_per_job: 5000\nevent_keep_days: 10\n")
+    assert load_config(path).log_retention == LogRetention(
+        logs_keep_s=2 * DAY, lines_per_job=5_000, events_keep_s=10 * DAY
+    )
+    path.write_text("log_lines_per_job: 10\n")
+    with pytest.raises(ConfigError, match="log_lines_per_job: must be >= 1000"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="log_keep_days must be at least"):
+        LogRetention(logs_keep_s=60)
