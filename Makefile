@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.hetero-installed
 PY     ?= 3.12
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv demo demo-embedded test test-fast test-gpu chaos load lint typecheck check proto docs-tables wheelhouse pyroot clean
+.PHONY: help venv demo demo-embedded test test-fast test-postgres test-gpu chaos load lint typecheck check proto docs-tables wheelhouse pyroot clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -27,11 +27,16 @@ demo: $(STAMP)  ## coordinator + 3 agents on this machine run equal vs dynamic (
 demo-embedded: $(STAMP)  ## the same comparison with hetero-train alone (no control plane)
 	@$(BIN)/python -m hetero.trainer.demo
 
-test: $(STAMP)  ## run the whole test suite (chaos tests excepted: make chaos)
-	@$(BIN)/python -m pytest -q -m 'not chaos'
+test: $(STAMP)  ## run the whole test suite (chaos tests excepted: make chaos; PostgreSQL: make test-postgres)
+	@$(BIN)/python -m pytest -q -m 'not chaos and not postgres'
+
+# As root on Debian it installs the postgresql package when no server is there; the
+# server itself is a throwaway cluster under /tmp (tests/integration/pgserver.py).
+test-postgres: $(STAMP)  ## the store, retention, recovery and load tests on a throwaway PostgreSQL server
+	@HETERO_PG_INSTALL=1 $(BIN)/python -m pytest -q -m postgres tests/integration
 
 test-fast: $(STAMP)  ## run the tests not marked slow
-	@$(BIN)/python -m pytest -q -m 'not slow'
+	@$(BIN)/python -m pytest -q -m 'not slow and not postgres'
 
 # The GPU tier runs where hetero may not be installed (a GPU host with Python, torch,
 # grpcio, protobuf, nvidia-ml-py and pyyaml): hetero comes from the pyroot tree, the

@@ -1,6 +1,7 @@
 """``hetero-bench load``: a scale test of the control plane against one real coordinator.
 
-Starts ``hetero-coord serve`` as a subprocess on a fresh SQLite file, then
+Starts ``hetero-coord serve`` as a subprocess on a fresh SQLite file (or, with
+``--db``, an empty PostgreSQL database), then
 ``--processes`` load-generator processes (``hetero.bench.loadgen``) that play
 ``--agents`` node agents (register, then heartbeat with telemetry every
 ``--heartbeat-s`` and poll for orders when the reply says some are pending) and ``--ranks`` training ranks in jobs of
@@ -59,6 +60,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "a heartbeat whose reply says orders are pending), 'always' (after every heartbeat, as "
         "agents did before that flag) or 'never'",
     )
+    p.add_argument(
+        "--db",
+        metavar="URL",
+        help="run the coordinator on this empty PostgreSQL database, e.g. "
+        "postgresql+psycopg://hetero@localhost/load (default: a new SQLite file in --out)",
+    )
     p.add_argument("--out", type=Path, help="run directory (default: a new temporary one)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(func=load_command)
@@ -76,6 +83,7 @@ def load_command(args: argparse.Namespace) -> int:
         interval_s=args.interval_s,
         devices_per_agent=args.devices_per_agent,
         poll=args.poll,
+        db=args.db,
     )
     out = args.out or Path(tempfile.mkdtemp(prefix="hetero-load-"))
     results = run_load(config, out)

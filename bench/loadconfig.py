@@ -34,6 +34,9 @@ class LoadConfig:
     #: agent); ``always``: after every heartbeat (agents before that flag); ``never``.
     poll: str = "asked"
     seed: int = 0
+    #: The coordinator's database: an empty PostgreSQL database's URL; None = a new
+    #: SQLite file in the run directory.
+    db: str | None = None
 
     def __post_init__(self) -> None:
         if self.agents < 1 or self.processes < 1 or self.world_size < 1:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sqlite3
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hetero.bench.loadconfig import LoadConfig
+from hetero.bench.loaddb import LoadDatabase
 
 if TYPE_CHECKING:
     import psutil
@@ -49,44 +49,14 @@ def _cpu_s(proc: psutil.Process) -> float:
     return float(t.user + t.system + t.children_user + t.children_system)
 
 
-def _db_files(state: Path) -> list[Path]:
-    return [state / f"coordinator.db{suffix}" for suffix in ("", "-wal", "-shm")]
-
-
-def _rows(db: Path) -> dict[str, int]:
-    """Row counts per table, read through a separate read-only connection (WAL: no blocking)."""
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10.0)
-    try:
-        tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
-        return {t: int(con.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0]) for t in tables}
-    finally:
-        con.close()
-
-
-def sample(coord: psutil.Process, gens: list[psutil.Process], state: Path) -> Sample:
-    size = sum(p.stat().st_size for p in _db_files(state) if p.exists())
+def sample(coord: psutil.Process, gens: list[psutil.Process], db: LoadDatabase) -> Sample:
     return Sample(
         time_s=time.perf_counter(),
         coordinator_cpu_s=_cpu_s(coord),
         generators_cpu_s=sum(_cpu_s(g) for g in gens),
-        db_bytes=size,
-        rows=_rows(state / "coordinator.db"),
+        db_bytes=db.size_bytes(),
+        rows=db.rows(),
     )
-
-
-def _table_bytes(db: Path) -> dict[str, int]:
-    """Bytes per table including its indexes (SQLite's dbstat), {} if not compiled in."""
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        rows = con.execute(
-            "SELECT coalesce(m.tbl_name, d.name), sum(d.pgsize) FROM dbstat d "
-            "LEFT JOIN sqlite_master m ON m.name = d.name GROUP BY 1"
-        ).fetchall()
-    except sqlite3.OperationalError:
-        return {}
-    finally:
-        con.close()
-    return {str(name): int(size) for name, size in rows}
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
@@ -103,6 +73,7 @@ def summarize(
     last: Sample,
     cpu_series: list[float],
     register_s: float,
+    db: LoadDatabase,
 ) -> dict[str, Any]:
     from hetero.coordinator.retention import IntervalRetention
     from hetero.coordinator.store import TelemetryPolicy
@@ -150,7 +121,7 @@ def summarize(
     per_hour = 3600.0 / elapsed_s
     db_growth = (last.db_bytes - first.db_bytes) * per_hour
     row_growth = {t: (last.rows.get(t, 0) - n) * per_hour for t, n in first.rows.items()}
-    table_bytes = _table_bytes(out / "state" / "coordinator.db")
+    table_bytes = db.table_bytes()
     rows_now = last.rows
     bytes_per_row = {
         t: table_bytes[t] / rows_now[t] for t in table_bytes if rows_now.get(t) and t in rows_now
@@ -171,7 +142,7 @@ def summarize(
     intervals_bound = intervals_rows_bound * bytes_per_row.get("interval_stats", math.nan)
     cores = os.cpu_count() or 1
     return {
-        "config": asdict(config),
+        "config": {**asdict(config), "db": db.shown_url()},
         "machine": {"cpu_cores": cores, "python": sys.version.split()[0]},
         "note": "load generators and coordinator share this machine's cores",
         "register_s": register_s,
@@ -183,6 +154,7 @@ def summarize(
         "coordinator_cpu_cores_max_1s": max(cpu_series, default=math.nan),
         "generators_cpu_cores": (last.generators_cpu_s - first.generators_cpu_s) / elapsed_s,
         "database": {
+            "store": db.kind,
             "bytes_start": first.db_bytes,
             "bytes_end": last.db_bytes,
             "growth_bytes_per_h": db_growth,
@@ -234,7 +206,8 @@ def render(r: dict[str, Any]) -> str:
         f"{r['coordinator_cpu_cores_max_1s']:.2f}); load generators "
         f"{r['generators_cpu_cores']:.2f} cores; machine has {r['machine']['cpu_cores']} "
         "(shared)",
-        f"database {db['bytes_end'] / 1e6:.1f} MB (with WAL), file growing "
+        f"database ({db.get('store', 'sqlite')}) {db['bytes_end'] / 1e6:.1f} MB"
+        f"{' (with WAL)' if db.get('store', 'sqlite') == 'sqlite' else ''}, growing "
         f"{db['growth_bytes_per_h'] / 1e6:.0f} MB/h; by rows: "
         + ", ".join(
             f"{t} {v / 1e6:.0f} MB/h"

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hetero.bench.loadconfig import LoadConfig, LoadError
+from hetero.bench.loaddb import LoadDatabase
 from hetero.bench.loadreport import sample, summarize
 
 # grpc, psutil and the coordinator (sqlalchemy) are imported when a run starts:
@@ -48,15 +49,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start_coordinator(out: Path) -> tuple[subprocess.Popen[bytes], str]:
+def _start_coordinator(out: Path, db_url: str | None) -> tuple[subprocess.Popen[bytes], str]:
     import grpc
 
     address = f"127.0.0.1:{_free_port()}"
+    db = ("--db", db_url) if db_url else ()
     log = (out / "coordinator.log").open("wb")
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "hetero.coordinator.cli", "serve"),
-            *("--listen", address, "--state-dir", str(out / "state")),
+            *("--listen", address, "--state-dir", str(out / "state"), *db),
             # The simulated agents present no token: the figures are the server's own
             # paths, comparable with those measured before the default token.
             "--insecure",
@@ -159,10 +161,19 @@ def _submit_jobs(address: str, config: LoadConfig) -> list[str]:
 
 def run_load(config: LoadConfig, out: Path) -> dict[str, Any]:
     """Run the whole scale test in ``out``; return the results (also written to load.json)."""
+    out.mkdir(parents=True, exist_ok=True)
+    db = LoadDatabase(out / "state", config.db)
+    try:
+        db.check_empty()
+        return _run(config, out, db)
+    finally:
+        db.close()
+
+
+def _run(config: LoadConfig, out: Path, db: LoadDatabase) -> dict[str, Any]:
     import psutil
 
-    out.mkdir(parents=True, exist_ok=True)
-    coord, address = _start_coordinator(out)
+    coord, address = _start_coordinator(out, config.db)
     gens: list[subprocess.Popen[bytes]] = []
     try:
         gens = _spawn_workers(config, address, out)
@@ -179,13 +190,13 @@ def run_load(config: LoadConfig, out: Path) -> dict[str, Any]:
         cproc = psutil.Process(coord.pid)
         gprocs = [psutil.Process(g.pid) for g in gens]
         time.sleep(max(0.0, start - time.time()))
-        first = sample(cproc, gprocs, out / "state")
+        first = sample(cproc, gprocs, db)
         cpu_series = []
         cproc.cpu_percent()
         while time.time() < end:
             time.sleep(min(1.0, max(0.0, end - time.time())))
             cpu_series.append(cproc.cpu_percent() / 100.0)
-        last = sample(cproc, gprocs, out / "state")
+        last = sample(cproc, gprocs, db)
         for w, g in enumerate(gens):
             try:
                 g.wait(timeout=30.0 + 2 * config.duration_s)
@@ -204,6 +215,6 @@ def run_load(config: LoadConfig, out: Path) -> dict[str, Any]:
         except subprocess.TimeoutExpired:
             coord.kill()
             coord.wait()
-    results = summarize(config, out, first, last, cpu_series, register_s)
+    results = summarize(config, out, first, last, cpu_series, register_s, db)
     (out / "load.json").write_text(json.dumps(results, indent=2))
     return results

@@ -43,6 +43,7 @@ examples:
   hetero-coord drain gpu-node-3                     # no new ranks there; --undo to reverse
   hetero-coord export 3f2a9c1b7d4e --format csv --out stats.csv
   hetero-coord serve --metrics-listen 127.0.0.1:9464  # Prometheus /metrics (loopback)
+  hetero-coord db upgrade --db postgresql+psycopg://hetero@db-host/hetero
 
 The coordinator address comes from --coordinator, else $HETERO_COORDINATOR, else 127.0.0.1:7070.
 The job file format is documented in docs/jobspec.md.
@@ -155,6 +156,17 @@ def _parser() -> argparse.ArgumentParser:
         help="days after which interval statistics are deleted (default 30)",
     )
 
+    db = sub.add_parser(
+        "db",
+        help="upgrade the database to this version's schema (serve does it too), or show its revision",
+    )
+    db.add_argument("action", choices=("upgrade", "current"))
+    db.add_argument("--config", type=Path, help="YAML config whose db: and state_dir: are used")
+    db.add_argument("--state-dir", type=Path, help="state directory (its SQLite file)")
+    db.add_argument(
+        "--db", help="SQLAlchemy database URL (default: SQLite file in the state directory)"
+    )
+
     def client(name: str, help_text: str, json_flag: bool = True) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
         p.add_argument(
@@ -218,12 +230,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return _serve(args)
+        if args.command == "db":
+            return _db(args)
         return commands.run(args)
     except HeteroError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+
+
+# ---- db -----------------------------------------------------------------------------
+
+
+def _db(args: argparse.Namespace) -> int:
+    from hetero.coordinator.database import connect, open_database
+    from hetero.coordinator.dburl import masked
+    from hetero.coordinator.schema import current_revision, head
+
+    config = with_flags(load_config(args.config), state_dir=args.state_dir, db=args.db)
+    url = config.db_url
+    if config.db is None and not config.resolved_state_dir.is_dir():
+        raise HeteroError(f"no state directory {config.resolved_state_dir}: nothing to upgrade")
+    engine = open_database(url) if args.action == "upgrade" else connect(url)
+    try:
+        have = current_revision(engine)
+    finally:
+        engine.dispose()
+    shown = masked(engine.url.render_as_string(hide_password=False))
+    newest = head()
+    state = "head" if have == newest else f"this hetero's head is {newest}"
+    print(f"database {shown}: schema revision {have or 'none'} ({state})")
+    return 0
 
 
 # ---- serve --------------------------------------------------------------------------

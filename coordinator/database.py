@@ -1,42 +1,58 @@
-"""Opening the coordinator's database: URL, SQLite pragmas, schema version check.
+"""Opening the coordinator's database: URL, connection set-up, one writer at a time.
 
-SQLite (the default, one file under the state dir) runs in WAL mode so readers
-never block the writer, and every transaction of ``session_factory`` starts
-with ``BEGIN IMMEDIATE``: the gRPC server handles requests on several threads,
-and a deferred transaction that reads and then writes can fail at once with
-"database is locked" when another thread wrote in between; an immediate one
-waits (``busy_timeout``). Read-only handlers use ``read_session_factory``
-instead: a deferred ``BEGIN`` on a ``query_only`` connection, so a read never
-queues behind the write lock (under load that queue, polled by SQLite's busy
-handler in sleeps of up to 100 ms, made every read's p99 hundreds of ms), and a
-write attempted through it fails loudly instead of racing for the lock.
+SQLite (the default, one file under the state dir) and PostgreSQL are supported
+(any other SQLAlchemy URL is tried as is). The store's functions read and then
+write in one transaction, and were written for writers that run one after
+another; a coordinator is one process, so its writers queue on a lock of the
+process before their transaction starts, on every database. On PostgreSQL that
+makes each write transaction see every earlier one committed (READ COMMITTED
+would otherwise let two of them read the same row and both act on it) without
+SERIALIZABLE's retries.
+
+SQLite runs in WAL mode so readers never block the writer, and every write
+transaction starts with ``BEGIN IMMEDIATE``: the gRPC server handles requests
+on several threads, and a deferred transaction that reads and then writes can
+fail at once with "database is locked" when another thread wrote in between; an
+immediate one waits (``busy_timeout``). Read-only handlers use
+``read_session_factory`` instead: a transaction that never takes the write lock
+and cannot write (SQLite: a deferred ``BEGIN`` on a ``query_only`` connection;
+PostgreSQL: ``SET TRANSACTION READ ONLY``), so a read never queues behind the
+writers (under load that queue, polled by SQLite's busy handler in sleeps of up
+to 100 ms, made every read's p99 hundreds of ms), and a write attempted through
+it fails loudly instead of racing for the lock.
+
+The schema is Alembic's (``schema.upgrade_to_head``): a new database is created,
+an older one upgraded, on open. Every message shows the URL with its password
+masked, and a URL whose driver is not installed is one line naming the package
+(``dburl``).
 """
 
 from __future__ import annotations
 
 import threading
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, inspect, select
+from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.exc import SAWarning, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from hetero.coordinator.dburl import masked, missing_driver, scrubbed
-from hetero.coordinator.models import SCHEMA_VERSION, Base, SchemaVersion
 from hetero.core.errors import HeteroError
 
-#: How long a transaction waits for another thread's write lock, in milliseconds.
+#: How long a transaction waits for another thread's write lock (the process's, and
+#: on SQLite the file's), in milliseconds.
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 #: Execution option marking a read-only engine (see ``read_session_factory``).
 _READ_ONLY = "hetero_read_only"
 #: ``Connection.info`` key: this connection holds the process's write lock.
 _WRITER = "hetero_writer"
-#: Pooled SQLite connections: more than the server's database threads
-#: (``asyncserver.DB_THREADS``) plus the daemon's own (ingest, sweeper, pruner, metrics),
-#: so no request waits for a connection.
-SQLITE_POOL_SIZE = 40
+#: Pooled connections (SQLite file or database server): more than the server's
+#: database threads (``asyncserver.DB_THREADS``) plus the daemon's own (ingest,
+#: sweeper, pruner, metrics), so no request waits for a connection.
+POOL_SIZE = 40
 
 
 class DatabaseError(HeteroError):
@@ -51,26 +67,14 @@ def sqlite_url(state_dir: Path) -> str:
 
 
 def open_database(url: str) -> Engine:
-    """Engine for ``url``; creates the schema in an empty database, and raises
-    ``DatabaseError`` (one line) for a database of another schema version."""
+    """Engine for ``url``, its schema created or upgraded to this version's
+    (``schema.upgrade_to_head``); raises ``DatabaseError`` (one line) for a database
+    it cannot open or upgrade."""
+    from hetero.coordinator.schema import upgrade_to_head
+
+    engine = connect(url)
     try:
-        file_sqlite = url.startswith("sqlite:///") and ":memory:" not in url
-        pool = {"pool_size": SQLITE_POOL_SIZE, "max_overflow": 8} if file_sqlite else {}
-        with warnings.catch_warnings():
-            # An argument the driver would ignore (``?password=`` for SQLite) is a mistake
-            # to name in one line, not a warning to print beside it.
-            warnings.simplefilter("error", SAWarning)
-            engine = create_engine(url, **pool)
-    except ImportError as exc:  # the dialect's DB-API module is not installed
-        raise DatabaseError(missing_driver(url, exc)) from None
-    except (SQLAlchemyError, SAWarning, ValueError) as exc:
-        raise DatabaseError(
-            f"bad database URL {masked(url)!r}: {scrubbed(str(exc), url)}"
-        ) from None
-    if engine.dialect.name == "sqlite":
-        _sqlite_pragmas(engine)
-    try:
-        _check_or_create_schema(engine, url)
+        upgrade_to_head(engine)
     except SQLAlchemyError as exc:
         engine.dispose()
         first = scrubbed(str(exc).splitlines()[0], url)
@@ -81,21 +85,57 @@ def open_database(url: str) -> Engine:
     return engine
 
 
+def connect(url: str) -> Engine:
+    """Engine for ``url`` with the connection set-up and writer lock of this module,
+    its schema untouched."""
+    try:
+        parsed = make_url(url)
+        if parsed.drivername in ("postgresql", "postgres"):
+            # SQLAlchemy's default PostgreSQL driver is psycopg2; hetero's extra installs
+            # psycopg (3), so a URL that names no driver gets that one.
+            parsed = parsed.set(drivername="postgresql+psycopg")
+        in_memory = url.startswith("sqlite") and (":memory:" in url or url.endswith("://"))
+        pool: dict[str, Any] = {} if in_memory else {"pool_size": POOL_SIZE, "max_overflow": 8}
+        if parsed.get_backend_name() != "sqlite":
+            # A database server restarts, fails over or drops idle connections: a
+            # connection is checked (a round trip) before each use, so after a restart
+            # no request fails on a connection the pool still held.
+            pool["pool_pre_ping"] = True
+        with warnings.catch_warnings():
+            # An argument the driver would ignore (``?password=`` for SQLite) is a mistake
+            # to name in one line, not a warning to print beside it.
+            warnings.simplefilter("error", SAWarning)
+            engine = create_engine(parsed, **pool)
+    except ImportError as exc:  # the dialect's DB-API module is not installed
+        raise DatabaseError(missing_driver(url, exc)) from None
+    except (SQLAlchemyError, SAWarning, ValueError) as exc:
+        raise DatabaseError(
+            f"bad database URL {masked(url)!r}: {scrubbed(str(exc), url)}"
+        ) from None
+    if engine.dialect.name == "sqlite":
+        _sqlite_pragmas(engine)
+        _one_writer(engine, _sqlite_begin, _sqlite_end)
+    elif engine.dialect.name == "postgresql":
+        _one_writer(engine, _postgres_begin, _postgres_end)
+    return engine
+
+
 def session_factory(engine: Engine) -> sessionmaker[Session]:
     # Rows are turned into messages after commit; keep their loaded values.
     return sessionmaker(engine, expire_on_commit=False)
 
 
 def read_session_factory(engine: Engine) -> sessionmaker[Session]:
-    """Sessions for handlers that only read: on SQLite a deferred transaction that
-    never takes the write lock and cannot write (``PRAGMA query_only``)."""
+    """Sessions for handlers that only read: a transaction that never takes the write
+    lock and cannot write (SQLite: deferred, ``PRAGMA query_only``; PostgreSQL:
+    ``READ ONLY``)."""
     return sessionmaker(engine.execution_options(**{_READ_ONLY: True}), expire_on_commit=False)
 
 
 def _sqlite_pragmas(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
-        # Let SQLAlchemy's "begin" hook below issue BEGIN itself (pysqlite would
+        # Let SQLAlchemy's "begin" hook issue BEGIN itself (pysqlite would
         # otherwise start deferred transactions on its own).
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
@@ -109,47 +149,75 @@ def _sqlite_pragmas(engine: Engine) -> None:
         cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cursor.close()
 
-    # Writers of this process queue on a lock before BEGIN IMMEDIATE, so the next
-    # one starts the moment the last one ends. Left to SQLite, waiters poll the
-    # file lock in sleeps growing to 100 ms: under load the lock sat idle between
-    # writers, and writes (and the RPC threads waiting on them) piled up.
+
+def _sqlite_begin(connection: Any, read_only: bool) -> None:
+    # Connections are pooled and shared by both kinds of session: set query_only
+    # every time (outside a transaction, where SQLite allows it).
+    connection.exec_driver_sql(f"PRAGMA query_only={int(read_only)}")
+    connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+
+
+def _sqlite_end(connection: Any, commit: bool) -> None:
+    # pysqlite's own commit()/rollback() that follows finds no transaction and does nothing.
+    connection.connection.driver_connection.execute("COMMIT" if commit else "ROLLBACK")
+
+
+def _postgres_begin(connection: Any, read_only: bool) -> None:
+    # psycopg opens the transaction at the first statement: this one.
+    if read_only:
+        connection.exec_driver_sql("SET TRANSACTION READ ONLY")
+
+
+def _postgres_end(connection: Any, commit: bool) -> None:
+    # psycopg's commit()/rollback() that follows finds no transaction and does nothing.
+    driver = connection.connection.driver_connection
+    driver.commit() if commit else driver.rollback()
+
+
+def _one_writer(
+    engine: Engine,
+    begin: Callable[[Any, bool], None],
+    end: Callable[[Any, bool], None],
+) -> None:
+    """Writers of this process queue on a lock before their transaction begins, and
+    the next one starts the moment the last one's commit or rollback is done.
+    ``begin(connection, read_only)`` starts a transaction; ``end(connection, commit)``
+    ends a write transaction on the driver's connection, before the lock is let go.
+
+    On SQLite this also replaces its own waiting: left to SQLite, waiters poll the
+    file lock in sleeps growing to 100 ms, and under load the lock sat idle between
+    writers while writes (and the RPC threads waiting on them) piled up."""
     write_lock = threading.Lock()
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:
-        # Connections are pooled and shared by both kinds of session: set query_only
-        # every time (outside a transaction, where SQLite allows it).
         if connection.get_execution_options().get(_READ_ONLY):
-            connection.exec_driver_sql("PRAGMA query_only=1")
-            connection.exec_driver_sql("BEGIN")
+            begin(connection, True)
             return
         if not write_lock.acquire(timeout=SQLITE_BUSY_TIMEOUT_MS / 1000):
             raise DatabaseError("database is locked: another write took too long")
         try:
-            connection.exec_driver_sql("PRAGMA query_only=0")
-            connection.exec_driver_sql("BEGIN IMMEDIATE")
+            begin(connection, False)
         except BaseException:
             write_lock.release()
             raise
         connection.info[_WRITER] = True
 
-    def _end(connection: Any, statement: str) -> None:
-        # End the transaction here, then let the next writer in; pysqlite's own
-        # commit()/rollback() that follows finds no transaction and does nothing.
+    def _end(connection: Any, commit: bool) -> None:
         if not connection.info.pop(_WRITER, False):
             return
         try:
-            connection.connection.driver_connection.execute(statement)
+            end(connection, commit)
         finally:
             write_lock.release()
 
     @event.listens_for(engine, "commit")
     def _on_commit(connection: Any) -> None:
-        _end(connection, "COMMIT")
+        _end(connection, True)
 
     @event.listens_for(engine, "rollback")
     def _on_rollback(connection: Any) -> None:
-        _end(connection, "ROLLBACK")
+        _end(connection, False)
 
     def _abandoned(_dbapi_connection: Any, record: Any, *_args: Any) -> None:
         # A connection invalidated, or returned to the pool, inside a write (the pool
@@ -159,24 +227,3 @@ def _sqlite_pragmas(engine: Engine) -> None:
 
     event.listen(engine, "checkin", _abandoned)
     event.listen(engine, "invalidate", _abandoned)
-
-
-def _check_or_create_schema(engine: Engine, url: str) -> None:
-    tables = set(inspect(engine).get_table_names())
-    if not tables:
-        Base.metadata.create_all(engine)
-        with Session(engine) as session, session.begin():
-            session.add(SchemaVersion(version=SCHEMA_VERSION))
-        return
-    if SchemaVersion.__tablename__ not in tables:
-        raise DatabaseError(
-            f"database {masked(url)} is not a hetero coordinator database (no schema_version table)"
-        )
-    with Session(engine) as session:
-        found = session.scalars(select(SchemaVersion.version)).all()
-    if list(found) != [SCHEMA_VERSION]:
-        have = ", ".join(str(v) for v in found) or "none"
-        raise DatabaseError(
-            f"database {masked(url)} has schema version {have}, this coordinator needs "
-            f"{SCHEMA_VERSION}: use a matching hetero version or a new --state-dir/--db"
-        )

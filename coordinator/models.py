@@ -2,19 +2,38 @@
 
 Times are Unix seconds (``*_unix_s``, wall clock: they are timestamps, not
 durations). Nullable telemetry columns mean "not available on this device".
-Bump ``SCHEMA_VERSION`` with any change to these tables: a coordinator refuses
-to open a database written with another version instead of misreading it.
+Any change to these tables comes with an Alembic revision under ``migrations/``
+(``schema`` applies them on open) that also bumps ``SCHEMA_VERSION``.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    false,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 #: 2: nodes.draining, jobs.total_steps; interval_stats phase times, loss and samples.
 #: 3: nodes.down; jobs.max_restarts, attempt_first_plan, restarting_since_unix_s (recovery).
-#: 4: devices.suspect, shared_while_profiled, foreign_utilization_percent.
-SCHEMA_VERSION = 4
+#: 4: devices.suspect, shared_while_profiled, foreign_utilization_percent (the last
+#: version before Alembic; revision 0002 adds them to a database of 3).
+#: 5: byte counts and the ids of the growing tables are 64-bit on PostgreSQL (revision
+#: 0003). From 3 on, ``migrations/`` holds every change and ``schema`` applies it.
+SCHEMA_VERSION = 5
+
+#: A 64-bit integer: PostgreSQL's INTEGER is 32-bit, and a GPU's memory in bytes (or
+#: the telemetry table's ids after a month of 1,000 nodes) overflows it. SQLite's
+#: INTEGER is 64-bit already, and only ``INTEGER PRIMARY KEY`` is its rowid.
+Int64 = BigInteger().with_variant(Integer(), "sqlite")
 
 
 class Base(DeclarativeBase):
@@ -61,13 +80,17 @@ class DeviceRow(Base):
     memory_bandwidth_bytes_per_s: Mapped[float | None] = mapped_column(Float)
     host_to_device_bytes_per_s: Mapped[float | None] = mapped_column(Float)
     device_to_host_bytes_per_s: Mapped[float | None] = mapped_column(Float)
-    memory_bytes: Mapped[int | None] = mapped_column(Integer)
+    memory_bytes: Mapped[int | None] = mapped_column(Int64)
     compute_score: Mapped[float] = mapped_column(Float)
     emulated_slowdown: Mapped[float] = mapped_column(Float, default=1.0)
     #: Comma-separated profile fields that exceeded the device's limits; "" = none.
-    suspect: Mapped[str] = mapped_column(String(255), default="")
+    #: (The server defaults of the two are those revision 0002 gives the rows it adds
+    #: them to, so a new database has the same columns as an upgraded one.)
+    suspect: Mapped[str] = mapped_column(String(255), default="", server_default="")
     #: Other processes used the device while its agent profiled it.
-    shared_while_profiled: Mapped[bool] = mapped_column(Boolean, default=False)
+    shared_while_profiled: Mapped[bool] = mapped_column(
+        Boolean, default=False, server_default=false()
+    )
     #: Sustained use by other processes, percent; ``compute_score`` already reflects it.
     foreign_utilization_percent: Mapped[float | None] = mapped_column(Float)
     node: Mapped[NodeRow] = relationship(back_populates="devices")
@@ -79,22 +102,22 @@ class TelemetryRow(Base):
 
     __tablename__ = "telemetry"
     __table_args__ = (Index("ix_telemetry_node_bucket", "node_id", "bucket"),)
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(Int64, primary_key=True, autoincrement=True)
     node_id: Mapped[str] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
     device_index: Mapped[int | None] = mapped_column(Integer)
     bucket: Mapped[int] = mapped_column(Integer)
     time_unix_s: Mapped[float] = mapped_column(Float)
     utilization_percent: Mapped[float | None] = mapped_column(Float)
-    memory_used_bytes: Mapped[int | None] = mapped_column(Integer)
-    memory_total_bytes: Mapped[int | None] = mapped_column(Integer)
+    memory_used_bytes: Mapped[int | None] = mapped_column(Int64)
+    memory_total_bytes: Mapped[int | None] = mapped_column(Int64)
     temperature_c: Mapped[float | None] = mapped_column(Float)
     power_w: Mapped[float | None] = mapped_column(Float)
     sm_clock_mhz: Mapped[float | None] = mapped_column(Float)
     #: Comma-separated reason names; "" = not throttled; NULL = n/a.
     throttle_reasons: Mapped[str | None] = mapped_column(String(255))
     cpu_percent: Mapped[float | None] = mapped_column(Float)
-    ram_used_bytes: Mapped[int | None] = mapped_column(Integer)
-    ram_total_bytes: Mapped[int | None] = mapped_column(Integer)
+    ram_used_bytes: Mapped[int | None] = mapped_column(Int64)
+    ram_total_bytes: Mapped[int | None] = mapped_column(Int64)
 
 
 class JobRow(Base):
@@ -168,7 +191,7 @@ class IntervalStatRow(Base):
 
     __tablename__ = "interval_stats"
     __table_args__ = (Index("ix_interval_stats_job_step", "job_id", "end_step"),)
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(Int64, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     end_step: Mapped[int] = mapped_column(Integer)
     plan_version: Mapped[int] = mapped_column(Integer)
@@ -177,7 +200,7 @@ class IntervalStatRow(Base):
     steps: Mapped[int] = mapped_column(Integer)
     compute_s: Mapped[float] = mapped_column(Float)
     step_s: Mapped[float] = mapped_column(Float)
-    peak_memory_bytes: Mapped[int | None] = mapped_column(Integer)
+    peak_memory_bytes: Mapped[int | None] = mapped_column(Int64)
     data_s: Mapped[float | None] = mapped_column(Float)
     comm_wait_s: Mapped[float | None] = mapped_column(Float)
     forward_s: Mapped[float | None] = mapped_column(Float)
@@ -190,7 +213,7 @@ class IntervalStatRow(Base):
 
 class EventRow(Base):
     __tablename__ = "events"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(Int64, primary_key=True, autoincrement=True)
     time_unix_s: Mapped[float] = mapped_column(Float)
     job_id: Mapped[str | None] = mapped_column(String(32), index=True)
     node_id: Mapped[str | None] = mapped_column(String(32))
@@ -203,7 +226,7 @@ class LogLineRow(Base):
 
     __tablename__ = "log_lines"
     __table_args__ = (Index("ix_log_lines_job_id", "job_id", "id"),)
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(Int64, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     rank: Mapped[int] = mapped_column(Integer)
     stream: Mapped[str] = mapped_column(String(8))

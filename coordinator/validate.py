@@ -14,8 +14,11 @@ from hetero.core.errors import ConfigError
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
 
-#: Longest node name, address or endpoint, in characters.
+#: Longest node name, address, endpoint or device name, in characters.
 MAX_NAME_CHARS = 255
+#: Longest agent version, in characters. Both are the columns' lengths, which
+#: PostgreSQL enforces (SQLite stores any length).
+MAX_VERSION_CHARS = 64
 #: Devices one node may register.
 MAX_DEVICES = 1024
 MAX_EMULATED_SLOWDOWN = 100.0
@@ -37,9 +40,10 @@ def register_node(req: pb.RegisterNodeRequest) -> None:
     """A registration the store and placement can take as it is."""
     for field in ("name", "address", "agent_endpoint", "agent_version"):
         value = getattr(req, field)
-        if len(value) > MAX_NAME_CHARS or any(c in value for c in "\x00\n\r"):
+        most = MAX_VERSION_CHARS if field == "agent_version" else MAX_NAME_CHARS
+        if len(value) > most or any(c in value for c in "\x00\n\r"):
             raise ConfigError(
-                f"RegisterNode: {field} must be one line of at most {MAX_NAME_CHARS} characters"
+                f"RegisterNode: {field} must be one line of at most {most} characters"
             )
     if len(req.devices) > MAX_DEVICES:
         raise ConfigError(f"RegisterNode: {len(req.devices)} devices, limit {MAX_DEVICES}")
@@ -47,6 +51,8 @@ def register_node(req: pb.RegisterNodeRequest) -> None:
         where = f"node {req.name} device {d.index}"
         if d.index < 0:
             raise ConfigError(f"{where}: index must be >= 0")
+        if len(d.name) > MAX_NAME_CHARS:
+            raise ConfigError(f"{where}: name must be at most {MAX_NAME_CHARS} characters")
         if d.kind not in tpb.DeviceKind.values():
             raise ConfigError(f"{where}: kind: unknown value {d.kind}")
         for field in _OPTIONAL_RATES:

@@ -91,6 +91,11 @@ _DEVICE_FIELDS = (
 _HOST_FIELDS = ("cpu_percent", "ram_used_bytes", "ram_total_bytes")
 
 
+#: Longest stored list of throttle reasons, in characters (the column's length, which
+#: PostgreSQL enforces).
+MAX_THROTTLE_CHARS = 255
+
+
 def telemetry_values(req: pb.HeartbeatRequest) -> tuple[dict[str, object], ...]:
     """A heartbeat's samples as ``TelemetryRow`` column values (``device_index`` None =
     host): plain dicts, since the ingest writes them in bulk (an ORM object per
@@ -105,7 +110,8 @@ def telemetry_values(req: pb.HeartbeatRequest) -> tuple[dict[str, object], ...]:
         row: dict[str, object] = {"device_index": d.device_index}
         for field in _DEVICE_FIELDS:
             row[field] = _opt(d, field)
-        row["throttle_reasons"] = ",".join(d.throttle.reasons) if d.HasField("throttle") else None
+        reasons = ",".join(d.throttle.reasons)[:MAX_THROTTLE_CHARS]
+        row["throttle_reasons"] = reasons if d.HasField("throttle") else None
         rows.append(row)
     return tuple(rows)
 
@@ -370,6 +376,8 @@ def interval_rows(report: tpb.IntervalReport) -> list[dict[str, Any]]:
 
 #: Longest stored log line, in characters (the agent cuts lines there too).
 MAX_LOG_LINE_CHARS = 4096
+#: Longest stored stream name (the column's length, which PostgreSQL enforces).
+MAX_STREAM_CHARS = 8
 
 
 def log_rows(req: pb.AppendJobLogsRequest, now: float) -> list[LogLineRow]:
@@ -377,7 +385,7 @@ def log_rows(req: pb.AppendJobLogsRequest, now: float) -> list[LogLineRow]:
     return [
         LogLineRow(
             rank=line.rank,
-            stream=line.stream[:16] or "stdout",
+            stream=line.stream[:MAX_STREAM_CHARS] or "stdout",
             text=line.text[:MAX_LOG_LINE_CHARS],
             time_unix_s=line.time_unix_s if _positive(line.time_unix_s) else now,
         )

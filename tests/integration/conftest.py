@@ -1,4 +1,8 @@
-"""A real coordinator: gRPC server on port 0, SQLite file under tmp_path, real clients."""
+"""A real coordinator: gRPC server on port 0, SQLite file under tmp_path, real clients.
+
+The store is SQLite unless a module overrides ``db_url`` with ``both_stores_url``:
+then its tests run once on SQLite and once, marked ``postgres``, on a database of
+a throwaway PostgreSQL server (``pgserver``) started once per session."""
 
 from __future__ import annotations
 
@@ -17,7 +21,40 @@ from hetero.v1 import coordinator_pb2_grpc
 
 # simcluster.py sits beside this file; --import-mode=importlib does not put it on sys.path.
 sys.path.insert(0, str(Path(__file__).parent))
+from pgserver import PgServer, Unavailable
 from simcluster import SimCluster
+from sqlalchemy import Engine
+
+#: The stores a ``both_stores_url`` test runs on.
+STORES = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    """One PostgreSQL server for the session; skips (one line) where none can run."""
+    try:
+        server = PgServer()
+    except Unavailable as exc:
+        pytest.skip(f"PostgreSQL unavailable: {exc}")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def db_url(tmp_path: Path) -> str:
+    """The coordinator's database: a SQLite file under ``tmp_path``."""
+    return f"sqlite:///{tmp_path / 'coordinator.db'}"
+
+
+@pytest.fixture(params=STORES)
+def both_stores_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh database on each store: a SQLite file, then a PostgreSQL database."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'coordinator.db'}"
+    server: PgServer = request.getfixturevalue("pg_server")
+    return server.new_database()
 
 
 class Clock:
@@ -33,7 +70,9 @@ class Clock:
 @dataclass
 class Coordinator:
     address: str
-    db_path: Path
+    #: The SQLite file; None on PostgreSQL (read ``engine`` instead).
+    db_path: Path | None
+    engine: Engine
     stub: coordinator_pb2_grpc.CoordinatorStub
     channel: grpc.Channel
     clock: Clock
@@ -41,9 +80,9 @@ class Coordinator:
 
 
 @pytest.fixture
-def coordinator(tmp_path: Path) -> Iterator[Coordinator]:
-    db_path = tmp_path / "coordinator.db"
-    engine = open_database(f"sqlite:///{db_path}")
+def coordinator(db_url: str) -> Iterator[Coordinator]:
+    engine = open_database(db_url)
+    db_path = Path(engine.url.database or "") if engine.dialect.name == "sqlite" else None
     clock = Clock()
     deps = Deps(sessions=session_factory(engine), clock=clock, heartbeat_timeout_s=10.0)
     server, port = create_server("127.0.0.1:0", deps)
@@ -52,7 +91,13 @@ def coordinator(tmp_path: Path) -> Iterator[Coordinator]:
     channel = grpc.insecure_channel(address)
     try:
         yield Coordinator(
-            address, db_path, coordinator_pb2_grpc.CoordinatorStub(channel), channel, clock, deps
+            address,
+            db_path,
+            engine,
+            coordinator_pb2_grpc.CoordinatorStub(channel),
+            channel,
+            clock,
+            deps,
         )
     finally:
         channel.close()

@@ -81,17 +81,17 @@ def test_unknown_ids_and_unreachable_coordinators_are_one_line_errors(coordinato
     assert result.returncode == 2 and "invalid choice" in _one_error_line(result)
 
 
-def test_serve_refuses_a_database_of_another_schema_version(tmp_path: Path) -> None:
+def test_serve_refuses_a_database_of_a_newer_schema(tmp_path: Path) -> None:
     from hetero.coordinator.database import open_database
 
-    db = tmp_path / "old.db"
+    db = tmp_path / "new.db"
     open_database(f"sqlite:///{db}").dispose()
     with sqlite3.connect(db) as conn:
-        conn.execute("UPDATE schema_version SET version = 999")
+        conn.execute("UPDATE alembic_version SET version_num = '0999'")
     state = ("--state-dir", str(tmp_path / "state"))
     result = _cli("serve", "--db", f"sqlite:///{db}", "--listen", "127.0.0.1:0", *state)
     assert result.returncode == 3
-    assert "has schema version 999, this coordinator needs" in _one_error_line(result)
+    assert "schema revision 0999, which this coordinator" in _one_error_line(result)
 
 
 def test_serve_refuses_bad_retention_flags_in_one_line(tmp_path: Path) -> None:

@@ -1,11 +1,10 @@
 """The coordinator's high-rate paths, as ``hetero-coord serve`` wires them, over real gRPC
-and SQLite: batched heartbeats, cached polls and plans, read-only sessions, queued
+and SQLite, then PostgreSQL: batched heartbeats, cached polls and plans, read-only sessions, queued
 writers; and ``hetero-bench load`` end to end at a CI size."""
 
 from __future__ import annotations
 
 import json
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -16,8 +15,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from sqlalchemy import text
-from sqlalchemy.exc import OperationalError
+from sqlalchemy import create_engine, text
+from sqlalchemy.exc import DBAPIError
 
 from hetero.bench.loadgen import device_profiles, heartbeat_request
 from hetero.coordinator import store
@@ -64,10 +63,10 @@ class Served:
 
 
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[Served]:
+def served(both_stores_url: str) -> Iterator[Served]:
     """The production wiring of ``server.serve`` with a hand-moved clock; the ingest's
     flusher is not started, so each test flushes when it wants the writes."""
-    engine = open_database(f"sqlite:///{tmp_path / 'coordinator.db'}")
+    engine = open_database(both_stores_url)
     sessions, readers = session_factory(engine), read_session_factory(engine)
     policy = TelemetryPolicy(period_s=10.0, retention_s=60.0)
     ingest = HeartbeatIngest(sessions, readers, policy)
@@ -324,14 +323,16 @@ def test_a_plan_stored_outside_a_report_is_served_once_the_caches_are_dropped(
 
 
 def test_read_sessions_cannot_write_and_writers_from_many_threads_all_commit(
-    tmp_path: Path,
+    both_stores_url: str,
 ) -> None:
-    engine = open_database(f"sqlite:///{tmp_path / 'c.db'}")
+    engine = open_database(both_stores_url)
     sessions, readers = session_factory(engine), read_session_factory(engine)
     with sessions.begin() as s:
         s.execute(text("CREATE TABLE counter (n INTEGER)"))
         s.execute(text("INSERT INTO counter VALUES (0)"))
-    with readers() as s, pytest.raises(OperationalError, match="readonly"):
+    # SQLite: "attempt to write a readonly database"; PostgreSQL: "cannot execute UPDATE
+    # in a read-only transaction".
+    with readers() as s, pytest.raises(DBAPIError, match=r"read-?only"):
         s.execute(text("UPDATE counter SET n = n + 1"))
     # A write that fails rolls back and lets the next writer in (no lock left held).
     with pytest.raises(ZeroDivisionError), sessions.begin() as s:
@@ -366,12 +367,18 @@ def test_read_sessions_cannot_write_and_writers_from_many_threads_all_commit(
 
 
 @pytest.mark.slow
-def test_hetero_bench_load_runs_a_small_cluster_without_errors(tmp_path: Path) -> None:
+def test_hetero_bench_load_runs_a_small_cluster_without_errors(
+    tmp_path: Path, both_stores_url: str
+) -> None:
     out = tmp_path / "load"
+    on_sqlite = both_stores_url.startswith("sqlite")
+    # On SQLite the run makes its own file under --out; on PostgreSQL it gets an empty database.
+    db = () if on_sqlite else ("--db", both_stores_url)
     done = subprocess.run(
         [
             *(sys.executable, "-m", "hetero.bench.cli", "load", "--agents", "50", "--ranks", "16"),
             *("--processes", "2", "--duration", "4", "--warmup", "1", "--out", str(out), "--json"),
+            *db,
         ],
         capture_output=True,
         text=True,
@@ -385,14 +392,35 @@ def test_hetero_bench_load_runs_a_small_cluster_without_errors(tmp_path: Path) -
         assert result["methods"][method]["calls"] > 0, method
     # The ranks were started before the window: no heartbeat asked for a poll.
     assert result["methods"]["PollAssignments"]["calls"] == 0
-    rows = result["database"]["rows_end"]
+    database = result["database"]
+    assert database["store"] == ("sqlite" if on_sqlite else "postgresql")
+    rows = database["rows_end"]
     assert rows["nodes"] == 50
     assert rows["interval_stats"] > 0
+    assert database["table_bytes"]["interval_stats"] > 0
     # Telemetry is written as buckets close, and all of it at the coordinator's stop.
-    db = sqlite3.connect(out / "state" / "coordinator.db")
-    (nodes,) = db.execute("SELECT count(DISTINCT node_id) FROM telemetry").fetchone()
+    url = f"sqlite:///{out / 'state' / 'coordinator.db'}" if on_sqlite else both_stores_url
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            nodes = conn.scalar(text("SELECT count(DISTINCT node_id) FROM telemetry"))
+    finally:
+        engine.dispose()
     assert nodes == 50
     assert result["coordinator_cpu_cores"] > 0
+    # A database that already holds tables is refused: its figures would not be the run's.
+    if not on_sqlite:
+        again = subprocess.run(
+            [
+                *(sys.executable, "-m", "hetero.bench.cli", "load", "--agents", "2"),
+                *("--ranks", "0", "--out", str(tmp_path / "again"), *db),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert again.returncode != 0
+        assert "must be an empty database, it has tables" in again.stderr
 
 
 def test_the_sweeper_flushes_parked_heartbeats_first_and_drops_the_caches_on_a_change(

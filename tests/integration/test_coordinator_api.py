@@ -1,4 +1,5 @@
-"""The Coordinator over real gRPC and a real SQLite file: nodes, jobs, plans, errors."""
+"""The Coordinator over real gRPC and a real SQLite file, then PostgreSQL: nodes, jobs,
+plans, errors."""
 
 from __future__ import annotations
 
@@ -7,6 +8,12 @@ import pytest
 
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
+
+
+@pytest.fixture
+def db_url(both_stores_url: str) -> str:
+    return both_stores_url
+
 
 DEMO = """\
 name: demo
@@ -303,3 +310,35 @@ def test_health_reflection_and_watch_stream(coordinator) -> None:  # type: ignor
     first = next(stream)
     assert [n.name for n in first.nodes] == ["n1"]
     stream.cancel()
+
+
+def test_text_longer_than_its_column_is_refused_or_cut_on_every_store(coordinator) -> None:  # type: ignore[no-untyped-def]
+    """PostgreSQL enforces a VARCHAR's length (SQLite stores any): what a client sends
+    is checked or cut to the column before it is written, never an INTERNAL error."""
+    s = coordinator.stub
+    long_device = tpb.DeviceProfile(index=0, name="d" * 256, kind=tpb.DEVICE_KIND_CPU)
+    for req in (
+        pb.RegisterNodeRequest(name="n1", address="a", devices=[long_device]),
+        pb.RegisterNodeRequest(name="n1", address="a", agent_version="v" * 65),
+    ):
+        assert _code(lambda r=req: s.RegisterNode(r, timeout=DEADLINE_S)) == (
+            grpc.StatusCode.INVALID_ARGUMENT
+        )
+    node_id = _register(coordinator, "n1")
+    reasons = [f"reason_number_{i}" for i in range(40)]  # 40 x 16 characters and commas
+    s.Heartbeat(
+        pb.HeartbeatRequest(
+            node_id=node_id,
+            devices=[
+                tpb.DeviceTelemetry(device_index=0, throttle=tpb.ThrottleReasons(reasons=reasons))
+            ],
+        ),
+        timeout=DEADLINE_S,
+    )
+    (node,) = s.ListNodes(pb.ListNodesRequest(), timeout=DEADLINE_S).nodes
+    assert list(node.telemetry[0].throttle.reasons[:3]) == reasons[:3]
+    job_id = s.SubmitJob(pb.SubmitJobRequest(spec_yaml=DEMO), timeout=DEADLINE_S).job_id
+    line = pb.LogLine(rank=0, stream="stderr-and-more", text="x")
+    s.AppendJobLogs(pb.AppendJobLogsRequest(job_id=job_id, lines=[line]), timeout=DEADLINE_S)
+    (got,) = s.GetJobLogs(pb.GetJobLogsRequest(job_id=job_id), timeout=DEADLINE_S).lines
+    assert got.stream == "stderr-a"

@@ -1,4 +1,5 @@
-"""Recovery through the real Coordinator API (gRPC on port 0, SQLite under tmp_path).
+"""Recovery through the real Coordinator API (gRPC on port 0, SQLite under tmp_path,
+then PostgreSQL).
 
 The test plays the agents' part with the same RPCs they use, and moves the
 clock by hand, so detection and restart are pinned without waiting: a silent
@@ -9,14 +10,19 @@ attempts' news changes nothing, and exhausted restarts fail the job.
 
 from __future__ import annotations
 
-import sqlite3
+from types import SimpleNamespace
 
 import grpc
 import pytest
+from sqlalchemy import text
 
 from hetero.coordinator import recovery
+from hetero.coordinator.database import open_database, session_factory
+from hetero.coordinator.server import create_server
+from hetero.coordinator.service import Deps
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
+from hetero.v1.coordinator_pb2_grpc import CoordinatorStub
 
 DEADLINE_S = 5.0
 JOB = """\
@@ -29,6 +35,11 @@ max_restarts: {restarts}
 checkpoint: {{dir: /tmp/ckpt, interval_steps: 10}}
 resources: {{ranks: 2, device: {device}}}
 """
+
+
+@pytest.fixture
+def db_url(both_stores_url: str) -> str:
+    return both_stores_url
 
 
 def _register(c, name: str, kind: int = tpb.DEVICE_KIND_CPU) -> str:  # type: ignore[no-untyped-def]
@@ -65,9 +76,11 @@ def _sweep(c) -> None:  # type: ignore[no-untyped-def]
 
 
 def _events(c, kind: str) -> list[str]:  # type: ignore[no-untyped-def]
-    db = sqlite3.connect(c.db_path)
-    rows = db.execute("SELECT message FROM events WHERE kind = ? ORDER BY id", (kind,))
-    return [m for (m,) in rows.fetchall()]
+    with c.engine.connect() as db:
+        rows = db.execute(
+            text("SELECT message FROM events WHERE kind = :kind ORDER BY id"), {"kind": kind}
+        )
+        return [m for (m,) in rows.all()]
 
 
 def _start(c, job_id: str, nodes: dict[str, str], attempt: int = 0) -> dict[int, str]:  # type: ignore[no-untyped-def]
@@ -204,9 +217,9 @@ def test_buffered_telemetry_lands_in_the_bucket_it_was_sampled_in(coordinator) -
         node_id=node_id, host=tpb.HostTelemetry(cpu_percent=7.0), sampled_at_unix_s=sampled
     )
     coordinator.stub.Heartbeat(late, timeout=DEADLINE_S)
-    db = sqlite3.connect(coordinator.db_path)
-    rows = db.execute("SELECT time_unix_s, cpu_percent FROM telemetry").fetchall()
-    assert rows == [(sampled, 7.0)]
+    with coordinator.engine.connect() as db:
+        rows = db.execute(text("SELECT time_unix_s, cpu_percent FROM telemetry")).all()
+    assert [tuple(r) for r in rows] == [(sampled, 7.0)]
 
 
 def test_a_report_of_an_earlier_attempt_is_kept_but_never_replans(coordinator) -> None:  # type: ignore[no-untyped-def]
@@ -226,3 +239,49 @@ def test_a_report_of_an_earlier_attempt_is_kept_but_never_replans(coordinator) -
     with pytest.raises(grpc.RpcError):
         bad = tpb.IntervalReport(job_id=job_id, end_step=20, plan_version=1, ranks=stats[:1])
         coordinator.stub.ReportIntervalStats(bad, timeout=DEADLINE_S)
+
+
+def test_a_coordinator_restarted_on_its_database_carries_on_where_it_stopped(  # type: ignore[no-untyped-def]
+    coordinator, db_url: str
+) -> None:
+    """A second coordinator process on the same database (SQLite file or PostgreSQL
+    database), started 100 s later: it finds the nodes and the running job, gives
+    the agents their timeout before marking anything down, and restarts the job
+    from where the first one left it."""
+    nodes = {"a": _register(coordinator, "node-a"), "b": _register(coordinator, "node-b")}
+    job_id = _submit(coordinator, restarts=1)
+    where = _start(coordinator, job_id, nodes)
+    before = _job(coordinator, job_id)
+    coordinator.deps.stopping.set()
+
+    clock = type(coordinator.clock)(coordinator.clock.now + 100.0)
+    engine = open_database(db_url)
+    deps = Deps(sessions=session_factory(engine), clock=clock, heartbeat_timeout_s=10.0)
+    server, port = create_server("127.0.0.1:0", deps)
+    server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        again = SimpleNamespace(
+            stub=CoordinatorStub(channel), engine=engine, clock=clock, deps=deps
+        )
+        job = _job(again, job_id)
+        assert job.state == pb.JOB_STATE_RUNNING
+        assert (job.plan.version, list(job.plan.batches)) == (
+            before.plan.version,
+            list(before.plan.batches),
+        )
+        _sweep(again)
+        assert _events(again, "node_down") == [], "agents get the timeout to come back"
+        for node_id in nodes.values():
+            _beat(again, node_id)
+        resp = _report(again, where[1], job_id, 1, pb.RANK_STATE_EXITED, 1)
+        assert resp.job_state == pb.JOB_STATE_RESTARTING
+        _report(again, where[0], job_id, 0, pb.RANK_STATE_EXITED, 1)
+        orders = [o for n in nodes.values() for o in _poll(again, n).launches]
+        assert sorted(o.rank for o in orders) == [0, 1]
+        assert all(o.attempt == 1 and o.args.resume for o in orders)
+    finally:
+        channel.close()
+        deps.stopping.set()
+        server.stop(0).wait()
+        engine.dispose()

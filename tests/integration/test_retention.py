@@ -1,4 +1,4 @@
-"""Retention of interval statistics on a real SQLite file: the store's own functions
+"""Retention of interval statistics on a real SQLite file, then PostgreSQL: the store's own functions
 write jobs and interval reports (dated by hand), ``pruning.prune_batch`` and the
 ``IntervalPruner`` prune them."""
 
@@ -38,8 +38,8 @@ resources: {{ranks: {ranks}, device: cpu}}
 
 
 @pytest.fixture
-def sessions(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
-    engine = open_database(f"sqlite:///{tmp_path / 'coordinator.db'}")
+def sessions(both_stores_url: str) -> Iterator[sessionmaker[Session]]:
+    engine = open_database(both_stores_url)
     factory = session_factory(engine)
     with factory.begin() as s:
         devices = [
