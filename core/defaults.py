@@ -23,7 +23,11 @@ LOG_FORMATS = ("text", "json")
 
 
 def default_state_dir() -> Path:
-    """``/var/lib/hetero`` for root, ``~/.local/state/hetero`` (XDG) otherwise."""
+    """``$HETERO_STATE_DIR`` if set, else ``/var/lib/hetero`` for root and
+    ``~/.local/state/hetero`` (XDG) otherwise."""
+    chosen = os.environ.get("HETERO_STATE_DIR")
+    if chosen:
+        return Path(chosen)
     if os.geteuid() == 0:
         return Path("/var/lib/hetero")
     xdg = os.environ.get("XDG_STATE_HOME")

@@ -14,6 +14,22 @@ from hetero.trainer.launch import launch_local
 WORKERS = Path(__file__).parent / "integration" / "workers"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _own_default_state_dir(tmp_path_factory: pytest.TempPathFactory):
+    """Every daemon and client the tests start, in-process or as a subprocess, uses a
+    default state directory of the test run's own, never the machine's (as root,
+    /var/lib/hetero): a token a coordinator generated there would be found by later
+    clients and change what they are told."""
+    state = tmp_path_factory.mktemp("default-state")
+    before = os.environ.get("HETERO_STATE_DIR")
+    os.environ["HETERO_STATE_DIR"] = str(state)
+    yield state
+    if before is None:
+        os.environ.pop("HETERO_STATE_DIR", None)
+    else:
+        os.environ["HETERO_STATE_DIR"] = before
+
+
 @pytest.fixture
 def run_ranks(tmp_path: Path):
     """``run_ranks(script, nproc, *args)`` runs ``tests/integration/workers/<script>`` on

@@ -333,7 +333,13 @@ def test_daemons_refuse_a_non_loopback_address_without_authentication(tmp_path: 
     assert coord.stderr.startswith("error: refusing to serve the coordinator on 0.0.0.0:0")
     assert coord.stderr.count("\n") == 1 and "Traceback" not in coord.stderr
     agent = _run(
-        "hetero.agent.cli", "run", "--local-listen", "0.0.0.0:0", "--state-dir", str(tmp_path)
+        "hetero.agent.cli",
+        "run",
+        "--local-listen",
+        "0.0.0.0:0",
+        "--state-dir",
+        str(tmp_path),
+        *(("--allow-root",) if os.geteuid() == 0 else ()),
     )
     assert agent.returncode == 2
     assert agent.stderr.startswith("error: refusing to serve the agent endpoint on 0.0.0.0:0")
@@ -345,7 +351,12 @@ def test_hetero_coord_with_a_token_and_a_wrong_token_file(tmp_path: Path) -> Non
     token_file.write_text(TOKEN + "\n")
     token_file.chmod(0o600)
     log_path = tmp_path / "coord.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HETERO_")}
+    # No token from the environment; the default state dir stays the test run's own.
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("HETERO_") or k == "HETERO_STATE_DIR"
+    }
     with log_path.open("w") as log:
         proc = subprocess.Popen(
             [
