@@ -6,7 +6,7 @@ import logging
 
 import grpc
 
-from hetero.coordinator import store, views, wire
+from hetero.coordinator import logwire, store, views, wire
 from hetero.coordinator.placement import place, predict
 from hetero.coordinator.rpc import Handlers, invalid, rpc, state_name
 from hetero.core.jobspec import parse_jobspec
@@ -83,7 +83,7 @@ class JobHandlers(Handlers):
         limit = min(req.limit or 1000, 10_000)
         with self._read() as s:
             rows = store.job_logs(s, req.job_id, req.after_seq, limit)
-            lines = [wire.log_message(r) for r in rows]
+            lines = [logwire.log_message(r) for r in rows]
         next_seq = lines[-1].seq if lines else req.after_seq
         return pb.GetJobLogsResponse(lines=lines, next_seq=next_seq)
 

@@ -8,7 +8,7 @@ import math
 
 import grpc
 
-from hetero.coordinator import lifecycle, recovery, store, validate, views, wire
+from hetero.coordinator import lifecycle, logwire, recovery, store, validate, views, wire
 from hetero.coordinator.rpc import Handlers, invalid, rpc, state_name
 from hetero.core.jobspec import JobSpec, parse_jobspec
 from hetero.core.states import RankState
@@ -148,7 +148,7 @@ class NodeHandlers(Handlers):
         self, req: pb.AppendJobLogsRequest, context: grpc.ServicerContext
     ) -> pb.AppendJobLogsResponse:
         with self.deps.sessions.begin() as s:
-            store.append_logs(s, req.job_id, wire.log_rows(req, self.deps.clock()))
+            store.append_logs(s, req.job_id, logwire.log_rows(req, self.deps.clock()))
         return pb.AppendJobLogsResponse()
 
     @rpc

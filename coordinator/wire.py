@@ -6,7 +6,6 @@ The one place that knows both shapes; unset optional proto fields become NULL
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -17,7 +16,6 @@ from hetero.coordinator.models import (
     EventRow,
     IntervalStatRow,
     JobRow,
-    LogLineRow,
     NodeRow,
     PlanRow,
     RankRow,
@@ -372,35 +370,6 @@ def interval_rows(report: tpb.IntervalReport) -> list[dict[str, Any]]:
         }
         for r in report.ranks
     ]
-
-
-#: Longest stored log line, in characters (the agent cuts lines there too).
-MAX_LOG_LINE_CHARS = 4096
-#: Longest stored stream name (the column's length, which PostgreSQL enforces).
-MAX_STREAM_CHARS = 8
-
-
-def log_rows(req: pb.AppendJobLogsRequest, now: float) -> list[LogLineRow]:
-    """Rows for shipped lines; a time that is missing or not a finite number becomes ``now``."""
-    return [
-        LogLineRow(
-            rank=line.rank,
-            stream=line.stream[:MAX_STREAM_CHARS] or "stdout",
-            text=line.text[:MAX_LOG_LINE_CHARS],
-            time_unix_s=line.time_unix_s if _positive(line.time_unix_s) else now,
-        )
-        for line in req.lines
-    ]
-
-
-def _positive(x: float) -> bool:
-    return math.isfinite(x) and x > 0
-
-
-def log_message(row: LogLineRow) -> pb.LogLine:
-    return pb.LogLine(
-        seq=row.id, rank=row.rank, stream=row.stream, text=row.text, time_unix_s=row.time_unix_s
-    )
 
 
 def launch_message(job: JobRow, rank: RankRow, spec: JobSpec, plan: PlanRow) -> pb.RankLaunch:
