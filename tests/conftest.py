@@ -14,20 +14,17 @@ from hetero.trainer.launch import launch_local
 WORKERS = Path(__file__).parent / "integration" / "workers"
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _own_default_state_dir(tmp_path_factory: pytest.TempPathFactory):
-    """Every daemon and client the tests start, in-process or as a subprocess, uses a
-    default state directory of the test run's own, never the machine's (as root,
-    /var/lib/hetero): a token a coordinator generated there would be found by later
-    clients and change what they are told."""
+@pytest.fixture(autouse=True)
+def _own_default_state_dir(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Path:
+    """Every daemon and client a test starts, in-process or as a subprocess, uses a
+    default state directory of that test's own, never the machine's (as root,
+    /var/lib/hetero) nor another test's: a token a coordinator generated there would
+    be found by later clients and change what they are told."""
     state = tmp_path_factory.mktemp("default-state")
-    before = os.environ.get("HETERO_STATE_DIR")
-    os.environ["HETERO_STATE_DIR"] = str(state)
-    yield state
-    if before is None:
-        os.environ.pop("HETERO_STATE_DIR", None)
-    else:
-        os.environ["HETERO_STATE_DIR"] = before
+    monkeypatch.setenv("HETERO_STATE_DIR", str(state))
+    return state
 
 
 @pytest.fixture
