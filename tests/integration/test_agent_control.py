@@ -260,11 +260,13 @@ def test_trainer_whose_agent_is_down_keeps_training_on_the_embedded_policy(tmp_p
             "--global-batch",
             "48",
             "--steps",
-            "30",
+            "40",
             "--rebalance-interval",
             "5",
+            # 6x, not 3x: on a loaded two-core host the intervals of this tiny model are
+            # noisy enough that the balancer rightly waits for confidence a 3x gap never earns.
             "--emulate-slowdown",
-            "1:3",
+            "1:6",
             "--ideal-steps",
             "0",
             "--summary-json",
@@ -281,7 +283,7 @@ def test_trainer_whose_agent_is_down_keeps_training_on_the_embedded_policy(tmp_p
     assert proc.returncode == 0, proc.stderr
     assert "using the embedded policy" in proc.stderr
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["steps"] == 30
+    assert summary["steps"] == 40
     assert summary["final_plan"][1] < summary["final_plan"][0], "still balanced, on its own"
 
 
