@@ -124,6 +124,14 @@ class TrainingOptions(Resolved):
         "samples rank 0 scores after training (CIFAR: its test split); 0: none",
         "job",
     )
+    eval_every: int | None = opt(
+        None,
+        Int(1, limits.MAX_INTERVAL_STEPS, "steps"),
+        f"also score {ref('eval_samples')} samples every this many steps during training "
+        "(eval loss and accuracy curves in the run's metrics and TensorBoard)",
+        "job",
+        default_doc="after training only",
+    )
 
     # ---- length and batch ------------------------------------------------------------------
     global_batch: int | None = opt(
