@@ -382,6 +382,15 @@ class TrainingOptions(Resolved):
         where=CLI,
         absent="ht.train returns the summary; an agent writes each rank's summary into its output directory",
     )
+    top: bool = opt(
+        False,
+        Bool(),
+        "show the run live in hetero-top's run view while it trains (its output goes to "
+        "RUN_DIR/train.log; quitting the view stops the run)",
+        "output",
+        where=CLI,
+        absent="hetero-top --run DIR follows any run's output directory",
+    )
     json: bool = opt(
         False,
         Bool(),

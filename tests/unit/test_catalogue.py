@@ -41,6 +41,7 @@ SAMPLES: dict[str, tuple[Any, dict[str, Any]]] = {
     "scale_workers": (False, {}),
     "eval_samples": (0, {}),
     "eval_every": (50, {}),
+    "top": (True, {"output_dir": "/tmp/run"}),
     "global_batch": (512, {}),
     "batch_size": (64, {}),
     "steps": (1000, {}),
