@@ -260,6 +260,10 @@ def _train(ctx: Context, cfg: JobConfig) -> dict[str, Any] | None:
     return _finish(run, start_step, train_wall_s, fraction, steps_per_epoch)
 
 
+#: The evaluation's figures that become curves (its sample count and split do not).
+_CURVES = ("eval_loss", "eval_accuracy")
+
+
 def _evaluate_now(run: _Run) -> dict[str, Any]:
     """Rank 0 scores ``eval_samples`` samples at its own batch (the other ranks wait)."""
     ctx = run.ctx
@@ -268,7 +272,7 @@ def _evaluate_now(run: _Run) -> dict[str, Any]:
     result = report.evaluate_rank0(
         ctx, run.cfg, run.built.task, run.built.model, run.built.dataset, ctx.running_plan[0]
     )
-    return {k.removeprefix("eval_"): v for k, v in result.items() if k != "eval_split"}
+    return {k.removeprefix("eval_"): v for k, v in result.items() if k in _CURVES}
 
 
 def _ideal(run: _Run) -> tuple[list[Solo], list[float]]:
@@ -318,7 +322,7 @@ def _finish(
         )
         # The curve's last point (hetero-top --run), beside the summary's figures.
         metrics = finite_numbers(
-            {k.removeprefix("eval_"): v for k, v in evaluation.items() if k != "eval_split"}
+            {k.removeprefix("eval_"): v for k, v in evaluation.items() if k in _CURVES}
         )
         ctx.metrics.write_eval({"step": ctx.global_step, "time_s": time.time(), "metrics": metrics})
     final_plan = ctx.plan

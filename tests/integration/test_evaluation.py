@@ -18,6 +18,8 @@ from hetero.tui.runview import run_view
 
 EVAL_S = 0.4
 
+pytestmark = pytest.mark.slow
+
 
 def _train(tmp_path: Path, evaluate_at: int) -> ht.Context:
     ctx = ht.init("equal", rebalance_interval=5, device="cpu", output_dir=str(tmp_path))
