@@ -76,7 +76,7 @@ def _host_name(host_header: str) -> str:
     return (urlsplit(f"//{host_header}").hostname or "").lower()
 
 
-class WebView(Server):
+class WebView(Server):  # type: ignore[misc, unused-ignore]
     """textual-serve's server with hetero's authentication and origin checks."""
 
     def __init__(
@@ -96,7 +96,7 @@ class WebView(Server):
         app.middlewares.append(self._guard)
         return app
 
-    @web.middleware
+    @web.middleware  # type: ignore[untyped-decorator, unused-ignore]
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if self.loopback and _host_name(request.host) not in _LOOPBACK_NAMES:
             raise web.HTTPForbidden(text="hetero-top: this server answers loopback names only\n")
