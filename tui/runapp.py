@@ -203,9 +203,11 @@ def follow_training(command: Sequence[str], run_dir: Path, period_s: float = 1.0
     try:
         RunTop(run_dir, period_s=period_s).run()
     finally:
-        if child.poll() is None:
+        # A finished run's processes may still be exiting: let them; stop an unfinished one.
+        if child.poll() is None and not RunFollower(run_dir).poll().finished:
             stopped = True
             child.send_signal(signal.SIGINT)
+        if child.poll() is None:
             try:
                 child.wait(timeout=30)
             except subprocess.TimeoutExpired:
