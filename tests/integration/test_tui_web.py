@@ -168,7 +168,9 @@ def test_the_page_shows_the_cluster_and_a_job_in_chromium(
         assert found
         driver = start_browser(tmp_path / "profile")
         driver.get(f"http://127.0.0.1:{found.group(1)}/?token={TOKEN}")
-        assert driver.current_url.endswith(f":{found.group(1)}/"), "the token stayed in the address bar"
+        assert driver.current_url.endswith(f":{found.group(1)}/"), (
+            "the token stayed in the address bar"
+        )
         _wait_for(
             driver, ("hetero-top", "● live", "gpu-a", "A100 40GB", "cpu-c"), tmp_path / "web.err"
         )
