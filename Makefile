@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.hetero-installed
 PY     ?= 3.12
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv demo demo-embedded test test-fast test-postgres test-gpu chaos load lint typecheck check proto docs-tables wheelhouse pyroot clean
+.PHONY: help venv demo demo-embedded test test-fast test-postgres test-browser test-gpu chaos load lint typecheck check proto docs-tables wheelhouse pyroot clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -35,8 +35,14 @@ test: $(STAMP)  ## run the whole test suite (chaos tests excepted: make chaos; P
 test-postgres: $(STAMP)  ## the store, retention, recovery and load tests on a throwaway PostgreSQL server
 	@HETERO_PG_INSTALL=1 $(BIN)/python -m pytest -q -m postgres tests/integration
 
+# As root on Debian it installs the chromium and chromium-driver packages when they are
+# missing (tests/integration/browser.py); nothing is downloaded from elsewhere. make test
+# runs the same test when chromium is there, and skips it in one line when not.
+test-browser: $(STAMP)  ## hetero-top --web in a real headless Chromium against a real coordinator
+	@HETERO_BROWSER_INSTALL=1 $(BIN)/python -m pytest -q -rs -m browser tests/integration/test_tui_web.py
+
 test-fast: $(STAMP)  ## run the tests not marked slow
-	@$(BIN)/python -m pytest -q -m 'not slow and not postgres'
+	@$(BIN)/python -m pytest -q -m 'not slow and not postgres and not browser'
 
 # The GPU tier runs where hetero may not be installed (a GPU host with Python, torch,
 # grpcio, protobuf, nvidia-ml-py and pyyaml): hetero comes from the pyroot tree, the

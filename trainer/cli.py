@@ -8,6 +8,7 @@ it runs as one of those ranks. Its flags are the catalogue's training options
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -49,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = options_from_args(args)
         launched = RankEnv.distributed()
+        if cfg.top and not launched:
+            return _with_top(cfg, raw_argv)
         if cfg.simulate_nodes and not launched:
             from hetero.trainer.simulate import launch_simulated
 
@@ -86,6 +89,24 @@ def _summary_path(cfg: TrainingOptions) -> str | None:
     if cfg.summary_json:
         return cfg.summary_json
     return str(Path(cfg.run_dir) / "summary.json") if cfg.name and cfg.run_dir else None
+
+
+def _with_top(cfg: TrainingOptions, argv: list[str]) -> int:
+    """This job as a child process, shown in hetero-top's run view of its directory; the
+    summary goes to ``RUN_DIR/summary.json`` too, so the view ends with the final figures."""
+    from hetero.tui.runapp import follow_training
+
+    assert cfg.run_dir is not None  # the catalogue's rules: --top needs a directory
+    child = [a for a in argv if a not in ("--top", "--no-top")]
+    if not _summary_path(cfg):
+        child += ["--summary-json", str(Path(cfg.run_dir) / "summary.json")]
+    summary_path = Path(_summary_path(cfg) or Path(cfg.run_dir) / "summary.json")
+    code = follow_training([sys.executable, "-m", "hetero.trainer.cli", *child], Path(cfg.run_dir))
+    if code == 0 and summary_path.is_file() and not cfg.json:
+        from hetero.trainer.report import print_summary
+
+        print_summary(json.loads(summary_path.read_text(encoding="utf-8")))
+    return code
 
 
 def _launch(cfg: TrainingOptions, argv: list[str]) -> int:

@@ -130,6 +130,8 @@ class Context:
         self._interval = IntervalTotals()
         #: Each rank alone at its batch (``measure_ideal``), for the ideal and the gap breakdown.
         self.solo: list[Solo] | None = None
+        #: Rank 0: one record per :meth:`evaluate` (``step``, ``metrics``), oldest first.
+        self.evals: list[dict[str, Any]] = []
 
     # -- properties -------------------------------------------------------------------
     @property
@@ -323,6 +325,14 @@ class Context:
         self.progress.beat()
         if replan.is_boundary(self.global_step, self.config.rebalance_interval):
             rebalance(self)
+
+    def evaluate(self, fn: Callable[[], Any]) -> dict[str, float]:
+        """Run ``fn()`` (a mapping of metric names to numbers, e.g. ``{"accuracy": 0.91}``)
+        outside the step clocks and record rank 0's result at this step (collective: call it
+        on every rank at the same step). See ``hetero.trainer.evaluation``."""
+        from hetero.trainer.evaluation import evaluate
+
+        return evaluate(self, fn)
 
     # -- the outcome ------------------------------------------------------------------
     def measure_ideal(

@@ -26,6 +26,7 @@ from hetero.trainer import report
 from hetero.trainer.build import Built, build, local_optimizer, make_optimizer
 from hetero.trainer.checkpoint import RunIdentity, load_checkpoint, save_checkpoint
 from hetero.trainer.context import Context, HeteroLoader, init
+from hetero.trainer.evaluation import finite_numbers
 from hetero.trainer.ideal import measure_solo
 from hetero.trainer.jobconfig import (
     JobConfig,
@@ -241,6 +242,8 @@ def _train(ctx: Context, cfg: JobConfig) -> dict[str, Any] | None:
             run.optimizer_step()
             ctx.step(loss)
             run.monitor.after_step(int(batch[0].shape[0]))
+            if cfg.eval_every and ctx.global_step % cfg.eval_every == 0:
+                ctx.evaluate(lambda: _evaluate_now(run))
             if board is not None:
                 board.after_step(ctx, run.monitor.caps[ctx.rank] if run.monitor.caps else None)
             if ctx.global_step % cfg.rebalance_interval == 0:
@@ -255,6 +258,21 @@ def _train(ctx: Context, cfg: JobConfig) -> dict[str, Any] | None:
     if checkpoint_path(cfg) and cfg.checkpoint_every:
         run.checkpoint()
     return _finish(run, start_step, train_wall_s, fraction, steps_per_epoch)
+
+
+#: The evaluation's figures that become curves (its sample count and split do not).
+_CURVES = ("eval_loss", "eval_accuracy")
+
+
+def _evaluate_now(run: _Run) -> dict[str, Any]:
+    """Rank 0 scores ``eval_samples`` samples at its own batch (the other ranks wait)."""
+    ctx = run.ctx
+    if ctx.rank != 0:
+        return {}
+    result = report.evaluate_rank0(
+        ctx, run.cfg, run.built.task, run.built.model, run.built.dataset, ctx.running_plan[0]
+    )
+    return {k.removeprefix("eval_"): v for k, v in result.items() if k in _CURVES}
 
 
 def _ideal(run: _Run) -> tuple[list[Solo], list[float]]:
@@ -302,6 +320,11 @@ def _finish(
         evaluation = report.evaluate_rank0(
             ctx, cfg, built.task, built.model, built.dataset, ctx.plan[ctx.rank]
         )
+        # The curve's last point (hetero-top --run), beside the summary's figures.
+        metrics = finite_numbers(
+            {k.removeprefix("eval_"): v for k, v in evaluation.items() if k in _CURVES}
+        )
+        ctx.metrics.write_eval({"step": ctx.global_step, "time_s": time.time(), "metrics": metrics})
     final_plan = ctx.plan
     solos, side_by_side = _ideal(run)
     if ctx.rank != 0:

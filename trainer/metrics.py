@@ -1,26 +1,43 @@
-"""Per-rank metrics as JSON lines, one record per interval (``interval_record``).
+"""A run's records under its output directory, what ``hetero-top --run`` follows.
 
-File: ``<output_dir>/metrics/rank<R>.jsonl``.
+- ``metrics/rank<R>.jsonl``: per-rank metrics as JSON lines, one record per
+  interval (``interval_record``);
+- ``metrics/eval.jsonl``: one record per evaluation (``Context.evaluate``), rank 0;
+- ``metrics/run.json``: what the run is (``run_info``), written by rank 0 at its
+  first boundary and again, with ``ended_unix_s``, when it closes.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import socket
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
+
+from hetero.core.slowdown import format_slowdowns
 
 if TYPE_CHECKING:
     from hetero.trainer.context import Context
     from hetero.trainer.exchange import RankSummary
 
 
+EVAL_FILE = "eval.jsonl"
+RUN_FILE = "run.json"
+
+
 class MetricsWriter:
-    """Appends one JSON object per line and flushes, so a crash loses at most one record."""
+    """Appends one JSON object per line and flushes, so a crash loses at most one record.
+
+    Rank 0 also writes the evaluation records and the run's description.
+    """
 
     def __init__(self, output_dir: Path | None, rank: int) -> None:
         self.path: Path | None = None
+        self.rank = rank
         self._fh: TextIO | None = None
+        self._run: dict[str, Any] | None = None
         if output_dir is not None:
             self.path = Path(output_dir) / "metrics" / f"rank{rank}.jsonl"
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -31,7 +48,24 @@ class MetricsWriter:
             self._fh.write(json.dumps(record, separators=(",", ":")) + "\n")
             self._fh.flush()
 
+    def write_eval(self, record: dict[str, Any]) -> None:
+        """Rank 0: append one evaluation record to ``metrics/eval.jsonl``."""
+        if self.path is not None and self.rank == 0:
+            with (self.path.parent / EVAL_FILE).open("a", encoding="utf-8") as fh:
+                fh.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    def write_run(self, info: dict[str, Any]) -> None:
+        """Rank 0: (re)write ``metrics/run.json`` whole (a reader never sees half of it)."""
+        if self.path is None or self.rank != 0:
+            return
+        self._run = info
+        tmp = self.path.parent / f".{RUN_FILE}.tmp"
+        tmp.write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, self.path.parent / RUN_FILE)
+
     def close(self) -> None:
+        if self._run is not None and "ended_unix_s" not in self._run:
+            self.write_run(self._run | {"ended_unix_s": time.time()})
         if self._fh is not None:
             self._fh.close()
             self._fh = None
@@ -93,3 +127,23 @@ def interval_record(
         "injected_s": me.injected_s,
     }
     return record
+
+
+def run_info(ctx: Context) -> dict[str, Any]:
+    """What ``hetero-top --run`` shows about the run beside its records: the job's shape,
+    its emulated slowdowns and the process to look for (``host``, ``pid``)."""
+    loader = ctx._require_loader()
+    return {
+        "policy": ctx.config.policy,
+        "world_size": ctx.world_size,
+        "backend": ctx.backend,
+        "device": ctx.device.type,
+        "global_batch": loader.sampler.global_batch,
+        "rebalance_interval": ctx.config.rebalance_interval,
+        "total_steps": ctx.total_steps,
+        "emulated": ctx.emulated,
+        "emulated_slowdown": format_slowdowns(ctx.slowdowns) or None,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started_unix_s": time.time(),
+    }

@@ -30,7 +30,7 @@ from hetero.trainer.exchange import (
     broadcast_plan,
 )
 from hetero.trainer.gradients import DEFERRED, OVERLAP
-from hetero.trainer.metrics import interval_record
+from hetero.trainer.metrics import interval_record, run_info
 from hetero.trainer.timing import StepTimes
 
 if TYPE_CHECKING:
@@ -110,6 +110,8 @@ def rebalance(ctx: Context) -> None:
         loader_workers=loader.workers,
     )
     ctx.metrics.write(record)
+    if len(ctx.summaries) == 1:
+        ctx.metrics.write_run(run_info(ctx))
     ctx._interval = IntervalTotals()
     ctx.clock.restart()
 

@@ -2,7 +2,8 @@
 
 One event file per rank under ``DIR/rank<R>`` (TensorBoard shows them as runs
 side by side): loss (global and this rank's), samples/s, batch, compute and
-each phase's time in seconds, peak memory in bytes, the rank's memory cap.
+each phase's time in seconds, peak memory in bytes, the rank's memory cap; and on
+rank 0 every evaluation's metrics (``ctx.evaluate``) as ``eval/<name>`` at its step.
 ``tensorboard`` is an optional extra (``pip install 'hetero[tensorboard]'``),
 imported only when the flag is given.
 """
@@ -29,9 +30,17 @@ class TensorBoardWriter:
         self.rank = rank
         self._writer: Any = SummaryWriter(log_dir=str(Path(log_dir) / f"rank{rank}"))
         self._seen = 0
+        self._evals = 0
 
     def after_step(self, ctx: Context, cap: int | None = None) -> None:
-        """Write the latest interval's scalars if a new one closed at this step."""
+        """Write the latest interval's scalars if a new one closed at this step, and any
+        evaluation recorded since the last call."""
+        for record in ctx.evals[self._evals :]:
+            for name, value in record["metrics"].items():
+                self._writer.add_scalar(f"eval/{name}", value, record["step"])
+        if len(ctx.evals) > self._evals:
+            self._evals = len(ctx.evals)
+            self._writer.flush()
         if len(ctx.summaries) == self._seen:
             return
         self._seen = len(ctx.summaries)

@@ -10,9 +10,6 @@ reconnecting with backoff until snapshots flow again.
 
 from __future__ import annotations
 
-import argparse
-import os
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -26,7 +23,7 @@ from textual.widgets import DataTable, Footer, Static, TabbedContent, TabPane
 
 from hetero.core import defaults
 from hetero.core.errors import DeniedError, HeteroError, RemoteError
-from hetero.transport import ClientSecurity, add_client_arguments, client_security_from_args
+from hetero.transport import ClientSecurity
 from hetero.tui.client import CoordinatorClient
 from hetero.tui.screens import ConfirmScreen, HelpScreen, JobDetailScreen
 from hetero.tui.state import ClusterState
@@ -323,29 +320,7 @@ class HeteroTop(App[None]):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="hetero-top", description="Live terminal UI of a hetero cluster and its jobs."
-    )
-    parser.add_argument(
-        "--coordinator",
-        default=os.environ.get("HETERO_COORDINATOR", defaults.COORDINATOR_ADDRESS),
-        help="coordinator host:port (default $HETERO_COORDINATOR, else "
-        f"{defaults.COORDINATOR_ADDRESS})",
-    )
-    parser.add_argument(
-        "--period", type=float, default=1.0, help="seconds between updates (default 1)"
-    )
-    add_client_arguments(parser)
-    args = parser.parse_args(argv)
-    if not 0.2 <= args.period <= 60:
-        parser.exit(2, "error: hetero-top: --period must be between 0.2 and 60 seconds\n")
-    try:
-        security = client_security_from_args(args)
-    except HeteroError as exc:
-        parser.exit(exc.exit_code, f"error: hetero-top: {exc}\n")
-    app = HeteroTop(args.coordinator, period_s=args.period, security=security)
-    app.run()
-    if app.fatal is not None:
-        print(f"error: hetero-top: {app.fatal}", file=sys.stderr)
-        return app.fatal.exit_code
-    return app.return_code or 0
+    """``hetero-top``: see ``hetero.tui.cli``."""
+    from hetero.tui.cli import main as cli_main
+
+    return cli_main(argv)

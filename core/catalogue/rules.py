@@ -72,6 +72,10 @@ def _workload(o: TrainingOptions) -> None:
 
 
 def _outputs(o: TrainingOptions) -> None:
+    if o.top and o.run_dir is None:
+        raise OptionError("top", f"needs {ref('output_dir')} or {ref('name')} (the run it shows)")
+    if o.eval_every is not None and not o.eval_samples:
+        raise OptionError("eval_every", f"needs {ref('eval_samples')} above 0")
     if o.checkpoint_interval and o.checkpoint_file is None:
         raise OptionError(
             "checkpoint_interval", f"needs {ref('checkpoint_dir')} or {ref('output_dir')}"

@@ -124,6 +124,14 @@ class TrainingOptions(Resolved):
         "samples rank 0 scores after training (CIFAR: its test split); 0: none",
         "job",
     )
+    eval_every: int | None = opt(
+        None,
+        Int(1, limits.MAX_INTERVAL_STEPS, "steps"),
+        f"also score {ref('eval_samples')} samples every this many steps during training "
+        "(eval loss and accuracy curves in the run's metrics and TensorBoard)",
+        "job",
+        default_doc="after training only",
+    )
 
     # ---- length and batch ------------------------------------------------------------------
     global_batch: int | None = opt(
@@ -373,6 +381,15 @@ class TrainingOptions(Resolved):
         "output",
         where=CLI,
         absent="ht.train returns the summary; an agent writes each rank's summary into its output directory",
+    )
+    top: bool = opt(
+        False,
+        Bool(),
+        "show the run live in hetero-top's run view while it trains (its output goes to "
+        "RUN_DIR/train.log; quitting the view stops the run)",
+        "output",
+        where=CLI,
+        absent="hetero-top --run DIR follows any run's output directory",
     )
     json: bool = opt(
         False,

@@ -40,6 +40,8 @@ SAMPLES: dict[str, tuple[Any, dict[str, Any]]] = {
     "num_workers": (2, {}),
     "scale_workers": (False, {}),
     "eval_samples": (0, {}),
+    "eval_every": (50, {}),
+    "top": (True, {"output_dir": "/tmp/run"}),
     "global_batch": (512, {}),
     "batch_size": (64, {}),
     "steps": (1000, {}),

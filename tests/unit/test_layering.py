@@ -27,6 +27,9 @@ ENTRY_POINTS = {
     "hetero.agent.daemon": ("torch", "sqlalchemy", "hetero.trainer", "hetero.coordinator"),
     # hetero-top.
     "hetero.tui.app": ("torch", "sqlalchemy", "hetero.trainer", "hetero.coordinator"),
+    "hetero.tui.cli": ("torch", "sqlalchemy", "hetero.trainer", "hetero.coordinator"),
+    # hetero-top --run: a run's files only, no coordinator client either.
+    "hetero.tui.runapp": ("torch", "sqlalchemy", "grpc", "hetero.trainer", "hetero.coordinator"),
     # The shared agreements: standard library and PyYAML only.
     "hetero.core.errors": (*HEAVY[:-1], "hetero.v1"),
     "hetero.core.states": (*HEAVY[:-1], "hetero.v1"),
