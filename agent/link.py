@@ -32,6 +32,8 @@ log = logging.getLogger("hetero.agent")
 
 #: Seconds each coordinator call may take.
 CALL_TIMEOUT_S = 5.0
+#: Pages of orders one contact follows at most (the rest come at the next contact).
+MAX_ORDER_PAGES = 64
 
 
 def orders_pending(reply: pb.HeartbeatResponse) -> bool:
@@ -189,7 +191,32 @@ class CoordinatorLink:
         )
         if not orders_pending(beat):
             return None
-        orders: pb.PollAssignmentsResponse = self.stub.PollAssignments(
-            pb.PollAssignmentsRequest(node_id=self.node_id), timeout=CALL_TIMEOUT_S
-        )
-        return orders
+        return self._poll_pages()
+
+    def _poll_pages(self) -> pb.PollAssignmentsResponse:
+        """Every page of the node's orders, as one response (a page holds whole jobs, so
+        merging keeps each job's launches together). A coordinator that predates paging
+        sends no token: one page. A page that fails after the first ends the poll with
+        what arrived; the rest comes again at the next contact."""
+        assert self.node_id is not None
+        merged = pb.PollAssignmentsResponse()
+        token = ""
+        for page_number in range(MAX_ORDER_PAGES):
+            request = pb.PollAssignmentsRequest(node_id=self.node_id, page_token=token)
+            try:
+                page: pb.PollAssignmentsResponse = self.stub.PollAssignments(
+                    request, timeout=CALL_TIMEOUT_S
+                )
+            except grpc.RpcError as exc:
+                if page_number == 0:
+                    raise
+                log.warning(
+                    "orders page %d: %s; the rest at the next poll", page_number + 1, exc.code()
+                )
+                break
+            merged.launches.extend(page.launches)
+            merged.stops.extend(page.stops)
+            token = page.next_page_token
+            if not token:
+                break
+        return merged

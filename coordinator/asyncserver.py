@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from concurrent import futures
 from typing import Any, NoReturn, TypeVar
@@ -27,6 +28,7 @@ import grpc
 import grpc.aio
 
 from hetero.coordinator.deps import Deps
+from hetero.coordinator.identity import ANYONE, Identities
 from hetero.coordinator.rpc import abort_for
 from hetero.coordinator.service import CoordinatorService
 from hetero.v1 import coordinator_pb2, coordinator_pb2_grpc
@@ -49,7 +51,16 @@ class _Aborted(Exception):
 
 
 class _ThreadContext:
-    """The part of a call's context ``CoordinatorService`` uses, safe off the loop."""
+    """The part of a call's context ``CoordinatorService`` uses, safe off the loop: who
+    calls (``identity``), the time it has left, and ``abort``."""
+
+    def __init__(self, caller: str = ANYONE, time_remaining_s: float | None = None) -> None:
+        self.caller = caller
+        self._deadline = None if time_remaining_s is None else time.monotonic() + time_remaining_s
+
+    def time_remaining(self) -> float | None:
+        """Seconds until the client's deadline (None: it set none), as gRPC's own."""
+        return None if self._deadline is None else self._deadline - time.monotonic()
 
     def abort(self, code: grpc.StatusCode, details: str) -> NoReturn:
         raise _Aborted(code, details)
@@ -69,11 +80,17 @@ def _inline(deps: Deps, method: str, request: Any) -> bool:
 
 
 class AsyncCoordinator:
-    """``CoordinatorService`` as coroutines, for ``add_CoordinatorServicer_to_server``."""
+    """``CoordinatorService`` as coroutines, for ``add_CoordinatorServicer_to_server``.
 
-    def __init__(self, service: CoordinatorService, pool: futures.Executor) -> None:
+    A call that waited for a thread past its client's deadline is not started: the
+    client has gone (finding: a server that kept working for a client that had left)."""
+
+    def __init__(
+        self, service: CoordinatorService, pool: futures.Executor, identities: Identities
+    ) -> None:
         self.service = service
         self.pool = pool
+        self.identities = identities
         for name in _METHODS:
             if name != "WatchCluster":
                 setattr(self, name, self._unary(name))
@@ -88,8 +105,12 @@ class AsyncCoordinator:
             try:
                 if _inline(deps, name, request):
                     return method(request, _ThreadContext())
+                caller = self.identities.of(context.invocation_metadata(), context.auth_context())
+                thread_context = _ThreadContext(caller, context.time_remaining())
                 loop = asyncio.get_running_loop()
-                return await loop.run_in_executor(self.pool, method, request, _ThreadContext())
+                return await loop.run_in_executor(
+                    self.pool, _unless_late, method, request, thread_context
+                )
             except _Aborted as aborted:
                 await context.abort(aborted.code, aborted.details)
 
@@ -119,6 +140,13 @@ class AsyncCoordinator:
         except Exception as exc:
             abort_for(_ThreadContext(), exc, "WatchCluster")
             raise
+
+
+def _unless_late(method: Callable[[Any, Any], T], request: Any, context: _ThreadContext) -> T:
+    left = context.time_remaining()
+    if left is not None and left <= 0:
+        context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline passed before the call started")
+    return method(request, context)
 
 
 class _Stopping:
@@ -190,7 +218,13 @@ class CoordinatorServer:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
-def add_coordinator(server: grpc.aio.Server, deps: Deps, pool: futures.Executor) -> None:
-    """Serve the Coordinator service of ``deps`` on ``server``."""
-    servicer = AsyncCoordinator(CoordinatorService(deps), pool)
+def add_coordinator(
+    server: grpc.aio.Server,
+    deps: Deps,
+    pool: futures.Executor,
+    identities: Identities | None = None,
+) -> None:
+    """Serve the Coordinator service of ``deps`` on ``server``; ``identities`` names callers
+    (default: everyone is "anyone")."""
+    servicer = AsyncCoordinator(CoordinatorService(deps), pool, identities or Identities())
     coordinator_pb2_grpc.add_CoordinatorServicer_to_server(servicer, server)  # type: ignore[no-untyped-call, unused-ignore]

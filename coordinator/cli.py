@@ -197,6 +197,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="follow the job to its end; exit non-zero unless it succeeds",
     )
+    submit.add_argument(
+        "--priority",
+        type=int,
+        metavar="N",
+        help="queue priority while devices are busy, higher first (default: the spec's "
+        "priority, else 0)",
+    )
     client("jobs", "list jobs, newest first")
     job = client("job", "show one job: ranks, plan, recent events")
     job.add_argument("job_id")
@@ -327,6 +334,7 @@ def _serve(args: argparse.Namespace) -> int:
         telemetry=TelemetryPolicy(retention_s=config.telemetry_retention_h * 3600),
         interval_retention=config.interval_retention,
         log_retention=config.log_retention,
+        limits=config.limits,
     )
     return 0
 

@@ -24,7 +24,7 @@ from rich.console import Console
 
 from hetero.coordinator import export, render
 from hetero.core.errors import HeteroError
-from hetero.core.jobspec import parse_jobspec, read_job_file
+from hetero.core.jobspec import check_priority, parse_jobspec, read_job_file
 from hetero.core.states import JobState, job_terminal
 from hetero.transport import client_channel, client_security_from_args, remote_error
 from hetero.v1 import coordinator_pb2 as pb
@@ -161,6 +161,9 @@ def _submit(
     request = pb.SubmitJobRequest(
         spec_yaml=text, source_name=str(args.job_file), dry_run=args.dry_run
     )
+    if args.priority is not None:
+        check_priority(args.priority)
+        request.priority = args.priority
     resp = call(lambda: stub.SubmitJob(request, timeout=args.timeout))
     if args.dry_run:
 

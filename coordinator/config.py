@@ -7,9 +7,10 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from hetero.coordinator.admission import Limits
 from hetero.coordinator.database import sqlite_url
 from hetero.coordinator.retention import IntervalRetention, LogRetention
 from hetero.core import defaults
@@ -58,6 +59,8 @@ class CoordinatorConfig:
     log_keep_days: float = 7.0
     log_lines_per_job: int = 200_000
     event_keep_days: float = 30.0
+    #: Admission (``admission.Limits``): the queue and the server's limits.
+    limits: Limits = field(default_factory=Limits)
 
     def __post_init__(self) -> None:
         if self.log_format not in LOG_FORMATS:
@@ -145,9 +148,33 @@ def load_config(path: Path | None) -> CoordinatorConfig:
         log_lines_per_job=f.integer("log_lines_per_job", d.log_lines_per_job, minimum=1000)
         or d.log_lines_per_job,
         event_keep_days=f.number("event_keep_days", d.event_keep_days, positive=True) or 30.0,
+        limits=_limits(f.mapping("limits")),
     )
     f.finish()
     return config
+
+
+def _limits(f: Fields | None) -> Limits:
+    """``limits: {jobs_per_user, ranks_per_cpu_device, max_spec_bytes, concurrent_rpcs,
+    max_message_bytes}``: each optional, each an integer (``admission.Limits``)."""
+    d = Limits()
+    if f is None:
+        return d
+    values = {
+        key: f.integer(key, getattr(d, key), minimum=1) or getattr(d, key)
+        for key in (
+            "jobs_per_user",
+            "ranks_per_cpu_device",
+            "max_spec_bytes",
+            "concurrent_rpcs",
+            "max_message_bytes",
+        )
+    }
+    f.finish()
+    try:
+        return Limits(**values)
+    except ConfigError as exc:
+        raise ConfigError(f"limits: {exc}") from None
 
 
 def _role_files(f: Fields | None) -> tuple[tuple[str, Path], ...]:

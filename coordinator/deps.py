@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.orm import Session, sessionmaker
 
 from hetero.coordinator import recovery, store
+from hetero.coordinator.admission import Limits
 from hetero.coordinator.ingest import HeartbeatIngest
 from hetero.coordinator.readcache import IntervalHistories, LatestPlans, PendingOrders
 from hetero.core import defaults
@@ -45,6 +46,9 @@ class Deps:
     #: Directories jobs' checkpoint.dir and data_dir must lie under (core.roots);
     #: None = only "absolute".
     allowed_roots: tuple[str, ...] | None = None
+    #: What the coordinator admits: jobs per credential, ranks per CPU device, spec
+    #: bytes, calls at once, message size (``admission.Limits``).
+    limits: Limits = field(default_factory=Limits)
     #: When this coordinator started (Unix s; None = ``clock()`` at construction):
     #: a node's silence counts from here at most.
     started_at_unix_s: float | None = None
@@ -59,6 +63,7 @@ class Deps:
             started_at=self.started_at_unix_s or 0.0,
             master_port_base=self.master_port_base,
             master_port_span=self.master_port_span,
+            ranks_per_cpu_device=self.limits.ranks_per_cpu_device,
         )
 
     def invalidate_caches(self) -> None:

@@ -6,10 +6,10 @@ import logging
 
 import grpc
 
-from hetero.coordinator import logwire, store, views, wire
-from hetero.coordinator.placement import place, predict
-from hetero.coordinator.rpc import Handlers, invalid, rpc, state_name
-from hetero.core.jobspec import parse_jobspec
+from hetero.coordinator import admission, logwire, store, views, wire
+from hetero.coordinator.placement import PlacementError, place, predict
+from hetero.coordinator.rpc import Handlers, caller_of, invalid, rpc, state_name
+from hetero.core.jobspec import JobSpec, check_priority, parse_jobspec
 from hetero.core.states import JobState
 from hetero.v1 import coordinator_pb2 as pb
 
@@ -23,33 +23,62 @@ class JobHandlers(Handlers):
     def SubmitJob(
         self, req: pb.SubmitJobRequest, context: grpc.ServicerContext
     ) -> pb.SubmitJobResponse:
+        """Refuse a spec over the limits or one that can never fit; else queue the job,
+        and place it at once when nothing ahead of it waits for its devices."""
+        limits = self.deps.limits
+        admission.check_spec_bytes(req.spec_yaml, limits)  # before the parser sees it
         # Parse before touching the database: a bad spec stores nothing.
         spec = parse_jobspec(
             req.spec_yaml,
             source=source_name(req.source_name),
             allowed_roots=self.deps.allowed_roots,
         )
-        now = self.deps.clock()
+        priority = req.priority if req.HasField("priority") else spec.priority
+        check_priority(priority)
+        now, cfg = self.deps.clock(), self.deps.sweep_config().queue
+        if req.dry_run:
+            return self._dry_run(req, spec, now)
+        owner = caller_of(context)
         with self.deps.sessions() as s:
-            devices = store.device_slots(s, now=now, timeout_s=self.deps.heartbeat_timeout_s)
-            port = store.next_master_port(s, self.deps.master_port_base, self.deps.master_port_span)
-            placed = place(spec, devices, port)
-            predictions = [wire.prediction_message(p) for p in predict(spec, placed)]
-            if req.dry_run:
-                job_msg = wire.dry_run_job(spec, req.spec_yaml, placed)
-                return pb.SubmitJobResponse(job=job_msg, predictions=predictions)
-            job = store.create_job(s, spec, req.spec_yaml, placed, now=now)
+            devices = store.device_slots(
+                s, now=now, timeout_s=cfg.heartbeat_timeout_s, cpu_capacity=cfg.ranks_per_cpu_device
+            )
+            admission.check_fits(spec, devices)
+            admission.check_jobs_per_user(owner, store.jobs_of(s, owner), limits)
+            job = store.new_job(spec, req.spec_yaml, now=now, priority=priority, owner=owner)
+            placed = store.enqueue(s, job, cfg, now=now)
             job_msg = self._job(s, job, detail=True)
             s.commit()
         self.deps.invalidate_caches()  # its launches reach the agents at their next poll
         log.info(
             "job %s (%s) submitted: %d ranks, %s",
-            job.id,
+            job_msg.id,
             spec.name,
             spec.world_size,
-            placed.backend,
+            job_msg.backend or f"queued ({job_msg.message})",
         )
+        predictions = [wire.prediction_message(p) for p in predict(spec, placed)] if placed else []
         return pb.SubmitJobResponse(job_id=job_msg.id, job=job_msg, predictions=predictions)
+
+    def _dry_run(self, req: pb.SubmitJobRequest, spec: JobSpec, now: float) -> pb.SubmitJobResponse:
+        """What a submission would do, storing nothing: the placement it gets now, or the
+        one it would get on the idle cluster and why it would wait."""
+        cfg = self.deps.sweep_config().queue
+        with self._read() as s:
+            devices = store.device_slots(
+                s, now=now, timeout_s=cfg.heartbeat_timeout_s, cpu_capacity=cfg.ranks_per_cpu_device
+            )
+            admission.check_fits(spec, devices)
+            waits = ""
+            try:
+                placed = place(spec, devices, 0)
+            except PlacementError:
+                waits = "would queue: " + admission.reason(spec, devices, set())
+                placed = place(spec, admission.idle(devices), 0)
+        job_msg = wire.dry_run_job(spec, req.spec_yaml, placed)
+        job_msg.message = waits
+        predictions = [wire.prediction_message(p) for p in predict(spec, placed)]
+        return pb.SubmitJobResponse(job=job_msg, predictions=predictions)
 
     @rpc
     def ListJobs(
@@ -70,10 +99,14 @@ class JobHandlers(Handlers):
 
     @rpc
     def CancelJob(self, req: pb.CancelJobRequest, context: grpc.ServicerContext) -> pb.Job:
+        now = self.deps.clock()
         with self.deps.sessions.begin() as s:
-            job = store.cancel_job(s, req.job_id, now=self.deps.clock())
+            job = store.cancel_job(s, req.job_id, now=now)
+            s.flush()
+            # Its devices count as free at once (its ranks stop): the queue moves now.
+            store.admit_queued(s, self.deps.sweep_config().queue, now=now)
             reply = self._job(s, job, detail=True)
-        self.deps.invalidate_caches()  # its stop orders
+        self.deps.invalidate_caches()  # its stop orders, and launches of jobs placed now
         return reply
 
     @rpc

@@ -1,9 +1,11 @@
 """Job and rank state transitions: pure functions of the ranks' states.
 
 States are the names of ``hetero.core.states``' enums (the ``hetero.v1`` enum
-names without prefix). A job is PENDING until
-a rank runs, RUNNING while any does, SUCCEEDED when every rank exited 0.
-Finished states (SUCCEEDED, FAILED, CANCELLED) never change again.
+names without prefix). A job is QUEUED, with no ranks, while the devices it may
+use are busy (``admission``); once placed it is PENDING until a rank runs,
+RUNNING while any does, SUCCEEDED when every rank exited 0. Finished states
+(SUCCEEDED, FAILED, CANCELLED) never change again; a QUEUED job can only be
+placed or cancelled.
 
 A failure — a rank that exits non-zero, or a node that goes down while it holds
 ranks of the job — restarts the job while ``restarts < max_restarts``:
@@ -31,8 +33,11 @@ from hetero.core.states import JOB_TERMINAL, RANK_LIVE, JobState, RankState
 # The store keeps states by name; the states and their sets are hetero.core.states'.
 PENDING, RUNNING, SUCCEEDED = JobState.PENDING.name, JobState.RUNNING.name, JobState.SUCCEEDED.name
 FAILED, CANCELLED = JobState.FAILED.name, JobState.CANCELLED.name
-RESTARTING = JobState.RESTARTING.name
+RESTARTING, QUEUED = JobState.RESTARTING.name, JobState.QUEUED.name
 FINISHED = frozenset(s.name for s in JOB_TERMINAL)
+#: States of a placed job whose ranks hold devices and a rendezvous port (or may,
+#: while RESTARTING: the old attempt's ranks until they confirm they stopped).
+PLACED = frozenset({PENDING, RUNNING, RESTARTING})
 ASSIGNED, EXITED, STOPPING = RankState.ASSIGNED.name, RankState.EXITED.name, RankState.STOPPING.name
 #: Rank states of a process that exists, or may exist, on its node.
 LIVE_RANK_STATES = frozenset(s.name for s in RANK_LIVE)
@@ -89,7 +94,7 @@ def job_state(
     current: str, ranks: Sequence[RankStatus], restarts: int = 0, max_restarts: int = 0
 ) -> Transition:
     """The job's next state after a rank's state changed."""
-    if current in FINISHED or current == RESTARTING:
+    if current in FINISHED or current in (RESTARTING, QUEUED):
         # Exits while restarting are the stop orders being confirmed.
         return Transition(current)
     cause = failure_cause(ranks)

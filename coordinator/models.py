@@ -28,7 +28,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 #: version before Alembic; revision 0002 adds them to a database of 3).
 #: 5: byte counts and the ids of the growing tables are 64-bit on PostgreSQL (revision
 #: 0003). From 3 on, ``migrations/`` holds every change and ``schema`` applies it.
-SCHEMA_VERSION = 5
+#: 6: jobs.priority and jobs.owner (the queue; revision 0004).
+SCHEMA_VERSION = 6
 
 #: A 64-bit integer: PostgreSQL's INTEGER is 32-bit, and a GPU's memory in bytes (or
 #: the telemetry table's ids after a month of 1,000 nodes) overflows it. SQLite's
@@ -124,7 +125,7 @@ class JobRow(Base):
     __tablename__ = "jobs"
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     name: Mapped[str] = mapped_column(String(64))
-    #: A ``hetero.v1.JobState`` name without prefix: PENDING, RUNNING, SUCCEEDED, ...
+    #: A ``hetero.v1.JobState`` name without prefix: QUEUED, PENDING, RUNNING, ...
     state: Mapped[str] = mapped_column(String(16), index=True)
     spec_yaml: Mapped[str] = mapped_column(Text)
     policy: Mapped[str] = mapped_column(String(32))
@@ -132,6 +133,7 @@ class JobRow(Base):
     world_size: Mapped[int] = mapped_column(Integer)
     min_batch: Mapped[int] = mapped_column(Integer, default=1)
     rebalance_interval: Mapped[int] = mapped_column(Integer)
+    #: The three below are "", "" and 0 while the job is QUEUED (not placed yet).
     backend: Mapped[str] = mapped_column(String(8))
     master_addr: Mapped[str] = mapped_column(String(255))
     master_port: Mapped[int] = mapped_column(Integer)
@@ -149,6 +151,11 @@ class JobRow(Base):
     attempt_first_plan: Mapped[int] = mapped_column(Integer, default=1)
     #: When the job entered RESTARTING (its old ranks being stopped); NULL otherwise.
     restarting_since_unix_s: Mapped[float | None] = mapped_column(Float)
+    #: Queue priority: higher is placed first (``admission``).
+    priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    #: The credential that submitted the job (``identity``), for ``jobs_per_user``;
+    #: "" for jobs submitted before the queue.
+    owner: Mapped[str] = mapped_column(String(255), default="", server_default="")
     ranks: Mapped[list[RankRow]] = relationship(
         back_populates="job", cascade="all, delete-orphan", order_by="RankRow.rank"
     )

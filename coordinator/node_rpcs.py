@@ -8,9 +8,17 @@ import math
 
 import grpc
 
-from hetero.coordinator import lifecycle, logwire, recovery, store, validate, views, wire
-from hetero.coordinator.rpc import Handlers, invalid, rpc, state_name
-from hetero.core.jobspec import JobSpec, parse_jobspec
+from hetero.coordinator import (
+    lifecycle,
+    logwire,
+    orderpages,
+    recovery,
+    store,
+    validate,
+    views,
+    wire,
+)
+from hetero.coordinator.rpc import Handlers, invalid, rpc, state_name, time_left
 from hetero.core.states import RankState
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
@@ -49,6 +57,10 @@ class NodeHandlers(Handlers):
                 now=self.deps.clock(),
             )
             node_id = node.id
+            # New devices (a node joining or back): the queue may move now.
+            moved = store.admit_queued(s, self.deps.sweep_config().queue, now=self.deps.clock())
+        if moved:
+            self.deps.invalidate_caches()
         if self.deps.ingest is not None:
             self.deps.ingest.known(node_id)
         emulated = {d.emulated_slowdown for d in req.devices if d.emulated_slowdown > 1.0}
@@ -98,21 +110,9 @@ class NodeHandlers(Handlers):
             return out  # the common case, once a second per agent: nothing to do
         with self._read() as s:
             store.get_node(s, req.node_id)
-            specs: dict[str, JobSpec] = {}
-            for rank in store.ranks_to_launch(s, req.node_id):
-                job = rank.job
-                if job.id not in specs:
-                    specs[job.id] = parse_jobspec(job.spec_yaml, source=f"job {job.id}")
-                plan = store.latest_plan(s, job.id)
-                out.launches.append(wire.launch_message(job, rank, specs[job.id], plan))
-            for rank in store.ranks_to_stop(s, req.node_id):
-                out.stops.add(
-                    job_id=rank.job_id,
-                    rank=rank.rank,
-                    reason=rank.job.message,
-                    attempt=rank.job.restarts,
-                )
-        return out
+            return orderpages.poll_page(
+                s, req.node_id, req.page_token, req.limit, lambda: time_left(context)
+            )
 
     @rpc
     def ReportRankStatus(
@@ -137,7 +137,11 @@ class NodeHandlers(Handlers):
                 message=req.message,
             )
             # The last old rank confirmed stopped: place the restart now, not at the next sweep.
-            recovery.replace_if_ready(s, job, self.deps.sweep_config(), now=now)
+            cfg = self.deps.sweep_config()
+            recovery.replace_if_ready(s, job, cfg, now=now)
+            if job.state in lifecycle.FINISHED:  # its devices are free: the queue moves now
+                s.flush()
+                store.admit_queued(s, cfg.queue, now=now)
             reply = pb.ReportRankStatusResponse(job_state=wire.job_state(job.state))
         # After the commit: stop orders for the survivors, a restart's plan and launches.
         self.deps.invalidate_caches()
@@ -171,8 +175,12 @@ class NodeHandlers(Handlers):
         now = self.deps.clock()
         with self.deps.sessions.begin() as s:
             node = store.set_draining(s, req.node, not req.undrain, now=now)
+            s.flush()
+            moved = store.admit_queued(s, self.deps.sweep_config().queue, now=now)
             healthy = store.is_healthy(node, now, self.deps.heartbeat_timeout_s)
             msg = wire.node_message(node, views.telemetry(s, node.id, self._live()), healthy)
+        if moved:  # undrained: queued jobs placed on it
+            self.deps.invalidate_caches()
         log.info("node %s %s", msg.name, "drained" if msg.draining else "undrained")
         return msg
 

@@ -6,8 +6,9 @@ store, calls ``place``, and stores the result. Rules:
 - a device is eligible if its node is healthy and not drained, is in ``resources.nodes`` (when
   given) and its kind is allowed (``device: cuda|cpu|any``, ``allow_cpu``);
 - a CUDA device runs at most one rank of any active job; a CPU device may run
-  several ranks (they share its cores), and ranks spread over the least-loaded
-  CPU devices first;
+  several ranks (they share its cores), up to its ``capacity`` (the coordinator's
+  ``ranks_per_cpu_device``), and ranks spread over the least-loaded CPU devices
+  first;
 - with ``device: any``, CUDA devices are used before CPU devices, fastest first;
 - ranks are numbered node by node, so ``LOCAL_RANK`` counts within a node and
   rank 0 sits on the first node, whose address becomes ``MASTER_ADDR``;
@@ -59,6 +60,22 @@ class DeviceSlot:
     draining: bool = False
     #: Ranks of active jobs already on this device.
     ranks_running: int = 0
+    #: Ranks of active jobs the device may run at once; None = one on CUDA, no limit on
+    #: CPU (the coordinator always sets it: ``ranks_per_cpu_device`` for CPU devices).
+    capacity: int | None = None
+
+    @property
+    def max_ranks(self) -> int | None:
+        """Ranks this device may run at once (None = no limit)."""
+        if self.capacity is not None:
+            return self.capacity
+        return 1 if self.kind == "cuda" else None
+
+    @property
+    def room(self) -> int | None:
+        """Ranks more it may take now (None = no limit)."""
+        cap = self.max_ranks
+        return None if cap is None else max(cap - self.ranks_running, 0)
 
 
 @dataclass(frozen=True)
@@ -120,11 +137,20 @@ class Prediction:
 
 
 def eligible(spec: JobSpec, device: DeviceSlot) -> bool:
+    """Whether a rank of ``spec`` may go on ``device`` now."""
+    if not device.healthy or device.draining or device.room == 0:
+        return False
+    return suitable(spec, device)
+
+
+def suitable(spec: JobSpec, device: DeviceSlot) -> bool:
+    """Whether ``spec`` may ever use ``device``: its kind and node, whatever its health
+    or load."""
     res = spec.resources
-    if not device.healthy or device.draining or (res.nodes and device.node_name not in res.nodes):
+    if res.nodes and device.node_name not in res.nodes:
         return False
     if device.kind == "cuda":
-        return res.device in ("cuda", "any") and device.ranks_running == 0
+        return res.device in ("cuda", "any")
     if device.kind == "cpu":
         return res.device == "cpu" or (res.device == "any" and bool(res.allow_cpu))
     return False
@@ -139,15 +165,18 @@ def choose_devices(spec: JobSpec, devices: Sequence[DeviceSlot]) -> list[DeviceS
     )
     cpus = [d for d in candidates if d.kind == "cpu"]
     chosen = cuda[: spec.world_size]
-    if len(chosen) < spec.world_size and cpus:
-        load = {(d.node_id, d.index): d.ranks_running for d in cpus}
-        while len(chosen) < spec.world_size:
-            pick = min(
-                cpus,
-                key=lambda d: (load[(d.node_id, d.index)], -d.compute_score, d.node_name, d.index),
-            )
-            load[(pick.node_id, pick.index)] += 1
-            chosen.append(pick)
+    load = {(d.node_id, d.index): d.ranks_running for d in cpus}
+
+    def has_room(d: DeviceSlot) -> bool:
+        return d.max_ranks is None or load[(d.node_id, d.index)] < d.max_ranks
+
+    while len(chosen) < spec.world_size and (open_cpus := [d for d in cpus if has_room(d)]):
+        pick = min(
+            open_cpus,
+            key=lambda d: (load[(d.node_id, d.index)], -d.compute_score, d.node_name, d.index),
+        )
+        load[(pick.node_id, pick.index)] += 1
+        chosen.append(pick)
     if len(chosen) < spec.world_size:
         raise PlacementError(_shortage(spec, devices, len(chosen)))
     return sorted(chosen, key=lambda d: (d.node_name, d.kind != "cuda", d.index))

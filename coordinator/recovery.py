@@ -9,7 +9,9 @@ Every ``period_s`` the sweeper, in one transaction:
 2. gives a RESTARTING job whose old ranks are all gone its next placement on
    the healthy devices: the spec's world size if it fits, else fewer ranks
    (same global batch), a fresh rendezvous port, a new plan; the agents then
-   launch it with ``--resume auto``. A job that fits nowhere fails.
+   launch it with ``--resume auto``. A job that fits nowhere fails;
+3. places the queued jobs that now fit (``store.admit_queued``): restarts go
+   first, since their jobs were running already.
 
 A coordinator that just started counts silence from its own start, not from the
 last heartbeat stored: agents need a moment to reconnect after its restart.
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from hetero.coordinator import lifecycle, store
+from hetero.coordinator import admission, lifecycle, store
 from hetero.coordinator.models import JobRow
 from hetero.coordinator.periodic import Periodic
 from hetero.coordinator.placement import Placement, PlacementError, initial_plan, place
@@ -50,13 +52,26 @@ class SweepConfig:
     master_port_base: int = defaults.MASTER_PORT_BASE
     master_port_span: int = defaults.MASTER_PORT_SPAN
     stop_timeout_s: float = STOP_TIMEOUT_S
+    #: Ranks of active jobs one CPU device may run (``admission.Limits``).
+    ranks_per_cpu_device: int = admission.Limits.ranks_per_cpu_device
+
+    @property
+    def queue(self) -> store.QueueConfig:
+        return store.QueueConfig(
+            heartbeat_timeout_s=self.heartbeat_timeout_s,
+            ranks_per_cpu_device=self.ranks_per_cpu_device,
+            master_port_base=self.master_port_base,
+            master_port_span=self.master_port_span,
+        )
 
 
 def sweep(s: Session, cfg: SweepConfig, *, now: float) -> bool:
-    """One pass: detect down nodes, then re-place the restarting jobs that can be.
+    """One pass: detect down nodes, re-place the restarting jobs that can be, then place
+    the queued jobs that fit.
 
     True if it changed anything the agents' polls or ``GetPlan`` answer (a node
-    lost: stop orders; a restart placed or failed: launches, a new plan)."""
+    lost: stop orders; a restart or queued job placed, or a restart failed:
+    launches, a new plan)."""
     changed = False
     if now - cfg.started_at > cfg.heartbeat_timeout_s:
         for node in store.silent_nodes(s, since=now - cfg.heartbeat_timeout_s):
@@ -69,6 +84,8 @@ def sweep(s: Session, cfg: SweepConfig, *, now: float) -> bool:
     for job in store.restarting_jobs(s):
         if replace_if_ready(s, job, cfg, now=now) or job.state != lifecycle.RESTARTING:
             changed = True
+    if store.admit_queued(s, cfg.queue, now=now):  # placements made
+        changed = True
     return changed
 
 
@@ -113,8 +130,10 @@ def replace_if_ready(s: Session, job: JobRow, cfg: SweepConfig, *, now: float) -
 
 def place_restart(s: Session, spec: JobSpec, cfg: SweepConfig, *, now: float) -> Placement:
     """The largest placement of ``spec`` on the healthy devices (never another global batch)."""
-    devices = store.device_slots(s, now=now, timeout_s=cfg.heartbeat_timeout_s)
-    port = store.next_master_port(s, cfg.master_port_base, cfg.master_port_span)
+    devices = store.device_slots(
+        s, now=now, timeout_s=cfg.heartbeat_timeout_s, cpu_capacity=cfg.ranks_per_cpu_device
+    )
+    port = store.free_port(s, cfg.master_port_base, cfg.master_port_span)
     first_error: PlacementError | None = None
     for world_size in lifecycle.restart_world_sizes(spec.world_size):
         try:

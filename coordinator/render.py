@@ -81,21 +81,35 @@ def _device_telemetry(t: tpb.DeviceTelemetry) -> str:
 
 
 def jobs_table(jobs: Sequence[pb.Job]) -> Table:
-    table = Table("id", "name", "state", "ranks", "backend", "policy", "plan", "step", "submitted")
+    """One row per job; while any job is queued, a last column says what each waits for."""
+    queued = any(j.state == pb.JOB_STATE_QUEUED for j in jobs)
+    columns = ["id", "name", "state", "ranks", "backend", "policy", "plan", "step", "submitted"]
+    table = Table(*columns, *(["waiting for"] if queued else []))
     for j in jobs:
         plan = "/".join(str(b) for b in j.plan.batches)
-        table.add_row(
+        row = [
             j.id,
             j.name,
             state_name(j),
             str(j.world_size),
-            j.backend,
+            j.backend or "-",
             j.policy,
-            f"v{j.plan.version} {plan}",
+            f"v{j.plan.version} {plan}" if j.plan.version else "-",
             str(j.last_step),
             _age(j.submitted_at_unix_s),
-        )
+        ]
+        if queued:
+            row.append(queue_note(j))
+        table.add_row(*row)
     return table
+
+
+def queue_note(job: pb.Job) -> str:
+    """A queued job's reason (and priority, when not 0); "" for any other job."""
+    if job.state != pb.JOB_STATE_QUEUED:
+        return ""
+    reason = job.message.removeprefix("waiting for ")
+    return f"priority {job.priority}: {reason}" if job.priority else reason
 
 
 def ranks_table(job: pb.Job) -> Table:
@@ -138,18 +152,27 @@ def predictions_table(predictions: Sequence[pb.PolicyPrediction], global_batch: 
 
 def print_job(console: Console, job: pb.Job) -> None:
     state = state_name(job) if job.id else "dry run, nothing stored"
+    if job.priority:
+        state += f", priority {job.priority}"
     restarts = f"  restarts: {job.restarts}" if job.restarts else ""
     console.print(f"[bold]{job.name}[/] ({job.id or 'no id'})  state: {state}{restarts}")
+    where = (
+        "not placed yet"
+        if job.state == pb.JOB_STATE_QUEUED
+        else f"backend {job.backend}, rendezvous {job.master_addr}:{job.master_port}"
+    )
     console.print(
         f"global batch {job.global_batch} over {job.world_size} ranks, policy {job.policy}, "
-        f"backend {job.backend}, rendezvous {job.master_addr}:{job.master_port}"
+        + where
     )
     if job.message:
-        console.print(f"message: {job.message}")
-    console.print(
-        f"plan v{job.plan.version} from step {job.plan.apply_at_step}: "
-        f"{list(job.plan.batches)} ({job.plan.reason})"
-    )
-    console.print(ranks_table(job))
+        label = "queued" if job.state == pb.JOB_STATE_QUEUED else "message"
+        console.print(f"{label}: {job.message}")
+    if job.plan.version:
+        console.print(
+            f"plan v{job.plan.version} from step {job.plan.apply_at_step}: "
+            f"{list(job.plan.batches)} ({job.plan.reason})"
+        )
+        console.print(ranks_table(job))
     for e in job.events:
         console.print(f"  {time.strftime('%H:%M:%S', time.localtime(e.time_unix_s))} {e.message}")

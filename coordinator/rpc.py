@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from hetero.coordinator import views
 from hetero.coordinator.deps import Deps
+from hetero.coordinator.identity import ANYONE
 from hetero.coordinator.models import JobRow
 from hetero.core.errors import ConfigError, HeteroError
 from hetero.core.states import JobState, RankState
@@ -52,6 +53,20 @@ def rpc(method: Handler[Req, Resp]) -> Handler[Req, Resp]:
             raise  # unreachable: abort raises
 
     return wrapper
+
+
+def caller_of(context: object) -> str:
+    """Who made the call (``identity``): the name ``asyncserver`` put on its context;
+    "anyone" on a context without one."""
+    caller = getattr(context, "caller", None)
+    return caller if isinstance(caller, str) else ANYONE
+
+
+def time_left(context: object) -> float | None:
+    """Seconds until the call's deadline (None: no deadline, or a context that cannot say)."""
+    remaining = getattr(context, "time_remaining", None)
+    left = remaining() if callable(remaining) else None
+    return float(left) if isinstance(left, int | float) else None
 
 
 def invalid(message: str) -> ConfigError:

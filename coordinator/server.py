@@ -19,10 +19,12 @@ import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from hetero.coordinator.admission import Limits
 from hetero.coordinator.asyncserver import CoordinatorServer, add_coordinator
 from hetero.coordinator.database import open_database, read_session_factory, session_factory
 from hetero.coordinator.dburl import masked
 from hetero.coordinator.deps import Deps
+from hetero.coordinator.identity import Identities
 from hetero.coordinator.ingest import HeartbeatIngest
 from hetero.coordinator.metricsserver import MetricsServer
 from hetero.coordinator.pruning import IntervalPruner
@@ -47,15 +49,20 @@ def create_server(
     """A server for ``address`` (``host:port``; port 0 = any free port) and the bound port.
 
     ``security`` (default: loopback only, no token, no TLS) is applied by
-    ``hetero.transport``: token check, TLS, message limit, and no UNKNOWN status.
-    The server is ``grpc.aio`` on a loop thread of its own (``asyncserver``)."""
+    ``hetero.transport``: token check, TLS, message limit, and no UNKNOWN status;
+    ``deps.limits`` bounds the calls in flight and the message size. The server is
+    ``grpc.aio`` on a loop thread of its own (``asyncserver``)."""
     security = security or ServerSecurity()
 
     async def build(pool: futures.Executor) -> tuple[grpc.aio.Server, int]:
         server = new_aio_server(
-            security, what="coordinator", hint="--token-file or $HETERO_TOKEN_FILE"
+            security,
+            what="coordinator",
+            hint="--token-file or $HETERO_TOKEN_FILE",
+            max_concurrent_rpcs=deps.limits.concurrent_rpcs,
+            max_message_bytes=deps.limits.max_message_bytes,
         )
-        add_coordinator(server, deps, pool)
+        add_coordinator(server, deps, pool, Identities(security.token, security.roles))
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         for name in ("", SERVICE_NAME):
@@ -83,6 +90,7 @@ def serve(
     telemetry: TelemetryPolicy | None = None,
     interval_retention: IntervalRetention | None = None,
     log_retention: LogRetention | None = None,
+    limits: Limits | None = None,
 ) -> None:
     """Run the coordinator until SIGTERM or SIGINT; with ``metrics_listen`` (host:port)
     also serve Prometheus ``/metrics`` there. Heartbeats are written in batches
@@ -108,6 +116,7 @@ def serve(
             heartbeat_timeout_s=heartbeat_timeout_s,
             allowed_roots=allowed_roots,
             master_port_base=master_port_base,
+            limits=limits or Limits(),
         )
     sweeper = Sweeper(
         deps.sessions,
@@ -136,6 +145,15 @@ def serve(
         port,
         describe(security),
         masked(db_url),
+    )
+    log.info(
+        "queue and limits: %d queued or active jobs per credential, %d ranks per CPU device, "
+        "specs up to %d bytes, %d calls at once, messages up to %d bytes",
+        deps.limits.jobs_per_user,
+        deps.limits.ranks_per_cpu_device,
+        deps.limits.max_spec_bytes,
+        deps.limits.concurrent_rpcs,
+        deps.limits.max_message_bytes,
     )
     log.info(
         "retention: telemetry %g h; interval stats whole for %g h, then 1 interval in %d, "

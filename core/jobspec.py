@@ -34,6 +34,8 @@ DEVICE_KINDS = ("any", "cuda", "cpu")
 #: Bytes of job.yaml text; a spec is a page of YAML.
 MAX_SPEC_BYTES = 1024 * 1024
 MAX_RESTARTS = 1000
+#: Queue priorities a job may have (``priority``; ``hetero-coord submit --priority``).
+MIN_PRIORITY, MAX_PRIORITY = -1_000_000, 1_000_000
 MAX_COMMAND_ARGS = 4096
 #: Bytes of one command argument (Linux MAX_ARG_STRLEN).
 MAX_ARG_BYTES = 128 * 1024
@@ -68,6 +70,14 @@ CLUSTER_FIELDS: tuple[tuple[str, str, str, str], ...] = (
         "`0`",
         "restarts after a lost node or a failed rank: the job resumes from its checkpoint on "
         "the healthy devices ([reliability](reliability.md))",
+    ),
+    (
+        "priority",
+        f"integer, {MIN_PRIORITY:,} … {MAX_PRIORITY:,}",
+        "`0`",
+        "place in the coordinator's queue while devices are busy: higher first, equal ones in "
+        "submission order (`hetero-coord submit --priority` overrides it; "
+        "[deploy](deploy.md#queue-and-limits))",
     ),
 )
 
@@ -127,6 +137,8 @@ class JobSpec:
     checkpoint: Checkpoint | None = None
     max_restarts: int = 0
     emulate_slowdown: tuple[float, ...] = field(default=())
+    #: Queue priority: higher is placed first (the coordinator's ``admission``).
+    priority: int = 0
 
     @property
     def world_size(self) -> int:
@@ -270,6 +282,7 @@ def parse_jobspec(
         checkpoint=checkpoint,
         max_restarts=top.integer("max_restarts", 0, minimum=0, maximum=MAX_RESTARTS) or 0,
         emulate_slowdown=emulate_slowdown,
+        priority=top.integer("priority", 0, minimum=MIN_PRIORITY, maximum=MAX_PRIORITY) or 0,
     )
     if spec.global_batch < spec.min_batch * resources.ranks:
         key = "batch_size" if "batch_size" in given else "global_batch"
@@ -279,6 +292,14 @@ def parse_jobspec(
         )
     top.finish()
     return spec
+
+
+def check_priority(priority: int) -> None:
+    """A ``ConfigError`` for a priority outside [MIN_PRIORITY, MAX_PRIORITY]."""
+    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise ConfigError(
+            f"priority: must be in [{MIN_PRIORITY:,}, {MAX_PRIORITY:,}], got {priority:,}"
+        )
 
 
 def _value(top: Fields, option: Any) -> Any:

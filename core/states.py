@@ -7,9 +7,11 @@ are the proto names without their prefix: the coordinator's database stores them
 (``JobState.RUNNING.name == "RUNNING"``), and people read them lower-cased
 (``JobState.RUNNING.label == "running"``).
 
-A job is PENDING until a rank runs, RUNNING while any does, SUCCEEDED when every
-rank exited 0; a lost rank or node makes it RESTARTING, then PENDING again (see
-``hetero.coordinator.lifecycle``). The terminal states never change again.
+A job is QUEUED while the devices it may use are busy, PENDING once placed until
+a rank runs, RUNNING while any does, SUCCEEDED when every rank exited 0; a lost
+rank or node makes it RESTARTING, then PENDING again (see
+``hetero.coordinator.lifecycle`` and ``hetero.coordinator.admission``). The
+terminal states never change again.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ class JobState(enum.IntEnum):
     FAILED = 4
     CANCELLED = 5
     RESTARTING = 6
+    #: Accepted, waiting for devices; it has no ranks yet.
+    QUEUED = 7
 
     @property
     def is_terminal(self) -> bool:

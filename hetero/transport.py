@@ -242,9 +242,18 @@ def new_server(
     )
 
 
-def new_aio_server(security: ServerSecurity, *, what: str, hint: str) -> grpc.aio.Server:
+def new_aio_server(
+    security: ServerSecurity,
+    *,
+    what: str,
+    hint: str,
+    max_concurrent_rpcs: int | None = None,
+    max_message_bytes: int = MAX_MESSAGE_BYTES,
+) -> grpc.aio.Server:
     """:func:`new_server` for ``grpc.aio`` (the same interceptors and limit); call it
-    on the event loop that will run the server."""
+    on the event loop that will run the server. ``max_concurrent_rpcs``: calls beyond
+    it are refused RESOURCE_EXHAUSTED before their request is read (None = no limit);
+    ``max_message_bytes``: the largest request and reply."""
     interceptors: list[grpc.aio.ServerInterceptor] = []
     if security.token is not None or security.roles:
         interceptors.append(
@@ -253,9 +262,10 @@ def new_aio_server(security: ServerSecurity, *, what: str, hint: str) -> grpc.ai
     interceptors.append(AioGuardInterceptor())
     return grpc.aio.server(
         interceptors=interceptors,
+        maximum_concurrent_rpcs=max_concurrent_rpcs,
         options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
             # gRPC sets SO_REUSEPORT by default: a second daemon on a taken port would
             # bind too and silently take half the connections (half the agents).
             ("grpc.so_reuseport", 0),

@@ -51,6 +51,9 @@ def summary(job: JobView) -> Text:
     out.append("\n")
     live = job.live
     if live is None:
+        if job.state == "queued":
+            out.append(f"queued: {job.message}", style="magenta")
+            return out
         out.append("no interval reported yet", style="dim")
         return out
     out.append(f"samples/s {fmt.rate(live.samples_per_s)}", style="bold")
@@ -71,6 +74,7 @@ def _state_style(state: str) -> str:
     return {
         "running": "green",
         "pending": "cyan",
+        "queued": "magenta",
         "restarting": "bold yellow",
         "succeeded": "bold green",
         "failed": "bold red",

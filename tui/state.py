@@ -131,7 +131,8 @@ class LiveView:
 class JobView:
     id: str
     name: str
-    state: str  # "pending", "running", "restarting", "succeeded", "failed", "cancelled"
+    #: "queued", "pending", "running", "restarting", "succeeded", "failed", "cancelled"
+    state: str
     policy: str
     global_batch: int
     world_size: int
@@ -139,6 +140,7 @@ class JobView:
     last_step: int
     total_steps: int | None
     restarts: int
+    #: Why it failed or was cancelled, or, while queued, what it waits for.
     message: str
     plan_version: int
     ranks: tuple[RankView, ...]

@@ -183,6 +183,11 @@ class ClusterTable(StateTable):
 
 
 def _progress(job: JobView, width: int) -> Text:
+    if job.state == "queued":  # what it waits for, as much as fits (the detail has it all)
+        room = max(width + 5, 6)
+        reason = job.message.removeprefix("waiting for ")
+        shown = reason if len(reason) <= room else reason[: room - 1] + "…"
+        return Text(shown, style="magenta")
     frac = job.progress
     if frac is None:
         return Text(f"step {job.last_step}")
@@ -241,7 +246,8 @@ class JobsTable(StateTable):
 
 
 def _state_style(state: str) -> str:
-    styles = {"running": "green", "pending": "cyan", "restarting": "bold yellow"}
+    styles = {"running": "green", "pending": "cyan", "queued": "magenta"}
+    styles |= {"restarting": "bold yellow"}
     styles |= {"failed": "bold red", "cancelled": "dim"}
     return styles.get(state, "")
 

@@ -10,6 +10,8 @@ which names every public function:
 - ``nodes``: registration, draining, liveness and the device slots for placement;
 - ``telemetry``: heartbeats in bulk and downsampled telemetry;
 - ``jobs``: submission, cancel, rank states through the lifecycle, restarts;
+- ``queue``: jobs waiting for devices and the pass that places them;
+- ``ports``: each placed job's own rendezvous port;
 - ``orders``: the ranks an agent should launch or stop;
 - ``plans``: a job's per-rank batches by version;
 - ``intervals``: per-rank interval statistics and the balancer's windows;
@@ -35,7 +37,8 @@ from hetero.coordinator.store.jobs import (
     get_job,
     list_jobs,
     lose_node,
-    next_master_port,
+    new_job,
+    place_job,
     replace_job,
     restarting_jobs,
     set_rank_status,
@@ -54,6 +57,16 @@ from hetero.coordinator.store.nodes import (
 )
 from hetero.coordinator.store.orders import nodes_with_orders, ranks_to_launch, ranks_to_stop
 from hetero.coordinator.store.plans import add_plan, job_plans, latest_plan, plan_batches
+from hetero.coordinator.store.ports import PortsExhaustedError, free_port, free_ports, ports_in_use
+from hetero.coordinator.store.queue import (
+    QueueConfig,
+    admit_queued,
+    ahead_of,
+    enqueue,
+    jobs_of,
+    queued_ids,
+    spec_of,
+)
 from hetero.coordinator.store.rows import NotFoundError
 from hetero.coordinator.store.telemetry import (
     Beat,
@@ -65,19 +78,26 @@ from hetero.coordinator.store.telemetry import (
 __all__ = [
     "Beat",
     "NotFoundError",
+    "PortsExhaustedError",
+    "QueueConfig",
     "TelemetryPolicy",
     "active_jobs_on_node",
     "add_event",
     "add_interval",
     "add_plan",
+    "admit_queued",
+    "ahead_of",
     "append_logs",
     "apply_transition",
     "cancel_job",
     "complete_steps",
     "create_job",
     "device_slots",
+    "enqueue",
     "fail_restart",
     "find_node",
+    "free_port",
+    "free_ports",
     "get_job",
     "get_node",
     "interval_history",
@@ -87,6 +107,7 @@ __all__ = [
     "job_intervals",
     "job_logs",
     "job_plans",
+    "jobs_of",
     "latest_interval",
     "latest_plan",
     "latest_telemetry",
@@ -94,9 +115,12 @@ __all__ = [
     "list_nodes",
     "lose_node",
     "mark_down",
-    "next_master_port",
+    "new_job",
     "nodes_with_orders",
+    "place_job",
     "plan_batches",
+    "ports_in_use",
+    "queued_ids",
     "rank_interval",
     "ranks_to_launch",
     "ranks_to_stop",
@@ -107,4 +131,5 @@ __all__ = [
     "set_draining",
     "set_rank_status",
     "silent_nodes",
+    "spec_of",
 ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from hetero.coordinator import lifecycle
@@ -18,30 +18,38 @@ from hetero.coordinator.store.rows import NotFoundError
 from hetero.core.jobspec import JobSpec
 
 
-def next_master_port(s: Session, base: int, span: int) -> int:
-    """A rendezvous port for the next job or restart: consecutive attempts get different
-    ports (a rank of the previous attempt may still hold its port)."""
-    count = s.scalar(select(func.count()).select_from(JobRow)) or 0
-    restarts = s.scalar(select(func.sum(JobRow.restarts))) or 0
-    return base + (count + restarts) % span
-
-
 def create_job(
-    s: Session, spec: JobSpec, spec_yaml: str, placement: Placement, *, now: float
+    s: Session,
+    spec: JobSpec,
+    spec_yaml: str,
+    placement: Placement,
+    *,
+    now: float,
+    priority: int = 0,
+    owner: str = "",
 ) -> JobRow:
-    job = JobRow(
+    """A job placed at once (``placement``): PENDING, its ranks assigned."""
+    job = new_job(spec, spec_yaml, now=now, priority=priority, owner=owner)
+    s.add(job)
+    place_job(s, job, spec, placement, now=now)
+    return job
+
+
+def new_job(spec: JobSpec, spec_yaml: str, *, now: float, priority: int, owner: str) -> JobRow:
+    """The row of a job not placed yet (QUEUED, no ranks, no rendezvous); not added."""
+    return JobRow(
         id=uuid.uuid4().hex[:12],
         name=spec.name,
-        state=lifecycle.PENDING,
+        state=lifecycle.QUEUED,
         spec_yaml=spec_yaml,
         policy=spec.policy,
         global_batch=spec.global_batch,
         world_size=spec.world_size,
         min_batch=spec.min_batch,
         rebalance_interval=spec.rebalance_interval,
-        backend=placement.backend,
-        master_addr=placement.master_addr,
-        master_port=placement.master_port,
+        backend="",
+        master_addr="",
+        master_port=0,
         submitted_at_unix_s=now,
         message="",
         restarts=0,
@@ -49,21 +57,36 @@ def create_job(
         total_steps=spec.steps,
         max_restarts=spec.max_restarts,
         attempt_first_plan=1,
+        priority=priority,
+        owner=owner,
     )
+
+
+def place_job(s: Session, job: JobRow, spec: JobSpec, placement: Placement, *, now: float) -> None:
+    """Give a QUEUED (or new) job its ranks, rendezvous and first plan: PENDING."""
+    job.state, job.message = lifecycle.PENDING, ""
+    job.backend = placement.backend
+    job.master_addr, job.master_port = placement.master_addr, placement.master_port
     job.ranks = _rank_rows(placement)
-    s.add(job)
     s.flush()
     first = initial_plan(spec, placement)
     add_plan(s, job.id, first.batches, 0, first.policy, first.reason, now=now)
     emulated = " (emulated slowdown)" if placement.emulated else ""
+    waited = now - job.submitted_at_unix_s
+    # Placed by the submission itself: "job_submitted", as before the queue; from the
+    # queue later: "job_placed", with the time it waited.
+    kind, after = (
+        ("job_placed", f" after {waited:.1f} s in the queue")
+        if waited > 0
+        else ("job_submitted", "")
+    )
     add_event(
         s,
-        "job_submitted",
-        f"job {spec.name} placed on {spec.world_size} ranks, {placement.backend}{emulated}",
+        kind,
+        f"job {spec.name} placed on {spec.world_size} ranks, {placement.backend}{emulated}{after}",
         job_id=job.id,
         now=now,
     )
-    return job
 
 
 def _rank_rows(placement: Placement) -> list[RankRow]:

@@ -103,12 +103,17 @@ def is_healthy(node: NodeRow, now: float, timeout_s: float) -> bool:
     return bool(now - node.last_heartbeat_unix_s <= timeout_s)
 
 
-def device_slots(s: Session, *, now: float, timeout_s: float) -> list[DeviceSlot]:
-    """Every registered device with its node's health and its active ranks, for placement."""
+def device_slots(
+    s: Session, *, now: float, timeout_s: float, cpu_capacity: int | None = None
+) -> list[DeviceSlot]:
+    """Every registered device with its node's health and its active ranks, for placement;
+    a CPU device takes at most ``cpu_capacity`` ranks (None = no limit), a CUDA device one."""
     active = s.execute(
         select(RankRow.node_id, RankRow.device_index, func.count())
         .join(JobRow)
-        .where(JobRow.state.not_in(lifecycle.FINISHED), RankRow.state != lifecycle.EXITED)
+        # PLACED, not "not FINISHED": the index on jobs.state finds the few placed jobs
+        # among thousands that ended (a queued job has no ranks).
+        .where(JobRow.state.in_(lifecycle.PLACED), RankRow.state != lifecycle.EXITED)
         .group_by(RankRow.node_id, RankRow.device_index)
     )
     busy = {(node_id, index): int(n) for node_id, index, n in active}
@@ -126,6 +131,7 @@ def device_slots(s: Session, *, now: float, timeout_s: float) -> list[DeviceSlot
             healthy=is_healthy(node, now, timeout_s),
             draining=node.draining,
             ranks_running=busy.get((node.id, d.index), 0),
+            capacity=cpu_capacity if d.kind == "cpu" else None,
         )
         for node in list_nodes(s)
         for d in node.devices

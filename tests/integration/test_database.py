@@ -176,8 +176,13 @@ def test_a_pre_alembic_database_is_upgraded_on_open_and_loses_no_row(
         assert _schema_version(engine) == [SCHEMA_VERSION]
         assert _dump(engine, columns) == before
         added = {(t, c) for t, now in _columns(engine).items() for c in now if c not in columns[t]}
+        # Revision 0004's columns, with the values of a job submitted before the queue.
+        queue = {("jobs", "priority"), ("jobs", "owner")}
+        with engine.connect() as conn:
+            got = conn.execute(text("SELECT priority, owner FROM jobs")).all()
+        assert [tuple(r) for r in got] == [(0, "")] * ROWS
         if version == 3:  # revision 0002's columns, with the values of a device without them
-            assert added == {
+            assert added == queue | {
                 ("devices", "suspect"),
                 ("devices", "shared_while_profiled"),
                 ("devices", "foreign_utilization_percent"),
@@ -191,7 +196,7 @@ def test_a_pre_alembic_database_is_upgraded_on_open_and_loses_no_row(
                 ).all()
             assert [tuple(r) for r in got] == [("", False, None)] * ROWS
         else:
-            assert added == set()
+            assert added == queue
         with engine.connect() as conn:
             assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
         # 64-bit now on every store: an 80 GiB device, and ids past 2^31.

@@ -67,14 +67,16 @@ def test_a_drained_node_gets_no_new_ranks_until_undrained(sim, coordinator) -> N
     sim.heartbeat()
     node = sim.stub.DrainNode(pb.DrainNodeRequest(node="cpu-c"), timeout=DEADLINE_S)
     assert node.draining and node.name == "cpu-c"
-    with pytest.raises(grpc.RpcError) as info:
-        sim.submit(SMALL_JOB_SPEC)
-    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "drained" in info.value.details()
+    # The job waits for the drained node (drains end) instead of being refused.
+    queued = sim.submit(SMALL_JOB_SPEC)
+    assert queued.state == pb.JOB_STATE_QUEUED and not queued.ranks
+    assert "drained: cpu-c" in queued.message, queued.message
     nodes = sim.stub.ListNodes(pb.ListNodesRequest(), timeout=DEADLINE_S).nodes
     assert {n.name: n.draining for n in nodes} == {"cpu-c": True, "gpu-a": False, "gpu-b": False}
     assert cli.main(["drain", "cpu-c", "--undo", "--coordinator", coordinator.address]) == 0
-    assert sim.submit(SMALL_JOB_SPEC).ranks[0].node_name == "cpu-c"
+    placed = sim.stub.GetJob(pb.GetJobRequest(job_id=queued.id), timeout=DEADLINE_S)
+    assert placed.state == pb.JOB_STATE_PENDING and placed.message == ""
+    assert placed.ranks[0].node_name == "cpu-c"
     with pytest.raises(grpc.RpcError) as info:
         sim.stub.DrainNode(pb.DrainNodeRequest(node="nope"), timeout=DEADLINE_S)
     assert info.value.code() == grpc.StatusCode.NOT_FOUND

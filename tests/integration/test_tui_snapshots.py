@@ -35,6 +35,10 @@ SIZES = ((80, 24), (200, 50))
 SCREENS = ("cluster", "jobs", "detail", "help")
 UPDATE = os.environ.get("HETERO_UPDATE_SNAPSHOTS") == "1"
 M = TypeVar("M", pb.ClusterSnapshot, pb.JobDetail)
+#: A job that waits: every CUDA device runs a rank of the 3-rank job.
+QUEUED_JOB_SPEC = SMALL_JOB_SPEC.replace("cpu-smoke", "gpu-wait").replace(
+    "device: cpu", "device: cuda"
+)
 
 
 @dataclass(frozen=True)
@@ -68,7 +72,8 @@ def _renamed(msg: M, ids: dict[str, str]) -> M:
 @pytest.fixture(scope="module")
 def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
     """A cluster 30 s into a run: a 3-rank job re-planned around an emulated straggler,
-    a pending job, node gpu-b drained and node cpu-c silent for 15 s (down)."""
+    a pending job, a job queued for a CUDA device (the 3-rank job holds all three),
+    node gpu-b drained and node cpu-c silent for 15 s (down)."""
     db = tmp_path_factory.mktemp("snap") / "coordinator.db"
     engine = open_database(f"sqlite:///{db}")
     clock = FixedClock()
@@ -88,6 +93,8 @@ def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
                 sim.start(job)
                 clock.now += 1.0
                 sim.submit(SMALL_JOB_SPEC)
+                clock.now += 1.0
+                sim.submit(QUEUED_JOB_SPEC)
             if tick > 3 and tick % 2 == 0:
                 sim.train(sim.job(job.id), 1)
             if tick == 20:
@@ -103,7 +110,7 @@ def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
     state = ClusterState()
     for snap in snapshots:
         snap = _renamed(snap, ids)
-        # Both jobs were submitted within a second; keep their order independent of ids.
+        # The jobs were submitted within seconds; keep their order independent of ids.
         jobs = sorted(snap.jobs, key=lambda j: j.name, reverse=True)
         del snap.jobs[:]
         snap.jobs.extend(jobs)

@@ -16,6 +16,7 @@ class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     JOB_STATE_FAILED: _ClassVar[JobState]
     JOB_STATE_CANCELLED: _ClassVar[JobState]
     JOB_STATE_RESTARTING: _ClassVar[JobState]
+    JOB_STATE_QUEUED: _ClassVar[JobState]
 
 class RankState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -31,6 +32,7 @@ JOB_STATE_SUCCEEDED: JobState
 JOB_STATE_FAILED: JobState
 JOB_STATE_CANCELLED: JobState
 JOB_STATE_RESTARTING: JobState
+JOB_STATE_QUEUED: JobState
 RANK_STATE_UNSPECIFIED: RankState
 RANK_STATE_ASSIGNED: RankState
 RANK_STATE_RUNNING: RankState
@@ -178,7 +180,7 @@ class JobEvent(_message.Message):
     def __init__(self, id: _Optional[int] = ..., time_unix_s: _Optional[float] = ..., kind: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "name", "state", "policy", "global_batch", "world_size", "backend", "master_addr", "master_port", "submitted_at_unix_s", "finished_at_unix_s", "message", "restarts", "ranks", "plan", "spec_yaml", "events", "last_step", "live", "total_steps")
+    __slots__ = ("id", "name", "state", "policy", "global_batch", "world_size", "backend", "master_addr", "master_port", "submitted_at_unix_s", "finished_at_unix_s", "message", "restarts", "ranks", "plan", "spec_yaml", "events", "last_step", "live", "total_steps", "priority")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -199,6 +201,7 @@ class Job(_message.Message):
     LAST_STEP_FIELD_NUMBER: _ClassVar[int]
     LIVE_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     state: JobState
@@ -219,7 +222,8 @@ class Job(_message.Message):
     last_step: int
     live: JobLive
     total_steps: int
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., policy: _Optional[str] = ..., global_batch: _Optional[int] = ..., world_size: _Optional[int] = ..., backend: _Optional[str] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., submitted_at_unix_s: _Optional[float] = ..., finished_at_unix_s: _Optional[float] = ..., message: _Optional[str] = ..., restarts: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankPlacement, _Mapping]]] = ..., plan: _Optional[_Union[_types_pb2.Plan, _Mapping]] = ..., spec_yaml: _Optional[str] = ..., events: _Optional[_Iterable[_Union[JobEvent, _Mapping]]] = ..., last_step: _Optional[int] = ..., live: _Optional[_Union[JobLive, _Mapping]] = ..., total_steps: _Optional[int] = ...) -> None: ...
+    priority: int
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., policy: _Optional[str] = ..., global_batch: _Optional[int] = ..., world_size: _Optional[int] = ..., backend: _Optional[str] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., submitted_at_unix_s: _Optional[float] = ..., finished_at_unix_s: _Optional[float] = ..., message: _Optional[str] = ..., restarts: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankPlacement, _Mapping]]] = ..., plan: _Optional[_Union[_types_pb2.Plan, _Mapping]] = ..., spec_yaml: _Optional[str] = ..., events: _Optional[_Iterable[_Union[JobEvent, _Mapping]]] = ..., last_step: _Optional[int] = ..., live: _Optional[_Union[JobLive, _Mapping]] = ..., total_steps: _Optional[int] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class StragglerFlag(_message.Message):
     __slots__ = ("rank", "ratio", "intervals", "message")
@@ -278,14 +282,16 @@ class JobDetail(_message.Message):
     def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ..., intervals: _Optional[_Iterable[_Union[_types_pb2.IntervalReport, _Mapping]]] = ..., plans: _Optional[_Iterable[_Union[_types_pb2.Plan, _Mapping]]] = ..., more: bool = ...) -> None: ...
 
 class SubmitJobRequest(_message.Message):
-    __slots__ = ("spec_yaml", "source_name", "dry_run")
+    __slots__ = ("spec_yaml", "source_name", "dry_run", "priority")
     SPEC_YAML_FIELD_NUMBER: _ClassVar[int]
     SOURCE_NAME_FIELD_NUMBER: _ClassVar[int]
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     spec_yaml: str
     source_name: str
     dry_run: bool
-    def __init__(self, spec_yaml: _Optional[str] = ..., source_name: _Optional[str] = ..., dry_run: bool = ...) -> None: ...
+    priority: int
+    def __init__(self, spec_yaml: _Optional[str] = ..., source_name: _Optional[str] = ..., dry_run: bool = ..., priority: _Optional[int] = ...) -> None: ...
 
 class PolicyPrediction(_message.Message):
     __slots__ = ("policy", "batches", "predicted_step_s", "predicted_samples_per_s", "emulated")
@@ -338,10 +344,14 @@ class CancelJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class PollAssignmentsRequest(_message.Message):
-    __slots__ = ("node_id",)
+    __slots__ = ("node_id", "limit", "page_token")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     node_id: str
-    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+    limit: int
+    page_token: str
+    def __init__(self, node_id: _Optional[str] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class TrainingArgs(_message.Message):
     __slots__ = ("model", "dataset", "data_dir", "global_batch", "steps", "epochs", "lr", "seed", "policy", "rebalance_interval", "checkpoint_dir", "checkpoint_interval_steps", "command", "resume", "options")
@@ -436,12 +446,14 @@ class RankStop(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., reason: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class PollAssignmentsResponse(_message.Message):
-    __slots__ = ("launches", "stops")
+    __slots__ = ("launches", "stops", "next_page_token")
     LAUNCHES_FIELD_NUMBER: _ClassVar[int]
     STOPS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     launches: _containers.RepeatedCompositeFieldContainer[RankLaunch]
     stops: _containers.RepeatedCompositeFieldContainer[RankStop]
-    def __init__(self, launches: _Optional[_Iterable[_Union[RankLaunch, _Mapping]]] = ..., stops: _Optional[_Iterable[_Union[RankStop, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, launches: _Optional[_Iterable[_Union[RankLaunch, _Mapping]]] = ..., stops: _Optional[_Iterable[_Union[RankStop, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class ReportRankStatusRequest(_message.Message):
     __slots__ = ("node_id", "job_id", "rank", "state", "exit_code", "message", "attempt")
