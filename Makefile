@@ -71,9 +71,10 @@ IMAGE_TORCH ?= torch==2.13.0+cpu torchvision==0.28.0
 image: $(STAMP)  ## build the container image offline with podman (Debian base, wheelhouse, CPU torch); IMAGE=name
 	@docker/debian-base.sh $(IMAGE_BASE)
 	@rm -f wheelhouse/py$(IMAGE_PY)/hetero-*.whl
-	@# Timestamps of the last commit: an unchanged tree makes the same wheel, so podman's
-	@# layer cache holds and the image is not rebuilt.
-	@SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || echo 315532800) \
+	@# Timestamps of the last commit to the packaged files: unchanged sources make the same
+	@# wheel, so podman's layer cache holds and the image is not rebuilt.
+	@SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct -- pyproject.toml README.md hetero core coordinator \
+	    agent trainer tui bench proto 2>/dev/null || echo 315532800) \
 	    $(MAKE) -s wheelhouse PY=$(IMAGE_PY) >/dev/null
 	@$(BIN)/python -m pip download -q -d wheelhouse/py$(IMAGE_PY) --only-binary=:all: --python-version $(IMAGE_PY) \
 	    --implementation cp --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
