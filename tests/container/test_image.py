@@ -183,7 +183,7 @@ def test_coordinator_and_two_agent_containers_run_the_demo_job_to_success(demo) 
         assert time.monotonic() < deadline, f"agents registered: {sorted(names)}; {nodes.stderr}"
         time.sleep(2.0)
     started = time.perf_counter()
-    submitted = _client(address, env, "submit", str(DEMO), "--wait", "--json", timeout_s=900.0)
+    submitted = _client(address, env, "submit", str(DEMO), "--wait", "--json", timeout_s=1800.0)
     demo_s = time.perf_counter() - started
     assert submitted.returncode == 0, submitted.stderr[-2000:]
     job = json.loads(submitted.stdout)
