@@ -97,21 +97,15 @@ def test_the_image_runs_as_a_non_root_user_and_stays_small(image: Image) -> None
     assert healthcheck and healthcheck["Test"] == ["CMD", "hetero-entrypoint", "health"]
     # A CPU build of torch is most of it; a CUDA build would add about 3 GB.
     assert image.size_bytes < 1_500_000_000, image.size_bytes
-    versions = podman(
-        "run",
-        "--rm",
-        image.name,
-        "python3",
-        "-c",
-        "import torch, hetero.coordinator.cli, hetero.agent.cli; print(torch.__version__)",
-    ).stdout
-    assert "+cpu" in versions or versions.strip(), versions
+    imports = "import torch, hetero.coordinator.cli, hetero.agent.cli, hetero.trainer.cli"
+    loaded = podman("run", "--rm", image.name, "python3", "-c", f"{imports}; print('ok')")
+    assert loaded.stdout == "ok\n", loaded.stdout + loaded.stderr
 
 
 @pytest.fixture
 def demo(image: Image) -> Iterator[tuple[Project, dict[str, str]]]:
     """compose.yaml's services under a project name of the test's own, started in order;
-    everything it made is removed afterwards (and its logs printed on failure)."""
+    everything it made is removed afterwards, each container's last log lines printed first."""
     name = f"hetero-test-{secrets.token_hex(3)}"
     env = {**os.environ, "HETERO_TOKEN": secrets.token_hex(32), "HETERO_IMAGE": image.name}
     project = load(COMPOSE, env, project=name)
