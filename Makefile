@@ -28,7 +28,7 @@ demo-embedded: $(STAMP)  ## the same comparison with hetero-train alone (no cont
 	@$(BIN)/python -m hetero.trainer.demo
 
 test: $(STAMP)  ## run the whole test suite (chaos tests excepted: make chaos; PostgreSQL: make test-postgres; the image: make test-container)
-	@$(BIN)/python -m pytest -q -m 'not chaos and not postgres and not container'
+	@$(BIN)/python -m pytest -q --durations=25 -m 'not chaos and not postgres and not container'
 
 # As root on Debian it installs the postgresql package when no server is there; the
 # server itself is a throwaway cluster under /tmp (tests/integration/pgserver.py).

@@ -17,11 +17,38 @@ A plain DDP script adopts it in a few lines::
 ``hetero-train``'s options as keywords (``hetero.core.catalogue``).
 """
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from hetero.trainer.checkpoint import RunIdentity, load_checkpoint, save_checkpoint
-from hetero.trainer.context import Context, HeteroLoader, TrainerConfig, init
-from hetero.trainer.sampler import UnevenBatchSampler, epoch_permutation
+if TYPE_CHECKING:
+    from hetero.trainer.checkpoint import RunIdentity, load_checkpoint, save_checkpoint
+    from hetero.trainer.context import Context, HeteroLoader, TrainerConfig, init
+    from hetero.trainer.sampler import UnevenBatchSampler, epoch_permutation
+
+#: The API's names and the modules that define them, imported on first use: the
+#: package itself imports no torch, so ``hetero-train`` answers ``--help`` and a bad
+#: flag before torch has loaded (seconds), and ``python -m hetero.trainer.X`` pays
+#: only for what X needs.
+_LAZY = {
+    "RunIdentity": "checkpoint",
+    "load_checkpoint": "checkpoint",
+    "save_checkpoint": "checkpoint",
+    "Context": "context",
+    "HeteroLoader": "context",
+    "TrainerConfig": "context",
+    "init": "context",
+    "UnevenBatchSampler": "sampler",
+    "epoch_permutation": "sampler",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hetero.trainer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"hetero.trainer.{module}"), name)
+    globals()[name] = value
+    return value
 
 
 def train(**options: Any) -> dict[str, Any] | None:

@@ -26,7 +26,9 @@ from hetero.transport import ServerSecurity
 from hetero.v1 import coordinator_pb2 as pb
 
 ATTACKERS = 200
-HEARTBEAT_DEADLINE_S = 2.0
+#: Before the fix a Heartbeat took over 10 s under this attack; 5 s leaves a loaded
+#: two-core runner its scheduling delays and still tells the two apart.
+HEARTBEAT_DEADLINE_S = 5.0
 
 
 @pytest.fixture
@@ -66,19 +68,33 @@ def test_200_half_open_connections_hold_few_threads_and_heartbeats_still_answer(
     threads_before = threading.active_count()
     held = _half_open(metrics.port, ATTACKERS)
     try:
-        time.sleep(0.5)  # let the server accept what it will
+        # Let the server accept what it will: beyond its pool and queue it closes the rest
+        # unread; on a loaded host that takes longer than a fixed pause.
+        least_refused = ATTACKERS - WORKERS - QUEUED - 64
+        deadline = time.monotonic() + 20
+        while metrics.refused < least_refused and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert threading.active_count() - threads_before <= WORKERS, "a bounded pool"
         for node_id in sim.node_ids.values():
             for _ in range(10):  # each within its deadline, none failed
                 sim.stub.Heartbeat(
                     pb.HeartbeatRequest(node_id=node_id), timeout=HEARTBEAT_DEADLINE_S
                 )
-        assert metrics.refused >= ATTACKERS - WORKERS - QUEUED - 64, "the rest closed unread"
+        assert metrics.refused >= least_refused, "the rest closed unread"
         assert metrics.exposition.builds <= 2, "held connections build no snapshots"
     finally:
         for s in held:
             s.close()
-    text = _scrape(metrics.port)  # the endpoint recovers once they are gone
+    # The endpoint recovers once they are gone: as soon as its workers have seen them close.
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            text = _scrape(metrics.port)
+            break
+        except (urllib.error.URLError, ConnectionError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
     assert 'hetero_node_up{node="gpu-a"} 1.0' in text
 
 
