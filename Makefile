@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.hetero-installed
 PY     ?= 3.12
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv demo demo-embedded test test-fast test-postgres test-browser test-gpu chaos load lint typecheck check proto docs-tables wheelhouse pyroot clean
+.PHONY: help venv demo demo-embedded test test-fast test-postgres test-browser test-gpu test-container image chaos load lint typecheck check proto docs-tables wheelhouse pyroot clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -27,8 +27,8 @@ demo: $(STAMP)  ## coordinator + 3 agents on this machine run equal vs dynamic (
 demo-embedded: $(STAMP)  ## the same comparison with hetero-train alone (no control plane)
 	@$(BIN)/python -m hetero.trainer.demo
 
-test: $(STAMP)  ## run the whole test suite (chaos tests excepted: make chaos; PostgreSQL: make test-postgres)
-	@$(BIN)/python -m pytest -q --durations=25 -m 'not chaos and not postgres'
+test: $(STAMP)  ## run the whole test suite (chaos tests excepted: make chaos; PostgreSQL: make test-postgres; the image: make test-container)
+	@$(BIN)/python -m pytest -q --durations=25 -m 'not chaos and not postgres and not container'
 
 # As root on Debian it installs the postgresql package when no server is there; the
 # server itself is a throwaway cluster under /tmp (tests/integration/pgserver.py).
@@ -42,7 +42,7 @@ test-browser: $(STAMP)  ## hetero-top --web in a real headless Chromium against 
 	@HETERO_BROWSER_INSTALL=1 $(BIN)/python -m pytest -q -rs -m browser tests/integration/test_tui_web.py
 
 test-fast: $(STAMP)  ## run the tests not marked slow
-	@$(BIN)/python -m pytest -q -m 'not slow and not postgres and not browser'
+	@$(BIN)/python -m pytest -q -m 'not slow and not postgres and not browser and not container'
 
 # The GPU tier runs where hetero may not be installed (a GPU host with Python, torch,
 # grpcio, protobuf, nvidia-ml-py and pyyaml): hetero comes from the pyroot tree, the
@@ -61,6 +61,38 @@ test-gpu:  ## the GPU tier (tests/gpu: 2+ CUDA devices, else skipped); its summa
 	NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
 	    HETERO_GPU_SUMMARY=$(CURDIR)/$(GPU_SUMMARY) PYTHONPATH=$(CURDIR)/$(PYROOT)$${PYTHONPATH:+:$$PYTHONPATH} \
 	    $(GPU_PYTHON) -m pytest -q -rs -p no:cacheprovider -m gpu tests/gpu
+
+# The container image, built with podman: no daemon to run, as root or rootless, where no
+# Docker engine is installed. Offline: the base is Debian bookworm from debootstrap, imported
+# into podman (docker/debian-base.sh, as root), and pip installs only from the wheelhouse of
+# the base's Python, 3.11, with a CPU build of torch (a CUDA build adds about 3 GB); pip
+# finds IMAGE_TORCH through its configured indexes, e.g.
+# PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu, or --find-links in pip.conf.
+# python:3.12-slim stays the Dockerfile's default base for builds with a registry.
+PODMAN      ?= podman
+IMAGE       ?= localhost/hetero:latest
+IMAGE_BASE  ?= localhost/hetero-base:bookworm
+IMAGE_PY    := 3.11
+IMAGE_TORCH ?= torch==2.13.0+cpu torchvision==0.28.0
+image: $(STAMP)  ## build the container image offline with podman (Debian base, wheelhouse, CPU torch); IMAGE=name
+	@docker/debian-base.sh $(IMAGE_BASE)
+	@rm -f wheelhouse/py$(IMAGE_PY)/hetero-*.whl
+	@# Timestamps of the last commit to the packaged files: unchanged sources make the same
+	@# wheel, so podman's layer cache holds and the image is not rebuilt.
+	@SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct -- pyproject.toml README.md hetero core coordinator \
+	    agent trainer tui bench proto 2>/dev/null || echo 315532800) \
+	    $(MAKE) -s wheelhouse PY=$(IMAGE_PY) >/dev/null
+	@$(BIN)/python -m pip download -q -d wheelhouse/py$(IMAGE_PY) --only-binary=:all: --python-version $(IMAGE_PY) \
+	    --implementation cp --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+	    --platform manylinux_2_28_x86_64 --platform any $(IMAGE_TORCH) 2>&1 | grep -v '^WARNING: Location' || true
+	$(PODMAN) build -q --format docker -t $(IMAGE) --build-arg PYTHON_IMAGE=$(IMAGE_BASE) \
+	    --build-arg PIP_ARGS="--no-index --find-links /src/wheelhouse/py$(IMAGE_PY)" --build-arg HETERO_SPEC=hetero .
+	@echo ">> $(IMAGE): $$($(PODMAN) image inspect --format '{{.Size}}' $(IMAGE)) bytes"
+
+test-container: $(STAMP)  ## build the image (make image) and run compose.yaml's coordinator and two agents through the demo job
+	@command -v $(PODMAN) >/dev/null 2>&1 || { echo "test-container: skipped: podman not found (Debian: apt-get install podman runc)"; exit 0; }
+	@HETERO_IMAGE=$(IMAGE) $(BIN)/python -m pytest -q -s -p no:cacheprovider -m container tests/container
+	@cat build/container/figures.json
 
 CHAOS_REPORT := build/chaos
 chaos: $(STAMP)  ## kill -9 agents, ranks and the coordinator of a local cluster, cut a node's network (root); figures in build/chaos

@@ -42,6 +42,7 @@ examples:
   hetero-coord cancel 3f2a9c1b7d4e
   hetero-coord drain gpu-node-3                     # no new ranks there; --undo to reverse
   hetero-coord export 3f2a9c1b7d4e --format csv --out stats.csv
+  hetero-coord health                               # gRPC health: SERVING, exit 0
   hetero-coord serve --metrics-listen 127.0.0.1:9464  # Prometheus /metrics (loopback)
   hetero-coord db upgrade --db postgresql+psycopg://hetero@db-host/hetero
 
@@ -229,6 +230,13 @@ def _parser() -> argparse.ArgumentParser:
         help="CSV only: one row per interval and rank, or one per plan (default intervals)",
     )
     exp.add_argument("--out", type=Path, help="file to write (default: stdout)")
+    health = client("health", "gRPC health check: prints SERVING and exits 0, else 1", False)
+    health.add_argument(
+        "--service",
+        default="",
+        help="service name to check (default: the server as a whole; "
+        "hetero.v1.Coordinator for the API)",
+    )
     return parser
 
 

@@ -1,5 +1,5 @@
 """The client commands of ``hetero-coord``: submit, jobs, job, nodes, cancel, drain,
-logs and export, each a thin gRPC client of the coordinator.
+logs, export and health, each a thin gRPC client of the coordinator.
 
 Every call carries a deadline (``--timeout``); a failed one becomes the
 ``HeteroError`` its status maps to (``transport.remote_error``), with the
@@ -20,10 +20,11 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
 
 from hetero.coordinator import export, render
-from hetero.core.errors import HeteroError
+from hetero.core.errors import HeteroError, UnknownNameError
 from hetero.core.jobspec import check_priority, parse_jobspec, read_job_file
 from hetero.core.states import JobState, job_terminal
 from hetero.transport import client_channel, client_security_from_args, remote_error
@@ -58,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
         text = read_job_file(args.job_file)
         parse_jobspec(text, source=str(args.job_file))
     with client_channel(args.coordinator, client_security_from_args(args)) as channel:
+        if args.command == "health":
+            return _health(args, channel)
         stub = pb_grpc.CoordinatorStub(channel)  # type: ignore[no-untyped-call, unused-ignore]
         t = args.timeout
         call: Callable[[Callable[[], Any]], Any] = lambda fn: _call(args.coordinator, fn)  # noqa: E731
@@ -85,6 +88,25 @@ def run(args: argparse.Namespace) -> int:
         elif args.command == "logs":
             return _logs(args, stub, call)
     return 0
+
+
+def _health(args: argparse.Namespace, channel: grpc.Channel) -> int:
+    """The standard gRPC health check (``grpc.health.v1.Health/Check``) of ``--service``
+    ("" = the server as a whole): prints the status; 0 if SERVING, else 1. What a
+    container's HEALTHCHECK or a load balancer's probe runs."""
+    stub = health_pb2_grpc.HealthStub(channel)  # type: ignore[no-untyped-call, unused-ignore]
+    request = health_pb2.HealthCheckRequest(service=args.service)
+    try:
+        resp = stub.Check(request, timeout=args.timeout)
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.NOT_FOUND:  # the health service's answer has no text
+            raise UnknownNameError(
+                f"the coordinator at {args.coordinator} has no service {args.service!r}"
+            ) from None
+        raise remote_error(exc, f"the coordinator at {args.coordinator}") from None
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+    print(status)
+    return 0 if resp.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
 #: Seconds between polls of ``logs --follow`` when nothing new arrived.

@@ -163,7 +163,9 @@ def _job(out: Exposition, job: pb.Job, node_names: dict[str, str]) -> None:
     out.add(
         "hetero_job_state", "gauge", "1 for the job's current state.", (*j, ("state", state)), 1
     )
-    out.add("hetero_job_global_batch_size", "gauge", "Global batch, samples.", j, job.global_batch)
+    out.add(
+        "hetero_job_global_batch_samples", "gauge", "Global batch, samples.", j, job.global_batch
+    )
     out.add("hetero_job_world_size", "gauge", "Number of ranks.", j, job.world_size)
     out.add("hetero_job_step", "gauge", "Highest global step reported.", j, job.last_step)
     out.add("hetero_job_restarts_total", "counter", "Restarts of the job.", j, job.restarts)
@@ -213,7 +215,9 @@ def _ranks(
         )
         if r.rank < len(job.plan.batches):
             help_text = "The rank's batch in the job's current plan, samples."
-            out.add("hetero_rank_batch_size", "gauge", help_text, labels, job.plan.batches[r.rank])
+            out.add(
+                "hetero_rank_batch_samples", "gauge", help_text, labels, job.plan.batches[r.rank]
+            )
         s = stats.get(r.rank)
         if s is not None and s.steps > 0:
             help_text = "Mean compute-only seconds per step over the newest interval."

@@ -61,6 +61,7 @@ from hetero.trainer.bootstrap import (
 from hetero.trainer.commsched import AUTO, CommRecord, check_comm, comm_policy
 from hetero.trainer.emulation import Slowdown
 from hetero.trainer.exchange import EmbeddedPlanner, Planner, RankSummary
+from hetero.trainer.gpustats import open_sampler
 from hetero.trainer.gradients import DEFERRED, WeightingState, weighted_allreduce_hook
 from hetero.trainer.loader import HeteroLoader
 from hetero.trainer.metrics import MetricsWriter
@@ -106,6 +107,8 @@ class Context:
         #: The comm mode each interval ran (None without DDP), as ``summaries``.
         self.interval_comm: list[str | None] = []
         self.metrics = MetricsWriter(config.output_dir, self.rank)
+        #: This rank's GPU utilisation and memory per interval (None: CPU rank or no NVML).
+        self.gpu = open_sampler(self.device)
         self.history: collections.deque[Interval] = collections.deque(
             maxlen=config.history_intervals
         )
@@ -388,6 +391,8 @@ class Context:
         that model goes: its DDP reducer holds the group (see ``procgroup``).
         """
         self.metrics.close()
+        if self.gpu is not None:
+            self.gpu.stop()
         if self._loader is not None:
             self._loader.close()
         close_planner = getattr(self.planner, "close", None)

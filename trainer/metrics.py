@@ -21,6 +21,7 @@ from hetero.core.slowdown import format_slowdowns
 if TYPE_CHECKING:
     from hetero.trainer.context import Context
     from hetero.trainer.exchange import RankSummary
+    from hetero.trainer.gpustats import GpuReading
 
 
 EVAL_FILE = "eval.jsonl"
@@ -85,9 +86,12 @@ def interval_record(
     plan: tuple[int, ...],
     apply_at: int,
     reason: str,
+    gpu: GpuReading | None = None,
 ) -> dict[str, Any]:
     """One metrics record: this rank's interval and the job's, as rank ``ctx.rank`` saw
-    them at the boundary ending step ``ctx.global_step``."""
+    them at the boundary ending step ``ctx.global_step``. ``gpu``: this rank's GPU
+    utilisation and memory in use over the interval, per cent (``trainer.gpustats``);
+    None, or a field of it None, is ``null``: no GPU, or NVML cannot say."""
     me = summaries[ctx.rank]
     total_loss = sum(s.loss_sum for s in summaries)
     total_samples = sum(s.samples for s in summaries)
@@ -117,6 +121,8 @@ def interval_record(
         "busy_cv": me.busy_cv,
         "switch_s": me.switch_s,
         "peak_memory_bytes": me.peak_memory_bytes,
+        "gpu_util_percent": gpu.util_percent if gpu is not None else None,
+        "gpu_memory_percent": gpu.memory_percent if gpu is not None else None,
         "plan": list(ctx._step_sizes),  # the plan that ran in this interval
         "plan_changed": changed,
         "next_plan": list(plan) if changed else None,

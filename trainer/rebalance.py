@@ -103,7 +103,8 @@ def rebalance(ctx: Context) -> None:
         ctx.comm_changes.append(CommRecord(ctx.global_step, comm, comm_reason))
     ctx.interval_walls.append(wall_s)
     ctx.interval_comm.append(ran)
-    record = interval_record(ctx, summaries, wall_s, changed, plan, apply_at, reason)
+    gpu = ctx.gpu.take() if ctx.gpu is not None else None
+    record = interval_record(ctx, summaries, wall_s, changed, plan, apply_at, reason, gpu)
     record.update(
         comm=ran,
         comm_reason=comm_reason if ctx.rank == 0 else None,

@@ -15,8 +15,9 @@ import grpc
 import pytest
 
 from hetero.coordinator.database import open_database, session_factory
+from hetero.coordinator.metricsserver import MetricsServer
 from hetero.coordinator.server import create_server
-from hetero.coordinator.service import Deps
+from hetero.coordinator.service import CoordinatorService, Deps
 from hetero.v1 import coordinator_pb2_grpc
 
 # simcluster.py sits beside this file; --import-mode=importlib does not put it on sys.path.
@@ -114,3 +115,14 @@ def sim(coordinator: Coordinator) -> Iterator[SimCluster]:
         yield cluster
     finally:
         cluster.close()
+
+
+@pytest.fixture
+def metrics(coordinator: Coordinator) -> Iterator[str]:
+    """The base URL of a ``/metrics`` server on ``coordinator``'s snapshot (port 0)."""
+    server = MetricsServer("127.0.0.1:0", CoordinatorService(coordinator.deps).snapshot)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{server.port}"
+    finally:
+        server.stop()

@@ -81,6 +81,18 @@ def test_unknown_ids_and_unreachable_coordinators_are_one_line_errors(coordinato
     assert result.returncode == 2 and "invalid choice" in _one_error_line(result)
 
 
+def test_health_prints_serving_and_an_unknown_service_is_one_line(coordinator) -> None:  # type: ignore[no-untyped-def]
+    result = _cli("health", "--coordinator", coordinator.address)
+    assert result.returncode == 0 and result.stdout == "SERVING\n", result.stderr
+    api = _cli("health", "--service", "hetero.v1.Coordinator", "--coordinator", coordinator.address)
+    assert api.returncode == 0 and api.stdout == "SERVING\n", api.stderr
+    unknown = _cli("health", "--service", "nope", "--coordinator", coordinator.address)
+    assert unknown.returncode != 0 and "nope" not in unknown.stdout
+    assert "has no service 'nope'" in _one_error_line(unknown)
+    down = _cli("health", "--coordinator", "127.0.0.1:1", "--timeout", "2")
+    assert down.returncode != 0 and _one_error_line(down)
+
+
 def test_serve_refuses_a_database_of_a_newer_schema(tmp_path: Path) -> None:
     from hetero.coordinator.database import open_database
 

@@ -63,6 +63,7 @@ def test_emulated_three_rank_run_writes_summary_and_metrics(hetero_train, tmp_pa
         recs = read_metrics(out / "metrics" / f"rank{rank}.jsonl")
         assert [r["step"] for r in recs] == [5, 10, 15, 20, 25, 30, 35, 40]
         assert all(r["emulated"] for r in recs)
+        assert all(r["gpu_util_percent"] is None and r["gpu_memory_percent"] is None for r in recs)
         assert {
             "loss",
             "samples_per_s",

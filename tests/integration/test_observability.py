@@ -16,7 +16,6 @@ import pytest
 from hetero.coordinator import cli
 from hetero.coordinator.config import load_config, with_flags
 from hetero.coordinator.metricsserver import MetricsServer
-from hetero.coordinator.service import CoordinatorService
 from hetero.core.errors import ConfigError
 from hetero.v1 import coordinator_pb2 as pb
 
@@ -92,16 +91,6 @@ def test_metrics_listen_comes_from_the_config_file_or_the_flag(tmp_path) -> None
         MetricsServer("9464", lambda: pb.ClusterSnapshot())
 
 
-@pytest.fixture
-def metrics(coordinator):  # type: ignore[no-untyped-def]
-    server = MetricsServer("127.0.0.1:0", CoordinatorService(coordinator.deps).snapshot)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{server.port}"
-    finally:
-        server.stop()
-
-
 def test_metrics_endpoint_exports_telemetry_throughput_batches_and_stragglers(sim, metrics) -> None:  # type: ignore[no-untyped-def]
     from simcluster import populate
 
@@ -123,7 +112,7 @@ def test_metrics_endpoint_exports_telemetry_throughput_batches_and_stragglers(si
     batches = {
         int(m.group(1)): int(m.group(2))
         for m in re.finditer(
-            rf'hetero_rank_batch_size{{device="\d+",job="{job.id}",node="[^"]*",rank="(\d)"}} (\d+)',
+            rf'hetero_rank_batch_samples{{device="\d+",job="{job.id}",node="[^"]*",rank="(\d)"}} (\d+)',
             text,
         )
     }
