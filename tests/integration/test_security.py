@@ -260,7 +260,7 @@ def test_agent_endpoint_takes_only_the_jobs_own_token(serve) -> None:  # type: i
             server.stop(0).wait()
 
 
-def test_an_oversized_request_is_resource_exhausted_and_a_big_spec_invalid(serve) -> None:  # type: ignore[no-untyped-def]
+def test_an_oversized_request_and_a_spec_over_the_limit_are_resource_exhausted(serve) -> None:  # type: ignore[no-untyped-def]
     s = serve(ServerSecurity())
     with client_channel(s.address) as channel:
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)
@@ -269,8 +269,10 @@ def test_an_oversized_request_is_resource_exhausted_and_a_big_spec_invalid(serve
         assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         big = pb.SubmitJobRequest(spec_yaml="#" * (2 * 1024 * 1024))
         err = _error(lambda: stub.SubmitJob(big, timeout=30))
-        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "job spec is 2,097,152 characters, limit 1,048,576" in err.details()
+        # Under the message limit, over the spec limit: refused before parsing, naming the limit.
+        assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "job spec is 2,097,152 bytes" in err.details()
+        assert "max_spec_bytes" in err.details()
 
 
 def test_submit_outside_the_allowed_roots_names_the_field_and_stores_nothing(serve) -> None:  # type: ignore[no-untyped-def]
