@@ -135,6 +135,14 @@ def _flags(values: dict[str, Any]) -> list[str]:
 # ---- the catalogue and its implementations ---------------------------------------------
 
 
+@pytest.mark.parametrize("entry", catalogue.MODELS, ids=lambda m: m.name)
+def test_the_catalogues_parameter_counts_are_the_trainers_models(entry: Any) -> None:
+    from hetero.trainer.models import build_model
+
+    built = build_model(entry.name, 10, None)
+    assert sum(p.numel() for p in built.parameters()) == entry.parameters
+
+
 def test_the_trainer_implements_exactly_the_catalogues_models_datasets_and_policies() -> None:
     assert set(BUILDERS) == {m.name for m in catalogue.MODELS}
     assert set(BUILT) == {d.name for d in catalogue.DATASETS}
