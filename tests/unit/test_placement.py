@@ -95,3 +95,9 @@ def test_a_gpu_that_cannot_hold_its_share_of_the_sharded_state_is_refused_in_one
     assert "0.93 GiB share of gpt2-small's training state (shard full over 2 ranks" in message
     roomy = [_gpu("n1", 0, memory_bytes=80 * 2**30), _gpu("n1", 1, memory_bytes=24 * 2**30)]
     assert len(place(spec, roomy, 29500).ranks) == 2  # type: ignore[arg-type]
+    # submit --dry-run states what each rank will hold before its activations.
+    from hetero.coordinator import wire
+
+    dry = wire.dry_run_job(spec, "", place(spec, roomy, 29500))  # type: ignore[arg-type]
+    assert dry.message.startswith("predicted peak memory per rank: 0.93 GiB of sharded")
+    assert wire.dry_run_job(_spec(), "", place(_spec(), roomy, 29500)).message == ""  # type: ignore[arg-type]
