@@ -97,6 +97,15 @@ MODELS: tuple[ModelEntry, ...] = (
         parameters=124_439_808,
     ),
     ModelEntry(
+        "gpt2-medium",
+        "text",
+        "causal-lm",
+        1024,
+        "GPT-2 355M, causal LM (24 layers)",
+        max_seq_len=1024,
+        parameters=354_823_168,
+    ),
+    ModelEntry(
         "gpt2-tiny",
         "text",
         "causal-lm",
