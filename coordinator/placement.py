@@ -14,7 +14,10 @@ store, calls ``place``, and stores the result. Rules:
   rank 0 sits on the first node, whose address becomes ``MASTER_ADDR``;
 - the backend is NCCL only if every rank is on CUDA, else Gloo;
 - the initial plan is the balancer's proportional policy over effective compute
-  scores (hardware score divided by any emulated slowdown).
+  scores (hardware score divided by any emulated slowdown);
+- a sharded built-in job (``shard``) is refused when a CUDA device of known memory
+  cannot hold its rank's share of the training state with ``memory_margin`` left
+  free (``hetero.core.memfit.state_bytes_of``; activations come on top, measured).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from hetero.core.balancer import (
 )
 from hetero.core.errors import HeteroError
 from hetero.core.jobspec import JobSpec
+from hetero.core.memfit import GIB, state_bytes_of
 
 
 class PlacementError(HeteroError):
@@ -200,6 +204,7 @@ def _shortage(spec: JobSpec, devices: Sequence[DeviceSlot], found: int) -> str:
 def place(spec: JobSpec, devices: Sequence[DeviceSlot], master_port: int) -> Placement:
     """Place ``spec`` on ``devices``; the caller chooses the rendezvous ``master_port``."""
     chosen = choose_devices(spec, devices)
+    check_state_fits(spec, chosen)
     local: dict[str, int] = {}
     ranks = []
     for rank, device in enumerate(chosen):
@@ -215,6 +220,29 @@ def place(spec: JobSpec, devices: Sequence[DeviceSlot], master_port: int) -> Pla
         master_port=master_port,
         plan=plan,
     )
+
+
+def state_bytes(spec: JobSpec) -> float | None:
+    """Predicted training state per rank on its device (bytes), for a sharded built-in job."""
+    if not spec.builtin or spec.options.shard == "none":
+        return None
+    return state_bytes_of(spec.options, spec.world_size)
+
+
+def check_state_fits(spec: JobSpec, chosen: Sequence[DeviceSlot]) -> None:
+    """Refuse a sharded job when a chosen GPU cannot hold its share of the state."""
+    need = state_bytes(spec)
+    if need is None:
+        return
+    margin = spec.options.memory_margin
+    for rank, d in enumerate(chosen):
+        if d.kind == "cuda" and d.memory_bytes and need > d.memory_bytes * (1.0 - margin):
+            raise PlacementError(
+                f"job {spec.name!r}: rank {rank} on {d.node_name} GPU {d.index} ({d.name}, "
+                f"{d.memory_bytes / GIB:.1f} GiB) cannot hold its {need / GIB:.2f} GiB share of "
+                f"{spec.options.model}'s training state (shard {spec.options.shard} over "
+                f"{spec.world_size} ranks, {margin:.0%} kept free): add ranks or offload params"
+            )
 
 
 @dataclass(frozen=True)

@@ -306,7 +306,12 @@ def job_live(
 def dry_run_job(spec: JobSpec, spec_yaml: str, placed: placement_mod.Placement) -> pb.Job:
     """The job a submit would create, without storing it."""
     first = placement_mod.initial_plan(spec, placed)
+    state = placement_mod.state_bytes(spec)
     return pb.Job(
+        message=""
+        if state is None
+        else f"predicted peak memory per rank: {state / 2**30:.2f} GiB of sharded training "
+        f"state (shard {spec.options.shard}) + activations, measured once it runs",
         name=spec.name,
         state=pb.JOB_STATE_UNSPECIFIED,
         policy=spec.policy,

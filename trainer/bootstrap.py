@@ -50,6 +50,10 @@ class TrainerConfig:
     history_intervals: int = 32
     #: When gradient all-reduces start: ``auto`` (measured), ``overlap``, ``deferred``.
     comm: str = AUTO
+    #: FSDP2 instead of DDP: ``none``, ``grad_op`` or ``full`` (``trainer.sharding``).
+    shard: str = "none"
+    #: ``none`` or ``params`` (FSDP2's CPUOffloadPolicy); needs ``shard``.
+    offload: str = "none"
     #: Seconds a collective may wait for a peer before failing (a dead peer must not
     #: hang the job): ``HETERO_COLLECTIVE_TIMEOUT_S`` under an agent, else 600.
     collective_timeout_s: float = field(default_factory=_collective_timeout_s)
@@ -67,6 +71,7 @@ class TrainerConfig:
 _CHECKED = (
     "policy", "rebalance_interval", "min_batch", "emulate_slowdown", "device", "backend",
     "warmup_steps", "settle_steps", "history_intervals", "collective_timeout_s", "comm",
+    "shard", "offload",
 )  # fmt: skip
 
 

@@ -25,6 +25,13 @@ tensors, numbers, strings, lists, tuples and dicts only, so a file planted in
 save is plain state already (``state_dict()`` of model and optimizer, our
 records as dicts); a user's ``extra`` must be plain too, checked when saving.
 
+**Sharded runs** (``shard``, FSDP2) keep model and optimizer state in a
+directory of shards beside the file, written by every rank with
+``torch.distributed.checkpoint`` and named in the file (``trainer.shardstate``);
+it resumes onto any number of ranks, sharded or not. A checkpoint of an
+unsharded run does not resume a sharded one (its optimizer state is keyed by
+parameter index, not by name): refused with one line.
+
 **A checkpoint belongs to one run.** It records its :class:`RunIdentity`: the
 coordinator's job id (``HETERO_JOB_ID``; none outside a coordinator) and a
 spec hash, the SHA-256 of the training options that define what is trained
@@ -39,6 +46,7 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +59,7 @@ from hetero.core.balancer import RankInterval
 from hetero.core.errors import CheckpointError
 from hetero.trainer.context import Context
 from hetero.trainer.rebalance import PlanRecord
+from hetero.trainer.shardstate import load_shards, remove_old_shards, save_shards, shards_dir
 
 #: v2: read with ``weights_only=True`` and carries the run's identity. A v1 file
 #: (no identity) is refused: nothing says which run wrote it.
@@ -142,6 +151,12 @@ def save_checkpoint(
         gathered: list[Any] = [None] * ctx.world_size
         dist.all_gather_object(gathered, rng[0])
         rng = gathered
+    shards = shards_dir(path, ctx.global_step) if ctx.shard != "none" else None
+    if shards is not None:
+        if ctx.rank == 0:
+            shutil.rmtree(shards, ignore_errors=True)  # a save of this step that crashed
+        ctx.barrier()
+        save_shards(shards, model, optimizer)
     if ctx.rank == 0:
         loader = ctx._require_loader()
         state = {
@@ -150,8 +165,11 @@ def save_checkpoint(
             "spec_hash": identity.spec_hash,
             "world_size": ctx.world_size,
             "global_step": ctx.global_step,
-            "model": _unwrap(model).state_dict(),
-            "optimizer": optimizer.state_dict() if optimizer is not None else None,
+            "model": _unwrap(model).state_dict() if shards is None else None,
+            "optimizer": optimizer.state_dict()
+            if optimizer is not None and shards is None
+            else None,
+            "shards": shards.name if shards is not None else None,
             "loader": loader.state_dict(),
             "plans": [vars(p) for p in ctx.plans],
             "history": [[vars(r) for r in interval] for interval in ctx.history],
@@ -168,6 +186,8 @@ def save_checkpoint(
             raise CheckpointError(
                 f"cannot write checkpoint {path}: {exc.strerror or exc}"
             ) from None
+        if shards is not None:
+            remove_old_shards(path, keep=shards)
     ctx.barrier()
     ctx.clock.restart()
     return path
@@ -195,9 +215,19 @@ def load_checkpoint(
             f"({identity.describe()}): refusing to resume from another run's checkpoint "
             "(give each job its own checkpoint.dir)"
         )
-    _unwrap(model).load_state_dict(state["model"])
-    if optimizer is not None and state["optimizer"] is not None:
-        optimizer.load_state_dict(state["optimizer"])
+    shards = state.get("shards")
+    if shards is not None:
+        if not isinstance(shards, str) or "/" in shards or not shards.endswith(".shards"):
+            raise CheckpointError(f"checkpoint {path} names no shard directory beside it")
+        load_shards(path.with_name(shards), model, optimizer)
+    elif ctx.shard != "none":
+        raise CheckpointError(
+            f"checkpoint {path} was written without shard: resume it with shard none"
+        )
+    else:
+        _unwrap(model).load_state_dict(state["model"])
+        if optimizer is not None and state["optimizer"] is not None:
+            optimizer.load_state_dict(state["optimizer"])
     loader = ctx._require_loader()
     same_world = state["world_size"] == ctx.world_size
     loader.load_state_dict(state["loader"], plans=same_world)

@@ -68,6 +68,7 @@ from hetero.trainer.metrics import MetricsWriter
 from hetero.trainer.progress import ProgressFile
 from hetero.trainer.rebalance import IntervalTotals, PlanRecord, rebalance
 from hetero.trainer.sampler import UnevenBatchSampler
+from hetero.trainer.sharding import check_one_device_kind, check_shard, shard_model
 from hetero.trainer.timing import PhaseHooks, StepClock
 from hetero.trainer.workerscale import WorkerShare
 
@@ -125,6 +126,8 @@ class Context:
         self._loader: HeteroLoader | None = None
         self._model: nn.Module | None = None
         self._ddp = False
+        #: ``grad_op`` or ``full`` once :meth:`wrap` sharded the model with FSDP2.
+        self.shard = "none"
         self._step_sizes: tuple[int, ...] = ()
         self._last_batch = -1
         self._batch_since = 0  # global step from which this rank ran its current batch size
@@ -167,6 +170,9 @@ class Context:
         *,
         sync_batchnorm: bool = False,
         comm: str | None = None,
+        shard: str | bool | None = None,
+        offload: str | None = None,
+        param_dtype: torch.dtype | None = None,
         **ddp_kwargs: Any,
     ) -> nn.Module:
         """Move ``model`` to this rank's device and wrap it for uneven-batch data parallelism.
@@ -176,19 +182,49 @@ class Context:
         to compute them over the whole global batch instead. ``comm`` (``auto``,
         ``overlap``, ``deferred``; default: ``init``'s) says when the gradient
         all-reduces start; give the same on every rank.
+
+        ``shard`` (``none``, ``grad_op``, ``full``, or ``True`` for ``full``;
+        default: ``init``'s) shards parameters, gradients and optimizer state with
+        FSDP2 instead of replicating them in DDP; ``offload="params"`` keeps the
+        shards in host memory; ``param_dtype`` gathers and computes in that dtype
+        (``trainer.sharding``). Build the optimizer from the returned model.
         """
         if comm is not None:
             self.comm_choice = check_comm(comm)
             self.comm = comm_policy(comm)
+        if shard is None or isinstance(shard, bool):
+            shard = {True: "full", False: "none", None: self.config.shard}[shard]
+        offload = self.config.offload if offload is None else offload
+        check_shard(shard, offload)
+        if shard != "none" and self.comm_choice != AUTO:
+            raise ConfigError(
+                f"comm={self.comm_choice} schedules DDP's all-reduce; FSDP2 (shard) schedules "
+                "its own reduce-scatters"
+            )
         model = model.to(self.device)
-        self.hooks.attach(model)
         self._model = model
         if self.world_size == 1:
+            self.hooks.attach(model)
             return model
         if sync_batchnorm:
             if self.device.type != "cuda":
                 raise ConfigError("sync_batchnorm needs CUDA ranks (PyTorch's SyncBatchNorm)")
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        if shard != "none":
+            check_one_device_kind(self.device)
+            sharded = shard_model(
+                model,
+                self.device,
+                shard=shard,
+                offload=offload,
+                weighting=self.weighting,
+                record_collective=self.clock.add_collective,
+                param_dtype=param_dtype,
+            )
+            self.hooks.attach(sharded)  # after fully_shard: first of its pre-forward hooks
+            self.shard = shard
+            return sharded
+        self.hooks.attach(model)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         ddp = DistributedDataParallel(model, device_ids=device_ids, **ddp_kwargs)
         ddp.register_comm_hook(self.weighting, weighted_allreduce_hook)
@@ -416,7 +452,8 @@ def init(
     ``hetero-train``'s flags and job.yaml's keys): ``min_batch``, ``max_batch``,
     ``emulate_slowdown``, ``output_dir``, ``device``, ``backend``, ``warmup_steps``,
     ``settle_steps``, ``history_intervals``, ``collective_timeout_s``,
-    ``compute_scores``, ``gpu_profiles``, ``comm``. A bad one is a ``ConfigError`` naming it.
+    ``compute_scores``, ``gpu_profiles``, ``comm``, ``shard``, ``offload``. A bad one is a
+    ``ConfigError`` naming it.
     """
     from hetero.core.catalogue.keywords import init_keywords
 

@@ -39,6 +39,7 @@ from hetero.trainer.memory import MemoryMonitor, describe, parse_max_batch
 from hetero.trainer.oom import OomGuard
 from hetero.trainer.precision import Autocast, autocast, grad_scaler
 from hetero.trainer.runsummary import gap_fields
+from hetero.trainer.sharding import full_weights
 from hetero.trainer.simulate import apply_memory_fraction, parse_fractions
 
 __all__ = ["JobConfig", "as_distributed_error", "run_job", "train"]
@@ -80,6 +81,8 @@ def run_job(cfg: JobConfig) -> dict[str, Any] | None:
         history_intervals=cfg.history_intervals,
         collective_timeout_s=cfg.collective_timeout_s,
         comm=cfg.comm,
+        shard=cfg.shard,
+        offload=cfg.offload,
         profiles=profiles(cfg),
     )
     ctx.total_steps = cfg.steps
@@ -159,7 +162,9 @@ def _setup(ctx: Context, cfg: JobConfig) -> tuple[_Run, float | None, Any]:
     built = build(cfg)
     layout = memory_format(cfg)
     built.model = built.model.to(memory_format=layout)
-    model = ctx.wrap(built.model, sync_batchnorm=cfg.sync_batchnorm)
+    # Sharded in bf16: gather and compute in bf16, keep the shards and the reduction in fp32.
+    param_dtype = torch.bfloat16 if cfg.amp == "bf16" and cfg.shard != "none" else None
+    model = ctx.wrap(built.model, sync_batchnorm=cfg.sync_batchnorm, param_dtype=param_dtype)
     optimizer = make_optimizer(cfg, model, ctx.world_size)
     global_batch = cfg.global_batch_for(ctx.world_size)
     loader = ctx.loader(
@@ -264,13 +269,24 @@ def _train(ctx: Context, cfg: JobConfig) -> dict[str, Any] | None:
 _CURVES = ("eval_loss", "eval_accuracy")
 
 
+def _eval_model(run: _Run) -> nn.Module:
+    """The model rank 0 scores. Sharded, an unsharded copy: gathering the weights is
+    collective, so every rank calls this."""
+    if run.ctx.shard == "none":
+        return run.built.model
+    raw = run.built.fresh().to(run.ctx.device)
+    raw.load_state_dict(full_weights(run.model))
+    return raw
+
+
 def _evaluate_now(run: _Run) -> dict[str, Any]:
     """Rank 0 scores ``eval_samples`` samples at its own batch (the other ranks wait)."""
     ctx = run.ctx
+    model = _eval_model(run)
     if ctx.rank != 0:
         return {}
     result = report.evaluate_rank0(
-        ctx, run.cfg, run.built.task, run.built.model, run.built.dataset, ctx.running_plan[0]
+        ctx, run.cfg, run.built.task, model, run.built.dataset, ctx.running_plan[0]
     )
     return {k.removeprefix("eval_"): v for k, v in result.items() if k in _CURVES}
 
@@ -283,9 +299,11 @@ def _ideal(run: _Run) -> tuple[list[Solo], list[float]]:
     if cfg.ideal_steps <= 0:
         return solos, side_by_side
 
+    weights = full_weights(run.model) if ctx.shard != "none" else built.model.state_dict()
+
     def fresh_copy() -> nn.Module:
         m = built.fresh().to(ctx.device).to(memory_format=run.layout)
-        m.load_state_dict(built.model.state_dict())
+        m.load_state_dict(weights)
         return Autocast(m, ctx.device, cfg.amp) if cfg.amp != "none" else m
 
     # The same on every rank (a collective): Gloo jobs share a host CPU somewhere.
@@ -315,16 +333,21 @@ def _finish(
 ) -> dict[str, Any] | None:
     ctx, cfg, built = run.ctx, run.cfg, run.built
     evaluation: dict[str, Any] = {}
-    if cfg.eval_samples and ctx.rank == 0:
-        # Rank 0's own batch: it trained at that size, so it fits its memory (cap).
-        evaluation = report.evaluate_rank0(
-            ctx, cfg, built.task, built.model, built.dataset, ctx.plan[ctx.rank]
-        )
-        # The curve's last point (hetero-top --run), beside the summary's figures.
-        metrics = finite_numbers(
-            {k.removeprefix("eval_"): v for k, v in evaluation.items() if k in _CURVES}
-        )
-        ctx.metrics.write_eval({"step": ctx.global_step, "time_s": time.time(), "metrics": metrics})
+    if cfg.eval_samples:
+        # Sharded, rank 0 scores an unsharded copy (gathering the weights is collective).
+        raw = _eval_model(run)
+        if ctx.rank == 0:
+            # Rank 0's own batch: it trained at that size, so it fits its memory (cap).
+            evaluation = report.evaluate_rank0(
+                ctx, cfg, built.task, raw, built.dataset, ctx.plan[ctx.rank]
+            )
+            # The curve's last point (hetero-top --run), beside the summary's figures.
+            metrics = finite_numbers(
+                {k.removeprefix("eval_"): v for k, v in evaluation.items() if k in _CURVES}
+            )
+            ctx.metrics.write_eval(
+                {"step": ctx.global_step, "time_s": time.time(), "metrics": metrics}
+            )
     final_plan = ctx.plan
     solos, side_by_side = _ideal(run)
     if ctx.rank != 0:
@@ -342,6 +365,8 @@ def _finish(
         seq_len=built.size if built.task.text else None,
         amp=cfg.amp,
         zero=run.zero,
+        shard=ctx.shard,
+        offload=cfg.offload,
         activation_checkpointing=cfg.activation_checkpointing,
         optimizer=type(local_optimizer(run.optimizer)).__name__,
         parameters=sum(p.numel() for p in built.model.parameters()),

@@ -5,7 +5,9 @@ At every rebalance boundary each rank estimates
     per_sample_bytes = (peak_bytes − base_bytes) / max_batch
     cap              = ⌊(budget_bytes · (1 − margin) − base_bytes) / per_sample_bytes⌋
 
-where ``peak_bytes`` is the interval's peak (``torch.cuda.max_memory_allocated``
+(on a GPU, once peaks at two or more batch sizes are known, the line
+``peak = fixed + per_sample · b`` fitted over them, ``hetero.core.memfit``,
+instead), where ``peak_bytes`` is the interval's peak (``torch.cuda.max_memory_allocated``
 on a GPU, the process's peak RSS on a CPU), ``base_bytes`` what stays
 allocated between steps (parameters, optimizer state), ``max_batch`` the
 largest batch the rank ran in the interval (the peak belongs to it), and
@@ -35,12 +37,17 @@ import torch.distributed as dist
 from hetero.core.balancer import Constraints, round_to_plan
 from hetero.core.catalogue import BY_NAME, OptionError
 from hetero.core.errors import HeteroError, PlanError
+from hetero.core.memfit import MemoryFit, fit_memory
 from hetero.core.rankenv import RankEnv
 from hetero.trainer.context import Context
 from hetero.trainer.rebalance import PlanRecord
 from hetero.trainer.sampler import PlanSchedule
 
 log = logging.getLogger("hetero.trainer.memory")
+
+#: Intervals of (batch, peak) the fit keeps: enough sizes to separate the fixed part,
+#: recent enough to follow a model whose memory changes (allocator growth).
+_POINTS = 16
 
 Caps = tuple[int | None, ...]
 
@@ -171,6 +178,9 @@ class Estimate:
     peak_bytes: int
     batch: int
     cap: int | None
+    #: The fitted line's peak at ``batch`` (bytes; None without a fit): to compare with
+    #: the peak measured there (``hetero.core.memfit``).
+    predicted_bytes: float | None = None
 
 
 class MemoryMonitor:
@@ -200,6 +210,9 @@ class MemoryMonitor:
         self.estimates: list[Estimate] = []
         self._max_batch = 0
         self._seen_intervals = len(ctx.summaries)
+        #: ``(largest batch, peak bytes)`` of each measured interval, newest last.
+        self.points: list[tuple[int, int]] = []
+        self.fit: MemoryFit | None = None
 
     def after_step(self, batch: int) -> None:
         """Record this step's batch; at a boundary, re-estimate and apply the caps."""
@@ -236,10 +249,20 @@ class MemoryMonitor:
         mine = ctx.summaries[-1][ctx.rank]
         budget = budget_bytes(ctx.device, self.fraction)
         base = base_bytes(ctx.device)
-        cap = cap_from(budget, base, mine.peak_memory_bytes, self._max_batch, self.margin)
+        predicted = self.fit.peak_bytes(self._max_batch) if self.fit is not None else None
+        if ctx.device.type == "cuda" and self._max_batch > 0:
+            # On a CPU the peak is the process's peak RSS, which only grows: not a line in b.
+            self.points = [*self.points, (self._max_batch, mine.peak_memory_bytes)][-_POINTS:]
+            self.fit = fit_memory(self.points, base)
+            cap = self.fit.cap(budget, self.margin) if self.fit is not None else None
+        else:
+            cap = cap_from(budget, base, mine.peak_memory_bytes, self._max_batch, self.margin)
         self.estimates.append(
-            Estimate(ctx.global_step, budget, base, mine.peak_memory_bytes, self._max_batch, cap)
-        )
+            Estimate(
+                ctx.global_step, budget, base, mine.peak_memory_bytes, self._max_batch, cap,
+                predicted,
+            )
+        )  # fmt: skip
         return cap
 
 

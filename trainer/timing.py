@@ -13,6 +13,11 @@ current stream, because host time at a hook is when the kernels were *queued*,
 not when they ran. Events are resolved lazily (``resolve``) at interval
 boundaries, so the hot path never synchronizes. ``PhaseHooks`` sets the marks
 that come from hooks.
+
+Under FSDP2 (``trainer.sharding``) collectives run *inside* forward and
+backward; on a host-blocking backend their seconds are reported through
+``add_collective`` and moved from the phase they fell in to ``comm_s``, so
+``compute_s`` stays local compute.
 """
 
 from __future__ import annotations
@@ -58,11 +63,13 @@ class StepClock:
         self._host: dict[str, float] = {}
         self._events: dict[str, torch.cuda.Event] = {}
         self._pending: list[
-            tuple[int, int, dict[str, float], dict[str, torch.cuda.Event], float]
+            tuple[int, int, dict[str, float], dict[str, torch.cuda.Event], float, list[float]]
         ] = []
         self._last_end_host = time.perf_counter()
         self._last_end_event: torch.cuda.Event | None = None
         self.injected_s = 0.0
+        #: Seconds of blocking collectives in this step's forward and backward (FSDP2).
+        self.collective_s = [0.0, 0.0]
 
     def mark(self, name: str) -> None:
         self._host[name] = time.perf_counter()
@@ -78,6 +85,16 @@ class StepClock:
         """Host seconds since mark ``name`` (for the emulated slowdown)."""
         return time.perf_counter() - self._host[name]
 
+    def compute_since(self, name: str) -> float:
+        """:meth:`since` less the blocking collectives since (the step's own compute)."""
+        return self.since(name) - sum(self.collective_s)
+
+    def add_collective(self, seconds: float) -> None:
+        """A blocking collective of ``seconds`` inside forward or backward (FSDP2's
+        gathers and reduce-scatters); one after ``grads_ready`` is already comm time."""
+        if "fwd_begin" in self._host and "grads_ready" not in self._host:
+            self.collective_s["fwd_end" in self._host] += seconds
+
     def end_step(self, step: int, batch: int) -> None:
         """Close the step at ``opt_end``. Marks that were never hit collapse onto the next."""
         self.mark("opt_end")
@@ -86,18 +103,17 @@ class StepClock:
         events = dict(self._events)
         if self._last_end_event is not None:
             events["prev_end"] = self._last_end_event
-        self._pending.append((step, batch, host, events, self.injected_s))
+        self._pending.append((step, batch, host, events, self.injected_s, self.collective_s))
         self._last_end_host = host["opt_end"]
         self._last_end_event = events.get("opt_end")
-        self._host.clear()
-        self._events.clear()
-        self.injected_s = 0.0
+        self.discard()
 
     def discard(self) -> None:
         """Forget the marks of the step in progress (an attempt that is being retried)."""
         self._host.clear()
         self._events.clear()
         self.injected_s = 0.0
+        self.collective_s = [0.0, 0.0]
 
     def restart(self) -> None:
         """Forget the gap since the last step (after a checkpoint, an evaluation, …)."""
@@ -111,7 +127,7 @@ class StepClock:
             ev = self._pending[-1][3].get("opt_end")
             if ev is not None:
                 ev.synchronize()
-        for step, batch, host, events, injected in self._pending:
+        for step, batch, host, events, injected, (fwd_coll, bwd_coll) in self._pending:
             t = _fill(host, events, self.cuda)
             out.append(
                 StepTimes(
@@ -126,9 +142,9 @@ class StepClock:
                         else host["fwd_begin"] - host["prev_end"],
                         0.0,
                     ),
-                    forward_s=t["fwd_end"] - t["fwd_begin"],
-                    backward_s=t["grads_ready"] - t["fwd_end"],
-                    comm_s=t["bwd_end"] - t["grads_ready"],
+                    forward_s=max(t["fwd_end"] - t["fwd_begin"] - fwd_coll, 0.0),
+                    backward_s=max(t["grads_ready"] - t["fwd_end"] - bwd_coll, 0.0),
+                    comm_s=t["bwd_end"] - t["grads_ready"] + fwd_coll + bwd_coll,
                     optimizer_s=t["opt_end"] - t["bwd_end"],
                     step_s=host["opt_end"] - host["prev_end"]
                     if not self.cuda or "prev_end" not in events
@@ -169,7 +185,9 @@ class PhaseHooks:
         self.factor = factor
 
     def attach(self, model: nn.Module) -> None:
-        model.register_forward_pre_hook(self.forward_begin)
+        # First of the pre-hooks: FSDP2's root pre-forward (lazy init, the first
+        # all-gather) is part of the step's forward, not of its input time.
+        model.register_forward_pre_hook(self.forward_begin, prepend=True)
         model.register_forward_hook(self.forward_end)
 
     def forward_begin(self, module: nn.Module, args: Any) -> None:
@@ -183,5 +201,5 @@ class PhaseHooks:
     def grads_ready(self) -> None:
         factor = self.factor()
         if factor > 1.0 and self.clock.seen("fwd_begin"):
-            self.clock.injected_s += emulate_wait(factor, self.clock.since("fwd_begin"))
+            self.clock.injected_s += emulate_wait(factor, self.clock.compute_since("fwd_begin"))
         self.clock.mark("grads_ready")

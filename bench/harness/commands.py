@@ -158,6 +158,10 @@ def _spec(s: Scenario, name: str, out: Path, python: str | None) -> RunSpec:
         common += ["--backend", "gloo"]
     if s.emulate_spec and ranks > 1:
         common += ["--emulate-slowdown", s.emulate_spec]
+    if s.memory_fraction and ranks > 1:
+        common += ["--memory-fraction", s.memory_fraction]
+    if s.shard != "none" and ranks > 1:
+        common += ["--shard", s.shard]
     if name == BASELINE:
         argv = [py, "-m", "hetero.bench.baseline_ddp", *common]
         return RunSpec(name, "torch-ddp", tuple(argv), env, out, ranks, steps, ideal, name)

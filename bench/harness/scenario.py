@@ -121,6 +121,11 @@ class Scenario:
     quick_policies: tuple[str, ...] | None = None
     quick_data_paths: tuple[str, ...] | None = None
     run_timeout_s: float = 300.0
+    #: hetero-train's --shard for every hetero run (FSDP2; the DDP baseline cannot shard,
+    #: so a sharded scenario sets ``baseline: false`` and compares with ``equal``).
+    shard: str = "none"
+    #: hetero-train's --memory-fraction: cap each rank's CUDA allocator (e.g. "1.0,0.3").
+    memory_fraction: str | None = None
     loop: str = "builtin"
     data_paths: tuple[str, ...] = ("device",)
     num_workers: int = 6  # DataLoader workers per rank on the loader path
@@ -195,7 +200,7 @@ _TOP = {
     "rebalance_interval", "ideal_steps", "image_size", "num_classes", "num_samples", "amp",
     "channels_last", "lr", "min_batch", "dataset", "seq_len", "policies", "baseline",
     "gpu_only_reference", "neighbour", "neighbours", "slowdowns", "overrides", "quick",
-    "run_timeout_s", "loop", "data_paths", "num_workers",
+    "run_timeout_s", "loop", "data_paths", "num_workers", "shard", "memory_fraction",
 }  # fmt: skip
 
 
@@ -296,6 +301,12 @@ def _validate(s: Scenario) -> None:
     if s.devices not in DEVICES:
         raise ConfigError(
             f"{where}.devices: expected one of {', '.join(DEVICES)}, got {s.devices!r}"
+        )
+    if s.shard not in ("none", "grad_op", "full"):
+        raise ConfigError(f"{where}.shard: expected none, grad_op or full, got {s.shard!r}")
+    if s.shard != "none" and (s.baseline or s.loop != "builtin"):
+        raise ConfigError(
+            f"{where}.shard: needs baseline: false and the builtin loop (plain DDP cannot shard)"
         )
     for field in ("ranks", "global_batch", "steps", "rebalance_interval", "min_batch"):
         if int(getattr(s, field)) < 1:

@@ -37,6 +37,9 @@ class ModelEntry:
     summary: str
     has_batchnorm: bool = False
     max_seq_len: int | None = None
+    #: Parameters at the default size and 10 classes (the trainer's models, checked by a
+    #: test): what the training state's bytes are predicted from before a run.
+    parameters: int = 0
 
     @property
     def channels_last_applies(self) -> bool:
@@ -49,14 +52,86 @@ class ModelEntry:
 
 
 MODELS: tuple[ModelEntry, ...] = (
-    ModelEntry("debug", "image", "classification", 8, "a conv and a linear layer, for tests"),
-    ModelEntry("simple_cnn", "image", "classification", 32, "two conv blocks, 32 px", True),
-    ModelEntry("resnet18", "image", "classification", 224, "torchvision ResNet-18", True),
-    ModelEntry("resnet50", "image", "classification", 224, "torchvision ResNet-50", True),
-    ModelEntry("gpt2-small", "text", "causal-lm", 1024, "GPT-2 124M, causal LM", max_seq_len=1024),
-    ModelEntry("gpt2-tiny", "text", "causal-lm", 64, "2-layer GPT-2, for tests", max_seq_len=64),
-    ModelEntry("bert-base", "text", "masked-lm", 128, "BERT-base 110M, masked LM", max_seq_len=512),
-    ModelEntry("bert-tiny", "text", "masked-lm", 64, "2-layer BERT, for tests", max_seq_len=64),
+    ModelEntry(
+        "debug",
+        "image",
+        "classification",
+        8,
+        "a conv and a linear layer, for tests",
+        parameters=762,
+    ),
+    ModelEntry(
+        "simple_cnn",
+        "image",
+        "classification",
+        32,
+        "two conv blocks, 32 px",
+        True,
+        parameters=152_074,
+    ),
+    ModelEntry(
+        "resnet18",
+        "image",
+        "classification",
+        224,
+        "torchvision ResNet-18",
+        True,
+        parameters=11_181_642,
+    ),
+    ModelEntry(
+        "resnet50",
+        "image",
+        "classification",
+        224,
+        "torchvision ResNet-50",
+        True,
+        parameters=23_528_522,
+    ),
+    ModelEntry(
+        "gpt2-small",
+        "text",
+        "causal-lm",
+        1024,
+        "GPT-2 124M, causal LM",
+        max_seq_len=1024,
+        parameters=124_439_808,
+    ),
+    ModelEntry(
+        "gpt2-medium",
+        "text",
+        "causal-lm",
+        1024,
+        "GPT-2 355M, causal LM (24 layers)",
+        max_seq_len=1024,
+        parameters=354_823_168,
+    ),
+    ModelEntry(
+        "gpt2-tiny",
+        "text",
+        "causal-lm",
+        64,
+        "2-layer GPT-2, for tests",
+        max_seq_len=64,
+        parameters=120_576,
+    ),
+    ModelEntry(
+        "bert-base",
+        "text",
+        "masked-lm",
+        128,
+        "BERT-base 110M, masked LM",
+        max_seq_len=512,
+        parameters=109_512_762,
+    ),
+    ModelEntry(
+        "bert-tiny",
+        "text",
+        "masked-lm",
+        64,
+        "2-layer BERT, for tests",
+        max_seq_len=64,
+        parameters=125_185,
+    ),
 )
 
 

@@ -26,4 +26,10 @@ DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("gloo", "nccl")
 #: When gradient all-reduces start (hetero.trainer.commsched).
 COMM_MODES = ("auto", "overlap", "deferred")
+#: Sharded data parallelism through FSDP2 (hetero.trainer.sharding): none is replicated DDP.
+SHARD_MODES = ("none", "grad_op", "full")
+#: What FSDP2 keeps in host memory: none, or its sharded parameters, gradients and
+#: optimizer state (params). ``optimizer`` alone is declared but refused: FSDP2 has no
+#: optimizer-only offload (hetero.core.catalogue.rules).
+OFFLOAD_MODES = ("none", "optimizer", "params")
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"

@@ -25,6 +25,7 @@ def check_rules(o: TrainingOptions) -> None:
     """Raise the first broken rule as an ``OptionError``."""
     _exclusive(o)
     _workload(o)
+    _sharding(o)
     _outputs(o)
     if o.simulate_nodes == 1:
         raise OptionError("simulate_nodes", "needs at least 2 nodes")
@@ -68,6 +69,37 @@ def _workload(o: TrainingOptions) -> None:
     if m.kind != "text" and o.activation_checkpointing:
         raise OptionError(
             "activation_checkpointing", f"is implemented for the transformer models, not {m.name}"
+        )
+
+
+def _sharding(o: TrainingOptions) -> None:
+    """What FSDP2 (``shard``) and its offload combine with."""
+    if o.offload == "optimizer":
+        raise OptionError(
+            "offload",
+            "optimizer alone is not available: FSDP2 offloads the sharded parameters, "
+            "gradients and optimizer state together (params)",
+        )
+    if o.shard == "none":
+        if o.offload != "none":
+            raise OptionError("offload", f"needs {ref('shard')} grad_op or full (FSDP2 offloads)")
+        return
+    if o.zero:
+        raise OptionError(
+            "zero", f"give either {ref('shard')} or {ref('zero')}: shard already shards the "
+            "optimizer state",
+        )  # fmt: skip
+    if o.comm != "auto":
+        raise OptionError(
+            "comm", f"{o.comm} schedules DDP's all-reduce; with {ref('shard')} FSDP2 schedules "
+            "its own reduce-scatters",
+        )  # fmt: skip
+    if o.amp == "fp16":
+        raise OptionError("amp", f"fp16 needs a gradient scaler FSDP2 lacks here; with "
+                          f"{ref('shard')} use bf16")  # fmt: skip
+    if o.oom_retry:
+        raise OptionError(
+            "oom_retry", f"retries a step of replicated DDP, not of {ref('shard')} (FSDP2)"
         )
 
 

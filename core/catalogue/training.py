@@ -185,6 +185,23 @@ class TrainingOptions(Resolved):
         False, Bool(), "model and inputs in the channels_last layout (image models)", "memory"
     )
     zero: bool = opt(False, Bool(), "shard the optimizer state over the ranks (ZeRO-1)", "memory")
+    shard: str = opt(
+        "none",
+        Choice(limits.SHARD_MODES),
+        "shard the training state over the ranks with PyTorch's FSDP2, batches still uneven: "
+        "grad_op keeps parameters gathered from forward to backward (ZeRO-2-like), full "
+        "re-gathers them in backward (ZeRO-3-like); none: replicated DDP",
+        "memory",
+        init=True,
+    )
+    offload: str = opt(
+        "none",
+        Choice(limits.OFFLOAD_MODES),
+        "params: keep the sharded parameters, gradients and optimizer state in host memory "
+        f"and step the optimizer there (FSDP2's CPUOffloadPolicy; needs {ref('shard')})",
+        "memory",
+        init=True,
+    )
     activation_checkpointing: bool = opt(
         False, Bool(), "recompute transformer blocks in backward (language models)", "memory"
     )

@@ -52,6 +52,8 @@ SAMPLES: dict[str, tuple[Any, dict[str, Any]]] = {
     "amp": ("bf16", {}),
     "channels_last": (True, {}),
     "zero": (True, {}),
+    "shard": ("full", {}),
+    "offload": ("params", {"shard": "grad_op"}),
     "activation_checkpointing": (True, {"model": "bert-tiny"}),
     "sync_batchnorm": (True, {}),
     "max_batch": ("64,-", {}),
@@ -133,6 +135,14 @@ def _flags(values: dict[str, Any]) -> list[str]:
 
 
 # ---- the catalogue and its implementations ---------------------------------------------
+
+
+@pytest.mark.parametrize("entry", catalogue.MODELS, ids=lambda m: m.name)
+def test_the_catalogues_parameter_counts_are_the_trainers_models(entry: Any) -> None:
+    from hetero.trainer.models import build_model
+
+    built = build_model(entry.name, 10, None)
+    assert sum(p.numel() for p in built.parameters()) == entry.parameters
 
 
 def test_the_trainer_implements_exactly_the_catalogues_models_datasets_and_policies() -> None:
@@ -272,6 +282,26 @@ def test_rules_between_options_name_them_in_the_callers_spelling() -> None:
         _cli("--model", "gpt2-tiny", "--seq-len", "100")
     with pytest.raises(ConfigError, match=r"needs a text dataset"):
         from_keywords({"model": "bert-tiny", "dataset": "cifar10", "data_dir": "/d"})
+
+
+@pytest.mark.parametrize(
+    ("given", "refused"),
+    [
+        ({"shard": "full", "zero": True}, r"^--zero: give either --shard or --zero"),
+        ({"offload": "params"}, r"^--offload: needs --shard grad_op or full"),
+        ({"shard": "full", "offload": "optimizer"}, r"^--offload: optimizer alone is not"),
+        ({"shard": "grad_op", "comm": "overlap"}, r"^--comm: overlap schedules DDP's all-reduce"),
+        ({"shard": "full", "amp": "fp16"}, r"^--amp: fp16 needs a gradient scaler"),
+        ({"shard": "full", "oom_retry": True}, r"^--oom-retry: retries a step of replicated"),
+    ],
+)
+def test_sharding_refuses_what_fsdp2_cannot_do_in_one_line(
+    given: dict[str, Any], refused: str
+) -> None:
+    with pytest.raises(ConfigError, match=refused) as info:
+        _cli(*_flags(given))
+    assert "\n" not in str(info.value)
+    _cli("--shard", "full", "--offload", "params", "--amp", "bf16")  # what it can do
 
 
 # ---- the origin documents' flags ---------------------------------------------------------

@@ -79,3 +79,25 @@ def test_predictions_show_dynamic_beating_equal_on_uneven_devices() -> None:
 def test_placement_is_pure_no_grpc_or_sqlalchemy_imported() -> None:
     assert "hetero.coordinator.placement" in sys.modules
     assert "sqlalchemy" not in sys.modules or "hetero.coordinator.models" in sys.modules
+
+
+def test_a_gpu_that_cannot_hold_its_share_of_the_sharded_state_is_refused_in_one_line() -> None:
+    """gpt2-small with AdamW is 1.99 GB of fp32 state: shard full over 2 ranks, 0.93 GiB each."""
+    spec = parse_jobspec(
+        "name: t\nmodel: gpt2-small\nshard: full\nglobal_batch: 8\nsteps: 10\n"
+        "resources: {ranks: 2, device: cuda}\n"
+    )
+    small = [_gpu("n1", 0, memory_bytes=80 * 2**30), _gpu("n1", 1, memory_bytes=2**30)]
+    with pytest.raises(PlacementError) as info:
+        place(spec, small, 29500)  # type: ignore[arg-type]
+    message = str(info.value)
+    assert "\n" not in message and "rank 1 on n1 GPU 1" in message
+    assert "0.93 GiB share of gpt2-small's training state (shard full over 2 ranks" in message
+    roomy = [_gpu("n1", 0, memory_bytes=80 * 2**30), _gpu("n1", 1, memory_bytes=24 * 2**30)]
+    assert len(place(spec, roomy, 29500).ranks) == 2  # type: ignore[arg-type]
+    # submit --dry-run states what each rank will hold before its activations.
+    from hetero.coordinator import wire
+
+    dry = wire.dry_run_job(spec, "", place(spec, roomy, 29500))  # type: ignore[arg-type]
+    assert dry.message.startswith("predicted peak memory per rank: 0.93 GiB of sharded")
+    assert wire.dry_run_job(_spec(), "", place(_spec(), roomy, 29500)).message == ""  # type: ignore[arg-type]

@@ -10,6 +10,11 @@ Usage: equivalence.py OUT_PATH MODE
   plainbackward  scripted, but the loop calls loss.backward() itself
   syncbn         scripted, with BatchNorm converted to SyncBatchNorm (CUDA ranks)
   bn             scripted, with BatchNorm left per rank (statistics over each rank's batch)
+  shard-full     scripted, sharded with FSDP2 (shard=full: parameters re-gathered in backward)
+  shard-plain    scripted, sharded with FSDP2 (shard=grad_op), the loop calling
+                 loss.backward() itself
+  shard-offload  shard-full with offload=params
+  shard-dynamic  dynamic (rank 2 emulated 8x slower), sharded with FSDP2 (shard=full)
 
 On 3 ranks the scripted plans are (14, 7, 3), (2, 5, 17) from step 5, (1, 22, 1) from
 step 9; on 2 ranks (17, 7), (5, 19), (22, 2). TF32 is off so CUDA ranks compute in fp32.
@@ -29,6 +34,8 @@ from hetero.trainer.models.vision import DebugNet
 
 STEPS = 12
 GLOBAL_BATCH = 24
+#: The modes whose plans come from the dynamic policy, not a script.
+DYNAMIC = ("dynamic", "workers", "shard-dynamic")
 #: The scripted plans by world size: (plan, first step).
 PLANS = {
     3: (((14, 7, 3), 0), ((2, 5, 17), 5), ((1, 22, 1), 9)),
@@ -103,14 +110,21 @@ def main() -> None:
     fp32_only()
     model = build(mode)
     ctx = ht.init(
-        "dynamic" if mode in ("dynamic", "workers") else "equal",
+        "dynamic" if mode in DYNAMIC else "equal",
         rebalance_interval=3,
-        emulate_slowdown="2:8" if mode in ("dynamic", "workers") else None,
+        emulate_slowdown="2:8" if mode in DYNAMIC else None,
         warmup_steps=0,
     )
     comm = mode if mode in ("overlap", "deferred") else "auto"
-    # Tiny buckets (bytes), so DDP hands the hook several per step and deferral holds some.
-    ddp = ctx.wrap(model, sync_batchnorm=mode == "syncbn", comm=comm, bucket_cap_mb=0.0001)
+    if mode.startswith("shard-"):
+        ddp = ctx.wrap(
+            model,
+            shard="grad_op" if mode == "shard-plain" else "full",
+            offload="params" if mode == "shard-offload" else "none",
+        )
+    else:
+        # Tiny buckets (bytes), so DDP hands the hook several per step and deferral holds some.
+        ddp = ctx.wrap(model, sync_batchnorm=mode == "syncbn", comm=comm, bucket_cap_mb=0.0001)
     # Buckets the hook held back when the step's last one arrived, per step (deferral).
     held_at_last: list[int] = []
     grads_ready = ctx.weighting.on_grads_ready
@@ -126,7 +140,7 @@ def main() -> None:
         loader = ctx.loader(ItemsOnly(data), GLOBAL_BATCH, seed=5, num_workers=2)
     else:
         loader = ctx.loader(data, GLOBAL_BATCH, seed=5)
-    if mode not in ("dynamic", "workers"):
+    if mode not in DYNAMIC:
         # Identical calls on every rank: uneven from the start, changed mid-run twice.
         for plan, step in PLANS[ctx.world_size]:
             ctx.set_plan(plan, step)
@@ -136,7 +150,7 @@ def main() -> None:
         for x, y in loader:
             sizes.append(x.shape[0])
             loss = loss_fn(ddp(x), y)
-            if mode == "plainbackward":
+            if mode in ("plainbackward", "shard-plain"):
                 loss.backward()  # a loop that does not use ctx.backward
             else:
                 ctx.backward(loss)
@@ -145,10 +159,17 @@ def main() -> None:
             ctx.step()
             if ctx.global_step >= STEPS:
                 break
+    if ctx.shard != "none":
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        # Collective: every rank gathers; rank 0 keeps the whole state.
+        params = get_model_state_dict(ddp, options=StateDictOptions(full_state_dict=True))
+    else:
+        params = ddp.module.state_dict()
     if ctx.rank == 0:
         torch.save(
             {
-                "params": {k: v.detach().cpu() for k, v in ddp.module.state_dict().items()},
+                "params": {k: v.detach().cpu() for k, v in params.items()},
                 "plans": [p.batches for p in ctx.plans],
                 "comm": [(c.step, c.mode) for c in ctx.comm_changes],
                 "held_at_last": held_at_last,

@@ -3,6 +3,7 @@
 Usage: timing.py OUT_PREFIX [WHERE]
   backward  (default) inside backward, like a slow device
   input     in loading its batch (a DataLoader whose dataset is slow on rank 1)
+  shard     inside backward, the model sharded with FSDP2 (shard=full)
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def main() -> None:
     torch.manual_seed(0)
     ctx = ht.init("equal", rebalance_interval=10, warmup_steps=2)
     slow = ctx.rank == 1
-    model = ctx.wrap(Slowed(DebugNet(10, 8), slow=slow and where == "backward"))
+    slowed = Slowed(DebugNet(10, 8), slow=slow and where in ("backward", "shard"))
+    model = ctx.wrap(slowed, shard="full" if where == "shard" else "none")
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     data = SyntheticImages(512, 8, 10)
     if where == "input":  # 16 samples per rank: 50 ms per batch on rank 1

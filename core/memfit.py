@@ -1,0 +1,111 @@
+"""A rank's peak memory as a line in its batch: ``peak(b) = fixed + per_sample · b`` (bytes).
+
+``fixed`` is what a step holds whatever its batch: parameters (or, sharded, the
+rank's shards plus the largest unit gathered at once), gradients, optimizer
+state, workspaces. ``per_sample`` is the activations one sample keeps for
+backward. Both come from the peaks the trainer already records per interval
+(``peak_memory_bytes`` at the largest batch the interval ran); no size is typed.
+
+With peaks at two or more batch sizes the line is a least-squares fit over the
+highest peak seen at each size (peaks are maxima, so the envelope is the
+honest one). With one size only, ``fixed`` is the memory held between steps
+(``floor_bytes``) and everything above it is counted per sample: the estimate
+errs low, as ``hetero.trainer.memory`` always did. The cap is the largest batch
+whose predicted peak stays under the budget less a safety ``margin``.
+
+Pure: the trainer and the planner's tests share it (no torch).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hetero.core.catalogue.training import TrainingOptions
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    """``peak(b) = fixed_bytes + per_sample_bytes · b``; ``sizes``: distinct batches fitted."""
+
+    fixed_bytes: float
+    per_sample_bytes: float
+    sizes: int
+
+    def peak_bytes(self, batch: int) -> float:
+        """Predicted peak of a step at ``batch`` samples (bytes)."""
+        return self.fixed_bytes + self.per_sample_bytes * batch
+
+    def cap(self, budget_bytes: float, margin: float) -> int:
+        """The largest batch whose predicted peak is at most ``budget · (1 − margin)``;
+        0 when not even the fixed part fits."""
+        room = budget_bytes * (1.0 - margin) - self.fixed_bytes
+        if room <= 0:
+            return 0
+        return int(room // self.per_sample_bytes) if self.per_sample_bytes > 0 else 2**31 - 1
+
+    def fits_state(self, budget_bytes: float, margin: float) -> bool:
+        """Whether the fixed part alone fits (a device that cannot hold its shards)."""
+        return self.fixed_bytes <= budget_bytes * (1.0 - margin)
+
+
+def fit_memory(points: Sequence[tuple[int, int]], floor_bytes: int) -> MemoryFit | None:
+    """The line through ``points`` (``(batch, peak_bytes)`` per interval); ``None`` when no
+    point rises above ``floor_bytes`` (nothing measurable, e.g. a CPU whose peak RSS
+    predates the intervals)."""
+    top: dict[int, int] = {}
+    for batch, peak in points:
+        if batch > 0:
+            top[batch] = max(top.get(batch, 0), peak)
+    if not top:
+        return None
+    if len(top) >= 2:
+        n = len(top)
+        mean_b = sum(top) / n
+        mean_p = sum(top.values()) / n
+        var = sum((b - mean_b) ** 2 for b in top)
+        slope = sum((b - mean_b) * (p - mean_p) for b, p in top.items()) / var
+        intercept = mean_p - slope * mean_b
+        if slope > 0 and intercept >= 0:
+            # No point may sit above the line: peaks are maxima, a cap below them is unsafe.
+            lift = max(p - (intercept + slope * b) for b, p in top.items())
+            return MemoryFit(intercept + max(lift, 0.0), slope, n)
+    batch = max(top)
+    per_sample = (top[batch] - floor_bytes) / batch
+    if per_sample <= 0 or not math.isfinite(per_sample):
+        return None
+    return MemoryFit(float(floor_bytes), per_sample, 1)
+
+
+def sharded_state_bytes(
+    parameters: int, world_size: int, *, shard: str, bytes_per_param: int = 16
+) -> float:
+    """Bytes of training state per rank before activations: ``bytes_per_param`` (16 for
+    fp32 AdamW: 4 parameter, 4 gradient, 8 optimizer) per parameter, divided over the
+    ranks under ``grad_op`` (all but the 4-byte parameter) or ``full`` (all of it);
+    replicated under ``none``. Gathered units and workspaces come on top (measured)."""
+    if shard == "full":
+        return parameters * bytes_per_param / world_size
+    if shard == "grad_op":
+        return parameters * (4 + (bytes_per_param - 4) / world_size)
+    return float(parameters * bytes_per_param)
+
+
+def state_bytes_of(options: TrainingOptions, world_size: int) -> float | None:
+    """Predicted training state per rank of a built-in job on the device (bytes), from
+    its model's parameter count and optimizer: ``None`` when none of it stays on the
+    device (``offload`` params) or the model's size is unknown."""
+    from hetero.core.catalogue.entries import model
+
+    parameters = model(options.model).parameters
+    if options.offload != "none" or parameters <= 0:
+        return None
+    per_param = 16 if options.optimizer_kind == "adamw" else 12  # SGD: one momentum buffer
+    return sharded_state_bytes(
+        parameters, world_size, shard=options.shard, bytes_per_param=per_param
+    )
