@@ -10,6 +10,7 @@ must succeed.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import subprocess
 import sys
@@ -26,16 +27,18 @@ pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "custom_loop.py"
 
+# Sees GPU 1 alone (CUDA_VISIBLE_DEVICES in the fixture): a process that only names
+# cuda:1 may still open a context on GPU 0, and then both GPUs are rightly shared.
 NEIGHBOUR = """
 import torch
-a = torch.randn(8192, 8192, device="cuda:1", dtype=torch.bfloat16)
+a = torch.randn(8192, 8192, device="cuda:0", dtype=torch.bfloat16)
 b = torch.randn_like(a)
-torch.cuda.synchronize(1)
+torch.cuda.synchronize()
 print("busy", flush=True)
 while True:
     for _ in range(20):
         a @ b
-    torch.cuda.synchronize(1)
+    torch.cuda.synchronize()
 """
 
 BUILT_IN = """\
@@ -66,7 +69,10 @@ resources:
 
 @pytest.fixture
 def neighbour() -> Iterator[subprocess.Popen[str]]:
-    proc = subprocess.Popen([sys.executable, "-c", NEIGHBOUR], stdout=subprocess.PIPE, text=True)
+    env = {**os.environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", NEIGHBOUR], stdout=subprocess.PIPE, text=True, env=env
+    )
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "busy"
         yield proc
@@ -112,7 +118,9 @@ def test_a_neighbour_on_gpu_1_gives_gpu_0_the_larger_initial_share(
         )
         assert not gpu[0].suspect and not gpu[1].suspect
         if nvml_sees_it:  # in a container without the host's pids NVML lists none
-            assert gpu[1].shared_while_profiled and not gpu[0].shared_while_profiled
+            on_0 = Nvml().running_pids(0)
+            assert gpu[1].shared_while_profiled, gpu[1]
+            assert not gpu[0].shared_while_profiled, f"processes on GPU 0: {on_0}"
         assert gpu[0].compute_score > gpu[1].compute_score
         for name, spec in (("built-in.yaml", BUILT_IN), ("command.yaml", COMMAND)):
             job_file = tmp_path / name
