@@ -419,8 +419,9 @@ class Context:
         if self.world_size > 1:
             dist.barrier()
 
-    def close(self) -> None:
-        """Flush metrics and leave the process group.
+    def close(self, *, failed: bool = False) -> None:
+        """Flush metrics and leave the process group (at once, without waiting for
+        the other ranks, if ``failed``: this rank stops on an error).
 
         The group, and Gloo's threads with it, ends here if the model that
         :meth:`wrap` returned is gone (``hetero-train`` drops it first), else when
@@ -435,7 +436,7 @@ class Context:
         if close_planner is not None:
             close_planner()
         if self.world_size > 1:
-            procgroup.leave()
+            procgroup.leave(failed=failed)
 
 
 def init(

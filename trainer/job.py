@@ -86,8 +86,11 @@ def run_job(cfg: JobConfig) -> dict[str, Any] | None:
         profiles=profiles(cfg),
     )
     ctx.total_steps = cfg.steps
+    failed = True
     try:
-        return _train(ctx, cfg)
+        result = _train(ctx, cfg)
+        failed = False
+        return result
     except torch.OutOfMemoryError:
         raise HeteroError(
             f"out of memory at step {ctx.global_step} (batch {_my_batch(ctx)}); retry such steps "
@@ -98,7 +101,7 @@ def run_job(cfg: JobConfig) -> dict[str, Any] | None:
         # survivors: report it in one line (the failing rank reports its own cause).
         raise as_distributed_error(exc, ctx.global_step) from None
     finally:
-        ctx.close()
+        ctx.close(failed=failed)
 
 
 def _my_batch(ctx: Context) -> int | str:

@@ -58,13 +58,19 @@ def join(
     )
 
 
-def leave() -> None:
+def leave(*, failed: bool = False) -> None:
     """Wait for every rank, then destroy the process group.
 
     The barrier means no collective of this rank is still in flight. A peer that
     is already gone makes it fail: then just leave. No-op without a group.
+
+    ``failed``: this rank stops on an error. Its peers may be inside a collective
+    that waits for it (an all-gather of the next layer, the gradient reduction),
+    so a barrier would wait for them as they wait for us, until the collective
+    timeout: leave at once, touching nothing of the group; the process exits with
+    the error and the launcher (or the agent) stops the others.
     """
-    if not dist.is_initialized():
+    if failed or not dist.is_initialized():
         return
     with contextlib.suppress(RuntimeError):
         dist.barrier()
