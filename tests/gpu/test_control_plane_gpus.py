@@ -91,8 +91,16 @@ def _cmdline(pid: int) -> str:
 def _submit(cluster: LocalCluster, job_file: Path) -> str:
     cli = [sys.executable, "-m", "hetero.coordinator.cli"]
     done = subprocess.run(
-        [*cli, "submit", str(job_file), "--wait", "--coordinator", cluster.address,
-         "--token-file", str(cluster.token_path)],  # fmt: skip
+        [
+            *cli,
+            "submit",
+            str(job_file),
+            "--wait",
+            "--coordinator",
+            cluster.address,
+            "--token-file",
+            str(cluster.token_path),
+        ],
         capture_output=True,
         text=True,
         timeout=400,
