@@ -4,7 +4,8 @@ A process keeps GPU 1 busy with bf16 matmuls before anything starts. Then
 ``hetero-coord serve``, one ``hetero-agent run`` holding every GPU, and
 ``hetero-coord submit --wait`` of a built-in bf16 job and of a ``command:`` job
 using the trainer API. The initial plan (version 1, made from the agents'
-profiles alone) must give the unshared GPU 0 the larger share, and both jobs
+profiles alone) must give the unshared GPU 0 the larger share (on a host with
+more than two GPUs, placement must leave the shared GPU out), and both jobs
 must succeed.
 """
 
