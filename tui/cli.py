@@ -89,6 +89,7 @@ def _cluster_view(args: argparse.Namespace) -> int:
 
     security = client_security_from_args(args)
     app = HeteroTop(args.coordinator, period_s=args.period, security=security)
+    app.client.check_access()  # a refused token is one line, before the view draws
     app.run()
     if app.fatal is not None:
         print(f"error: hetero-top: {app.fatal}", file=sys.stderr)

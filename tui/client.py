@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from hetero.core.errors import RemoteError, UnreachableError
+from hetero.core.errors import DeniedError, RemoteError, UnreachableError
 from hetero.transport import ClientSecurity, client_channel, remote_error
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
@@ -53,6 +53,16 @@ class CoordinatorClient:
 
     def _error(self, exc: grpc.RpcError) -> RemoteError:
         return remote_error(exc, f"the coordinator at {self.address}")
+
+    def check_access(self, timeout_s: float = 5.0) -> None:
+        """Raise ``DeniedError`` if the coordinator refuses these credentials; anything
+        else (not up yet, slow) is left to the view, which shows it and retries."""
+        try:
+            self._stub.ListNodes(pb.ListNodesRequest(), timeout=timeout_s)
+        except grpc.RpcError as exc:
+            error = self._error(exc)
+            if isinstance(error, DeniedError):
+                raise error from None
 
     def job_detail(self, job_id: str, max_intervals: int = 120) -> pb.JobDetail:
         request = pb.GetJobDetailRequest(job_id=job_id, max_intervals=max_intervals)

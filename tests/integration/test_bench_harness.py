@@ -130,6 +130,8 @@ def test_cpu_emulated_quick_runs_end_to_end_and_writes_its_outputs(tmp_path: Pat
             "run",
             "cpu-emulated",
             "--quick",
+            "--steps",  # the outputs, not the figures: the quick run's 30 steps cut to 15
+            "15",
             "--out",
             str(out),
         ],

@@ -23,8 +23,9 @@ from hetero.v1 import coordinator_pb2 as pb
 PERIOD_S = 0.2
 
 
-async def until(pilot: Pilot[None], cond: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    """Let the app run until ``cond()`` holds; fail after ``timeout_s``."""
+async def until(pilot: Pilot[None], cond: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    """Let the app run until ``cond()`` holds; fail after ``timeout_s`` (a bound for a
+    loaded two-core host, where the pilot and the coordinator share the cores)."""
     deadline = time.monotonic() + timeout_s
     while not cond():
         assert time.monotonic() < deadline, "condition not met in time"
