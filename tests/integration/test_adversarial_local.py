@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -25,7 +26,6 @@ from pathlib import Path
 import grpc
 import pytest
 
-from hetero.trainer.launch import free_port
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 
@@ -87,7 +87,6 @@ def _serve(root: Path, *extra: str) -> Daemon:
     home.mkdir(exist_ok=True)
     if OWNER is not None:
         os.chown(home, OWNER, OWNER)
-    address = f"127.0.0.1:{free_port()}"
     log = root / "coordinator.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -98,7 +97,7 @@ def _serve(root: Path, *extra: str) -> Daemon:
                 "hetero.coordinator.cli",
                 "serve",
                 "--listen",
-                address,
+                "127.0.0.1:0",  # the port it bound is in its log: no race for a free one
                 *extra,
             ),
             stdout=out,
@@ -106,10 +105,10 @@ def _serve(root: Path, *extra: str) -> Daemon:
             env=_env(home),
         )
     deadline = time.monotonic() + 60
-    while "listening on" not in log.read_text():
+    while (bound := re.search(r"listening on \S+ \(port (\d+)", log.read_text())) is None:
         assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
         time.sleep(0.1)
-    return Daemon(address, home / "hetero", log, proc)
+    return Daemon(f"127.0.0.1:{bound.group(1)}", home / "hetero", log, proc)
 
 
 def _stop(daemon: Daemon) -> None:
