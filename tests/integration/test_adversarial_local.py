@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import stat
 import subprocess
 import sys
@@ -50,7 +51,12 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="a second local user n
 def _env(state_home: Path) -> dict[str, str]:
     """A clean environment: no credential variables; XDG state under ``state_home``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HETERO_", "CREDENTIALS_"))}
-    return {**env, "XDG_STATE_HOME": str(state_home), "HOME": str(state_home)}
+    return {
+        **env,
+        "XDG_STATE_HOME": str(state_home),
+        "HOME": str(state_home),
+        "PYTHONFAULTHANDLER": "1",  # a hung daemon's stacks on SIGABRT (see _stop)
+    }
 
 
 def _argv(uid: int | None, *argv: str) -> list[str]:
@@ -112,8 +118,21 @@ def _serve(root: Path, *extra: str) -> Daemon:
 
 
 def _stop(daemon: Daemon) -> None:
+    """SIGTERM, as systemd stops it. A daemon still running after 30 s fails the test
+    with its log, and the stacks of its threads in it (faulthandler, on SIGABRT)."""
     daemon.proc.terminate()
-    daemon.proc.wait(timeout=30)
+    try:
+        daemon.proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        daemon.proc.send_signal(signal.SIGABRT)
+        try:
+            daemon.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            daemon.proc.kill()
+            daemon.proc.wait()
+        raise AssertionError(
+            "hetero-coord serve still ran 30 s after SIGTERM:\n" + daemon.log.read_text()[-6000:]
+        ) from None
 
 
 def _cli(daemon: Daemon, *args: str) -> subprocess.CompletedProcess[str]:
