@@ -13,6 +13,13 @@ honest one). With one size only, ``fixed`` is the memory held between steps
 errs low, as ``hetero.trainer.memory`` always did. The cap is the largest batch
 whose predicted peak stays under the budget less a safety ``margin``.
 
+Before step 0 no interval has run, so the trainer's start-up probe
+(``hetero.trainer.memprobe``) measures the peaks of forward and backward at two
+small batches itself: :func:`probe_fit` draws the line through them,
+:class:`ProbedRank` adds the optimizer state the first ``optimizer.step()``
+will allocate (counted from the parameters, as no pass allocates it), and
+:func:`probe_caps` turns each rank's line into the cap of its first plan.
+
 Pure: the trainer and the planner's tests share it (no torch).
 """
 
@@ -109,3 +116,52 @@ def state_bytes_of(options: TrainingOptions, world_size: int) -> float | None:
     return sharded_state_bytes(
         parameters, world_size, shard=options.shard, bytes_per_param=per_param
     )
+
+
+@dataclass(frozen=True)
+class ProbedRank:
+    """What one rank's start-up probe found (bytes): the line through its peaks at the
+    probe's batches, the optimizer state its first step will add, and its limit."""
+
+    rank: int
+    device: str
+    fit: MemoryFit
+    optimizer_bytes: float
+    budget_bytes: float
+
+    def peak_bytes(self, batch: int) -> float:
+        """Predicted peak of a training step at ``batch``: the probe's line plus the
+        optimizer state no pass of the probe allocated."""
+        return self.fit.peak_bytes(batch) + self.optimizer_bytes
+
+    def cap(self, margin: float) -> int:
+        """The largest batch whose predicted peak stays under ``budget · (1 − margin)``."""
+        whole = MemoryFit(self.fit.fixed_bytes + self.optimizer_bytes, self.fit.per_sample_bytes, 2)
+        return whole.cap(self.budget_bytes, margin)
+
+
+def probe_fit(points: Sequence[tuple[int, int]]) -> MemoryFit | None:
+    """The line through the probe's ``(batch, peak_bytes)`` points, or ``None`` when they
+    do not rise with the batch (nothing per sample to measure). Unlike :func:`fit_memory`
+    there is no floor to fall back on: the probe's points are the whole evidence."""
+    fit = fit_memory(points, floor_bytes=0)
+    return fit if fit is not None and fit.sizes >= 2 else None
+
+
+def probe_caps(ranks: Sequence[ProbedRank], margin: float, min_batch: int) -> tuple[int, ...]:
+    """Every probed rank's cap, in the order given; a ``PlanError`` naming the first rank
+    whose memory cannot hold ``min_batch``, its device, its limit and the predicted need."""
+    from hetero.core.errors import PlanError
+
+    caps = []
+    for r in ranks:
+        cap = r.cap(margin)
+        if cap < min_batch:
+            raise PlanError(
+                f"memory probe: rank {r.rank} ({r.device}) cannot hold min_batch {min_batch}: "
+                f"predicted {r.peak_bytes(min_batch) / GIB:.2f} GiB at that batch, over "
+                f"its limit {r.budget_bytes * (1 - margin) / GIB:.2f} GiB "
+                f"({r.budget_bytes / GIB:.2f} GiB less the {margin:.0%} margin)"
+            )
+        caps.append(cap)
+    return tuple(caps)

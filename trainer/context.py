@@ -365,6 +365,26 @@ class Context:
         if replan.is_boundary(self.global_step, self.config.rebalance_interval):
             rebalance(self)
 
+    def probe_memory(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: Callable[[Any], torch.Tensor],
+        batch_fn: Callable[[int], Any] | None = None,
+        *,
+        margin: float = 0.1,
+    ) -> tuple[int | None, ...] | None:
+        """Measure each rank's peak memory before the first step and cap the first plan to
+        fit (collective; after :meth:`loader`, before the loop). ``loss_fn(batch)`` is the
+        mean loss of ``batch`` through ``model`` (the model :meth:`wrap` returned);
+        ``batch_fn(n)``, ``n`` samples on this rank's device (default: the loader's
+        dataset's first ``n``). Training is unchanged: no optimizer step, RNG and buffers
+        restored. Returns the caps in force, ``None`` where nothing could be measured
+        (CPU ranks). See ``hetero.trainer.memprobe``."""
+        from hetero.trainer.memprobe import probe_memory
+
+        return probe_memory(self, model, optimizer, loss_fn, batch_fn, margin=margin)
+
     def evaluate(self, fn: Callable[[], Any]) -> dict[str, float]:
         """Run ``fn()`` (a mapping of metric names to numbers, e.g. ``{"accuracy": 0.91}``)
         outside the step clocks and record rank 0's result at this step (collective: call it

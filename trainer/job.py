@@ -36,6 +36,7 @@ from hetero.trainer.jobconfig import (
     spec_hash,
 )
 from hetero.trainer.memory import MemoryMonitor, describe, parse_max_batch
+from hetero.trainer.memprobe import ProbeResult, probe
 from hetero.trainer.oom import OomGuard
 from hetero.trainer.precision import Autocast, autocast, grad_scaler
 from hetero.trainer.runsummary import gap_fields
@@ -123,18 +124,24 @@ class _Run:
     scaler: Any
     monitor: MemoryMonitor
     guard: OomGuard | None
+    #: What the start-up memory probe found (None: not run, or nothing measurable).
+    probe: ProbeResult | None = None
 
     @property
     def zero(self) -> bool:
         return self.optimizer is not local_optimizer(self.optimizer)
 
-    def compute(self, batch: Any) -> torch.Tensor:
-        """Forward, loss and backward on this rank's share of the step."""
+    def loss(self, batch: Any) -> torch.Tensor:
+        """Forward and the mean loss of ``batch``."""
         x, y = batch
         if self.layout is not torch.contiguous_format:
             x = x.contiguous(memory_format=self.layout)
         with autocast(self.ctx.device, self.cfg.amp):
-            loss = self.built.task.loss(self.model(x), y)
+            return self.built.task.loss(self.model(x), y)
+
+    def compute(self, batch: Any) -> torch.Tensor:
+        """Forward, loss and backward on this rank's share of the step."""
+        loss = self.loss(batch)
         self.ctx.backward(self.scaler.scale(loss) if self.scaler is not None else loss)
         return loss
 
@@ -195,6 +202,14 @@ def _setup(ctx: Context, cfg: JobConfig) -> tuple[_Run, float | None, Any]:
         monitor,
         guard,
     )
+    if cfg.memory_probe and cfg.memory_caps:
+        # Before the first step: the first plan must already fit every rank's memory.
+        run.probe = probe(
+            ctx, model, optimizer, loader.samples, run.loss, margin=cfg.memory_margin,
+            fraction=fraction,
+        )  # fmt: skip
+        if run.probe is not None:
+            monitor.start_from(run.probe.caps, run.probe.step_points(ctx.rank))
     board = None
     if cfg.tensorboard:
         from hetero.trainer.tensorboard import TensorBoardWriter
@@ -222,12 +237,13 @@ def _announce(run: _Run, total_steps: int) -> None:
         return
     emu = f", EMULATED slowdown {format_slowdowns(ctx.slowdowns)}" if ctx.emulated else ""
     sim = f", SIMULATED {cfg.simulate_nodes} nodes on one device" if cfg.simulate_nodes else ""
+    probed = f", memory probe caps {describe(run.probe.caps)}" if run.probe is not None else ""
     length = f"{cfg.epochs} epochs = {total_steps} steps" if cfg.epochs else f"{total_steps} steps"
     print(
         f"hetero-train: {cfg.model} ({run.built.task.name}) on {cfg.dataset}, {ctx.world_size} "
         f"rank(s) [{ctx.backend}/{ctx.device.type}], global batch "
         f"{cfg.global_batch_for(ctx.world_size)}, {length}, policy {cfg.policy}, rebalance "
-        f"every {cfg.rebalance_interval} steps{emu}{sim}",
+        f"every {cfg.rebalance_interval} steps{probed}{emu}{sim}",
         flush=True,
     )
 
@@ -375,6 +391,7 @@ def _finish(
         parameters=sum(p.numel() for p in built.model.parameters()),
         memory_caps=list(run.monitor.caps) if run.monitor.caps else None,
         memory_caps_text=describe(run.monitor.caps),
+        memory_probe=run.probe.as_dicts() if run.probe is not None else None,
         per_rank_peak_memory_bytes=[
             max(iv[r].peak_memory_bytes for iv in ctx.summaries) for r in range(ctx.world_size)
         ]

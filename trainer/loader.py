@@ -93,6 +93,12 @@ class HeteroLoader:
             return self.dataset.get_batch(indices, self.ctx.device)  # type: ignore[attr-defined]
         return default_collate([self.dataset[i] for i in indices])
 
+    def samples(self, count: int) -> Any:
+        """The dataset's first ``count`` samples as one batch on this rank's device, read by
+        index: the sampler, its position and its plans are not touched (the memory probe)."""
+        available = len(self.dataset)  # type: ignore[arg-type]
+        return to_device(self._fetch(list(range(min(count, available)))), self.ctx.device)
+
     def __iter__(self) -> Iterator[Any]:
         s = self.sampler
         epoch, step_in_epoch, gstep = self._position()

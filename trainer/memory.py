@@ -227,6 +227,15 @@ class MemoryMonitor:
         lookahead = max(s.lookahead for s in self.ctx.summaries[-1])
         self.update(first=self.ctx.global_step + lookahead)
 
+    def start_from(self, caps: Caps, points: Sequence[tuple[int, int]]) -> tuple[int, ...] | None:
+        """Caps measured before step 0 (``hetero.trainer.memprobe``), binding from the first
+        step (identically on every rank); ``points``, this rank's ``(batch, peak bytes)`` as
+        a step's, start the fit (GPU ranks), so the first boundary fits over three sizes."""
+        if self.ctx.device.type == "cuda":
+            self.points = list(points)
+        self.measured = caps
+        return self.update("memory probe", first=0)
+
     def learn(self, rank: int, cap: int) -> None:
         """Lower ``rank``'s cap after it ran out of memory (identically on every rank)."""
         learned = list(self.learned or (None,) * self.ctx.world_size)

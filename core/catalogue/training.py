@@ -217,6 +217,13 @@ class TrainingOptions(Resolved):
     memory_caps: bool = opt(
         True, Bool(), "measure each rank's memory and cap its batch to fit", "memory"
     )
+    memory_probe: bool = opt(
+        True,
+        Bool(),
+        "before step 0, measure each rank's peak at two small batches and cap its first "
+        f"plan to fit (CUDA ranks; needs {ref('memory_caps')})",
+        "memory",
+    )
     memory_margin: float = opt(
         0.1, Float(minimum=0.0, below=1.0), "share of memory left free under a cap", "memory"
     )

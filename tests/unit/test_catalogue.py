@@ -58,6 +58,7 @@ SAMPLES: dict[str, tuple[Any, dict[str, Any]]] = {
     "sync_batchnorm": (True, {}),
     "max_batch": ("64,-", {}),
     "memory_caps": (False, {}),
+    "memory_probe": (False, {}),
     "memory_margin": (0.25, {}),
     "oom_retry": (True, {}),
     "memory_fraction": ("0.5", {}),
