@@ -219,6 +219,7 @@ class Context:
                 offload=offload,
                 weighting=self.weighting,
                 record_collective=self.clock.add_collective,
+                record_stream_wait=self.clock.add_stream_wait,
                 param_dtype=param_dtype,
             )
             self.hooks.attach(sharded)  # after fully_shard: first of its pre-forward hooks

@@ -32,8 +32,8 @@ slowest peer. On Gloo they block the host, so the time each one took is
 measured here (:class:`TimedAllGather`, :class:`WeightedReduceScatter`) and the
 step clock moves it from compute to communication (``StepClock.add_collective``).
 On CUDA the collectives run on FSDP2's own streams and the host does not wait
-in them; the compute stream's stalls are not separated yet, so compute-only
-time on CUDA ranks includes waits for peers (not yet measured on GPUs).
+in them; the compute stream does, and :mod:`hetero.trainer.streamwaits` brackets
+those waits with events that the step clock moves to communication the same way.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
 
 from hetero.core.catalogue.limits import OFFLOAD_MODES, SHARD_MODES
 from hetero.core.errors import ConfigError
+from hetero.trainer import streamwaits
 from hetero.trainer.gradients import WeightingState
 
 NONE, GRAD_OP, FULL = SHARD_MODES
@@ -153,6 +154,7 @@ def shard_model(
     offload: str,
     weighting: WeightingState,
     record_collective: Callable[[float], None],
+    record_stream_wait: streamwaits.Record | None = None,
     param_dtype: torch.dtype | None = None,
 ) -> nn.Module:
     """``model`` (already on ``device``) sharded over the default process group (the same
@@ -183,6 +185,8 @@ def shard_model(
         module.set_force_sum_reduction_for_comms(True)
         module.set_custom_all_gather(gather)
         module.set_custom_reduce_scatter(scatter)
+    if device.type == "cuda" and record_stream_wait is not None:
+        streamwaits.attach(fsdp_modules(model), record_stream_wait)
     return model
 
 

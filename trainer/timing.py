@@ -17,7 +17,9 @@ that come from hooks.
 Under FSDP2 (``trainer.sharding``) collectives run *inside* forward and
 backward; on a host-blocking backend their seconds are reported through
 ``add_collective`` and moved from the phase they fell in to ``comm_s``, so
-``compute_s`` stays local compute.
+``compute_s`` stays local compute. On CUDA the compute stream waits for them
+instead; ``add_stream_wait`` takes the two events around each wait
+(``trainer.streamwaits``) and the same move is made when the events resolve.
 """
 
 from __future__ import annotations
@@ -63,13 +65,23 @@ class StepClock:
         self._host: dict[str, float] = {}
         self._events: dict[str, torch.cuda.Event] = {}
         self._pending: list[
-            tuple[int, int, dict[str, float], dict[str, torch.cuda.Event], float, list[float]]
+            tuple[
+                int,
+                int,
+                dict[str, float],
+                dict[str, torch.cuda.Event],
+                float,
+                list[float],
+                list[tuple[int, torch.cuda.Event, torch.cuda.Event]],
+            ]
         ] = []
         self._last_end_host = time.perf_counter()
         self._last_end_event: torch.cuda.Event | None = None
         self.injected_s = 0.0
         #: Seconds of blocking collectives in this step's forward and backward (FSDP2).
         self.collective_s = [0.0, 0.0]
+        #: The compute stream's waits for collectives in this step: (phase, begin, end).
+        self.stream_waits: list[tuple[int, torch.cuda.Event, torch.cuda.Event]] = []
 
     def mark(self, name: str) -> None:
         self._host[name] = time.perf_counter()
@@ -95,6 +107,12 @@ class StepClock:
         if "fwd_begin" in self._host and "grads_ready" not in self._host:
             self.collective_s["fwd_end" in self._host] += seconds
 
+    def add_stream_wait(self, begin: torch.cuda.Event, end: torch.cuda.Event) -> None:
+        """A wait of the compute stream for FSDP2's collectives between two events, inside
+        forward or backward (``trainer.streamwaits``); resolved with the step's marks."""
+        if "fwd_begin" in self._host and "grads_ready" not in self._host:
+            self.stream_waits.append((int("fwd_end" in self._host), begin, end))
+
     def end_step(self, step: int, batch: int) -> None:
         """Close the step at ``opt_end``. Marks that were never hit collapse onto the next."""
         self.mark("opt_end")
@@ -103,7 +121,9 @@ class StepClock:
         events = dict(self._events)
         if self._last_end_event is not None:
             events["prev_end"] = self._last_end_event
-        self._pending.append((step, batch, host, events, self.injected_s, self.collective_s))
+        self._pending.append(
+            (step, batch, host, events, self.injected_s, self.collective_s, self.stream_waits)
+        )
         self._last_end_host = host["opt_end"]
         self._last_end_event = events.get("opt_end")
         self.discard()
@@ -114,6 +134,7 @@ class StepClock:
         self._events.clear()
         self.injected_s = 0.0
         self.collective_s = [0.0, 0.0]
+        self.stream_waits = []
 
     def restart(self) -> None:
         """Forget the gap since the last step (after a checkpoint, an evaluation, …)."""
@@ -127,7 +148,9 @@ class StepClock:
             ev = self._pending[-1][3].get("opt_end")
             if ev is not None:
                 ev.synchronize()
-        for step, batch, host, events, injected, (fwd_coll, bwd_coll) in self._pending:
+        for step, batch, host, events, injected, collective, waits in self._pending:
+            fwd_wait, bwd_wait = _stream_wait_s(waits, events.get("grads_ready"))
+            fwd_coll, bwd_coll = collective[0] + fwd_wait, collective[1] + bwd_wait
             t = _fill(host, events, self.cuda)
             out.append(
                 StepTimes(
@@ -154,6 +177,21 @@ class StepClock:
             )
         self._pending.clear()
         return out
+
+
+def _stream_wait_s(
+    waits: list[tuple[int, torch.cuda.Event, torch.cuda.Event]],
+    grads_ready: torch.cuda.Event | None,
+) -> tuple[float, float]:
+    """Seconds the compute stream waited for collectives in forward and in backward: the
+    bracketed waits, plus, after the last one in backward, the span to ``grads_ready``
+    (the end of backward's waits for the last reduce-scatters)."""
+    out = [0.0, 0.0]
+    for phase, begin, end in waits:
+        out[phase] += max(begin.elapsed_time(end), 0.0) / 1e3
+    if waits and waits[-1][0] == 1 and grads_ready is not None:
+        out[1] += max(waits[-1][2].elapsed_time(grads_ready), 0.0) / 1e3
+    return out[0], out[1]
 
 
 def _fill(
