@@ -206,7 +206,7 @@ def _setup(ctx: Context, cfg: JobConfig) -> tuple[_Run, float | None, Any]:
         # Before the first step: the first plan must already fit every rank's memory.
         run.probe = probe(
             ctx, model, optimizer, loader.samples, run.loss, margin=cfg.memory_margin,
-            fraction=fraction,
+            fraction=fraction, share=loader.sampler.global_batch // ctx.world_size,
         )  # fmt: skip
         if run.probe is not None:
             monitor.start_from(run.probe.caps, run.probe.step_points(ctx.rank))

@@ -165,6 +165,11 @@ def _quiet(ctx: Context, model: nn.Module) -> Iterator[None]:
             ctx.clock.restart()
 
 
+def _flat(points: list[tuple[int, int]]) -> bool:
+    """Whether the last two measured peaks do not rise with the batch."""
+    return len(points) >= 2 and points[-1][1] <= points[-2][1]
+
+
 def _any(ctx: Context, mine: bool) -> bool:
     """Whether any rank says yes (collective)."""
     if ctx.world_size == 1:
@@ -183,12 +188,14 @@ def probe(
     *,
     margin: float,
     fraction: float | None = None,
+    share: int | None = None,
 ) -> ProbeResult | None:
     """Run the probe (collective: call it on every rank, before the first step) and return
     every rank's findings and caps; ``None`` where no rank can measure. ``batch_fn(n)`` is
     a batch of ``n`` samples on this rank's device, ``loss_fn(batch)`` its mean loss through
     ``model``. Raises ``PlanError`` (the same on every rank) when a rank cannot hold
-    ``min_batch``."""
+    ``min_batch``. ``share`` (the equal split of the global batch) bounds the doubling
+    when the first two peaks do not rise."""
     injected = parse_injection(os.environ.get(INJECT_ENV)).get(ctx.rank)
     cuda = ctx.device.type == "cuda"
     if not _any(ctx, cuda or injected is not None):
@@ -196,12 +203,22 @@ def probe(
         return None
     small = ctx.config.min_batch
     sizes = (small, small, 2 * small)  # the first pass warms up and is not measured
+    share = max(share or 0, 2 * small)
     points: list[tuple[int, int]] = []
     with _quiet(ctx, model):
         for i, size in enumerate(sizes):
             peak = _measured_pass(ctx, model, batch_fn, loss_fn, size, fraction)
             if i > 0 and peak is not None:
                 points.append((size, peak))
+        # A peak set by something the batch does not scale (a gathered embedding, a
+        # workspace) hides the activations at small batches: double the batch, up to
+        # the equal share the first plan would run anyway, until the peak rises.
+        size = 2 * small
+        while 2 * size <= share and _any(ctx, _flat(points)):
+            size *= 2
+            peak = _measured_pass(ctx, model, batch_fn, loss_fn, size, fraction)
+            if peak is not None:
+                points = [*points[-1:], (size, peak)]
     if cuda:
         torch.cuda.reset_peak_memory_stats(ctx.device)  # the first interval's peak is its own
     mine: ProbedRank | None = None
@@ -278,8 +295,9 @@ def probe_memory(
     if fraction is None and ctx.device.type == "cuda":
         fraction = torch.cuda.get_per_process_memory_fraction(ctx.device)
     result = probe(
-        ctx, model, optimizer, batch_fn or loader.samples, loss_fn, margin=margin, fraction=fraction
-    )
+        ctx, model, optimizer, batch_fn or loader.samples, loss_fn, margin=margin,
+        fraction=fraction, share=loader.sampler.global_batch // ctx.world_size,
+    )  # fmt: skip
     if result is None or all(c is None for c in result.caps):
         return None
     caps = combine(ctx.max_batch, result.caps)
