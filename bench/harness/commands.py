@@ -170,6 +170,8 @@ def _spec(s: Scenario, name: str, out: Path, python: str | None) -> RunSpec:
         py, "-m", "hetero.trainer.cli", *common,
         "--policy", policy, "--min-batch", str(s.min_batch), "--json", "--quiet",
     ]  # fmt: skip
+    if s.activation_checkpointing:
+        argv.append("--activation-checkpointing")  # the DDP baseline does not checkpoint
     return RunSpec(name, "hetero-train", tuple(argv), env, out, ranks, steps, ideal, name)
 
 

@@ -121,6 +121,30 @@ def _util(v: Any) -> str:
     return " / ".join("n/a" if u is None else f"{u:.0f}%" for u in v)
 
 
+def _memory_section(rows: list[dict[str, Any]]) -> list[str]:
+    """Per-rank peak memory against the start-up probe's prediction, where a run has both."""
+    probed = [r for r in rows if r.get("predicted_peak_memory_gb") and r["window"] != "whole-run"]
+    if not probed:
+        return []
+    out = [
+        "",
+        "## Memory per rank (GB)",
+        "",
+        "Measured: the largest `max_memory_allocated` of any interval. Predicted: the start-up",
+        "probe's line (fixed + per-sample × the batch that interval ran, plus the optimizer",
+        "state) at that interval's batch. Error: the largest over every interval of every rank.",
+        "",
+        "| run | measured peak | predicted | largest error |",
+        "| --- | --- | --- | ---: |",
+    ]
+    for r in probed:
+        out.append(
+            f"| {r['run']} | {r['peak_memory_gb']} | {r['predicted_peak_memory_gb']} | "
+            f"{_f(r.get('memory_prediction_error'), '{:.2%}')} |"
+        )
+    return out
+
+
 def _gap_section(rows: list[dict[str, Any]]) -> list[str]:
     """Where each run's gap to the ideal went: the shares, the verdict, the full breakdown."""
     with_gap = [r for r in rows if r.get("gap")]
@@ -201,6 +225,7 @@ def render(
             f"{_f(r['imbalance'], '{:.1%}')} | {_f(r.get('adaptation_steps'), '{}')} | "
             f"{_util(r.get('gpu_util_pct'))} | {r.get('final_plan') or 'n/a'} |"
         )
+    lines += _memory_section(rows)
     lines += _gap_section(rows)
     lines += ["", "## Figures", "", FIGURES_HELP]
     if forecasts:

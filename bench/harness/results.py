@@ -40,7 +40,8 @@ CSV_COLUMNS = (
     "speedup_vs_gpu_only", "scaling_efficiency", "predicted_samples_per_s",
     "prediction_error", "imbalance", "adaptation_intervals", "adaptation_steps",
     "gpu_util_pct", "final_plan", "plan_changes", "global_batch", "steps", "amp", "device",
-    "emulated", "ok", "date", "note", *GAP_COLUMNS, "gap_verdict",
+    "emulated", "ok", "date", "note", "peak_memory_gb", "predicted_peak_memory_gb",
+    "memory_prediction_error", *GAP_COLUMNS, "gap_verdict",
 )  # fmt: skip
 
 
@@ -160,7 +161,9 @@ def rows_for_run(run: RunData, manifest: dict[str, Any]) -> list[dict[str, Any]]
         "ok": run.outcome.get("returncode") == 0 and not run.outcome.get("error"),
         "date": manifest.get("date"),
         "note": run.outcome.get("error") or "",
-    }
+    } | memory_columns(s, run.ranks)
+    if run.policy == "equal" and len(set(s.get("final_plan") or [])) > 1:
+        base["note"] = "; ".join(x for x in (base["note"], "equal split capped to fit memory") if x)
     rates = run.rates
     if not rates:
         return [
@@ -230,6 +233,51 @@ def rows_for_run(run: RunData, manifest: dict[str, Any]) -> list[dict[str, Any]]
             }
         )
     return rows
+
+
+def memory_columns(summary: dict[str, Any], ranks: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per-rank peak memory (GB) over the run, the peak the start-up probe's line
+    predicts at the batch the rank ran then, and the largest relative error of that
+    prediction over every interval of every rank; ``None`` where the run has no probe
+    (CPU ranks) or no peaks."""
+    probe = summary.get("memory_probe") or []
+    if not probe or len(probe) != len(ranks):
+        measured = [float(b) for b in summary.get("per_rank_peak_memory_bytes") or []]
+        return {
+            "peak_memory_gb": [round(m / 1e9, 3) for m in measured] or None,
+            "predicted_peak_memory_gb": None,
+            "memory_prediction_error": None,
+        }
+
+    def predict(p: dict[str, Any], batch: int) -> float:
+        return (
+            float(p["fixed_bytes"])
+            + batch * float(p["per_sample_bytes"])
+            + float(p["optimizer_bytes"])
+        )
+
+    peaks: list[float] = []
+    predicted: list[float] = []
+    errors: list[float] = []
+    for p, recs in zip(probe, ranks, strict=True):
+        pairs = [
+            (float(r["peak_memory_bytes"]), predict(p, int(r["batch"])))
+            for r in recs
+            if r.get("peak_memory_bytes")
+        ]
+        if not pairs:
+            return dict.fromkeys(
+                ("peak_memory_gb", "predicted_peak_memory_gb", "memory_prediction_error")
+            )
+        top = max(pairs)
+        peaks.append(top[0])
+        predicted.append(top[1])
+        errors += [abs(pr / m - 1.0) for m, pr in pairs]
+    return {
+        "peak_memory_gb": [round(m / 1e9, 3) for m in peaks],
+        "predicted_peak_memory_gb": [round(p / 1e9, 3) for p in predicted],
+        "memory_prediction_error": max(errors),
+    }
 
 
 def _gap_columns(run: RunData, window: range, rate: float | None) -> dict[str, Any]:

@@ -126,6 +126,8 @@ class Scenario:
     shard: str = "none"
     #: hetero-train's --memory-fraction: cap each rank's CUDA allocator (e.g. "1.0,0.3").
     memory_fraction: str | None = None
+    #: hetero-train's --activation-checkpointing for every hetero run (language models).
+    activation_checkpointing: bool = False
     loop: str = "builtin"
     data_paths: tuple[str, ...] = ("device",)
     num_workers: int = 6  # DataLoader workers per rank on the loader path
@@ -201,6 +203,7 @@ _TOP = {
     "channels_last", "lr", "min_batch", "dataset", "seq_len", "policies", "baseline",
     "gpu_only_reference", "neighbour", "neighbours", "slowdowns", "overrides", "quick",
     "run_timeout_s", "loop", "data_paths", "num_workers", "shard", "memory_fraction",
+    "activation_checkpointing",
 }  # fmt: skip
 
 
