@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from hetero.trainer.checkpoint import RunIdentity, load_checkpoint, save_checkpoint
-    from hetero.trainer.context import Context, HeteroLoader, TrainerConfig, init
+    from hetero.trainer.context import Context, HeteroLoader, TrainerConfig
     from hetero.trainer.sampler import UnevenBatchSampler, epoch_permutation
+    from hetero.trainer.start import init
 
 #: The API's names and the modules that define them, imported on first use: the
 #: package itself imports no torch, so ``hetero-train`` answers ``--help`` and a bad
@@ -36,7 +37,7 @@ _LAZY = {
     "Context": "context",
     "HeteroLoader": "context",
     "TrainerConfig": "context",
-    "init": "context",
+    "init": "start",
     "UnevenBatchSampler": "sampler",
     "epoch_permutation": "sampler",
 }

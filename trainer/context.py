@@ -30,16 +30,14 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, TextIO
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
-from hetero.core import defaults, replan
+from hetero.core import replan
 from hetero.core.balancer import (
     Constraints,
     DeviceProfile,
@@ -58,21 +56,20 @@ from hetero.trainer.bootstrap import (
     local_peers,
     pick_device,
 )
-from hetero.trainer.commsched import AUTO, CommRecord, check_comm, comm_policy
+from hetero.trainer.commsched import CommRecord, comm_policy
 from hetero.trainer.emulation import Slowdown
 from hetero.trainer.exchange import EmbeddedPlanner, Planner, RankSummary
 from hetero.trainer.gpustats import open_sampler
-from hetero.trainer.gradients import DEFERRED, WeightingState, weighted_allreduce_hook
+from hetero.trainer.gradients import WeightingState
 from hetero.trainer.loader import HeteroLoader
 from hetero.trainer.metrics import MetricsWriter
 from hetero.trainer.progress import ProgressFile
 from hetero.trainer.rebalance import IntervalTotals, PlanRecord, rebalance
 from hetero.trainer.sampler import UnevenBatchSampler
-from hetero.trainer.sharding import check_one_device_kind, check_shard, shard_model
 from hetero.trainer.timing import PhaseHooks, StepClock
 from hetero.trainer.workerscale import WorkerShare
 
-__all__ = ["Context", "HeteroLoader", "PlanRecord", "TrainerConfig", "init"]
+__all__ = ["Context", "HeteroLoader", "PlanRecord", "TrainerConfig"]
 
 
 class Context:
@@ -189,53 +186,12 @@ class Context:
         shards in host memory; ``param_dtype`` gathers and computes in that dtype
         (``trainer.sharding``). Build the optimizer from the returned model.
         """
-        if comm is not None:
-            self.comm_choice = check_comm(comm)
-            self.comm = comm_policy(comm)
-        if shard is None or isinstance(shard, bool):
-            shard = {True: "full", False: "none", None: self.config.shard}[shard]
-        offload = self.config.offload if offload is None else offload
-        check_shard(shard, offload)
-        if shard != "none" and self.comm_choice != AUTO:
-            raise ConfigError(
-                f"comm={self.comm_choice} schedules DDP's all-reduce; FSDP2 (shard) schedules "
-                "its own reduce-scatters"
-            )
-        model = model.to(self.device)
-        self._model = model
-        if self.world_size == 1:
-            self.hooks.attach(model)
-            return model
-        if sync_batchnorm:
-            if self.device.type != "cuda":
-                raise ConfigError("sync_batchnorm needs CUDA ranks (PyTorch's SyncBatchNorm)")
-            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        if shard != "none":
-            check_one_device_kind(self.device)
-            sharded = shard_model(
-                model,
-                self.device,
-                shard=shard,
-                offload=offload,
-                weighting=self.weighting,
-                record_collective=self.clock.add_collective,
-                record_stream_wait=self.clock.add_stream_wait,
-                param_dtype=param_dtype,
-            )
-            self.hooks.attach(sharded)  # after fully_shard: first of its pre-forward hooks
-            self.shard = shard
-            return sharded
-        self.hooks.attach(model)
-        device_ids = [self.device.index] if self.device.type == "cuda" else None
-        ddp = DistributedDataParallel(model, device_ids=device_ids, **ddp_kwargs)
-        ddp.register_comm_hook(self.weighting, weighted_allreduce_hook)
-        self._ddp = True
-        # auto plans in deferred (trainer/commsched.py); a fixed choice is its own mode.
-        self.weighting.mode = DEFERRED if self.comm_choice == AUTO else self.comm_choice
-        self.comm_changes.append(
-            CommRecord(self.global_step, self.weighting.mode, f"initial (comm={self.comm_choice})")
-        )
-        return ddp
+        from hetero.trainer.wrapping import wrap_model
+
+        return wrap_model(
+            self, model, sync_batchnorm=sync_batchnorm, comm=comm, shard=shard,
+            offload=offload, param_dtype=param_dtype, **ddp_kwargs,
+        )  # fmt: skip
 
     # -- data -------------------------------------------------------------------------
     def loader(
@@ -458,43 +414,3 @@ class Context:
             close_planner()
         if self.world_size > 1:
             procgroup.leave(failed=failed)
-
-
-def init(
-    policy: str = "dynamic",
-    *,
-    rebalance_interval: int = defaults.REBALANCE_INTERVAL_STEPS,
-    profiles: Sequence[DeviceProfile] | None = None,
-    **options: Any,
-) -> Context:
-    """Join the job described by the environment (or run alone) and return its context.
-
-    ``options`` are the training loop's options of the catalogue
-    (``hetero.core.catalogue``, the same names, defaults and bounds as
-    ``hetero-train``'s flags and job.yaml's keys): ``min_batch``, ``max_batch``,
-    ``emulate_slowdown``, ``output_dir``, ``device``, ``backend``, ``warmup_steps``,
-    ``settle_steps``, ``history_intervals``, ``collective_timeout_s``,
-    ``compute_scores``, ``gpu_profiles``, ``comm``, ``shard``, ``offload``. A bad one is a
-    ``ConfigError`` naming it.
-    """
-    from hetero.core.catalogue.keywords import init_keywords
-
-    given = init_keywords(
-        {
-            "policy": policy,
-            "rebalance_interval": rebalance_interval,
-            **{k: v for k, v in options.items() if v is not None},
-        }
-    )
-    scores, profile_file = given.pop("compute_scores", None), given.pop("gpu_profiles", None)
-    if profiles is None and (scores is not None or profile_file is not None):
-        from hetero.trainer.jobconfig import JobConfig
-        from hetero.trainer.jobconfig import profiles as read_profiles
-
-        profiles = read_profiles(JobConfig(compute_scores=scores, gpu_profiles=profile_file))
-    if "output_dir" in given:
-        given["output_dir"] = Path(given["output_dir"])
-    if "max_batch" in given:
-        caps = tuple(None if p == "-" else int(p) for p in given["max_batch"].split(","))
-        given["max_batch"] = caps * RankEnv.from_env().world_size if len(caps) == 1 else caps
-    return Context(TrainerConfig(**given), profiles=profiles)

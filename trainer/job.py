@@ -25,7 +25,7 @@ from hetero.core.slowdown import format_slowdowns
 from hetero.trainer import report
 from hetero.trainer.build import Built, build, local_optimizer, make_optimizer
 from hetero.trainer.checkpoint import RunIdentity, load_checkpoint, save_checkpoint
-from hetero.trainer.context import Context, HeteroLoader, init
+from hetero.trainer.context import Context, HeteroLoader
 from hetero.trainer.evaluation import finite_numbers
 from hetero.trainer.ideal import measure_solo
 from hetero.trainer.jobconfig import (
@@ -42,6 +42,7 @@ from hetero.trainer.precision import Autocast, autocast, grad_scaler
 from hetero.trainer.runsummary import gap_fields
 from hetero.trainer.sharding import full_weights
 from hetero.trainer.simulate import apply_memory_fraction, parse_fractions
+from hetero.trainer.start import init
 
 __all__ = ["JobConfig", "as_distributed_error", "run_job", "train"]
 

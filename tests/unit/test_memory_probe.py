@@ -9,7 +9,6 @@ from torch import nn
 
 from hetero.core.errors import ConfigError, HeteroError, PlanError
 from hetero.core.memfit import GIB, ProbedRank, probe_caps, probe_fit, sharded_state_bytes
-from hetero.trainer.context import init
 from hetero.trainer.memprobe import (
     INJECT_ENV,
     optimizer_state_bytes,
@@ -17,6 +16,7 @@ from hetero.trainer.memprobe import (
     probe,
     probe_memory,
 )
+from hetero.trainer.start import init
 
 MIB = 2**20
 #: gpt2-medium's parameters (the catalogue's count).

@@ -1,0 +1,53 @@
+"""``init``: join the job the environment describes (or run alone) and return its context."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hetero.core import defaults
+from hetero.core.balancer import DeviceProfile
+from hetero.core.rankenv import RankEnv
+from hetero.trainer.bootstrap import TrainerConfig
+from hetero.trainer.context import Context
+
+
+def init(
+    policy: str = "dynamic",
+    *,
+    rebalance_interval: int = defaults.REBALANCE_INTERVAL_STEPS,
+    profiles: Sequence[DeviceProfile] | None = None,
+    **options: Any,
+) -> Context:
+    """Join the job described by the environment (or run alone) and return its context.
+
+    ``options`` are the training loop's options of the catalogue
+    (``hetero.core.catalogue``, the same names, defaults and bounds as
+    ``hetero-train``'s flags and job.yaml's keys): ``min_batch``, ``max_batch``,
+    ``emulate_slowdown``, ``output_dir``, ``device``, ``backend``, ``warmup_steps``,
+    ``settle_steps``, ``history_intervals``, ``collective_timeout_s``,
+    ``compute_scores``, ``gpu_profiles``, ``comm``, ``shard``, ``offload``. A bad one is a
+    ``ConfigError`` naming it.
+    """
+    from hetero.core.catalogue.keywords import init_keywords
+
+    given = init_keywords(
+        {
+            "policy": policy,
+            "rebalance_interval": rebalance_interval,
+            **{k: v for k, v in options.items() if v is not None},
+        }
+    )
+    scores, profile_file = given.pop("compute_scores", None), given.pop("gpu_profiles", None)
+    if profiles is None and (scores is not None or profile_file is not None):
+        from hetero.trainer.jobconfig import JobConfig
+        from hetero.trainer.jobconfig import profiles as read_profiles
+
+        profiles = read_profiles(JobConfig(compute_scores=scores, gpu_profiles=profile_file))
+    if "output_dir" in given:
+        given["output_dir"] = Path(given["output_dir"])
+    if "max_batch" in given:
+        caps = tuple(None if p == "-" else int(p) for p in given["max_batch"].split(","))
+        given["max_batch"] = caps * RankEnv.from_env().world_size if len(caps) == 1 else caps
+    return Context(TrainerConfig(**given), profiles=profiles)
