@@ -3,6 +3,10 @@
 The measurement-driven policies fit each rank (``dynamic.py``) and then
 decide here, in this order:
 
+0. **First move after a change** (``first_move_bound``): a rank whose speed
+   changed at the newest interval is taken as proportional through that
+   interval, so the move goes toward equal measured busy time and no further
+   than one interval can tell.
 1. **Trust region** (``trust.py``): each rank's bounds for the next plan,
    within a factor of the batches its current regime has run; a rank whose
    speed just changed is free.
@@ -89,7 +93,7 @@ def decide(
     note = f"; speed change on rank(s) {changed_ranks}" if changed_ranks else ""
     if pending:
         note += f"; rank(s) {pending} jumped, waiting for the next interval to confirm"
-    models = tuple(models)
+    models = first_move_bound(models, fits, current)
     proposed, box = propose(models, fits, constraints, rules)
     proposed = order.enforce(proposed, box)
     t_new = predict_step_s(models, proposed, comm_s=constraints.comm_s)
@@ -160,6 +164,33 @@ def decide(
             f"< {top.cost_s * 1e3:.0f} ms switch){note}"
         )
     return Decision(tuple(current), False, reason, t_now, models)
+
+
+def first_move_bound(
+    models: Sequence[StepModel], fits: Sequence[RankFit], current: Sequence[int]
+) -> tuple[StepModel, ...]:
+    """The models with each rank whose speed changed at the newest interval made
+    proportional through that interval's point (``t = (t₀/b₀)·b``).
+
+    One interval at a new speed is one point: every fixed cost from 0 to the
+    whole step time fits it (``changepoint``), and the fixed cost carried over
+    from the rank's earlier regime is no evidence for the new one (a neighbour
+    that time-slices a GPU adds to every kernel; one that leaves takes it away).
+    Of all the models the point allows, the proportional one moves the least
+    (it has the largest per-sample cost), and the direction of its move, toward
+    equal measured busy time, holds for any of them. So the first move after a
+    change goes that far and no further; the second point, at the new plan,
+    measures the split (``robust_fit``: two levels of one regime) for the next.
+    Carried over, a fixed cost of 48 ms that a departing neighbour took with it
+    made a GPU at 43 ms per step look nearly free per sample, and the plan went
+    from 364/148 to 174/338 when 256/256 was right.
+    """
+    out = []
+    for m, f, b in zip(models, fits, current, strict=True):
+        if f.changed_at_newest and b > 0 and m.fixed_s > 0:
+            m = StepModel(m.time(b) / b, 0.0)
+        out.append(m)
+    return tuple(out)
 
 
 def _default_horizon(history: History) -> Horizon:
