@@ -43,6 +43,11 @@ from hetero.core.balancer.stats import History
 from hetero.core.balancer.trust import trust_box
 from hetero.core.errors import PlanError
 
+#: Share of its threshold a kept plan's best move may predict and the plan still count
+#: as settled (``Decision.settled``): a gain of half the noise is a move a few more
+#: intervals may well confirm.
+SETTLED_SHARE = 0.5
+
 
 @dataclass(frozen=True)
 class MoveRules:
@@ -100,13 +105,15 @@ def decide(
     try:
         constraints.check(current)
     except PlanError as exc:
-        return Decision(proposed, True, f"current plan invalid ({exc}){note}", t_new, models)
+        reason = f"current plan invalid ({exc}){note}"
+        return Decision(proposed, True, reason, t_new, models, settled=False)
     t_now = predict_step_s(models, current, comm_s=constraints.comm_s)
     inverted = order.violations(current, settled=True)
     if inverted and not order.violations(proposed):
         slower = ", ".join(f"{j} slower than {i}" for i, j in inverted)
         reason = f"order: rank {slower} held more samples{note}"
-        return Decision(proposed, proposed != tuple(current), reason, t_new, models)
+        moved = proposed != tuple(current)
+        return Decision(proposed, moved, reason, t_new, models, settled=not moved and not pending)
 
     shapes = warm_shapes(history)
     busy_now = [m.time(b) for m, b in zip(models, current, strict=True)]
@@ -137,7 +144,14 @@ def decide(
         net = (t_now - step_s) * steps - cost
         candidates.append(_Candidate(batches, step_s, gain, threshold, cost, net))
     if not candidates:
-        return Decision(tuple(current), False, f"plan is the equal-time plan{note}", t_now, models)
+        return Decision(
+            tuple(current),
+            False,
+            f"plan is the equal-time plan{note}",
+            t_now,
+            models,
+            settled=not pending,
+        )
     real = [c for c in candidates if c.gain > c.threshold]
     paying = [c for c in real if c.net_s > 0]
     if paying:
@@ -150,8 +164,11 @@ def decide(
             f"(gain {best.gain:.1%} > {best.threshold:.1%}; pays {best.cost_s * 1e3:.0f} ms "
             f"switch in {steps} steps){note}"
         )
-        return Decision(best.batches, True, reason, best.step_s, models)
+        return Decision(best.batches, True, reason, best.step_s, models, settled=False)
     top = max(candidates, key=lambda c: c.gain)
+    # A real gain that does not pay for its switch stays unpaid while the horizon shrinks:
+    # the plan is as settled as one within the noise.
+    settled = not pending and (bool(real) or top.gain <= SETTLED_SHARE * top.threshold)
     if not real:
         reason = (
             f"within dead-band and noise ({top.gain:+.1%} predicted, "
@@ -163,7 +180,7 @@ def decide(
             f"does not pay back ({(t_now - top.step_s) * 1e3:.2f} ms/step x {steps} steps "
             f"< {top.cost_s * 1e3:.0f} ms switch){note}"
         )
-    return Decision(tuple(current), False, reason, t_now, models)
+    return Decision(tuple(current), False, reason, t_now, models, settled=settled)
 
 
 def first_move_bound(
