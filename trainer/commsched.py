@@ -13,11 +13,19 @@ in both; at a balanced one, which is faster is a property of the job.
 1. plans in ``deferred``: the planner sees clean compute, and in ``auto`` only
    deferred intervals enter its history;
 2. once the plan has run unchanged for ``settle_intervals`` measured intervals,
-   runs one trial interval in ``overlap``;
+   and the planner counts it as settled (``Decision.settled``: no rank's jump
+   waiting for confirmation, no move predicted to gain over half of what it
+   needs), runs one trial interval in ``overlap``. A trial interval never
+   reaches the planner, so a trial while the planner still converges takes
+   its evidence away: on a loaded 2-core host 11 of 25 intervals were left
+   out, and the plan sat far from balanced for 22;
 3. compares the trial's step time (the slowest rank's median wall time per
    step) with the median of the deferred intervals at the same plan, and keeps
-   overlap only if it is faster by more than ``margin`` (a tie goes to
-   deferred, which keeps the planner's view clean);
+   overlap only if it is faster by more than ``margin`` and by more than
+   ``noise_z`` standard deviations of the deferred intervals' own spread (a
+   tie goes to deferred, which keeps the planner's view clean: while overlap
+   is kept no interval reaches the planner, and on a host whose intervals
+   swing by 10% a 1% margin kept overlap on noise about half the time);
 4. goes back to ``deferred`` whenever the plan changes, and, while overlap is
    kept, when the step time moves by more than ``drift`` (a speed change the
    planner has to look at with clean compute); then it settles and tries again.
@@ -28,6 +36,7 @@ after the boundary on every rank (``trainer.rebalance``).
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from enum import Enum
@@ -73,11 +82,17 @@ class CommPolicy(Protocol):
 
     ``batches``: the per-rank batch sizes the interval was measured at (None if a
     rank measured no step); ``step_s``: the slowest rank's median step time (s);
-    ``plan_changed``: whether a new plan was scheduled at this boundary.
+    ``plan_changed``: whether a new plan was scheduled at this boundary;
+    ``settled``: whether the planner counts the plan as settled.
     """
 
     def next_mode(
-        self, batches: tuple[int, ...] | None, step_s: float | None, plan_changed: bool
+        self,
+        batches: tuple[int, ...] | None,
+        step_s: float | None,
+        plan_changed: bool,
+        *,
+        settled: bool = True,
     ) -> tuple[str, str]: ...
 
 
@@ -88,7 +103,12 @@ class FixedComm:
     mode: str
 
     def next_mode(
-        self, batches: tuple[int, ...] | None, step_s: float | None, plan_changed: bool
+        self,
+        batches: tuple[int, ...] | None,
+        step_s: float | None,
+        plan_changed: bool,
+        *,
+        settled: bool = True,
     ) -> tuple[str, str]:
         return self.mode, f"{self.mode} (fixed)"
 
@@ -110,13 +130,20 @@ class AutoComm:
     drift: float = 0.10
     #: Newest deferred intervals whose median is the reference for the trial.
     reference_intervals: int = 3
+    #: Standard deviations of the intervals' noise a trial must beat the reference by.
+    noise_z: float = 2.0
     phase: Phase = Phase.SETTLING
     plan: tuple[int, ...] | None = None
     deferred_s: list[float] = field(default_factory=list)
     kept_s: float = 0.0
 
     def next_mode(
-        self, batches: tuple[int, ...] | None, step_s: float | None, plan_changed: bool
+        self,
+        batches: tuple[int, ...] | None,
+        step_s: float | None,
+        plan_changed: bool,
+        *,
+        settled: bool = True,
     ) -> tuple[str, str]:
         if plan_changed:
             self._settle(None)
@@ -145,6 +172,8 @@ class AutoComm:
         n = len(self.deferred_s)
         if n < self.settle_intervals:
             return DEFERRED, f"deferred: plan settling ({n}/{self.settle_intervals} intervals)"
+        if not settled:
+            return DEFERRED, "deferred: the planner may still move the plan (no trial yet)"
         self.phase = Phase.TRIAL
         return OVERLAP, (
             f"trial of overlap: plan unchanged for {n} intervals, "
@@ -157,11 +186,21 @@ class AutoComm:
             self._settle(self.plan)
             return DEFERRED, "overlap trial inconclusive (plan moved or unmeasured): deferred"
         versus = f"overlap {trial_s * 1e3:.1f} ms vs deferred {reference * 1e3:.1f} ms per step"
-        if trial_s < reference * (1.0 - self.margin):
+        if trial_s < reference * (1.0 - max(self.margin, self._noise())):
             self.phase, self.kept_s = Phase.OVERLAP, trial_s
             return OVERLAP, f"overlap kept: {versus}"
         self.phase = Phase.DEFERRED
         return DEFERRED, f"deferred kept: {versus}"
+
+    def _noise(self) -> float:
+        """Relative gain a trial needs beyond noise: ``noise_z`` standard deviations of a
+        trial's difference from the reference, from the spread of the deferred
+        intervals at this plan (0 from fewer than two)."""
+        ref = self.deferred_s[-self.reference_intervals :]
+        if len(ref) < 2:
+            return 0.0
+        cv = statistics.stdev(ref) / statistics.fmean(ref)
+        return self.noise_z * cv * math.sqrt(1.0 + 1.0 / len(ref))
 
     def _reference(self) -> float:
         return statistics.median(self.deferred_s[-self.reference_intervals :])

@@ -87,8 +87,8 @@ def rebalance(ctx: Context) -> None:
     reason = comm = comm_reason = ""
     if ctx.rank == 0:
         depth = max(s.lookahead for s in summaries)
-        decision, reason = decide(ctx, current, depth)
-        comm, comm_reason = next_comm(ctx, summaries, decision[0])
+        decision, reason, settled = decide(ctx, current, depth)
+        comm, comm_reason = next_comm(ctx, summaries, decision[0], settled)
     try:
         changed, version, apply_at, plan, comm = broadcast_plan(
             decision, comm or None, ctx.world_size, ctx.device
@@ -201,28 +201,33 @@ def _switch_s(ctx: Context, settling: list[StepTimes], settled: list[StepTimes])
     return max(sum(_busy_s(t) - base for t in settling), 0.0)
 
 
-def next_comm(ctx: Context, summaries: list[RankSummary], plan_changed: bool) -> tuple[str, str]:
-    """Rank 0 only: the comm mode of the next interval and why (``DEFERRED`` without DDP)."""
+def next_comm(
+    ctx: Context, summaries: list[RankSummary], plan_changed: bool, settled: bool = True
+) -> tuple[str, str]:
+    """Rank 0 only: the comm mode of the next interval and why (``DEFERRED`` without DDP).
+    ``settled``: the planner's (``Decision.settled``)."""
     if ctx.comm_mode is None:
         return DEFERRED, ""
     measured = all(s.steps > 0 for s in summaries)
     batches = tuple(s.batch for s in summaries) if measured else None
     step_s = max(s.step_s for s in summaries) if measured else None
-    return ctx.comm.next_mode(batches, step_s, plan_changed)
+    return ctx.comm.next_mode(batches, step_s, plan_changed, settled=settled)
 
 
-def decide(ctx: Context, current: tuple[int, ...], depth: int) -> tuple[PlanDecision, str]:
-    """Rank 0 only. Never raises: a failing planner keeps the current plan. A new plan
-    applies ``depth`` steps after the boundary (the ranks' loader lookahead)."""
+def decide(ctx: Context, current: tuple[int, ...], depth: int) -> tuple[PlanDecision, str, bool]:
+    """Rank 0 only: the decision, why, and whether the planner counts the plan as
+    settled (``Decision.settled``). Never raises: a failing planner keeps the current
+    plan. A new plan applies ``depth`` steps after the boundary (the ranks' loader
+    lookahead)."""
     version = ctx.plans[-1].version
     if not ctx.history or ctx.planner is None:
-        return (False, version, ctx.global_step, current), "no complete interval yet"
+        return (False, version, ctx.global_step, current), "no complete interval yet", True
     horizon = replan.horizon(ctx.config.rebalance_interval, ctx.global_step, ctx.total_steps)
     try:
         d = ctx.planner.decide(tuple(ctx.history), current, horizon)
     except Exception as exc:  # the control plane must never stop training
         log.warning("planner failed at step %d, keeping the plan: %s", ctx.global_step, exc)
-        return (False, version, ctx.global_step, current), f"planner failed: {exc}"
+        return (False, version, ctx.global_step, current), f"planner failed: {exc}", True
     if not d.changed or tuple(d.batches) == current:
-        return (False, version, ctx.global_step, current), d.reason
-    return (True, version + 1, ctx.global_step + depth, tuple(d.batches)), d.reason
+        return (False, version, ctx.global_step, current), d.reason, d.settled
+    return (True, version + 1, ctx.global_step + depth, tuple(d.batches)), d.reason, False

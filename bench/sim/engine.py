@@ -17,6 +17,13 @@ yardsticks leave it out). ``Constraints.comm_s`` is re-estimated from the
 history (``estimate_comm_s``) the way a caller without a configured value
 would.
 
+With ``comm`` (``hetero.trainer.commsched.AutoComm`` or anything with its
+``next_mode``), the engine chooses each interval's comm mode as rank 0 does
+under ``comm="auto"`` and, as the trainer does, leaves the intervals run in
+overlap out of the policy's history. The simulated workers' times do not
+depend on the mode: what this shows is what trials of overlap cost the
+planner in evidence.
+
 Alongside, the engine records the noise-free yardsticks per interval (see
 ``metrics.py`` for how they become the reported numbers): the plan's step
 time, the ideal step time, and the oracle plan's step time.
@@ -27,6 +34,7 @@ from __future__ import annotations
 import random
 import statistics
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from hetero.bench.sim.cluster import (
     SimWorker,
@@ -46,6 +54,23 @@ from hetero.core.balancer import (
 )
 from hetero.core.balancer.straggler import per_sample_ratios
 from hetero.core.errors import PlanError
+
+#: The comm mode whose intervals the trainer leaves out of the planner's history
+#: (``hetero.trainer.gradients.OVERLAP``; not imported: the simulator runs without torch).
+OVERLAP = "overlap"
+
+
+class CommChooser(Protocol):
+    """Rank 0's choice of the next interval's comm mode (``trainer.commsched.CommPolicy``)."""
+
+    def next_mode(
+        self,
+        batches: tuple[int, ...] | None,
+        step_s: float | None,
+        plan_changed: bool,
+        *,
+        settled: bool = True,
+    ) -> tuple[str, str]: ...
 
 
 @dataclass(frozen=True)
@@ -79,6 +104,7 @@ class IntervalRecord:
     reason: str
     switch_s: float = 0.0
     ordered: bool = True
+    comm: str = ""
 
     @property
     def pct_of_ideal(self) -> float:
@@ -100,9 +126,14 @@ class SimRun:
 
 
 def simulate(
-    scenario: Scenario, policy: Policy, *, detector: StragglerDetector | None = None
+    scenario: Scenario,
+    policy: Policy,
+    *,
+    detector: StragglerDetector | None = None,
+    comm: CommChooser | None = None,
 ) -> SimRun:
-    """Run ``policy`` on ``scenario`` for all its steps; deterministic for a given seed."""
+    """Run ``policy`` on ``scenario`` for all its steps; deterministic for a given seed.
+    ``comm``: choose comm modes as under ``comm="auto"`` (module doc)."""
     detector = detector or StragglerDetector()
     workers = make_workers(scenario)
     profiles = [w.profile() for w in workers]
@@ -116,13 +147,15 @@ def simulate(
     before = plan
     shared = random.Random(f"hetero-sim-shared:{scenario.seed}")
     step = 0
+    mode = ""
     while step < scenario.steps:
         n = min(scenario.rebalance_every, scenario.steps - step)
         load = lognormal_factor(shared, scenario.shared_noise_cv)
         factors = tuple(load * w.interval_factor(scenario.interval_noise_cv) for w in workers)
         switches = _switches(workers, before, plan, ran)
         interval = _run_interval(scenario, workers, plan, step, n, switches, factors)
-        history.append(interval.measured)
+        if mode != OVERLAP:
+            history.append(interval.measured)
         flagged = tuple(e.rank for e in detector.detect(history))
         constraints = replace(base, comm_s=estimate_comm_s(history))
         horizon = Horizon(scenario.rebalance_every, scenario.steps - step - n)
@@ -147,8 +180,12 @@ def simulate(
                 reason=decision.reason,
                 switch_s=interval.switch_s,
                 ordered=interval.ordered,
+                comm=mode,
             )
         )
+        if comm is not None:
+            wall = max(ri.step_s for ri in interval.measured)
+            mode, _ = comm.next_mode(plan, wall, decision.changed, settled=decision.settled)
         for r, b in enumerate(plan):
             ran[r].add(b)
         before, plan = plan, decision.batches

@@ -28,6 +28,13 @@ counted from the first one that starts at or after s, that run below 95% of
 the (new) ideal before the first one at or above it. 0: the change never hurt
 the plan; 1: the best a policy that must first measure the change can do.
 
+**Plan within 5%** after a sudden change at step s: the intervals from the one
+containing s until the first whose plan, noise-free and *without* the warm-up
+of a plan change, runs within 5% of the oracle plan's step
+(``plan_within``). The interval containing the change ran the old plan, so 1
+is a first move that landed and 2 a second one; it says how fast the planner
+finds the plan, where adaptation also charges what its moves cost.
+
 **Adaptation** after a sudden change, as ``hetero-bench run`` counts it on GPUs
 (``bench/harness/figures.py``): the intervals from the first one containing
 the change until the job's throughput, noise-free and *with* the warm-up of
@@ -169,6 +176,19 @@ def reconverge(run: SimRun, change_step: int) -> tuple[int, bool] | None:
         if rec.pct_of_ideal >= RECONVERGED_PCT:
             return k, True
     return len(recs) - first, False
+
+
+def plan_within(run: SimRun, change_step: int) -> int | None:
+    """Intervals from the one containing ``change_step`` until the plan, warm-up aside,
+    is within 5% of the oracle's step (module doc); None if it never is."""
+    recs = run.intervals
+    first = next((j for j, r in enumerate(recs) if r.start_step + r.steps > change_step), None)
+    if first is None:
+        return None
+    for k, rec in enumerate(recs[first:]):
+        if 100.0 * rec.best_s / (rec.plan_s - rec.switch_s) >= RECONVERGED_PCT:
+            return k
+    return None
 
 
 def churn_pct(run: SimRun, indices: list[int]) -> float:

@@ -18,6 +18,13 @@ class Decision:
 
     ``predicted_step_s`` is the fitted models' step time for ``batches``, in
     seconds, including ``Constraints.comm_s``; ``None`` when nothing is fitted.
+
+    ``settled`` is False while the policy expects to move soon: a rank's jump
+    waits for the next interval to confirm it, or the best move's predicted gain
+    is over half of what it needs to count as real. A caller that spends
+    intervals on something else (``comm="auto"``'s trial of overlap, whose
+    intervals the planner never sees) waits for a settled plan, so the planner
+    keeps its evidence while it still converges.
     """
 
     batches: Batches
@@ -25,6 +32,7 @@ class Decision:
     reason: str
     predicted_step_s: float | None = None
     models: tuple[StepModel, ...] = field(default=(), compare=False)
+    settled: bool = field(default=True, compare=False)
 
 
 class Policy(Protocol):

@@ -3,6 +3,10 @@
 The measurement-driven policies fit each rank (``dynamic.py``) and then
 decide here, in this order:
 
+0. **First move after a change** (``first_move_bound``): a rank whose speed
+   changed at the newest interval is taken as proportional through that
+   interval, so the move goes toward equal measured busy time and no further
+   than one interval can tell.
 1. **Trust region** (``trust.py``): each rank's bounds for the next plan,
    within a factor of the batches its current regime has run; a rank whose
    speed just changed is free.
@@ -38,6 +42,11 @@ from hetero.core.balancer.robust_fit import RankFit
 from hetero.core.balancer.stats import History
 from hetero.core.balancer.trust import trust_box
 from hetero.core.errors import PlanError
+
+#: Share of its threshold a kept plan's best move may predict and the plan still count
+#: as settled (``Decision.settled``): a gain of half the noise is a move a few more
+#: intervals may well confirm.
+SETTLED_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -89,20 +98,22 @@ def decide(
     note = f"; speed change on rank(s) {changed_ranks}" if changed_ranks else ""
     if pending:
         note += f"; rank(s) {pending} jumped, waiting for the next interval to confirm"
-    models = tuple(models)
+    models = first_move_bound(models, fits, current)
     proposed, box = propose(models, fits, constraints, rules)
     proposed = order.enforce(proposed, box)
     t_new = predict_step_s(models, proposed, comm_s=constraints.comm_s)
     try:
         constraints.check(current)
     except PlanError as exc:
-        return Decision(proposed, True, f"current plan invalid ({exc}){note}", t_new, models)
+        reason = f"current plan invalid ({exc}){note}"
+        return Decision(proposed, True, reason, t_new, models, settled=False)
     t_now = predict_step_s(models, current, comm_s=constraints.comm_s)
     inverted = order.violations(current, settled=True)
     if inverted and not order.violations(proposed):
         slower = ", ".join(f"{j} slower than {i}" for i, j in inverted)
         reason = f"order: rank {slower} held more samples{note}"
-        return Decision(proposed, proposed != tuple(current), reason, t_new, models)
+        moved = proposed != tuple(current)
+        return Decision(proposed, moved, reason, t_new, models, settled=not moved and not pending)
 
     shapes = warm_shapes(history)
     busy_now = [m.time(b) for m, b in zip(models, current, strict=True)]
@@ -133,7 +144,14 @@ def decide(
         net = (t_now - step_s) * steps - cost
         candidates.append(_Candidate(batches, step_s, gain, threshold, cost, net))
     if not candidates:
-        return Decision(tuple(current), False, f"plan is the equal-time plan{note}", t_now, models)
+        return Decision(
+            tuple(current),
+            False,
+            f"plan is the equal-time plan{note}",
+            t_now,
+            models,
+            settled=not pending,
+        )
     real = [c for c in candidates if c.gain > c.threshold]
     paying = [c for c in real if c.net_s > 0]
     if paying:
@@ -146,8 +164,11 @@ def decide(
             f"(gain {best.gain:.1%} > {best.threshold:.1%}; pays {best.cost_s * 1e3:.0f} ms "
             f"switch in {steps} steps){note}"
         )
-        return Decision(best.batches, True, reason, best.step_s, models)
+        return Decision(best.batches, True, reason, best.step_s, models, settled=False)
     top = max(candidates, key=lambda c: c.gain)
+    # A real gain that does not pay for its switch stays unpaid while the horizon shrinks:
+    # the plan is as settled as one within the noise.
+    settled = not pending and (bool(real) or top.gain <= SETTLED_SHARE * top.threshold)
     if not real:
         reason = (
             f"within dead-band and noise ({top.gain:+.1%} predicted, "
@@ -159,7 +180,34 @@ def decide(
             f"does not pay back ({(t_now - top.step_s) * 1e3:.2f} ms/step x {steps} steps "
             f"< {top.cost_s * 1e3:.0f} ms switch){note}"
         )
-    return Decision(tuple(current), False, reason, t_now, models)
+    return Decision(tuple(current), False, reason, t_now, models, settled=settled)
+
+
+def first_move_bound(
+    models: Sequence[StepModel], fits: Sequence[RankFit], current: Sequence[int]
+) -> tuple[StepModel, ...]:
+    """The models with each rank whose speed changed at the newest interval made
+    proportional through that interval's point (``t = (t₀/b₀)·b``).
+
+    One interval at a new speed is one point: every fixed cost from 0 to the
+    whole step time fits it (``changepoint``), and the fixed cost carried over
+    from the rank's earlier regime is no evidence for the new one (a neighbour
+    that time-slices a GPU adds to every kernel; one that leaves takes it away).
+    Of all the models the point allows, the proportional one moves the least
+    (it has the largest per-sample cost), and the direction of its move, toward
+    equal measured busy time, holds for any of them. So the first move after a
+    change goes that far and no further; the second point, at the new plan,
+    measures the split (``robust_fit``: two levels of one regime) for the next.
+    Carried over, a fixed cost of 48 ms that a departing neighbour took with it
+    made a GPU at 43 ms per step look nearly free per sample, and the plan went
+    from 364/148 to 174/338 when 256/256 was right.
+    """
+    out = []
+    for m, f, b in zip(models, fits, current, strict=True):
+        if f.changed_at_newest and b > 0 and m.fixed_s > 0:
+            m = StepModel(m.time(b) / b, 0.0)
+        out.append(m)
+    return tuple(out)
 
 
 def _default_horizon(history: History) -> Horizon:

@@ -25,7 +25,7 @@ over the last few points wrong in practice, and each has a remedy here:
   point sits at one batch size and the fixed cost ``c`` is unidentifiable. It
   is estimated from the regime's whole history (old points, from before the
   plan converged, have the spread), else carried over from the previous
-  regime (a neighbour mostly slows the per-sample work, not kernel launches),
+  regime (a clock drop slows the per-sample work, not kernel launches),
   else taken from a prior, else 0. A line through points whose batches barely
   spread *relative to their noise* extrapolates noise: two noisy intervals at
   16 and 18 samples gave a fixed cost near the whole step time, hence a tiny
@@ -34,9 +34,18 @@ over the last few points wrong in practice, and each has a remedy here:
   from a line only when its standard error is at most ``MAX_FIXED_SE`` of the
   mean step time. The noise behind that error is the larger of the line's
   own residuals and the rank's interval noise, so two points far apart on a
-  quiet GPU identify ``c`` at once while a loaded CPU box never does. The per-sample cost ``a`` is then a
-  recency-weighted Huber mean of ``(t − c)/b`` over the newest points, so the
-  model always passes through where the rank runs now and follows drift.
+  quiet GPU identify ``c`` at once while a loaded CPU box never does. A
+  regime that began with a change of speed is the exception: there the
+  fallback is the earlier regime's ``c``, which the change may have made
+  wrong (a neighbour that time-slices a GPU adds mostly a fixed cost), so the
+  new regime's own levels are used up to ``MAX_LEVELS_SE``. The first move
+  after the change (``moves.first_move_bound``) puts a second level at a
+  batch far from the first, and the second move jumps to the optimum those
+  two levels fit instead of closing part of the gap each time
+  (330 -> 338 -> 354 -> 370 at 3% noise, where 364 was right).
+  The per-sample cost ``a`` is then a recency-weighted Huber mean of
+  ``(t − c)/b`` over the newest points, so the model always passes through
+  where the rank runs now and follows drift.
   A wrong ``c`` only mis-sizes the next move, never the fixed point: when the
   fitted times at the current plan are equal, the equal-time solve returns the
   current plan whatever the slopes.
@@ -72,6 +81,10 @@ CHANGE_SIGMAS = 3.0
 #: line's ``c`` to be used: known to 10% of the step, a wrong ``c`` mis-sizes a move by
 #: at most ~10% of the step even at twice the batches seen (the trust region's reach).
 MAX_FIXED_SE = 0.10
+#: The same bound for a regime that began with a change of speed, where the fallback is
+#: the earlier regime's fixed cost: two levels of the new regime that know ``c`` to a
+#: quarter of the step know it better than a regime the change may have made wrong.
+MAX_LEVELS_SE = 0.25
 
 
 @dataclass(frozen=True)
@@ -79,7 +92,8 @@ class RankFit:
     """One rank's fitted model and where its data came from.
 
     ``regime`` indexes into the points that were fitted; ``fixed_from`` says
-    which evidence set ``fixed_s``: ``"regime"``, ``"earlier regime"``,
+    which evidence set ``fixed_s``: ``"regime"``, ``"regime levels"`` (the
+    looser bound after a change), ``"earlier regime"``,
     ``"prior"`` or ``"none"`` (then ``fixed_s = 0``). ``per_sample_cv`` is the
     robust relative spread of the per-sample values behind ``per_sample_s``
     (``None`` from fewer than three points) and ``n_eff`` their effective
@@ -208,10 +222,18 @@ def fit_rank(
     fixed_s: float | None = None
     fixed_from = "none"
     for which in range(len(regime.starts) - 1, -1, -1):
-        fixed_s = _fixed_cost(points, regime.members(which, n), fixed_recency, min_spread, noise)
+        members = regime.members(which, n)
+        fixed_s = _fixed_cost(points, members, fixed_recency, min_spread, noise)
         if fixed_s is not None:
             fixed_from = "regime" if which == len(regime.starts) - 1 else "earlier regime"
             break
+        if which == len(regime.starts) - 1 and which > 0:
+            fixed_s = _fixed_cost(
+                points, members, fixed_recency, min_spread, noise, max_se=MAX_LEVELS_SE
+            )
+            if fixed_s is not None:
+                fixed_from = "regime levels"
+                break
     if fixed_s is None and prior_fixed_s is not None:
         fixed_s, fixed_from = prior_fixed_s, "prior"
     recent = current[-window:]
@@ -263,10 +285,12 @@ def _fixed_cost(
     fixed_recency: float,
     min_spread: float,
     noise: float | None,
+    *,
+    max_se: float = MAX_FIXED_SE,
 ) -> float | None:
     """The fixed cost fitted over ``members``, or None where it is not known well enough:
     batches that barely differ, no measure of their noise (two points and no
-    same-batch noise), or a standard error above ``MAX_FIXED_SE`` of the mean step
+    same-batch noise), or a standard error above ``max_se`` of the mean step
     time (see the module doc)."""
     if len(members) < 2 or (len(members) < 3 and noise is None):
         return None
@@ -278,7 +302,7 @@ def _fixed_cost(
     a, c = huber_line([points[i] for i in members], weights)
     if a <= 0:
         return None  # a slope this wrong is noise or drift, not a measurement of c
-    if _fixed_cost_se(points, members, a, c, noise) > MAX_FIXED_SE:
+    if _fixed_cost_se(points, members, a, c, noise) > max_se:
         return None
     return max(c, 0.0)
 

@@ -98,6 +98,36 @@ def test_the_reference_is_the_median_of_the_newest_deferred_intervals():
     assert auto.next_mode(PLAN, 0.095, False)[0] == DEFERRED
 
 
+def test_no_trial_while_the_planner_may_still_move_the_plan():
+    # A trial interval never reaches the planner: while it still converges (a jump
+    # waiting for confirmation, a move near its threshold) the trial waits.
+    auto = AutoComm(settle_intervals=2)
+    auto.next_mode(PLAN, 0.086, False)
+    for _ in range(3):
+        mode, reason = auto.next_mode(PLAN, 0.086, False, settled=False)
+        assert (mode, reason) == (
+            DEFERRED,
+            "deferred: the planner may still move the plan (no trial yet)",
+        )
+    assert auto.next_mode(PLAN, 0.086, False, settled=True)[0] == OVERLAP
+
+
+def test_a_trial_must_beat_the_deferred_intervals_by_more_than_their_noise():
+    # On a loaded host deferred intervals at one plan spread by ~7%: a trial 3.5% faster
+    # is noise, and keeping overlap on it would withhold every later interval from the
+    # planner until the step time moved by 10%.
+    noisy = AutoComm(settle_intervals=3, margin=0.01)
+    for s in (0.080, 0.092, 0.086):
+        mode, _ = noisy.next_mode(PLAN, s, False)
+    assert mode == OVERLAP
+    mode, reason = noisy.next_mode(PLAN, 0.083, False)
+    assert mode == DEFERRED and reason.startswith("deferred kept")
+    quiet = AutoComm(settle_intervals=3, margin=0.01)
+    for s in (0.0858, 0.0862, 0.0860):
+        quiet.next_mode(PLAN, s, False)
+    assert quiet.next_mode(PLAN, 0.083, False)[0] == OVERLAP
+
+
 def test_unmeasured_intervals_do_not_count_toward_settling():
     auto = AutoComm(settle_intervals=2)
     assert auto.next_mode(None, None, False)[0] == DEFERRED

@@ -397,3 +397,24 @@ def test_switching_costs_are_read_per_rank_cold_and_warm_with_a_prior_for_the_re
     assert costs.of((256, 256), (256, 256), shapes) == 0.0
     unmeasured = switch_costs(history[:1], [0.06, 0.08], prior_steps=1.0)
     assert unmeasured.cold == (0.06, 0.08) and not unmeasured.measured
+
+
+def test_a_plan_counts_as_settled_only_when_no_move_is_near_its_threshold() -> None:
+    policy, c = Dynamic(), Constraints(256, 2)
+    balanced = [ran([0.0002, 0.0002], (128, 128)) for _ in range(6)]
+    assert policy.next_plan(balanced, (128, 128), c).settled
+    # Rank 1 slower by about as much as the noise allows: no move yet, but a few more
+    # intervals may well show one, so nothing else (a trial of overlap) takes them.
+    wobble = [1.04, 0.96, 1.03, 0.97, 1.04, 0.96, 1.03, 0.97]  # intervals 4% apart
+    near = [ran([0.0002, 0.0002], (128, 128), scale=[w, 1.03 * w]) for w in wobble]
+    d = policy.next_plan(near, (128, 128), c)
+    assert not d.changed and not d.settled, d.reason
+    # A jump of a noisy rank waits for the next interval to confirm it: not settled.
+    rng = random.Random(3)
+    noisy = [
+        ran([0.0002, 0.0002], (128, 128), scale=[rng.lognormvariate(0.0, 0.1)] * 2, busy_cv=0.3)
+        for _ in range(8)
+    ]
+    jumped = [*noisy, ran([0.0002, 0.0002], (128, 128), scale=[1.0, 2.5], busy_cv=0.3)]
+    d = policy.next_plan(jumped, (128, 128), c)
+    assert not d.changed and not d.settled, d.reason

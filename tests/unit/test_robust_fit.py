@@ -85,3 +85,17 @@ def test_per_sample_cost_ignores_one_slow_interval_among_the_recent_ones() -> No
     points[5] = (176, points[5][1] * 1.12)  # within the change threshold, so not dropped
     fit = fit_rank(points)
     assert fit.model.time(176) == pytest.approx(0.0002 * 176 + 0.01, rel=0.01)
+
+
+def test_two_levels_of_a_new_regime_measure_its_fixed_cost_where_the_old_one_cannot() -> None:
+    # Ten intervals at 256 samples with 4% noise, then a neighbour: 115 ms at 256 and,
+    # after one move, 96 ms at 182. Known to 17% of the step, the two levels' fixed cost
+    # (48 ms) is the best evidence there is: the old regime, all at one batch, has none,
+    # and a proportional fit would make the next move too short.
+    noise = [1.0, 1.028, 0.979, 1.021, 0.965, 1.014, 0.986, 1.035, 0.972, 1.0]
+    before = [(256, 0.065 * f) for f in noise]
+    after = affine(0.000263, 0.0477, [256, 182])
+    fit = fit_rank(before + after)
+    assert fit.regime.start == len(before)
+    assert fit.fixed_from == "regime levels"
+    assert fit.model.fixed_s == pytest.approx(0.0477, rel=0.02)
