@@ -221,58 +221,31 @@ def _record(name: str, figures: dict[str, Any]) -> None:
         (Path(out) / f"{name}.json").write_text(json.dumps(figures, indent=2) + "\n")
 
 
-@dataclass
-class Reference:
+def _reference_loss(tmp_path_factory: pytest.TempPathFactory, steps: int) -> float:
     """The uninterrupted run: one process, same seed, data order, global batch and steps.
-    It runs beside a chaos job at little cost: the job's ranks spend most of their time
-    in the emulated slowdown's waits."""
-
-    out: Path
-    proc: subprocess.Popen[str]
-
-    @classmethod
-    def start(cls, out: Path, steps: int) -> Reference:
-        argv = [sys.executable, "-m", "hetero.trainer.cli", "--model", "debug", "--dataset"]
-        argv += ["synthetic", "--global-batch", str(GLOBAL_BATCH), "--steps", str(steps)]
-        argv += ["--rebalance-interval", str(INTERVAL), "--lr", "0.05", "--seed", "3"]
-        argv += ["--device", "cpu", "--ideal-steps", "0", "--quiet"]
-        argv += ["--summary-json", str(out / "summary.json")]
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        pipe = subprocess.PIPE
-        return cls(out, subprocess.Popen(argv, stdout=pipe, stderr=pipe, text=True, env=env))
-
-    def loss(self) -> float:
-        """The run's last interval's mean loss, once it has finished."""
-        _, stderr = self.proc.communicate(timeout=300)
-        assert self.proc.returncode == 0, stderr
-        return float(json.loads((self.out / "summary.json").read_text())["loss_last"])
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.communicate()
-
-
-@contextlib.contextmanager
-def _reference(tmp_path_factory: pytest.TempPathFactory, steps: int) -> Iterator[Reference]:
-    reference = Reference.start(tmp_path_factory.mktemp("reference"), steps)
-    try:
-        yield reference
-    finally:
-        reference.stop()
+    It runs before the chaos job, never beside it: the job's emulated waits are 39 times
+    its measured compute, so a neighbour's load on the cores is stretched 39-fold."""
+    out = tmp_path_factory.mktemp("reference")
+    argv = [sys.executable, "-m", "hetero.trainer.cli", "--model", "debug", "--dataset"]
+    argv += ["synthetic", "--global-batch", str(GLOBAL_BATCH), "--steps", str(steps)]
+    argv += ["--rebalance-interval", str(INTERVAL), "--lr", "0.05", "--seed", "3"]
+    argv += ["--device", "cpu", "--ideal-steps", "0", "--quiet"]
+    argv += ["--summary-json", str(out / "summary.json")]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return float(json.loads((out / "summary.json").read_text())["loss_last"])
 
 
 @pytest.fixture(scope="module")
 def reference_loss(tmp_path_factory: pytest.TempPathFactory) -> float:
-    with _reference(tmp_path_factory, STEPS) as reference:
-        return reference.loss()
+    return _reference_loss(tmp_path_factory, STEPS)
 
 
 @pytest.fixture
-def rank_kill_reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Reference]:
-    """The rank kill's uninterrupted run, started before its job and read after it."""
-    with _reference(tmp_path_factory, RANK_KILL_STEPS) as reference:
-        yield reference
+def rank_kill_reference_loss(tmp_path_factory: pytest.TempPathFactory) -> float:
+    """The rank kill's uninterrupted run (``RANK_KILL_STEPS``)."""
+    return _reference_loss(tmp_path_factory, RANK_KILL_STEPS)
 
 
 @pytest.fixture
@@ -339,7 +312,7 @@ def test_kill_9_of_an_agent_resumes_the_job_on_the_other_from_its_checkpoint(
 
 
 def test_kill_9_of_a_rank_restarts_the_job_which_completes(
-    cluster: LocalCluster, tmp_path: Path, rank_kill_reference: Reference
+    rank_kill_reference_loss: float, cluster: LocalCluster, tmp_path: Path
 ) -> None:
     job_id, timeline = _start_and_reach(cluster, tmp_path, 100, RANK_KILL_STEPS)
     timeline.ranks.update((p.pid, p) for p in _all_ranks(cluster))
@@ -357,7 +330,7 @@ def test_kill_9_of_a_rank_restarts_the_job_which_completes(
     assert "rank 1 exited with 137" in node_b_log
     assert {r.node_name for r in job.ranks} == {"node-a", "node-b"}, "both nodes used again"
     loss = _final_loss(cluster, job_id, RANK_KILL_STEPS)
-    reference_loss = rank_kill_reference.loss()
+    reference_loss = rank_kill_reference_loss
     assert loss == pytest.approx(reference_loss, rel=LOSS_RTOL)
     rank_processes = _no_orphans(cluster, timeline)
     _record(
