@@ -51,7 +51,7 @@ def _hetero_train(*args: str, timeout_s: float = 300) -> subprocess.CompletedPro
     )
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")  # a function of its arguments alone
 def hetero_train():
     """``hetero_train(*args)`` runs the ``hetero-train`` CLI as a user would and returns
     the finished process (stdout, stderr, returncode)."""

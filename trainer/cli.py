@@ -8,6 +8,8 @@ it runs as one of those ranks. Its flags are the catalogue's training options
 
 from __future__ import annotations
 
+import ctypes
+import importlib.metadata
 import json
 import os
 import sys
@@ -120,6 +122,8 @@ def _launch(cfg: TrainingOptions, argv: list[str]) -> int:
 
 def _backend_for(cfg: TrainingOptions) -> str:
     """One backend for all local ranks: NCCL only if every rank gets its own GPU."""
+    if cfg.device == "cpu" or (cfg.device == "auto" and not _may_have_cuda()):
+        return "gloo"  # decided without importing torch (seconds before any rank starts)
     import torch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -128,6 +132,25 @@ def _backend_for(cfg: TrainingOptions) -> str:
             f"--device cuda with --nproc {cfg.nproc} needs {cfg.nproc} GPUs, found {gpus}"
         )
     return "nccl" if cfg.device != "cpu" and gpus >= cfg.nproc else "gloo"
+
+
+def _may_have_cuda() -> bool:
+    """False only where torch cannot see a CUDA device: a CPU-only torch build, or a
+    CUDA build on a Linux host whose NVIDIA driver library (``libcuda.so.1``, which
+    torch's CUDA runtime loads) is absent. True otherwise: ask torch."""
+    try:
+        build = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return True  # torch will say what is wrong
+    if build.endswith("+cpu"):
+        return False
+    if "rocm" in build or not sys.platform.startswith("linux"):
+        return True  # HIP counts its GPUs as CUDA devices; other systems: ask torch
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
 
 
 if __name__ == "__main__":

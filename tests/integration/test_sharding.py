@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import pickle
+import shutil
 from pathlib import Path
 
 import pytest
@@ -65,9 +66,18 @@ SHARDED = [*TINY, "--shard", "full", "--rebalance-interval", "4", "--ideal-steps
 SHARDED += ["--eval-samples", "0", "--checkpoint-interval", "4"]
 
 
+@pytest.fixture(scope="module")
+def stopped_at_step_4(hetero_train, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A sharded run of 3 ranks stopped at step 4; each test resumes a copy of it."""
+    out = tmp_path_factory.mktemp("sharded") / "run"
+    run = hetero_train(*SHARDED, "--nproc", "3", "--steps", "4", "--output-dir", str(out))
+    assert run.returncode == 0, run.stderr
+    return out
+
+
 @pytest.mark.timeout(900)  # three runs of FSDP2 on Gloo: minutes on a loaded 2-core host
 def test_a_sharded_checkpoint_resumes_on_fewer_ranks_with_the_uninterrupted_losses(
-    hetero_train, tmp_path: Path
+    hetero_train, tmp_path: Path, stopped_at_step_4: Path
 ):
     """Shards written by every rank with torch.distributed.checkpoint, resharded on load:
     3 ranks stop at step 4, 2 ranks go on to 12 with the losses of 3 ranks that never
@@ -75,8 +85,7 @@ def test_a_sharded_checkpoint_resumes_on_fewer_ranks_with_the_uninterrupted_loss
     full, part = tmp_path / "full", tmp_path / "part"
     a = hetero_train(*SHARDED, "--nproc", "3", "--steps", "12", "--output-dir", str(full))
     assert a.returncode == 0, a.stderr
-    b = hetero_train(*SHARDED, "--nproc", "3", "--steps", "4", "--output-dir", str(part))
-    assert b.returncode == 0, b.stderr
+    shutil.copytree(stopped_at_step_4, part)
     ckpt = part / "checkpoints" / "last.pt"
     state = read_checkpoint(ckpt)
     assert state["model"] is None and state["shards"] == "last.pt.step4.shards"
@@ -94,11 +103,10 @@ def test_a_sharded_checkpoint_resumes_on_fewer_ranks_with_the_uninterrupted_loss
 
 @pytest.mark.timeout(900)
 def test_sharded_checkpoints_refuse_planted_metadata_and_unsharded_state(
-    hetero_train, tmp_path: Path
+    hetero_train, tmp_path: Path, stopped_at_step_4: Path
 ):
     out = tmp_path / "run"
-    first = hetero_train(*SHARDED, "--nproc", "2", "--steps", "4", "--output-dir", str(out))
-    assert first.returncode == 0, first.stderr
+    shutil.copytree(stopped_at_step_4, out)
     shards = out / "checkpoints" / "last.pt.step4.shards"
     marker = tmp_path / "ran"
     # DCP's own reader unpickles .metadata with plain pickle: a planted one runs code there.

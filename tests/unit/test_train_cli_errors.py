@@ -42,3 +42,35 @@ def test_out_of_memory_with_a_single_rank_is_a_one_line_error(capsys, monkeypatc
     code = main([*LM, *FAST, "--oom-retry", "--eval-samples", "0"])
     err = capsys.readouterr().err
     assert code != 0 and "out of memory at step 2 with batch 8 on the only rank" in err, err
+
+
+@pytest.mark.parametrize(
+    "build,platform,driver,expected",
+    [
+        ("2.14.1+cpu", "linux", True, False),  # a CPU-only build sees no CUDA device
+        ("2.14.1+cu130", "linux", False, False),  # no libcuda.so.1: no CUDA device
+        ("2.14.1+cu130", "linux", True, True),
+        ("2.14.1", "linux", True, True),
+        ("2.14.1+rocm6.4", "linux", False, True),  # HIP's GPUs count as CUDA devices
+        ("2.14.1", "darwin", False, True),  # elsewhere torch is asked
+    ],
+)
+def test_the_launcher_asks_torch_for_gpus_unless_none_can_exist(
+    monkeypatch: pytest.MonkeyPatch, build: str, platform: str, driver: bool, expected: bool
+) -> None:
+    import ctypes
+    import importlib.metadata
+    import sys
+
+    from hetero.trainer import cli
+
+    def load(name: str) -> object:
+        assert name == "libcuda.so.1"
+        if not driver:
+            raise OSError(f"{name}: cannot open shared object file")
+        return object()
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda dist: build)
+    monkeypatch.setattr(sys, "platform", platform)
+    monkeypatch.setattr(ctypes, "CDLL", load)
+    assert cli._may_have_cuda() is expected
