@@ -437,7 +437,10 @@ def test_a_job_runs_with_tokens_end_to_end_and_the_token_is_nowhere_on_disk(tmp_
         summary = summary_from_logs(cluster.logs(job.id))
         assert summary is not None
         control = summary["control_plane"]
-        assert control["calls"] >= 2 and control["failures"] == 0, control
+        # Reports never wait: on a loaded host a boundary whose predecessor's request is
+        # still out goes unreported (skipped), so only the total is certain.
+        assert control["calls"] >= 1 and control["failures"] == 0, control
+        assert control["calls"] + control["skipped"] >= 2, control
         denied = _error(lambda: _nodes(cluster.address))
         assert denied.code() == grpc.StatusCode.UNAUTHENTICATED
     files = [p for p in root.rglob("*") if p.is_file()]
