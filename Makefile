@@ -27,8 +27,14 @@ demo: $(STAMP)  ## coordinator + 3 agents on this machine run equal vs dynamic (
 demo-embedded: $(STAMP)  ## the same comparison with hetero-train alone (no control plane)
 	@$(BIN)/python -m hetero.trainer.demo
 
+# TEST_WORKERS=N runs the suite on N pytest-xdist processes, each test file whole on one
+# of them (a file's module fixtures, e.g. one launch of ranks shared by its tests, run
+# once). Much of the suite waits on rank processes and daemons rather than computing.
+# 0 (the default): one process, one test at a time.
+TEST_WORKERS ?= 0
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 test: $(STAMP)  ## run the whole test suite (chaos tests excepted: make chaos; PostgreSQL: make test-postgres; the image: make test-container)
-	@$(BIN)/python -m pytest -q --durations=25 -m 'not chaos and not postgres and not container'
+	@$(BIN)/python -m pytest -q $(XDIST) --durations=25 -m 'not chaos and not postgres and not container'
 
 # As root on Debian it installs the postgresql package when no server is there; the
 # server itself is a throwaway cluster under /tmp (tests/integration/pgserver.py).
@@ -42,7 +48,7 @@ test-browser: $(STAMP)  ## hetero-top --web in a real headless Chromium against 
 	@HETERO_BROWSER_INSTALL=1 $(BIN)/python -m pytest -q -rs -m browser tests/integration/test_tui_web.py
 
 test-fast: $(STAMP)  ## run the tests not marked slow
-	@$(BIN)/python -m pytest -q -m 'not slow and not postgres and not browser and not container'
+	@$(BIN)/python -m pytest -q $(XDIST) -m 'not slow and not postgres and not browser and not container'
 
 # The GPU tier runs where hetero may not be installed (a GPU host with Python, torch,
 # grpcio, protobuf, nvidia-ml-py and pyyaml): hetero comes from the pyroot tree, the

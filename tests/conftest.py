@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -27,17 +28,39 @@ def _own_default_state_dir(
     return state
 
 
+def _run_workers(log_dir: Path, script: str, nproc: int, *args: str, timeout_s: float) -> None:
+    cmd = [sys.executable, str(WORKERS / script), *args]
+    code = launch_local(cmd, nproc, log_dir=log_dir, timeout_s=timeout_s)
+    assert code == 0, f"{script} on {nproc} ranks exited with {code}"
+
+
 @pytest.fixture
 def run_ranks(tmp_path: Path):
     """``run_ranks(script, nproc, *args)`` runs ``tests/integration/workers/<script>`` on
     ``nproc`` Gloo ranks and asserts they all exit 0."""
 
     def run(script: str, nproc: int, *args: str, timeout_s: float = 240) -> None:
-        cmd = [sys.executable, str(WORKERS / script), *args]
-        code = launch_local(cmd, nproc, log_dir=tmp_path / "logs", timeout_s=timeout_s)
-        assert code == 0, f"{script} on {nproc} ranks exited with {code}"
+        _run_workers(tmp_path / "logs", script, nproc, *args, timeout_s=timeout_s)
 
     return run
+
+
+def _ranks_in_turn(
+    state_dir: Path, nproc: int, jobs: Sequence[Sequence[str]], *, timeout_s: float = 600
+) -> None:
+    argv = [str(state_dir)]
+    for job in jobs:
+        argv += ["--", *job]
+    _run_workers(state_dir / "logs", "in_turn.py", nproc, *argv, timeout_s=timeout_s)
+
+
+@pytest.fixture(scope="session")  # a function of its arguments alone
+def ranks_in_turn():
+    """``ranks_in_turn(state_dir, nproc, jobs)`` runs each job of ``jobs`` (``[script,
+    *args]`` of ``tests/integration/workers``) one after another in the same ``nproc``
+    Gloo rank processes (``workers/in_turn.py``), and asserts they all exit 0. For a
+    module's fixture: jobs of several tests on one launch, whose ranks import torch once."""
+    return _ranks_in_turn
 
 
 def _hetero_train(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:

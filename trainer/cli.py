@@ -112,8 +112,14 @@ def _with_top(cfg: TrainingOptions, argv: list[str]) -> int:
 
 
 def _launch(cfg: TrainingOptions, argv: list[str]) -> int:
+    from hetero.core.slowdown import parse_slowdowns
     from hetero.trainer.launch import launch_local
 
+    # Each rank checks this too (under torchrun or an agent no launcher does): here it is
+    # one line before any rank starts, not one per rank after each imported torch.
+    beyond = sorted(r for r in parse_slowdowns(cfg.emulate_slowdown) if r >= cfg.nproc)
+    if beyond:
+        raise ConfigError(f"--emulate-slowdown names rank {beyond[0]} of a {cfg.nproc}-rank job")
     run_dir = cfg.run_dir
     log_dir = Path(run_dir) / "logs" if run_dir else None
     cmd = [sys.executable, "-m", "hetero.trainer.cli", *argv]

@@ -23,15 +23,26 @@ _spec.loader.exec_module(worker)
 
 pytestmark = pytest.mark.slow
 
+MODES = ["shard-full", "shard-plain", "shard-offload", "shard-dynamic"]
 
-@pytest.mark.parametrize("mode", ["shard-full", "shard-plain", "shard-offload", "shard-dynamic"])
+
+@pytest.fixture(scope="module")
+def sharded_runs(ranks_in_turn, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """equivalence.py's sharded modes on 3 ranks, one after another on one launch (each a
+    job of its own: ``workers/in_turn.py``); mode ``MODE`` wrote ``MODE.pt``."""
+    out = tmp_path_factory.mktemp("sharded-equivalence")
+    ranks_in_turn(out, 3, [["equivalence.py", str(out / f"{mode}.pt"), mode] for mode in MODES])
+    return out
+
+
+@pytest.mark.timeout(900)  # four FSDP2 jobs on Gloo: minutes on a loaded 2-core host
+@pytest.mark.parametrize("mode", MODES)
 def test_sharded_uneven_training_equals_single_process_over_the_global_batch(
-    run_ranks, tmp_path: Path, mode: str
+    sharded_runs: Path, mode: str
 ):
     """FSDP2 reduce-scatters Σ_i (b_i/B) g_i: after 12 steps of SGD with momentum under
     plans that change mid-run, the parameters are one process's to the DDP test's 1e-5."""
-    out = tmp_path / "params.pt"
-    run_ranks("equivalence.py", 3, str(out), mode)
+    out = sharded_runs / f"{mode}.pt"
     got = torch.load(out)
     sizes = [torch.load(f"{out}.rank{r}.sizes") for r in range(3)]
     assert all(sum(s) == 24 for s in zip(*sizes, strict=True))

@@ -19,22 +19,38 @@ _spec.loader.exec_module(worker)
 
 pytestmark = pytest.mark.slow
 
+#: The exact modes of equivalence.py on 3 CPU ranks. SyncBatchNorm needs CUDA ranks:
+#: tests/gpu/test_batchnorm_gpus.py (make test-gpu).
+EXACT = ["scripted", "overlap", "deferred", "dynamic", "workers", "plainbackward"]
 
-@pytest.mark.parametrize(
-    "mode",
-    [
-        "scripted",
-        "overlap",
-        "deferred",
-        "dynamic",
-        "workers",
-        "plainbackward",
-        # SyncBatchNorm needs CUDA ranks: tests/gpu/test_batchnorm_gpus.py (make test-gpu).
-    ],
-)
-def test_uneven_ddp_equals_single_process_over_the_global_batch(run_ranks, tmp_path: Path, mode):
-    out = tmp_path / "params.pt"
-    run_ranks("equivalence.py", 3, str(out), mode)
+
+@pytest.fixture(scope="module")
+def three_ranks(ranks_in_turn, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The 3-rank jobs of this module, one after another on one launch (each a job of
+    its own: ``workers/in_turn.py``): ``MODE.pt`` from equivalence.py for every exact
+    mode and ``bn``, ``loader-SCALE`` from loader_workers.py for scale 1 and 0."""
+    out = tmp_path_factory.mktemp("three-ranks")
+    jobs = [["equivalence.py", str(out / f"{mode}.pt"), mode] for mode in [*EXACT, "bn"]]
+    jobs += [["loader_workers.py", str(out / f"loader-{scale}"), scale] for scale in "10"]
+    ranks_in_turn(out, 3, jobs)
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_ranks(ranks_in_turn, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The 2-rank jobs of this module on one launch: ``timing-WHERE`` from timing.py, rank 1
+    slowed in backward and in its input."""
+    out = tmp_path_factory.mktemp("two-ranks")
+    ranks_in_turn(
+        out, 2, [["timing.py", str(out / f"timing-{w}"), w] for w in ("backward", "input")]
+    )
+    return out
+
+
+@pytest.mark.timeout(900)  # the module's 3-rank jobs: minutes on a loaded 2-core host
+@pytest.mark.parametrize("mode", EXACT)
+def test_uneven_ddp_equals_single_process_over_the_global_batch(three_ranks: Path, mode):
+    out = three_ranks / f"{mode}.pt"
     got = torch.load(out)
     sizes = [torch.load(f"{out}.rank{r}.sizes") for r in range(3)]
     # Every step's batches summed to the global batch, and were really uneven.
@@ -65,16 +81,15 @@ def test_uneven_ddp_equals_single_process_over_the_global_batch(run_ranks, tmp_p
         assert diff <= 1e-5 * scale, f"{name}: max abs diff {diff:.3g}"
 
 
+@pytest.mark.timeout(900)
 def test_per_rank_batchnorm_with_uneven_batches_is_not_the_single_process_result(
-    run_ranks, tmp_path: Path
+    three_ranks: Path,
 ):
     """What the docs say is not exact: BatchNorm statistics over each rank's own batch.
     The gradient weighting stays exact, but a rank of 3 samples normalises by its own
     3-sample statistics, so the parameters drift from one process's by far more than
     the 1e-5 that the exact cases meet."""
-    out = tmp_path / "params.pt"
-    run_ranks("equivalence.py", 3, str(out), "bn")
-    got = torch.load(out)
+    got = torch.load(three_ranks / "bn.pt")
     ref = worker.single_process_reference("bn", 12, 24)
     worst = max(
         (got["params"][k] - v).abs().max().item() / max(v.abs().max().item(), 1.0)
@@ -84,9 +99,9 @@ def test_per_rank_batchnorm_with_uneven_batches_is_not_the_single_process_result
     assert worst > 1e-3, f"per-rank BatchNorm came within {worst:.2g} of one process"
 
 
-def test_compute_only_time_finds_a_rank_slowed_inside_backward(run_ranks, tmp_path: Path):
-    prefix = tmp_path / "timing"
-    run_ranks("timing.py", 2, str(prefix))
+@pytest.mark.timeout(600)
+def test_compute_only_time_finds_a_rank_slowed_inside_backward(two_ranks: Path):
+    prefix = two_ranks / "timing-backward"
     fast, slow = (torch.load(f"{prefix}.rank{r}")[r] for r in range(2))
     # Wall time per step is the same on both ranks: the all-reduce waits for the slow one...
     assert abs(fast["step_s"] - slow["step_s"]) < 0.25 * slow["step_s"], (fast, slow)
@@ -98,9 +113,9 @@ def test_compute_only_time_finds_a_rank_slowed_inside_backward(run_ranks, tmp_pa
     assert fast["comm_s"] > 0.03
 
 
-def test_a_rank_waiting_for_its_input_shows_it_as_data_time_not_compute(run_ranks, tmp_path):
-    prefix = tmp_path / "timing"
-    run_ranks("timing.py", 2, str(prefix), "input")
+@pytest.mark.timeout(600)
+def test_a_rank_waiting_for_its_input_shows_it_as_data_time_not_compute(two_ranks: Path):
+    prefix = two_ranks / "timing-input"
     fast, slow = (torch.load(f"{prefix}.rank{r}")[r] for r in range(2))
     # Rank 1 waits ~50 ms per step for its batch: data time, while its compute stays
     # that of the fast rank (the planner must not mistake an input-bound rank for a slow one).
@@ -111,12 +126,12 @@ def test_a_rank_waiting_for_its_input_shows_it_as_data_time_not_compute(run_rank
     assert fast["comm_s"] > 0.03, (fast, slow)
 
 
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("scale", [True, False])
 def test_loader_workers_follow_the_plan_and_every_sample_is_still_seen_once(
-    run_ranks, tmp_path: Path, scale: bool
+    three_ranks: Path, scale: bool
 ):
-    prefix = tmp_path / "loader"
-    run_ranks("loader_workers.py", 3, str(prefix), "1" if scale else "0")
+    prefix = three_ranks / f"loader-{'1' if scale else '0'}"
     got = [torch.load(f"{prefix}.rank{r}") for r in range(3)]
     assert all(g["peers"] == (0, 1, 2) for g in got)  # one host: one budget of 3 workers
     plans = {0: (14, 7, 3), 5: (2, 5, 17), 9: (1, 22, 1)}

@@ -105,8 +105,8 @@ def single_process_reference(
     return {k: v.detach().cpu() for k, v in model.state_dict().items()}
 
 
-def main() -> None:
-    out, mode = sys.argv[1], sys.argv[2]
+def main(argv: list[str]) -> None:
+    out, mode = argv[0], argv[1]
     fp32_only()
     model = build(mode)
     ctx = ht.init(
@@ -181,4 +181,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

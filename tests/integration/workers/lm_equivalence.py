@@ -38,8 +38,8 @@ def dataset() -> CausalLMSamples:
     return CausalLMSamples(SyntheticText(480, SEQ_LEN, 256, seed=3))
 
 
-def main() -> None:
-    out, mode = sys.argv[1], sys.argv[2]
+def main(argv: list[str]) -> None:
+    out, mode = argv[0], argv[1]
     ctx = ht.init("equal", rebalance_interval=4, warmup_steps=0)
     # Small buckets: several all-reduces per backward, so a failure mid-backward
     # leaves some buckets sent and some not.
@@ -83,4 +83,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -37,8 +37,8 @@ class Indexed(Dataset[tuple[torch.Tensor, torch.Tensor, int, int]]):
         return torch.randn(4, generator=g), torch.tensor(i % 3), i, info.num_workers if info else 0
 
 
-def main() -> None:
-    prefix, scale = sys.argv[1], sys.argv[2] == "1"
+def main(argv: list[str]) -> None:
+    prefix, scale = argv[0], argv[1] == "1"
     torch.manual_seed(0)
     ctx = ht.init("equal", rebalance_interval=3, warmup_steps=0)
     model = ctx.wrap(nn.Linear(4, 3))
@@ -65,4 +65,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -22,8 +22,8 @@ def group_threads() -> list[str]:
     return sorted(n for n in names if n.startswith(GROUP_THREADS))
 
 
-def main() -> int:
-    which, argv = sys.argv[1], sys.argv[2:]
+def main(argv: list[str]) -> int:
+    which, argv = argv[0], argv[1:]
     if which == "train":
         from hetero.trainer.cli import main as run
     else:
@@ -37,4 +37,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -63,9 +63,9 @@ class SlowItems(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return self.inner[i]
 
 
-def main() -> None:
-    prefix = sys.argv[1]
-    where = sys.argv[2] if len(sys.argv) > 2 else "backward"
+def main(argv: list[str]) -> None:
+    prefix = argv[0]
+    where = argv[1] if len(argv) > 1 else "backward"
     torch.manual_seed(0)
     ctx = ht.init("equal", rebalance_interval=10, warmup_steps=2)
     slow = ctx.rank == 1
@@ -91,4 +91,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
