@@ -3,14 +3,21 @@
 Each step every rank draws a noisy busy time for its batch; the step's wall
 time is the slowest rank's busy time plus the all-reduce cost (``comm_s``). At
 the end of every ``rebalance_every`` steps each rank's ``RankInterval`` holds
-its batch, the steps, the mean busy seconds per step (``compute_s``; the
-simulated workers have no separate input or optimizer phase), the mean wall
+its batch, the steps, the median busy seconds per step (``compute_s``, as the
+trainer takes it: an interval a change of speed cuts in two reports the
+speed of its larger part; the simulated workers have no separate input or
+optimizer phase), the mean wall
 seconds per step (``step_s``) and, for a rank whose batch just changed, what
 the change cost it (``switch_s``: the worker's cost of a new or of a warm
 size, paid once in the interval's first step, as the trainer measures it);
 the interval is appended to the history, the straggler detector reads it, and
 the policy's plan applies from the next step, with the steps left in the run
-as the policy's horizon. A scenario may add interval-level noise, a shared
+as the policy's horizon. A decision that asks for a re-check
+(``Decision.recheck_steps``) is answered as the trainer does: the next
+interval's first that many steps are measured as an interval of their own,
+the policy is asked again, and the rest of the interval runs on its answer (a
+second switch paid if it moved; the re-check's interval leaves the history
+again if it did not, so no steps count twice). A scenario may add interval-level noise, a shared
 host's load: per interval, each rank's times scaled by its own factor and all
 ranks' by one shared factor (noise, not a change of speed: the noise-free
 yardsticks leave it out). ``Constraints.comm_s`` is re-estimated from the
