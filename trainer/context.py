@@ -64,9 +64,9 @@ from hetero.trainer.gradients import WeightingState
 from hetero.trainer.loader import HeteroLoader
 from hetero.trainer.metrics import MetricsWriter
 from hetero.trainer.progress import ProgressFile
-from hetero.trainer.rebalance import IntervalTotals, PlanRecord, rebalance
+from hetero.trainer.rebalance import IntervalTotals, PlanRecord, rebalance, recheck
 from hetero.trainer.sampler import UnevenBatchSampler
-from hetero.trainer.timing import PhaseHooks, StepClock
+from hetero.trainer.timing import PhaseHooks, StepClock, StepTimes
 from hetero.trainer.workerscale import WorkerShare
 
 __all__ = ["Context", "HeteroLoader", "PlanRecord", "TrainerConfig"]
@@ -131,6 +131,10 @@ class Context:
         self._batch_switched = False  # whether that size replaced another (a plan change)
         self._last_loss: torch.Tensor | None = None
         self._interval = IntervalTotals()
+        #: The step at which to re-check a move within the interval (``rebalance.recheck``)
+        #: and the steps that re-check resolved, kept for the boundary's summary.
+        self._recheck_at: int | None = None
+        self._early_times: list[StepTimes] = []
         #: Each rank alone at its batch (``measure_ideal``), for the ideal and the gap breakdown.
         self.solo: list[Solo] | None = None
         #: Rank 0: one record per :meth:`evaluate` (``step``, ``metrics``), oldest first.
@@ -321,6 +325,8 @@ class Context:
         self.progress.beat()
         if replan.is_boundary(self.global_step, self.config.rebalance_interval):
             rebalance(self)
+        elif self.global_step == self._recheck_at:
+            recheck(self)
 
     def probe_memory(
         self,

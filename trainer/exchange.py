@@ -166,8 +166,10 @@ def all_gather_summaries(
     return [RankSummary.from_vector(r, t.tolist()) for r, t in enumerate(gathered)]
 
 
-#: ``(changed, version, apply_at_step, plan)``: rank 0's plan decision at a boundary.
-PlanDecision = tuple[bool, int, int, tuple[int, ...]]
+#: ``(changed, version, apply_at_step, plan, recheck_steps)``: rank 0's plan decision at a
+#: boundary; ``recheck_steps`` (0: none) settled steps of the new plan after which the
+#: ranks exchange again within the interval (``Decision.recheck_steps``).
+PlanDecision = tuple[bool, int, int, tuple[int, ...], int]
 
 
 def broadcast_plan(
@@ -175,18 +177,19 @@ def broadcast_plan(
     comm: str | None,
     world_size: int,
     device: torch.device,
-) -> tuple[bool, int, int, tuple[int, ...], str]:
-    """Rank 0's ``(changed, version, apply_at_step, plan)`` and comm mode on every rank
-    (``decision`` and ``comm`` are read on rank 0 only)."""
+) -> tuple[bool, int, int, tuple[int, ...], int, str]:
+    """Rank 0's ``(changed, version, apply_at_step, plan, recheck_steps)`` and comm mode
+    on every rank (``decision`` and ``comm`` are read on rank 0 only)."""
     if world_size == 1:
         assert decision is not None and comm is not None
         return (*decision, comm)
-    buf = torch.zeros(4 + world_size, dtype=torch.int64, device=device)
+    buf = torch.zeros(5 + world_size, dtype=torch.int64, device=device)
     if decision is not None and comm is not None:
-        changed, version, apply_at, plan = decision
+        changed, version, apply_at, plan, recheck = decision
         buf[0], buf[1], buf[2], buf[3] = int(changed), version, apply_at, mode_code(comm)
-        buf[4:] = torch.tensor(plan, dtype=torch.int64)
+        buf[4] = recheck
+        buf[5:] = torch.tensor(plan, dtype=torch.int64)
     dist.broadcast(buf, src=0)
     v = buf.tolist()
-    plan_ = tuple(int(b) for b in v[4:])
-    return bool(v[0]), int(v[1]), int(v[2]), plan_, mode_of(int(v[3]))
+    plan_ = tuple(int(b) for b in v[5:])
+    return bool(v[0]), int(v[1]), int(v[2]), plan_, int(v[4]), mode_of(int(v[3]))

@@ -24,6 +24,7 @@ from hetero.core import replan
 from hetero.core.errors import DistributedError
 from hetero.trainer.commsched import AUTO, CommRecord
 from hetero.trainer.exchange import (
+    EmbeddedPlanner,
     PlanDecision,
     RankSummary,
     all_gather_summaries,
@@ -65,7 +66,8 @@ def rebalance(ctx: Context) -> None:
     """At a boundary, on every rank: exchange the interval's summaries, schedule the plan
     rank 0 decided, write this rank's metrics record, and start the next interval."""
     loader = ctx._require_loader()
-    times = ctx.clock.resolve()
+    times = ctx._early_times + ctx.clock.resolve()
+    ctx._early_times, ctx._recheck_at = [], None
     if _DEBUG_TIMING:
         for t in times:
             print(f"rank {ctx.rank} step timing {t}", file=sys.stderr, flush=True)
@@ -90,7 +92,7 @@ def rebalance(ctx: Context) -> None:
         decision, reason, settled = decide(ctx, current, depth)
         comm, comm_reason = next_comm(ctx, summaries, decision[0], settled)
     try:
-        changed, version, apply_at, plan, comm = broadcast_plan(
+        changed, version, apply_at, plan, recheck, comm = broadcast_plan(
             decision, comm or None, ctx.world_size, ctx.device
         )
     except RuntimeError as exc:
@@ -98,6 +100,9 @@ def rebalance(ctx: Context) -> None:
     if changed:
         loader.sampler.set_plan(plan, apply_at)
         ctx.plans.append(PlanRecord(version, apply_at, plan, reason))
+        at = apply_at + ctx.config.settle_steps + recheck
+        if recheck > 0 and at < ctx.global_step + ctx.config.rebalance_interval:
+            ctx._recheck_at = at
     if ctx.comm_mode is not None and comm != ran:
         ctx.weighting.mode = comm
         ctx.comm_changes.append(CommRecord(ctx.global_step, comm, comm_reason))
@@ -117,7 +122,53 @@ def rebalance(ctx: Context) -> None:
     ctx.clock.restart()
 
 
-def summarize(ctx: Context, times: list[StepTimes]) -> RankSummary:
+def recheck(ctx: Context) -> None:
+    """Within an interval, on every rank: the planner asked to see its move at once
+    (``Decision.recheck_steps``, a move on one interval of a rank's new speed). Exchange
+    the settled steps of the new plan so far, let rank 0 decide again, schedule its
+    answer; no metrics record (the boundary writes the interval's). The steps stay for
+    the boundary's summary; so that they count once, the re-check's interval stays in
+    the history only if the plan moved (the boundary then measures the new plan)."""
+    loader = ctx._require_loader()
+    ctx._early_times.extend(ctx.clock.resolve())
+    ctx._recheck_at = None
+    mine = summarize(ctx, ctx._early_times, reset_peak=False)
+    try:
+        summaries = all_gather_summaries(mine, ctx.world_size, ctx.device)
+    except RuntimeError as exc:
+        raise DistributedError(f"stats exchange at step {ctx.global_step} failed: {exc}") from None
+    planned = all(s.steps > 0 for s in summaries) and (
+        ctx.comm_choice != AUTO or ctx.comm_mode != OVERLAP
+    )
+    if planned:
+        ctx.history.append(tuple(s.to_interval() for s in summaries))
+    decision: PlanDecision | None = None
+    reason = ""
+    if ctx.rank == 0:
+        depth = max(s.lookahead for s in summaries)
+        decision, reason, _ = decide(ctx, ctx.plan, depth) if planned else _keep(ctx)
+        decision = (*decision[:4], 0)  # one re-check per move on a new speed
+    try:
+        changed, version, apply_at, plan, _, _ = broadcast_plan(
+            decision, ctx.comm_mode or DEFERRED, ctx.world_size, ctx.device
+        )
+    except RuntimeError as exc:
+        raise DistributedError(f"plan broadcast at step {ctx.global_step} failed: {exc}") from None
+    if changed:
+        loader.sampler.set_plan(plan, apply_at)
+        ctx.plans.append(PlanRecord(version, apply_at, plan, f"re-check: {reason}"))
+        log.info("step %d: re-check moved the plan to %s (%s)", ctx.global_step, plan, reason)
+    elif planned:
+        ctx.history.pop()
+    ctx.clock.restart()
+
+
+def _keep(ctx: Context) -> tuple[PlanDecision, str, bool]:
+    version = ctx.plans[-1].version
+    return (False, version, ctx.global_step, ctx.plan, 0), "nothing to re-check", True
+
+
+def summarize(ctx: Context, times: list[StepTimes], *, reset_peak: bool = True) -> RankSummary:
     """This rank's interval: steps at the current batch, after it has settled.
 
     The first ``settle_steps`` steps at a new batch size are left out: new
@@ -126,7 +177,9 @@ def summarize(ctx: Context, times: list[StepTimes]) -> RankSummary:
     change. What they cost beyond the settled steps is the rank's switching
     cost (``switch_s``), which the balancer weighs against a plan change's
     gain. Compute and step time are medians, robust to a stray slow step
-    (a page fault, a collector pause); phases are means.
+    (a page fault, a collector pause); phases are means. ``reset_peak``: start the
+    next peak-memory measurement (not at a re-check, whose steps the boundary's
+    summary counts again).
     """
     valid = [t for t in times if t.step >= ctx.stats_from_step]
     current = ctx._step_sizes[ctx.rank]
@@ -146,7 +199,8 @@ def summarize(ctx: Context, times: list[StepTimes]) -> RankSummary:
     loss_sum = float(ctx._interval.loss_sum.item()) if ctx._interval.loss_sum is not None else 0.0
     if ctx.device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(ctx.device)
-        torch.cuda.reset_peak_memory_stats(ctx.device)
+        if reset_peak:
+            torch.cuda.reset_peak_memory_stats(ctx.device)
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return RankSummary(
@@ -221,13 +275,17 @@ def decide(ctx: Context, current: tuple[int, ...], depth: int) -> tuple[PlanDeci
     lookahead)."""
     version = ctx.plans[-1].version
     if not ctx.history or ctx.planner is None:
-        return (False, version, ctx.global_step, current), "no complete interval yet", True
+        return (False, version, ctx.global_step, current, 0), "no complete interval yet", True
     horizon = replan.horizon(ctx.config.rebalance_interval, ctx.global_step, ctx.total_steps)
     try:
         d = ctx.planner.decide(tuple(ctx.history), current, horizon)
     except Exception as exc:  # the control plane must never stop training
         log.warning("planner failed at step %d, keeping the plan: %s", ctx.global_step, exc)
-        return (False, version, ctx.global_step, current), f"planner failed: {exc}", True
+        return (False, version, ctx.global_step, current, 0), f"planner failed: {exc}", True
     if not d.changed or tuple(d.batches) == current:
-        return (False, version, ctx.global_step, current), d.reason, d.settled
-    return (True, version + 1, ctx.global_step + depth, tuple(d.batches)), d.reason, False
+        return (False, version, ctx.global_step, current, 0), d.reason, d.settled
+    apply_at = ctx.global_step + depth
+    # Only the embedded planner re-checks: a coordinator's plans follow its own reports,
+    # one per boundary.
+    again = d.recheck_steps if isinstance(ctx.planner, EmbeddedPlanner) else 0
+    return (True, version + 1, apply_at, tuple(d.batches), again), d.reason, False

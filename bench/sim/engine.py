@@ -3,14 +3,21 @@
 Each step every rank draws a noisy busy time for its batch; the step's wall
 time is the slowest rank's busy time plus the all-reduce cost (``comm_s``). At
 the end of every ``rebalance_every`` steps each rank's ``RankInterval`` holds
-its batch, the steps, the mean busy seconds per step (``compute_s``; the
-simulated workers have no separate input or optimizer phase), the mean wall
+its batch, the steps, the median busy seconds per step (``compute_s``, as the
+trainer takes it: an interval a change of speed cuts in two reports the
+speed of its larger part; the simulated workers have no separate input or
+optimizer phase), the mean wall
 seconds per step (``step_s``) and, for a rank whose batch just changed, what
 the change cost it (``switch_s``: the worker's cost of a new or of a warm
 size, paid once in the interval's first step, as the trainer measures it);
 the interval is appended to the history, the straggler detector reads it, and
 the policy's plan applies from the next step, with the steps left in the run
-as the policy's horizon. A scenario may add interval-level noise, a shared
+as the policy's horizon. A decision that asks for a re-check
+(``Decision.recheck_steps``) is answered as the trainer does: the next
+interval's first that many steps are measured as an interval of their own,
+the policy is asked again, and the rest of the interval runs on its answer (a
+second switch paid if it moved; the re-check's interval leaves the history
+again if it did not, so no steps count twice). A scenario may add interval-level noise, a shared
 host's load: per interval, each rank's times scaled by its own factor and all
 ranks' by one shared factor (noise, not a change of speed: the noise-free
 yardsticks leave it out). ``Constraints.comm_s`` is re-estimated from the
@@ -46,6 +53,8 @@ from hetero.bench.sim.cluster import (
 from hetero.bench.sim.scenario import Scenario
 from hetero.core.balancer import (
     Batches,
+    Constraints,
+    Decision,
     Horizon,
     Policy,
     RankInterval,
@@ -87,7 +96,10 @@ class IntervalRecord:
     ``true_ratios``: each rank's noise-free per-sample time over the other
     ranks' median; ``flagged``: ranks the detector flagged after this interval.
     ``ordered``: no rank that is truly slower (by more than ``ORDER_MARGIN`` at
-    the mean batch) holds as many samples as a faster one.
+    the mean batch) holds as many samples as a faster one (of the plan the
+    interval ended on). ``batches`` is the plan the interval started with;
+    ``rechecked``, the plan a re-check within the interval moved to (None if
+    none did).
     """
 
     index: int
@@ -105,6 +117,7 @@ class IntervalRecord:
     switch_s: float = 0.0
     ordered: bool = True
     comm: str = ""
+    rechecked: Batches | None = None
 
     @property
     def pct_of_ideal(self) -> float:
@@ -148,28 +161,49 @@ def simulate(
     shared = random.Random(f"hetero-sim-shared:{scenario.seed}")
     step = 0
     mode = ""
+    recheck = 0
     while step < scenario.steps:
         n = min(scenario.rebalance_every, scenario.steps - step)
         load = lognormal_factor(shared, scenario.shared_noise_cv)
         factors = tuple(load * w.interval_factor(scenario.interval_noise_cv) for w in workers)
         switches = _switches(workers, before, plan, ran)
-        interval = _run_interval(scenario, workers, plan, step, n, switches, factors)
+        started = plan
+        if 0 < recheck < n and mode != OVERLAP:
+            # The policy asked to see its move within the interval: measure the first
+            # steps, ask again, and run the rest of the interval on its answer.
+            head = _run_interval(scenario, workers, plan, step, recheck, switches, factors)
+            history.append(head.measured)
+            constraints = replace(base, comm_s=estimate_comm_s(history))
+            horizon = Horizon(scenario.rebalance_every, scenario.steps - step - recheck)
+            second = policy.next_plan(history, plan, constraints, profiles, horizon)
+            _check(policy, constraints, second)
+            for r, b in enumerate(plan):
+                ran[r].add(b)
+            if second.changed and second.batches != plan:
+                plan = second.batches
+                switches = _switches(workers, started, plan, ran)
+            else:
+                history.pop()  # the rest of the interval measures the same plan
+                switches = (None,) * len(workers)
+            tail = _run_interval(
+                scenario, workers, plan, step + recheck, n - recheck, switches, factors
+            )
+            interval = _joined(head, tail)
+        else:
+            interval = _run_interval(scenario, workers, plan, step, n, switches, factors)
         if mode != OVERLAP:
             history.append(interval.measured)
         flagged = tuple(e.rank for e in detector.detect(history))
         constraints = replace(base, comm_s=estimate_comm_s(history))
         horizon = Horizon(scenario.rebalance_every, scenario.steps - step - n)
         decision = policy.next_plan(history, plan, constraints, profiles, horizon)
-        try:
-            constraints.check(decision.batches)
-        except PlanError as exc:
-            raise PlanError(f"policy {policy.name} returned an invalid plan: {exc}") from exc
+        _check(policy, constraints, decision)
         records.append(
             IntervalRecord(
                 index=len(records),
                 start_step=step,
                 steps=n,
-                batches=plan,
+                batches=started,
                 plan_s=interval.plan_s,
                 ideal_s=interval.ideal_s,
                 best_s=interval.best_s,
@@ -181,6 +215,7 @@ def simulate(
                 switch_s=interval.switch_s,
                 ordered=interval.ordered,
                 comm=mode,
+                rechecked=plan if plan != started else None,
             )
         )
         if comm is not None:
@@ -188,9 +223,33 @@ def simulate(
             mode, _ = comm.next_mode(plan, wall, decision.changed, settled=decision.settled)
         for r, b in enumerate(plan):
             ran[r].add(b)
+        moved = decision.changed and decision.batches != plan
+        recheck = decision.recheck_steps if moved else 0
         before, plan = plan, decision.batches
         step += n
     return SimRun(scenario, policy.name, detector, tuple(records))
+
+
+def _check(policy: Policy, constraints: Constraints, decision: Decision) -> None:
+    try:
+        constraints.check(decision.batches)
+    except PlanError as exc:
+        raise PlanError(f"policy {policy.name} returned an invalid plan: {exc}") from exc
+
+
+def _joined(head: _Interval, tail: _Interval) -> _Interval:
+    """One interval from its two parts around a re-check: the yardsticks summed, the
+    measurements the tail's (the plan the interval ended on)."""
+    return _Interval(
+        tail.measured,
+        head.plan_s + tail.plan_s,
+        head.ideal_s + tail.ideal_s,
+        head.best_s + tail.best_s,
+        head.wall_s + tail.wall_s,
+        tail.true_ratios,
+        head.switch_s + tail.switch_s,
+        tail.ordered,
+    )
 
 
 def _switches(
@@ -279,7 +338,7 @@ def _run_interval(
             r,
             plan[r],
             steps,
-            compute[r] / steps,
+            statistics.median(samples[r]),
             wall / steps,
             switch_s=switches[r],
             busy_cv=_spread(samples[r]),

@@ -25,6 +25,13 @@ class Decision:
     intervals on something else (``comm="auto"``'s trial of overlap, whose
     intervals the planner never sees) waits for a settled plan, so the planner
     keeps its evidence while it still converges.
+
+    ``recheck_steps`` (0: none) asks the caller to run the new plan for that many
+    settled steps and ask again *within* the interval: a move made on one point of
+    a rank's new speed (``moves.first_move_bound``) is measured at the new plan at
+    once, so the second move, which those two levels size, lands in the same
+    interval instead of costing the next one its warm-up. A caller that cannot
+    re-plan inside an interval ignores it.
     """
 
     batches: Batches
@@ -33,6 +40,7 @@ class Decision:
     predicted_step_s: float | None = None
     models: tuple[StepModel, ...] = field(default=(), compare=False)
     settled: bool = field(default=True, compare=False)
+    recheck_steps: int = field(default=0, compare=False)
 
 
 class Policy(Protocol):

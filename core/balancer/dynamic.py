@@ -54,7 +54,9 @@ class Dynamic:
     is counted over against the switching cost, with ``switch_prior_steps``
     busy steps as the cost of a new batch size before one is measured
     (``payback.py``); ``grid``, the step of batch sizes (0: chosen per plan,
-    1: none; ``grid.py``).
+    1: none; ``grid.py``); ``recheck_steps``, the settled steps after a first
+    move on a rank's new speed at which the caller asks again within the interval
+    (``Decision.recheck_steps``; 0: never).
     """
 
     window: int = 8
@@ -70,6 +72,7 @@ class Dynamic:
     payback_intervals: int = 10
     switch_prior_steps: float = 1.0
     grid: int = 0
+    recheck_steps: int = 3
     name: str = "dynamic"
 
     def __post_init__(self) -> None:
@@ -105,6 +108,10 @@ class Dynamic:
             raise ConfigError(
                 f"{prefix}.payback_intervals must be >= 0, got {self.payback_intervals}"
             )
+        if self.recheck_steps < 0:
+            raise ConfigError(
+                f"{prefix}.recheck_steps must be >= 0 (0: never), got {self.recheck_steps}"
+            )
         if self.grid < 0:
             raise ConfigError(f"{prefix}.grid must be >= 0 (0: automatic), got {self.grid}")
 
@@ -118,6 +125,7 @@ class Dynamic:
             payback_intervals=self.payback_intervals,
             switch_prior_steps=self.switch_prior_steps,
             grid=self.grid,
+            recheck_steps=self.recheck_steps,
         )
 
     def initial(
@@ -161,6 +169,11 @@ class Dynamic:
         fits: list[RankFit | None] = []
         for rank in range(len(grid[-1])):
             points = [p for row in grid if (p := row[rank]) is not None]
+            spreads = [
+                iv[rank].busy_cv
+                for row, iv in zip(grid, recent, strict=True)
+                if row[rank] is not None
+            ]
             optimizer = sorted(
                 o for iv in recent if iv[rank].steps > 0 and (o := iv[rank].optimizer_s) is not None
             )
@@ -183,6 +196,7 @@ class Dynamic:
                     noise_prior=floors[len(floors) // 2] if floors else self.default_cv,
                     change_noise=change_noise[rank] if change_noise else None,
                     step_noise=floors[len(floors) // 2] if floors else None,
+                    spreads=spreads,
                 )
                 if points
                 else None

@@ -60,6 +60,7 @@ class MoveRules:
     payback_intervals: int
     switch_prior_steps: float
     grid: int
+    recheck_steps: int = 0
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,8 @@ def decide(
     changed_ranks = [r for r, f in enumerate(fits) if f.changed_at_newest]
     pending = [r for r, f in enumerate(fits) if f.pending]
     note = f"; speed change on rank(s) {changed_ranks}" if changed_ranks else ""
+    # A move on one point of a new speed is measured at once, within the interval.
+    recheck = rules.recheck_steps if changed_ranks else 0
     if pending:
         note += f"; rank(s) {pending} jumped, waiting for the next interval to confirm"
     models = first_move_bound(models, fits, current)
@@ -106,14 +109,22 @@ def decide(
         constraints.check(current)
     except PlanError as exc:
         reason = f"current plan invalid ({exc}){note}"
-        return Decision(proposed, True, reason, t_new, models, settled=False)
+        return Decision(proposed, True, reason, t_new, models, settled=False, recheck_steps=recheck)
     t_now = predict_step_s(models, current, comm_s=constraints.comm_s)
     inverted = order.violations(current, settled=True)
     if inverted and not order.violations(proposed):
         slower = ", ".join(f"{j} slower than {i}" for i, j in inverted)
         reason = f"order: rank {slower} held more samples{note}"
         moved = proposed != tuple(current)
-        return Decision(proposed, moved, reason, t_new, models, settled=not moved and not pending)
+        return Decision(
+            proposed,
+            moved,
+            reason,
+            t_new,
+            models,
+            settled=not moved and not pending,
+            recheck_steps=recheck if moved else 0,
+        )
 
     shapes = warm_shapes(history)
     busy_now = [m.time(b) for m, b in zip(models, current, strict=True)]
@@ -164,7 +175,9 @@ def decide(
             f"(gain {best.gain:.1%} > {best.threshold:.1%}; pays {best.cost_s * 1e3:.0f} ms "
             f"switch in {steps} steps){note}"
         )
-        return Decision(best.batches, True, reason, best.step_s, models, settled=False)
+        return Decision(
+            best.batches, True, reason, best.step_s, models, settled=False, recheck_steps=recheck
+        )
     top = max(candidates, key=lambda c: c.gain)
     # A real gain that does not pay for its switch stays unpaid while the horizon shrinks:
     # the plan is as settled as one within the noise.

@@ -81,6 +81,13 @@ CHANGE_SIGMAS = 3.0
 #: line's ``c`` to be used: known to 10% of the step, a wrong ``c`` mis-sizes a move by
 #: at most ~10% of the step even at twice the batches seen (the trust region's reach).
 MAX_FIXED_SE = 0.10
+#: Spread of an interval's own steps (``RankInterval.busy_cv``) from which the interval
+#: that began a regime is taken to straddle the change, when it is also ``STRADDLE_RATIO``
+#: times the rank's typical spread: its median mixes the two speeds, so it dates the
+#: change but is no level of the new regime. On 2x H100 the interval into which a matmul
+#: neighbour arrived spread by 21% and 56% against at most 5% for every other interval.
+STRADDLE_SPREAD = 0.10
+STRADDLE_RATIO = 3.0
 #: The same bound for a regime that began with a change of speed, where the fallback is
 #: the earlier regime's fixed cost: two levels of the new regime that know ``c`` to a
 #: quarter of the step know it better than a regime the change may have made wrong.
@@ -187,6 +194,7 @@ def fit_rank(
     noise_prior: float | None = None,
     change_noise: float | None = None,
     step_noise: float | None = None,
+    spreads: Sequence[float | None] | None = None,
 ) -> RankFit:
     """Fit one rank's step model from its points, oldest first (see the module doc).
 
@@ -201,6 +209,10 @@ def fit_rank(
     smooth to judge one interval by); ``step_noise``, the noise of one interval's
     time implied by the spread of its own steps, which marks a rank as noisy even
     where a few calm intervals measured less (one interval's jump waits for the next).
+    ``spreads``: each point's spread of its own steps (``RankInterval.busy_cv``),
+    aligned with ``points``; a regime's first point that spread far more than the
+    rank's others straddled the change and is left out once later points measure
+    the new speed (``STRADDLE_SPREAD``).
     """
     if not points:
         raise ValueError("fit_rank needs at least one point")
@@ -218,6 +230,9 @@ def fit_rank(
     if pending:
         # Too noisy to call one interval a change: hold it back until the next confirms it.
         regime = Regime(regime.starts[:-1], (*regime.outliers, n - 1))
+    straddled = _straddled(regime, spreads, n)
+    if straddled:
+        regime = Regime(regime.starts, tuple(sorted({*regime.outliers, *straddled})))
     current = regime.members(-1, n)
     fixed_s: float | None = None
     fixed_from = "none"
@@ -263,6 +278,18 @@ def fit_rank(
     batches = [points[i][0] for i in current]
     seen = (min(batches), max(batches))
     return RankFit(StepModel(a, c), regime, n, fixed_from, cv, n_eff, noise, seen, pending)
+
+
+def _straddled(regime: Regime, spreads: Sequence[float | None] | None, n: int) -> list[int]:
+    """The regimes' first points (not the newest) whose steps spread by more than
+    ``STRADDLE_SPREAD`` and ``STRADDLE_RATIO`` times the rank's median spread."""
+    if spreads is None or len(spreads) != n:
+        return []
+    known = [v for v in spreads if v is not None]
+    if not known:
+        return []
+    bar = max(STRADDLE_SPREAD, STRADDLE_RATIO * _median(known))
+    return [k for k in regime.starts[1:] if k < n - 1 and (v := spreads[k]) is not None and v > bar]
 
 
 def _n_eff(weights: Sequence[float]) -> float:

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 #: The exact modes of equivalence.py on 3 CPU ranks. SyncBatchNorm needs CUDA ranks:
 #: tests/gpu/test_batchnorm_gpus.py (make test-gpu).
-EXACT = ["scripted", "overlap", "deferred", "dynamic", "workers", "plainbackward"]
+EXACT = ["scripted", "overlap", "deferred", "dynamic", "workers", "plainbackward", "recheck"]
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,13 @@ def test_uneven_ddp_equals_single_process_over_the_global_batch(three_ranks: Pat
     # Every step's batches summed to the global batch, and were really uneven.
     assert all(sum(s) == 24 for s in zip(*sizes, strict=True))
     assert any(len(set(s)) > 1 for s in zip(*sizes, strict=True))
-    if mode not in ("dynamic", "workers"):
+    if mode == "recheck":
+        # Equal to the boundary at step 3, the first move for two steps, the re-check's
+        # move from step 5 (one settling step, one measured, then the exchange).
+        assert sizes[0] == [8] * 3 + [14] * 2 + [2] * 7, sizes[0]
+        assert sizes[2] == [8] * 3 + [3] * 2 + [17] * 7, sizes[2]
+        assert got["plans"] == [(8, 8, 8), (14, 7, 3), (2, 5, 17)], got["plans"]
+    elif mode not in ("dynamic", "workers"):
         assert sizes[0][:5] == [14] * 5 and sizes[2][5:9] == [17] * 4 and sizes[1][9:] == [22] * 3
     else:
         # The emulated 8x-slow rank 2 was given less than an equal share at the end.

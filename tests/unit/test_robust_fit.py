@@ -99,3 +99,32 @@ def test_two_levels_of_a_new_regime_measure_its_fixed_cost_where_the_old_one_can
     assert fit.regime.start == len(before)
     assert fit.fixed_from == "regime levels"
     assert fit.model.fixed_s == pytest.approx(0.0477, rel=0.02)
+
+
+def test_an_interval_that_straddles_a_change_dates_it_but_is_no_level_of_the_new_regime() -> None:
+    # 2x H100: a neighbour arrived half-way through an interval at 256 samples; its
+    # median was 105 ms (steps spread by 56%) against 148 ms at the new speed. Taken
+    # as a level, it and the next point gave a line with a fixed cost near the whole
+    # step and the plan overshot.
+    before = affine(0.00023, 0.0065, [256] * 6)
+    straddle = [(256, 0.105)]
+    after = affine(0.000555, 0.0074, [194])
+    points = before + straddle + after
+    spreads = [0.001] * len(before) + [0.56, 0.004]
+    fit = fit_rank(points, spreads=spreads)
+    assert fit.regime.start == len(before)  # the change is dated to the straddling interval
+    assert len(before) in fit.regime.outliers
+    assert fit.model.time(194) == pytest.approx(0.000555 * 194 + 0.0074, rel=1e-6)
+    assert fit.model.fixed_s < 0.02
+    # Without the steps' spread the straddling point counts as a level of the new speed.
+    blind = fit_rank(points)
+    assert len(before) not in blind.regime.outliers
+
+
+def test_a_first_point_of_a_new_regime_with_calm_steps_stays_a_level() -> None:
+    before = affine(0.00023, 0.0065, [256] * 6)
+    after = affine(0.000555, 0.0074, [256, 194])
+    spreads = [0.001] * len(before) + [0.01, 0.004]
+    fit = fit_rank(before + after, spreads=spreads)
+    assert fit.regime.start == len(before) and not fit.regime.outliers
+    assert fit.model.fixed_s == pytest.approx(0.0074, rel=1e-3)

@@ -6,7 +6,12 @@ at 256 samples goes from 65 to 115 ms), so one interval at the new speed
 cannot tell the planner how far to move. On the GPUs the first plan after the
 neighbour left was 364/148 -> 170/342 (256/256 was right): the neighbour's
 fixed cost, carried into the freed GPU's fit, made it look nearly free per
-sample. Every run here is seeded and bit-for-bit reproducible.
+sample. ``h100-neighbour-rerun`` is the re-run of 2026-11-27 on the same
+hardware, calibrated from its intervals: the neighbour scales mostly the
+per-sample cost, its effect begins half-way through the interval of steps
+100-109 and ends when its queued work drains, near step 220; the rules before
+the re-check reproduce that run's moves (316/196 -> 346/166 -> 362/150 on the
+GPUs). Every run here is seeded and bit-for-bit reproducible.
 """
 
 from __future__ import annotations
@@ -27,12 +32,27 @@ ARRIVES, LEAVES = 100, 200
 SEEDS = range(20)
 
 
+RERUN = "h100-neighbour-rerun"
+
+
 @cache
-def simulated(scenario: str, seed: int | None = None, interval_noise: float = 0.0) -> SimRun:
+def simulated(
+    scenario: str, seed: int | None = None, interval_noise: float = 0.0, recheck: int = 3
+) -> SimRun:
     sc = load_scenario(scenario)
     if seed is not None:
         sc = dataclasses.replace(sc, seed=seed, interval_noise_cv=interval_noise)
-    return run_sim(sc, make_policy("dynamic"))
+    return run_sim(sc, make_policy("dynamic", recheck_steps=recheck))
+
+
+def adaptations(run: SimRun) -> list[int | None]:
+    """Per change, as hetero-bench counts it on GPUs: intervals from the one containing
+    the change until the throughput, warm-up of every move included, holds within 5% of
+    the new phase's steady value for two intervals in a row."""
+    steps = [r.start_step + r.steps for r in run.intervals]
+    rates = [r.steps * run.scenario.global_batch / r.plan_s for r in run.intervals]
+    changes = [(c, "change") for c in run.scenario.change_steps]
+    return [adaptation_intervals(rates, p) for p in phases(steps, changes)[1:]]
 
 
 def _first_plan_after(run: SimRun, step: int) -> tuple[int, ...]:
@@ -95,3 +115,46 @@ def test_comm_auto_leaves_the_planner_most_of_its_intervals_at_3_percent_noise()
         run = run_sim(sc, make_policy("dynamic"), comm=AutoComm())
         withheld.append(sum(r.comm == OVERLAP for r in run.intervals) / len(run.intervals))
     assert sum(withheld) / len(withheld) <= 0.25, withheld
+
+
+def test_throughput_is_within_5_percent_two_intervals_after_each_change() -> None:
+    # The issue's target for gpu-neighbour-dynamic, on both calibrations. The first move
+    # after the arrival goes to sizes never run (its warm-up costs that interval more
+    # than 5%), so the move that the first one's measurement sizes must land in the same
+    # interval: the re-check, three settled steps into it.
+    for scenario in (SCENARIO, RERUN):
+        run = simulated(scenario)
+        assert all(n is not None and n <= 2 for n in adaptations(run)), (
+            scenario,
+            adaptations(run),
+            [(r.batches, r.rechecked) for r in run.intervals],
+        )
+
+
+def test_without_the_recheck_the_arrival_takes_a_third_interval() -> None:
+    # The second move then waits for the boundary and pays its warm-up in the interval
+    # after: 3 intervals on both calibrations (4 on the GPUs, whose straddling interval
+    # also counted as a level of the new speed).
+    for scenario in (SCENARIO, RERUN):
+        assert adaptations(simulated(scenario, recheck=0))[0] == 3
+
+
+def test_the_recheck_lands_within_2_percent_of_the_oracle_in_the_interval_of_the_first_move() -> (
+    None
+):
+    run = simulated(RERUN)
+    first = next(r for r in run.intervals if r.start_step > ARRIVES)
+    assert first.batches != run.intervals[first.index - 1].batches  # the first move
+    assert first.rechecked is not None
+    after = run.intervals[first.index + 1]
+    assert after.batches == first.rechecked and not after.switch_s
+    assert after.best_s / after.plan_s >= 0.98, (first.batches, first.rechecked)
+
+
+def test_at_1_percent_interval_noise_nine_seeds_in_ten_meet_the_target() -> None:
+    for scenario in (SCENARIO, RERUN):
+        met = [
+            all(n is not None and n <= 2 for n in adaptations(simulated(scenario, s, 0.01)))
+            for s in range(10)
+        ]
+        assert sum(met) >= 9, (scenario, met)

@@ -8,6 +8,8 @@ Usage: equivalence.py OUT_PATH MODE
   dynamic        the dynamic policy, rank 2 emulated 8x slower (a gain no CPU noise hides)
   workers        dynamic, through a DataLoader with 2 worker processes (prefetching)
   plainbackward  scripted, but the loop calls loss.backward() itself
+  recheck        a policy that moves at the first boundary and asks for a re-check after
+                 one settled step, and moves again there, within the interval
   syncbn         scripted, with BatchNorm converted to SyncBatchNorm (CUDA ranks)
   bn             scripted, with BatchNorm left per rank (statistics over each rank's batch)
   shard-full     scripted, sharded with FSDP2 (shard=full: parameters re-gathered in backward)
@@ -29,7 +31,9 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from hetero import trainer as ht
+from hetero.core.balancer import Decision, equal_batches
 from hetero.trainer.datasets import SyntheticImages
+from hetero.trainer.exchange import EmbeddedPlanner
 from hetero.trainer.models.vision import DebugNet
 
 STEPS = 12
@@ -41,6 +45,25 @@ PLANS = {
     3: (((14, 7, 3), 0), ((2, 5, 17), 5), ((1, 22, 1), 9)),
     2: (((17, 7), 0), ((5, 19), 5), ((22, 2), 9)),
 }
+
+
+class Rechecking:
+    """A policy that asks for a re-check (``Decision.recheck_steps``): from the first
+    boundary (step 3) the first scripted plan, re-checked one settled step after it
+    applies (step 5), and there the second; then it keeps the plan."""
+
+    name = "rechecking"
+
+    def initial(self, constraints, profiles=None):  # type: ignore[no-untyped-def]
+        return equal_batches(constraints)
+
+    def next_plan(self, history, current, constraints, profiles=None, horizon=None):  # type: ignore[no-untyped-def]
+        (first, _), (second, _) = PLANS[len(current)][:2]
+        if len(history) == 1:
+            return Decision(first, True, "first move", recheck_steps=1)
+        if len(history) == 2:
+            return Decision(second, True, "second move")
+        return Decision(tuple(current), False, "kept")
 
 
 class ItemsOnly(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -140,7 +163,10 @@ def main(argv: list[str]) -> None:
         loader = ctx.loader(ItemsOnly(data), GLOBAL_BATCH, seed=5, num_workers=2)
     else:
         loader = ctx.loader(data, GLOBAL_BATCH, seed=5)
-    if mode not in DYNAMIC:
+    if mode == "recheck":
+        assert isinstance(ctx.planner, EmbeddedPlanner)
+        ctx.planner = EmbeddedPlanner(Rechecking(), ctx.planner.constraints)
+    elif mode not in DYNAMIC:
         # Identical calls on every rank: uneven from the start, changed mid-run twice.
         for plan, step in PLANS[ctx.world_size]:
             ctx.set_plan(plan, step)
