@@ -1,0 +1,210 @@
+"""Leaving a rank out of a job: when the coordinator does it, and what the job keeps.
+
+A job whose spec allows it (``resources.allow_exclusion``: on by default for
+built-in jobs, off for ``command:`` jobs) may run without one rank when
+``hetero.core.balancer.exclusion``'s rule forecasts it faster so, the global
+batch unchanged (the others take the rank's samples, so the gradient and the
+learning rate mean what they did). The coordinator acts at three moments:
+
+- **first start**: from the placement's hardware profiles (``at_start``); only
+  a rank so slow that its ``min_batch`` holds the others back is left out;
+- **a running job**: when the measured forecast has said so for the newest
+  ``ExclusionRule.consecutive`` intervals and the job has a checkpoint directory, it is
+  restarted from its checkpoint without the rank (``measured``; the restart
+  uses none of its ``max_restarts``);
+- **a restart after a failure**: the same measured rule over the attempt that
+  just ended.
+
+At most one rank is ever left out of a job (``MAX_EXCLUDED``), and never its last.
+What is left out is what made the rank slow: its emulated factor when the spec
+gave it one (the device stays: several ranks may share a CPU device), else its
+device, which then gets no rank of the job at any later placement. Every
+decision is an event with the forecast's numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hetero.coordinator import lifecycle
+from hetero.coordinator.models import JobRow, RankRow
+from hetero.coordinator.placement import DeviceSlot, Placement, RankSlot, profiles
+from hetero.core.balancer import (
+    Constraints,
+    ExclusionForecast,
+    ExclusionRule,
+    History,
+    make_policy,
+)
+from hetero.core.jobspec import JobSpec
+
+#: Ranks the coordinator leaves out of one job, at most: a second one would rest on
+#: measurements of a placement that no longer exists.
+MAX_EXCLUDED = 1
+RULE = ExclusionRule()
+
+
+@dataclass(frozen=True)
+class Excluded:
+    """A rank left out: ``spec_rank`` indexes the spec's ranks (its ``emulate_slowdown``
+    entry is dropped); ``node_id``/``device_index`` name the device left out with it,
+    None when the rank's emulated factor was what made it slow."""
+
+    spec_rank: int
+    node_id: str | None = None
+    device_index: int | None = None
+
+
+def excluded_of(job: JobRow) -> tuple[Excluded, ...]:
+    """The ranks left out of ``job`` so far (its ``excluded`` column)."""
+    if not job.excluded:
+        return ()
+    return tuple(Excluded(**entry) for entry in json.loads(job.excluded))
+
+
+def may_exclude(spec: JobSpec, job: JobRow) -> bool:
+    """Whether ``job`` may lose a rank now: allowed, at least two ranks, none left out yet."""
+    return (
+        spec.resources.allow_exclusion
+        and job.world_size >= 2
+        and len(excluded_of(job)) < MAX_EXCLUDED
+    )
+
+
+def spec_ranks(spec: JobSpec, job: JobRow) -> list[int]:
+    """The spec rank behind each rank of the job's current attempt: the spec's ranks
+    less those left out, the first ``job.world_size`` of them (a restart on fewer
+    devices keeps the first ranks, ``recovery.replace_spec_ranks``)."""
+    gone = {e.spec_rank for e in excluded_of(job)}
+    return [r for r in range(spec.world_size) if r not in gone][: job.world_size]
+
+
+def spec_without(spec: JobSpec, excluded: Sequence[Excluded]) -> JobSpec:
+    """``spec`` less the excluded ranks: fewer ranks, their emulated factors dropped,
+    the same global batch (also when the file gave a per-rank ``batch_size``)."""
+    gone = {e.spec_rank for e in excluded}
+    if not gone:
+        return spec
+    keep = tuple(f for r, f in enumerate(spec.emulate_slowdown) if r not in gone)
+    return dataclasses.replace(
+        spec,
+        resources=dataclasses.replace(spec.resources, ranks=len(keep)),
+        options=spec.options.replace(global_batch=spec.global_batch, batch_size=None),
+        emulate_slowdown=keep,
+    )
+
+
+def devices_without(
+    devices: Sequence[DeviceSlot], excluded: Sequence[Excluded]
+) -> list[DeviceSlot]:
+    """The device slots a placement of the job may use: those left out are gone."""
+    gone = {(e.node_id, e.device_index) for e in excluded if e.node_id is not None}
+    return [d for d in devices if (d.node_id, d.index) not in gone]
+
+
+def record(job: JobRow, entry: Excluded) -> None:
+    entries = [dataclasses.asdict(e) for e in (*excluded_of(job), entry)]
+    job.excluded = json.dumps(entries)
+
+
+def _entry(spec_rank: int, factor: float, node_id: str, device_index: int) -> Excluded:
+    if factor != 1.0:  # the spec's emulation made it slow: the device stays usable
+        return Excluded(spec_rank)
+    return Excluded(spec_rank, node_id, device_index)
+
+
+def _describe(rank: int, node: str, device: str, slowdown: float) -> str:
+    emulated = f", emulated x{slowdown:g}" if slowdown != 1.0 else ""
+    return f"rank {rank} ({device} on {node}{emulated})"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A rank to leave out, why (``forecast``), and the event text (``message``)."""
+
+    entry: Excluded
+    forecast: ExclusionForecast
+    message: str
+
+
+def at_start(spec: JobSpec, placement: Placement) -> tuple[JobSpec, Placement, Decision | None]:
+    """The first placement of ``spec``, less its slowest rank when the profile forecast
+    says so (``ExclusionRule.from_profiles``); else unchanged, with no decision."""
+    if not spec.resources.allow_exclusion or len(placement.ranks) < 2:
+        return spec, placement, None
+    scores = [r.effective_score for r in placement.ranks]
+    constraints = Constraints(spec.global_batch, spec.world_size, spec.min_batch)
+    forecast = RULE.from_profiles(scores, constraints)
+    if forecast is None:
+        return spec, placement, None
+    slot = placement.ranks[forecast.rank]
+    entry = _entry(
+        forecast.rank, spec.emulate_slowdown[forecast.rank], slot.device.node_id, slot.device.index
+    )
+    smaller = spec_without(spec, [entry])
+    who = _describe(forecast.rank, slot.device.node_name, slot.device.name, slot.emulated_slowdown)
+    message = (
+        f"job {spec.name}: {who} left out at start, from hardware profiles "
+        f"(relative scores, no all-reduce counted): even min_batch {spec.min_batch} on it "
+        f"outlasts the others' step; {forecast.message}"
+    )
+    return (
+        smaller,
+        without_rank(smaller, placement, forecast.rank),
+        Decision(entry, forecast, message),
+    )
+
+
+def without_rank(spec: JobSpec, placement: Placement, rank: int) -> Placement:
+    """``placement`` with ``rank`` gone: the others renumbered, local ranks, backend and
+    rendezvous address recomputed, the proportional plan solved again for ``spec`` (its
+    ranks already one fewer)."""
+    kept = [r for r in placement.ranks if r.rank != rank]
+    local: dict[str, int] = {}
+    ranks = []
+    for new, old in enumerate(kept):
+        local_rank = local.get(old.device.node_id, 0)
+        local[old.device.node_id] = local_rank + 1
+        ranks.append(RankSlot(new, local_rank, old.device, old.emulated_slowdown))
+    cons = Constraints(spec.global_batch, len(ranks), spec.min_batch)
+    return Placement(
+        ranks=tuple(ranks),
+        backend="nccl" if all(r.device.kind == "cuda" for r in ranks) else "gloo",
+        master_addr=ranks[0].device.node_address,
+        master_port=placement.master_port,
+        plan=make_policy("proportional").initial(cons, profiles(ranks)),
+    )
+
+
+def measured(spec: JobSpec, job: JobRow, history: History) -> Decision | None:
+    """A rank of the current attempt to leave out, from the job's own intervals
+    (``ExclusionRule.measured``), or None. ``history``: the attempt's complete
+    intervals, oldest first, each in rank order."""
+    if not may_exclude(spec, job):
+        return None
+    ranks: list[RankRow] = sorted(job.ranks, key=lambda r: r.rank)
+    constraints = Constraints(job.global_batch, job.world_size, job.min_batch)
+    forecast = RULE.measured(history, constraints, kinds=[r.device_kind for r in ranks])
+    if forecast is None:
+        return None
+    row = ranks[forecast.rank]
+    spec_rank = spec_ranks(spec, job)[forecast.rank]
+    entry = _entry(spec_rank, spec.emulate_slowdown[spec_rank], row.node_id, row.device_index)
+    who = _describe(row.rank, row.node.name, row.device_name, row.emulated_slowdown)
+    emulated = " (emulated slowdown)" if any(r.emulated_slowdown != 1.0 for r in ranks) else ""
+    message = (
+        f"job {job.name}: {who} left out, from the job's measured step times{emulated} "
+        f"over its newest {RULE.consecutive} intervals: {forecast.message}"
+    )
+    return Decision(entry, forecast, message)
+
+
+def while_running(spec: JobSpec, job: JobRow, history: History) -> Decision | None:
+    """``measured`` for a RUNNING job that has a checkpoint directory to resume from
+    (without one, a restart would start the training over)."""
+    if job.state != lifecycle.RUNNING or spec.checkpoint is None:
+        return None
+    return measured(spec, job, history)
