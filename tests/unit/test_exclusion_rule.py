@@ -52,7 +52,8 @@ def test_a_slowdown_newer_than_the_agreeing_intervals_keeps_the_rank_for_now() -
     history = _history(4, slow=1.0, batches=(8, 8))
     history += [_interval((15, 1), slow=8.0)] * (CONSECUTIVE - 1)
     assert ExclusionRule().measured(history, Constraints(16, 2)) is None
-    history += [_interval((15, 1), slow=8.0)] * 4
+    assert ExclusionRule(consecutive=1).measured(history, Constraints(16, 2)) is not None
+    history.append(_interval((15, 1), slow=8.0))  # the CONSECUTIVE-th interval that agrees
     assert ExclusionRule().measured(history, Constraints(16, 2)) is not None
 
 
