@@ -17,9 +17,10 @@ learning rate mean what they did). The coordinator acts at three moments:
 
 At most one rank is ever left out of a job (``MAX_EXCLUDED``), and never its last.
 What is left out is what made the rank slow: its emulated factor when the spec
-gave it one (the device stays: several ranks may share a CPU device), else its
-device, which then gets no rank of the job at any later placement. Every
-decision is an event with the forecast's numbers.
+gave it one, else its device, which then gets no rank of the job at any later
+placement (unless other ranks of the job share it, as ranks share a CPU device:
+then it was not the device). Every decision is an event with the forecast's
+numbers.
 """
 
 from __future__ import annotations
@@ -110,10 +111,15 @@ def record(job: JobRow, entry: Excluded) -> None:
     job.excluded = json.dumps(entries)
 
 
-def _entry(spec_rank: int, factor: float, node_id: str, device_index: int) -> Excluded:
-    if factor != 1.0:  # the spec's emulation made it slow: the device stays usable
+def _entry(
+    spec_rank: int, factor: float, device: tuple[str, int], devices: Sequence[tuple[str, int]]
+) -> Excluded:
+    """What leaves with the rank: its device too, unless the spec's emulation made it
+    slow or another rank of the job runs on the same device (a CPU device shared by
+    ranks is as fast for all of them: it was not the device)."""
+    if factor != 1.0 or list(devices).count(device) > 1:
         return Excluded(spec_rank)
-    return Excluded(spec_rank, node_id, device_index)
+    return Excluded(spec_rank, *device)
 
 
 def _describe(rank: int, node: str, device: str, slowdown: float) -> str:
@@ -141,9 +147,9 @@ def at_start(spec: JobSpec, placement: Placement) -> tuple[JobSpec, Placement, D
     if forecast is None:
         return spec, placement, None
     slot = placement.ranks[forecast.rank]
-    entry = _entry(
-        forecast.rank, spec.emulate_slowdown[forecast.rank], slot.device.node_id, slot.device.index
-    )
+    devices = [(r.device.node_id, r.device.index) for r in placement.ranks]
+    factor = spec.emulate_slowdown[forecast.rank]
+    entry = _entry(forecast.rank, factor, devices[forecast.rank], devices)
     smaller = spec_without(spec, [entry])
     who = _describe(forecast.rank, slot.device.node_name, slot.device.name, slot.emulated_slowdown)
     message = (
@@ -192,7 +198,8 @@ def measured(spec: JobSpec, job: JobRow, history: History) -> Decision | None:
         return None
     row = ranks[forecast.rank]
     spec_rank = spec_ranks(spec, job)[forecast.rank]
-    entry = _entry(spec_rank, spec.emulate_slowdown[spec_rank], row.node_id, row.device_index)
+    devices = [(r.node_id, r.device_index) for r in ranks]
+    entry = _entry(spec_rank, spec.emulate_slowdown[spec_rank], devices[forecast.rank], devices)
     who = _describe(row.rank, row.node.name, row.device_name, row.emulated_slowdown)
     emulated = " (emulated slowdown)" if any(r.emulated_slowdown != 1.0 for r in ranks) else ""
     message = (

@@ -333,8 +333,7 @@ def _checked(fields: Fields, option: Any, value: Any, key: str | None = None) ->
 
 
 def _resources(top: Fields, *, builtin: bool) -> Resources:
-    """``allow_exclusion`` is on by default for a built-in job, off for a user's script
-    (which may not expect its world size to shrink)."""
+    """``allow_exclusion`` defaults on for a built-in job, off for a user's script."""
     res = top.mapping("resources")
     if res is None:
         raise top.fail("resources", "required, e.g. `resources: {ranks: 2}`")
@@ -356,7 +355,7 @@ def _resources(top: Fields, *, builtin: bool) -> Resources:
         if any(not isinstance(v, str) or not v for v in values):
             raise res.fail("nodes", "must be a list of node names (strings)")
         nodes = tuple(str(v) for v in values)
-    exclusion = res.boolean("allow_exclusion", builtin)
+    exclusion = res.boolean("allow_exclusion", builtin)  # a script may not expect fewer ranks
     res.finish()
     return Resources(ranks, nodes, allow_cpu, device, allow_exclusion=exclusion)
 

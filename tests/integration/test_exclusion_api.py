@@ -44,9 +44,15 @@ resources: {ranks: 2, device: cpu}
 PER_SAMPLE_S, FIXED_S, COMM_S = 0.0002, 0.004, 0.003
 
 
-def _register(c) -> str:  # type: ignore[no-untyped-def]
-    device = tpb.DeviceProfile(index=0, name="cpu", kind=tpb.DEVICE_KIND_CPU, compute_score=1.0)
-    req = pb.RegisterNodeRequest(name="node", address="node.local", devices=[device])
+def _register(c, name: str = "node", score: float = 1.0, slowdown: float = 1.0) -> str:  # type: ignore[no-untyped-def]
+    device = tpb.DeviceProfile(
+        index=0,
+        name="cpu",
+        kind=tpb.DEVICE_KIND_CPU,
+        compute_score=score,
+        emulated_slowdown=slowdown,
+    )
+    req = pb.RegisterNodeRequest(name=name, address=f"{name}.local", devices=[device])
     return str(c.stub.RegisterNode(req, timeout=DEADLINE_S).node_id)
 
 
@@ -68,10 +74,12 @@ def _status(c, node, job_id, rank, state, code=None, attempt=0):  # type: ignore
     return c.stub.ReportRankStatus(req, timeout=DEADLINE_S)
 
 
-def _run(c, node: str, job: pb.Job, intervals: int, attempt: int = 0) -> pb.Job:  # type: ignore[no-untyped-def]
-    """Start the job's ranks and report ``intervals`` intervals at the current plan."""
+def _run(c, node: str | dict[str, str], job: pb.Job, intervals: int, attempt: int = 0) -> pb.Job:  # type: ignore[no-untyped-def]
+    """Start the job's ranks (``node``: the node's id, or ids by node name) and report
+    ``intervals`` intervals at the current plan."""
     for r in job.ranks:
-        _status(c, node, job.id, r.rank, pb.RANK_STATE_RUNNING, attempt=attempt)
+        on = node if isinstance(node, str) else node[r.node_name]
+        _status(c, on, job.id, r.rank, pb.RANK_STATE_RUNNING, attempt=attempt)
     plan, step = job.plan, job.last_step
     factors = [r.emulated_slowdown or 1.0 for r in job.ranks]
     for _ in range(intervals):
@@ -140,6 +148,28 @@ def test_a_built_in_job_restarts_once_without_its_slow_rank_and_keeps_it_out(coo
     job = _job(coordinator, job.id)
     assert (job.state, job.world_size, job.restarts) == (pb.JOB_STATE_PENDING, 1, 2)
     assert len(_events(coordinator, job.id, "rank_excluded")) == 1
+
+
+def test_a_slow_device_is_left_out_of_every_later_placement(coordinator) -> None:  # type: ignore[no-untyped-def]
+    fast = _register(coordinator, "node-fast")
+    # Scored 10x faster, but EMULATED 80x slower: 8x slower in effect, as above.
+    slow = _register(coordinator, "node-slow", score=10.0, slowdown=80.0)
+    spec = BUILTIN.format(factor=1).replace("emulate_slowdown: {1: 1}\n", "") + CHECKPOINT
+    job = _submit(coordinator, spec).job
+    where = {r.rank: r.node_name for r in job.ranks}
+    assert sorted(where.values()) == ["node-fast", "node-slow"]
+    nodes = {"node-fast": fast, "node-slow": slow}
+    job = _run(coordinator, nodes, job, intervals=12)
+    assert job.state == pb.JOB_STATE_RESTARTING
+    (why,) = _events(coordinator, job.id, "rank_excluded")
+    slow_rank = next(r for r, n in where.items() if n == "node-slow")
+    assert f"rank {slow_rank} (cpu on node-slow, emulated x80)" in why
+    for r in job.ranks:
+        _status(coordinator, nodes[r.node_name], job.id, r.rank, pb.RANK_STATE_EXITED, 143)
+    job = _job(coordinator, job.id)
+    assert job.world_size == 1 and [r.node_name for r in job.ranks] == ["node-fast"], (
+        "the higher-scored device was left out: the measurements said it is slow"
+    )
 
 
 def test_a_command_job_or_one_without_checkpoint_keeps_every_rank(coordinator) -> None:  # type: ignore[no-untyped-def]
