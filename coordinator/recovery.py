@@ -110,8 +110,13 @@ def replace_if_ready(s: Session, job: JobRow, cfg: SweepConfig, *, now: float) -
         for r in job.ranks:
             r.state = lifecycle.EXITED
     spec = parse_jobspec(job.spec_yaml, source=f"job {job.id}")
-    history = store.interval_history(s, job, views.HISTORY_FOR_REPORT)  # the attempt that ended
-    if (decision := exclusion.measured(spec, job, history)) is not None:
+    # The attempt that ended measured its ranks with each other: its forecast holds only
+    # while all their nodes are up (a lost one changes who would take the rank's samples).
+    if all(not r.node.down for r in job.ranks) and (
+        decision := exclusion.measured(
+            spec, job, store.interval_history(s, job, views.HISTORY_FOR_REPORT)
+        )
+    ):
         exclusion.record(job, decision.entry)
         store.add_event(s, "rank_excluded", decision.message, job_id=job.id, now=now)
     excluded = exclusion.excluded_of(job)

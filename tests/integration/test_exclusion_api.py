@@ -6,7 +6,8 @@ forecast says the job is faster on rank 0 alone. Pinned here: a built-in job
 with a checkpoint restarts without the rank only after the forecast agreed for
 ``CONSECUTIVE`` intervals, keeps it out at its later restarts and spends none of
 its ``max_restarts`` on it; a ``command:`` job (off by default) and a job with
-no checkpoint are left alone; a rank too slow for even ``min_batch`` is left out
+no checkpoint are left alone while they run (the latter loses the rank at its
+next restart after a failure); a rank too slow for even ``min_batch`` is left out
 at submission, and ``--dry-run`` says so.
 """
 
@@ -172,7 +173,7 @@ def test_a_slow_device_is_left_out_of_every_later_placement(coordinator) -> None
     )
 
 
-def test_a_command_job_or_one_without_checkpoint_keeps_every_rank(coordinator) -> None:  # type: ignore[no-untyped-def]
+def test_command_or_uncheckpointed_jobs_keep_every_rank_while_running(coordinator) -> None:  # type: ignore[no-untyped-def]
     node = _register(coordinator)
     command = _submit(coordinator, COMMAND + CHECKPOINT).job
     command = _run(coordinator, node, command, intervals=12)
@@ -182,6 +183,14 @@ def test_a_command_job_or_one_without_checkpoint_keeps_every_rank(coordinator) -
         assert (job.state, job.world_size) == (pb.JOB_STATE_RUNNING, 2)
         assert _events(coordinator, job.id, "rank_excluded") == []
     assert _events(coordinator, command.id, "straggler"), "rank 1 was flagged all the same"
+
+    # A failure restarts the job that had no checkpoint: that restart leaves rank 1 out.
+    _status(coordinator, node, no_checkpoint.id, 0, pb.RANK_STATE_EXITED, 1)
+    _status(coordinator, node, no_checkpoint.id, 1, pb.RANK_STATE_EXITED, 143)
+    restarted = _job(coordinator, no_checkpoint.id)
+    assert (restarted.state, restarted.world_size) == (pb.JOB_STATE_PENDING, 1)
+    (why,) = _events(coordinator, no_checkpoint.id, "rank_excluded")
+    assert "rank 1 (cpu on node, emulated x8) left out, from the job's measured" in why
 
     allowed = COMMAND.replace("device: cpu}", "device: cpu, allow_exclusion: true}")
     job = _run(coordinator, node, _submit(coordinator, allowed + CHECKPOINT).job, intervals=12)
