@@ -13,7 +13,7 @@ learning rate mean what they did). The coordinator acts at three moments:
   restarted from its checkpoint without the rank (``measured``; the restart
   uses none of its ``max_restarts``);
 - **a restart after a failure**: the same measured rule over the attempt that
-  just ended.
+  just ended, when all of its nodes are still up.
 
 At most one rank is ever left out of a job (``MAX_EXCLUDED``), and never its last.
 What is left out is what made the rank slow: its emulated factor when the spec
