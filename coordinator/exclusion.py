@@ -4,10 +4,10 @@ A job whose spec allows it (``resources.allow_exclusion``: on by default for
 built-in jobs, off for ``command:`` jobs) may run without one rank when
 ``hetero.core.balancer.exclusion``'s rule forecasts it faster so, the global
 batch unchanged (the others take the rank's samples, so the gradient and the
-learning rate mean what they did). The coordinator acts at three moments:
+learning rate mean what they did). Never at a first start: hardware profiles
+are a quick benchmark, too noisy to act on (``profile_note``; ``submit
+--dry-run`` says what they forecast). The coordinator acts at two moments:
 
-- **first start**: from the placement's hardware profiles (``at_start``); only
-  a rank so slow that its ``min_batch`` holds the others back is left out;
 - **a running job**: when the measured forecast has said so for the newest
   ``ExclusionRule.consecutive`` intervals and the job has a checkpoint directory, it is
   restarted from its checkpoint without the rank (``measured``; the restart
@@ -32,13 +32,12 @@ from dataclasses import dataclass
 
 from hetero.coordinator import lifecycle
 from hetero.coordinator.models import JobRow, RankRow
-from hetero.coordinator.placement import DeviceSlot, Placement, RankSlot, profiles
+from hetero.coordinator.placement import DeviceSlot, Placement
 from hetero.core.balancer import (
     Constraints,
     ExclusionForecast,
     ExclusionRule,
     History,
-    make_policy,
 )
 from hetero.core.jobspec import JobSpec
 
@@ -136,52 +135,26 @@ class Decision:
     message: str
 
 
-def at_start(spec: JobSpec, placement: Placement) -> tuple[JobSpec, Placement, Decision | None]:
-    """The first placement of ``spec``, less its slowest rank when the profile forecast
-    says so (``ExclusionRule.from_profiles``); else unchanged, with no decision."""
+def profile_note(spec: JobSpec, placement: Placement) -> str | None:
+    """What ``hetero-coord submit --dry-run`` says when the hardware profiles forecast the
+    job faster without its slowest rank (``ExclusionRule.from_profiles``); None otherwise.
+
+    Only a note: a first start leaves no rank out. A profile is a quick benchmark
+    taken once; on a loaded host two identical CPU nodes scored far enough apart to
+    drop a rank of a job held even by ``min_batch``, and such a mistake could not be
+    undone (one exclusion per job, its device kept out). The job's own intervals
+    decide instead, at the cost of one restart."""
     if not spec.resources.allow_exclusion or len(placement.ranks) < 2:
-        return spec, placement, None
+        return None
     scores = [r.effective_score for r in placement.ranks]
     constraints = Constraints(spec.global_batch, spec.world_size, spec.min_batch)
     forecast = RULE.from_profiles(scores, constraints)
     if forecast is None:
-        return spec, placement, None
-    slot = placement.ranks[forecast.rank]
-    devices = [(r.device.node_id, r.device.index) for r in placement.ranks]
-    factor = spec.emulate_slowdown[forecast.rank]
-    entry = _entry(forecast.rank, factor, devices[forecast.rank], devices)
-    smaller = spec_without(spec, [entry])
-    who = _describe(forecast.rank, slot.device.node_name, slot.device.name, slot.emulated_slowdown)
-    message = (
-        f"job {spec.name}: {who} left out at start, from hardware profiles "
-        f"(relative scores, no all-reduce counted): even min_batch {spec.min_batch} on it "
-        f"outlasts the others' step; {forecast.message}"
-    )
+        return None
     return (
-        smaller,
-        without_rank(smaller, placement, forecast.rank),
-        Decision(entry, forecast, message),
-    )
-
-
-def without_rank(spec: JobSpec, placement: Placement, rank: int) -> Placement:
-    """``placement`` with ``rank`` gone: the others renumbered, local ranks, backend and
-    rendezvous address recomputed, the proportional plan solved again for ``spec`` (its
-    ranks already one fewer)."""
-    kept = [r for r in placement.ranks if r.rank != rank]
-    local: dict[str, int] = {}
-    ranks = []
-    for new, old in enumerate(kept):
-        local_rank = local.get(old.device.node_id, 0)
-        local[old.device.node_id] = local_rank + 1
-        ranks.append(RankSlot(new, local_rank, old.device, old.emulated_slowdown))
-    cons = Constraints(spec.global_batch, len(ranks), spec.min_batch)
-    return Placement(
-        ranks=tuple(ranks),
-        backend="nccl" if all(r.device.kind == "cuda" for r in ranks) else "gloo",
-        master_addr=ranks[0].device.node_address,
-        master_port=placement.master_port,
-        plan=make_policy("proportional").initial(cons, profiles(ranks)),
+        f"profiles say rank {forecast.rank} holds the job back even at min_batch "
+        f"{spec.min_batch} ({forecast.message}); it starts with every rank and is restarted "
+        f"without it if its measured step times agree"
     )
 
 

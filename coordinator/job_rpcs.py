@@ -76,11 +76,9 @@ class JobHandlers(Handlers):
             except PlacementError:
                 waits = "would queue: " + admission.reason(spec, devices, set())
                 placed = place(spec, admission.idle(devices), 0)
-        spec, placed, left_out = exclusion.at_start(spec, placed)
         job_msg = wire.dry_run_job(spec, req.spec_yaml, placed)
-        if left_out is not None:
-            gone = f"would start without rank {left_out.forecast.rank}: {left_out.forecast.message}"
-            waits = f"{waits}; {gone}" if waits else gone
+        if (note := exclusion.profile_note(spec, placed)) is not None:
+            waits = f"{waits}; {note}" if waits else note
         job_msg.message = waits
         predictions = [wire.prediction_message(p) for p in predict(spec, placed)]
         return pb.SubmitJobResponse(job=job_msg, predictions=predictions)

@@ -66,9 +66,8 @@ def place_job(
     s: Session, job: JobRow, spec: JobSpec, placement: Placement, *, now: float
 ) -> Placement:
     """Give a QUEUED (or new) job its ranks, rendezvous and first plan: PENDING. Returns
-    the placement it got: ``placement`` less a rank the job is forecast faster without
-    (``exclusion.at_start``)."""
-    spec, placement, left_out = exclusion.at_start(spec, placement)
+    ``placement``: a first start leaves no rank out (``exclusion``: profiles are
+    too noisy to act on; the job's own intervals decide later)."""
     job.state, job.message = lifecycle.PENDING, ""
     job.world_size = len(placement.ranks)
     job.backend = placement.backend
@@ -93,9 +92,6 @@ def place_job(
         job_id=job.id,
         now=now,
     )
-    if left_out is not None:
-        exclusion.record(job, left_out.entry)
-        add_event(s, "rank_excluded", left_out.message, job_id=job.id, now=now)
     return placement
 
 

@@ -7,8 +7,8 @@ with a checkpoint restarts without the rank only after the forecast agreed for
 ``CONSECUTIVE`` intervals, keeps it out at its later restarts and spends none of
 its ``max_restarts`` on it; a ``command:`` job (off by default) and a job with
 no checkpoint are left alone while they run (the latter loses the rank at its
-next restart after a failure); a rank too slow for even ``min_batch`` is left out
-at submission, and ``--dry-run`` says so.
+next restart after a failure); a first start keeps every rank, and ``--dry-run``
+says what the hardware profiles forecast.
 """
 
 from __future__ import annotations
@@ -197,16 +197,17 @@ def test_command_or_uncheckpointed_jobs_keep_every_rank_while_running(coordinato
     assert job.state == pb.JOB_STATE_RESTARTING, "a command job may opt in"
 
 
-def test_a_rank_too_slow_for_min_batch_is_left_out_at_submission(coordinator) -> None:  # type: ignore[no-untyped-def]
+def test_a_first_start_keeps_every_rank_and_dry_run_says_what_profiles_forecast(
+    coordinator,
+) -> None:  # type: ignore[no-untyped-def]
     _register(coordinator)
     spec = BUILTIN.format(factor=40)
     dry = _submit(coordinator, spec, dry_run=True)
-    assert dry.job.world_size == 1
-    assert dry.job.message.startswith("would start without rank 1: excluding rank 1 would raise")
+    assert dry.job.world_size == 2
+    assert dry.job.message.startswith("profiles say rank 1 holds the job back even at min_batch 1")
+    assert "excluding rank 1 would raise predicted throughput" in dry.job.message
     job = _submit(coordinator, spec).job
-    assert (job.world_size, list(job.plan.batches)) == (1, [16])
-    (why,) = _events(coordinator, job.id, "rank_excluded")
-    assert "left out at start, from hardware profiles" in why and "emulated x40" in why
+    assert job.world_size == 2 and _events(coordinator, job.id, "rank_excluded") == []
 
     kept = _submit(coordinator, COMMAND.replace("{1: 8}", "{1: 40}"), dry_run=True)
-    assert kept.job.world_size == 2 and "without rank" not in kept.job.message
+    assert kept.job.world_size == 2 and "profiles say" not in kept.job.message
