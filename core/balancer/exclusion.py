@@ -11,8 +11,8 @@ such a forecast is evidence enough to act on, in two situations:
   "worthwhile" (gain above ``min_gain``) for the same rank on each of the newest
   ``consecutive`` intervals: a restart costs the steps since the last checkpoint
   and a new rendezvous, so one noisy interval must never cause one.
-- **From hardware profiles** (a job's first start, before anything is
-  measured): per-sample time ``1 / score`` with no fixed cost and no all-reduce,
+- **From hardware profiles** (before anything is measured; the coordinator
+  only reports it, in ``submit --dry-run``): per-sample time ``1 / score`` with no fixed cost and no all-reduce,
   because scores are relative speeds without a unit of time and cannot be weighed
   against a communication time in seconds. Under that model dropping a rank can
   only help when ``min_batch`` forces a rank so slow that its smallest batch
