@@ -28,7 +28,7 @@ BUILTIN = """\
 name: shed
 model: debug
 global_batch: 16
-steps: 48
+steps: 96
 policy: dynamic
 rebalance_interval: 4
 emulate_slowdown: {{1: 8}}
