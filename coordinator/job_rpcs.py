@@ -6,7 +6,7 @@ import logging
 
 import grpc
 
-from hetero.coordinator import admission, logwire, store, views, wire
+from hetero.coordinator import admission, exclusion, logwire, store, views, wire
 from hetero.coordinator.placement import PlacementError, place, predict
 from hetero.coordinator.rpc import Handlers, caller_of, invalid, rpc, state_name
 from hetero.core.jobspec import JobSpec, check_priority, parse_jobspec
@@ -47,6 +47,7 @@ class JobHandlers(Handlers):
             admission.check_jobs_per_user(owner, store.jobs_of(s, owner), limits)
             job = store.new_job(spec, req.spec_yaml, now=now, priority=priority, owner=owner)
             placed = store.enqueue(s, job, cfg, now=now)
+            spec = exclusion.spec_without(spec, exclusion.excluded_of(job))  # as placed
             job_msg = self._job(s, job, detail=True)
             s.commit()
         self.deps.invalidate_caches()  # its launches reach the agents at their next poll
@@ -76,6 +77,8 @@ class JobHandlers(Handlers):
                 waits = "would queue: " + admission.reason(spec, devices, set())
                 placed = place(spec, admission.idle(devices), 0)
         job_msg = wire.dry_run_job(spec, req.spec_yaml, placed)
+        if (note := exclusion.profile_note(spec, placed)) is not None:
+            waits = f"{waits}; {note}" if waits else note
         job_msg.message = waits
         predictions = [wire.prediction_message(p) for p in predict(spec, placed)]
         return pb.SubmitJobResponse(job=job_msg, predictions=predictions)

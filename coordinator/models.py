@@ -29,7 +29,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 #: 5: byte counts and the ids of the growing tables are 64-bit on PostgreSQL (revision
 #: 0003). From 3 on, ``migrations/`` holds every change and ``schema`` applies it.
 #: 6: jobs.priority and jobs.owner (the queue; revision 0004).
-SCHEMA_VERSION = 6
+#: 7: jobs.excluded and jobs.exclusion_restarts (ranks left out; revision 0005).
+SCHEMA_VERSION = 7
 
 #: A 64-bit integer: PostgreSQL's INTEGER is 32-bit, and a GPU's memory in bytes (or
 #: the telemetry table's ids after a month of 1,000 nodes) overflows it. SQLite's
@@ -156,6 +157,11 @@ class JobRow(Base):
     #: The credential that submitted the job (``identity``), for ``jobs_per_user``;
     #: "" for jobs submitted before the queue.
     owner: Mapped[str] = mapped_column(String(255), default="", server_default="")
+    #: Ranks the coordinator left out (``exclusion``): a JSON list of
+    #: ``{"node_id", "device_index", "spec_rank"}``; "" for none.
+    excluded: Mapped[str] = mapped_column(Text, default="", server_default="")
+    #: Restarts the coordinator made to leave a rank out: they use none of ``max_restarts``.
+    exclusion_restarts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     ranks: Mapped[list[RankRow]] = relationship(
         back_populates="job", cascade="all, delete-orphan", order_by="RankRow.rank"
     )

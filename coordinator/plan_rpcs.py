@@ -9,7 +9,7 @@ from typing import Any
 
 import grpc
 
-from hetero.coordinator import store, views, wire
+from hetero.coordinator import exclusion, store, views, wire
 from hetero.coordinator.models import JobRow
 from hetero.coordinator.readcache import with_interval
 from hetero.coordinator.rpc import Handlers, invalid, rpc
@@ -81,12 +81,19 @@ class PlanHandlers(Handlers):
                         job_id=job.id,
                         now=now,
                     )
+            left_out = None
+            if req.plan_version >= job.attempt_first_plan:
+                left_out = exclusion.while_running(store.spec_of(job), job, history)
+                if left_out is not None:
+                    store.restart_without(s, job, left_out, now=now)
             reply = wire.plan_message(plan)
         # After the commit: what the next report of this job starts from.
         if self.deps.histories is not None:
             self.deps.histories.put(req.job_id, attempt, steps)
         if self.deps.plans is not None:
             self.deps.plans.put(req.job_id, reply)
+        if left_out is not None:
+            self.deps.invalidate_caches()  # the ranks' stop orders reach their agents now
         return tpb.ReportIntervalStatsResponse(plan=reply)
 
     def _history(

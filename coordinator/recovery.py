@@ -24,12 +24,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from hetero.coordinator import admission, lifecycle, store
+from hetero.coordinator import admission, exclusion, lifecycle, store, views
 from hetero.coordinator.models import JobRow
 from hetero.coordinator.periodic import Periodic
 from hetero.coordinator.placement import Placement, PlacementError, initial_plan, place
@@ -110,8 +110,19 @@ def replace_if_ready(s: Session, job: JobRow, cfg: SweepConfig, *, now: float) -
         for r in job.ranks:
             r.state = lifecycle.EXITED
     spec = parse_jobspec(job.spec_yaml, source=f"job {job.id}")
+    # The attempt that ended measured its ranks with each other: its forecast holds only
+    # while all their nodes are up (a lost one changes who would take the rank's samples).
+    if all(not r.node.down for r in job.ranks) and (
+        decision := exclusion.measured(
+            spec, job, store.interval_history(s, job, views.HISTORY_FOR_REPORT)
+        )
+    ):
+        exclusion.record(job, decision.entry)
+        store.add_event(s, "rank_excluded", decision.message, job_id=job.id, now=now)
+    excluded = exclusion.excluded_of(job)
+    spec = exclusion.spec_without(spec, excluded)
     try:
-        placement = place_restart(s, spec, cfg, now=now)
+        placement = place_restart(s, spec, cfg, now=now, excluded=excluded)
     except HeteroError as exc:
         log.warning("job %s cannot restart: %s", job.id, exc)
         store.fail_restart(s, job, f"cannot restart: {exc}", now=now)
@@ -128,11 +139,20 @@ def replace_if_ready(s: Session, job: JobRow, cfg: SweepConfig, *, now: float) -
     return True
 
 
-def place_restart(s: Session, spec: JobSpec, cfg: SweepConfig, *, now: float) -> Placement:
-    """The largest placement of ``spec`` on the healthy devices (never another global batch)."""
+def place_restart(
+    s: Session,
+    spec: JobSpec,
+    cfg: SweepConfig,
+    *,
+    now: float,
+    excluded: Sequence[exclusion.Excluded] = (),
+) -> Placement:
+    """The largest placement of ``spec`` on the healthy devices (never another global
+    batch), none of them a device left out of the job (``excluded``)."""
     devices = store.device_slots(
         s, now=now, timeout_s=cfg.heartbeat_timeout_s, cpu_capacity=cfg.ranks_per_cpu_device
     )
+    devices = exclusion.devices_without(devices, excluded)
     port = store.free_port(s, cfg.master_port_base, cfg.master_port_span)
     first_error: PlacementError | None = None
     for world_size in lifecycle.restart_world_sizes(spec.world_size):

@@ -58,6 +58,13 @@ CLUSTER_FIELDS: tuple[tuple[str, str, str, str], ...] = (
     ),
     ("resources.nodes", "list of node names", "all", "nodes the job may use"),
     (
+        "resources.allow_exclusion",
+        "true or false",
+        "`true` for a built-in model, `false` with `command:`",
+        "may the coordinator leave out a rank the job is forecast faster without "
+        "([balancer](balancer.md#exclusion))",
+    ),
+    (
         "command",
         "string (split like a shell) or list of strings",
         "—",
@@ -108,13 +115,15 @@ class Resources:
 
     ``device`` is ``cuda``, ``cpu`` or ``any``; with ``any``, CUDA devices are
     preferred and CPU devices are used only if ``allow_cpu``. ``nodes`` lists the
-    node names allowed (empty = any healthy node).
+    node names allowed (empty = any healthy node). ``allow_exclusion``: the coordinator
+    may leave out a rank the job is forecast faster without (``coordinator.exclusion``).
     """
 
     ranks: int
     nodes: tuple[str, ...] = ()
     allow_cpu: bool = True
     device: str = "any"
+    allow_exclusion: bool = False
 
 
 @dataclass(frozen=True)
@@ -247,8 +256,8 @@ def parse_jobspec(
     if not top.has("name"):
         raise ConfigError(f"{source}:{top.line_of('name')}: name: required")
     name = _checked(top, BY_NAME["name"], top.scalar("name"))
-    resources = _resources(top)
     command = _command(top)
+    resources = _resources(top, builtin=not command)
     places: dict[str, tuple[Fields, str]] = {}
     given: dict[str, Any] = {}
     for option in OPTIONS:
@@ -323,7 +332,8 @@ def _checked(fields: Fields, option: Any, value: Any, key: str | None = None) ->
         raise fields.fail(key, exc.detail_for(lambda n: BY_NAME[n].key)) from None
 
 
-def _resources(top: Fields) -> Resources:
+def _resources(top: Fields, *, builtin: bool) -> Resources:
+    """``allow_exclusion`` defaults on for a built-in job, off for a user's script."""
     res = top.mapping("resources")
     if res is None:
         raise top.fail("resources", "required, e.g. `resources: {ranks: 2}`")
@@ -345,8 +355,9 @@ def _resources(top: Fields) -> Resources:
         if any(not isinstance(v, str) or not v for v in values):
             raise res.fail("nodes", "must be a list of node names (strings)")
         nodes = tuple(str(v) for v in values)
+    exclusion = res.boolean("allow_exclusion", builtin)  # a script may not expect fewer ranks
     res.finish()
-    return Resources(ranks=ranks, nodes=nodes, allow_cpu=allow_cpu, device=device)
+    return Resources(ranks, nodes, allow_cpu, device, allow_exclusion=exclusion)
 
 
 def _command(top: Fields) -> tuple[str, ...]:

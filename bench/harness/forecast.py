@@ -17,6 +17,7 @@ from typing import Any
 from hetero.core.balancer import (
     Constraints,
     Dynamic,
+    ExclusionRule,
     RankInterval,
     all_reduce_s,
     estimate_comm_s,
@@ -62,7 +63,10 @@ def exclusion_forecasts(
     predicted samples/s with and without, and the verdict. ``ranks`` lists the ranks
     left out (``rank`` the first); the last forecast of a GPU + CPU job is the GPU
     alone, which the report sets beside the measured ``gpu-only`` run. ``kinds`` (the
-    device kind of each rank) lets a forecast say when the smaller job changes backend."""
+    device kind of each rank) lets a forecast say when the smaller job changes backend.
+    ``coordinator_excludes`` says whether the coordinator's rule (``ExclusionRule``: a
+    straggler, forecasts agreeing over 3 intervals) would leave that one rank out of a job
+    that allows it."""
     history = history_from_metrics(ranks)
     if len(history) < 2:
         return []
@@ -70,6 +74,7 @@ def exclusion_forecasts(
         models = Dynamic().fit(history)
         comm_s = estimate_comm_s(history)
         constraints = Constraints(global_batch, len(models), min_batch, comm_s=comm_s)
+        decision = ExclusionRule().measured(history, constraints, kinds)
         out = []
         groups = [[rank] for rank in candidates] + ([candidates] if len(candidates) > 1 else [])
         for group in groups:
@@ -85,6 +90,8 @@ def exclusion_forecasts(
                     "comm_s": comm_s,
                     "comm_s_without": all_reduce_s(comm_s, len(models), len(models) - len(group)),
                     "message": f.message,
+                    "coordinator_excludes": decision is not None
+                    and decision.excluded == f.excluded,
                 }
             )
         return out

@@ -234,6 +234,15 @@ def render(
         for name, fs in forecasts.items():
             for f in fs:
                 lines.append(f"- {name}, planner forecast: {f['message']}")
+            gone = [f["rank"] for f in fs if f.get("coordinator_excludes")]
+            lines.append(
+                f"- {name}, the coordinator (`resources.allow_exclusion`, a checkpoint): "
+                + (
+                    f"restarts the job without rank {gone[0]}"
+                    if gone
+                    else "keeps every rank (no straggler whose forecast cleared 5% for 3 intervals)"
+                )
+            )
             every = [f for f in fs if len(f.get("ranks") or ()) == len(cpu_ranks(manifest))]
             if alone and every and every[-1].get("samples_per_s_without"):
                 predicted = every[-1]["samples_per_s_without"]

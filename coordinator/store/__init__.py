@@ -40,6 +40,7 @@ from hetero.coordinator.store.jobs import (
     new_job,
     place_job,
     replace_job,
+    restart_without,
     restarting_jobs,
     set_rank_status,
 )
@@ -127,6 +128,7 @@ __all__ = [
     "record_heartbeats",
     "register_node",
     "replace_job",
+    "restart_without",
     "restarting_jobs",
     "set_draining",
     "set_rank_status",

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from hetero.coordinator import lifecycle
+from hetero.coordinator import exclusion, lifecycle
 from hetero.coordinator.models import JobRow, NodeRow, RankRow
 from hetero.coordinator.placement import InitialPlan, Placement, initial_plan
 from hetero.coordinator.store.events import add_event
@@ -62,9 +62,14 @@ def new_job(spec: JobSpec, spec_yaml: str, *, now: float, priority: int, owner: 
     )
 
 
-def place_job(s: Session, job: JobRow, spec: JobSpec, placement: Placement, *, now: float) -> None:
-    """Give a QUEUED (or new) job its ranks, rendezvous and first plan: PENDING."""
+def place_job(
+    s: Session, job: JobRow, spec: JobSpec, placement: Placement, *, now: float
+) -> Placement:
+    """Give a QUEUED (or new) job its ranks, rendezvous and first plan: PENDING. Returns
+    ``placement``: a first start leaves no rank out (``exclusion``: profiles are
+    too noisy to act on; the job's own intervals decide later)."""
     job.state, job.message = lifecycle.PENDING, ""
+    job.world_size = len(placement.ranks)
     job.backend = placement.backend
     job.master_addr, job.master_port = placement.master_addr, placement.master_port
     job.ranks = _rank_rows(placement)
@@ -87,6 +92,7 @@ def place_job(s: Session, job: JobRow, spec: JobSpec, placement: Placement, *, n
         job_id=job.id,
         now=now,
     )
+    return placement
 
 
 def _rank_rows(placement: Placement) -> list[RankRow]:
@@ -158,9 +164,17 @@ def set_rank_status(
     row.state, row.exit_code = state, exit_code
     statuses = [_status(r, message if r.rank == rank else "") for r in job.ranks]
     apply_transition(
-        s, job, lifecycle.job_state(job.state, statuses, job.restarts, job.max_restarts), now=now
+        s,
+        job,
+        lifecycle.job_state(job.state, statuses, failure_restarts(job), job.max_restarts),
+        now=now,
     )
     return job
+
+
+def failure_restarts(job: JobRow) -> int:
+    """Restarts that count against ``max_restarts``: those to leave a rank out do not."""
+    return job.restarts - job.exclusion_restarts
 
 
 def _status(r: RankRow, message: str = "") -> lifecycle.RankStatus:
@@ -216,7 +230,9 @@ def lose_node(s: Session, node: NodeRow, *, now: float) -> None:
     """Every active job with ranks on ``node`` (down) restarts or fails; its ranks there are gone."""
     for job in active_jobs_on_node(s, node.id):
         on_node = [_status(r) for r in job.ranks if r.node_id == node.id]
-        t = lifecycle.node_lost(job.state, node.name, on_node, job.restarts, job.max_restarts)
+        t = lifecycle.node_lost(
+            job.state, node.name, on_node, failure_restarts(job), job.max_restarts
+        )
         apply_transition(s, job, t, now=now, lost_node=node.id)
         for r in job.ranks:  # a job already restarting or failed: nobody confirms these
             if r.node_id == node.id:
@@ -255,6 +271,16 @@ def replace_job(
         job_id=job.id,
         now=now,
     )
+
+
+def restart_without(s: Session, job: JobRow, decision: exclusion.Decision, *, now: float) -> None:
+    """Restart a running job from its checkpoint without the rank ``decision`` leaves out
+    (recorded on the job, so its placements leave it out from now on)."""
+    exclusion.record(job, decision.entry)
+    job.exclusion_restarts += 1
+    add_event(s, "rank_excluded", decision.message, job_id=job.id, now=now)
+    why = f"restarting from its checkpoint without rank {decision.forecast.rank}"
+    apply_transition(s, job, lifecycle.Transition(lifecycle.RESTARTING, why, True), now=now)
 
 
 def fail_restart(s: Session, job: JobRow, reason: str, *, now: float) -> None:

@@ -102,8 +102,7 @@ def admit_queued(s: Session, cfg: QueueConfig, *, now: float) -> dict[str, Place
     for decision in admission.admit(queue, devices, ports):
         job = rows[decision.job_id]
         if decision.placement is not None:
-            place_job(s, job, spec_of(job), decision.placement, now=now)
-            placed[job.id] = decision.placement
+            placed[job.id] = place_job(s, job, spec_of(job), decision.placement, now=now)
         elif job.message != decision.reason:
             job.message = decision.reason
     return placed

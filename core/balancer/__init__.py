@@ -8,6 +8,7 @@ from hetero.core.balancer.allreduce import all_reduce_s
 from hetero.core.balancer.changepoint import Regime, find_regimes
 from hetero.core.balancer.decision import Decision, Policy
 from hetero.core.balancer.dynamic import Dynamic, Hybrid
+from hetero.core.balancer.exclusion import ExclusionRule
 from hetero.core.balancer.grid import grid_step, snap_to_warm, warm_shapes
 from hetero.core.balancer.model import (
     StepModel,
@@ -46,6 +47,7 @@ __all__ = [
     "Dynamic",
     "Equal",
     "ExclusionForecast",
+    "ExclusionRule",
     "History",
     "Horizon",
     "Hybrid",

@@ -176,11 +176,15 @@ def test_a_pre_alembic_database_is_upgraded_on_open_and_loses_no_row(
         assert _schema_version(engine) == [SCHEMA_VERSION]
         assert _dump(engine, columns) == before
         added = {(t, c) for t, now in _columns(engine).items() for c in now if c not in columns[t]}
-        # Revision 0004's columns, with the values of a job submitted before the queue.
+        # Revisions 0004's and 0005's columns, with the values of a job submitted before
+        # the queue and before exclusions.
         queue = {("jobs", "priority"), ("jobs", "owner")}
+        queue |= {("jobs", "excluded"), ("jobs", "exclusion_restarts")}
         with engine.connect() as conn:
-            got = conn.execute(text("SELECT priority, owner FROM jobs")).all()
-        assert [tuple(r) for r in got] == [(0, "")] * ROWS
+            got = conn.execute(
+                text("SELECT priority, owner, excluded, exclusion_restarts FROM jobs")
+            ).all()
+        assert [tuple(r) for r in got] == [(0, "", "", 0)] * ROWS
         if version == 3:  # revision 0002's columns, with the values of a device without them
             assert added == queue | {
                 ("devices", "suspect"),

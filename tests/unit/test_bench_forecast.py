@@ -58,6 +58,7 @@ def test_without_its_only_cpu_rank_the_forecast_is_the_gpu_alone() -> None:
     gpu_alone = 512 / (0.005 + 1e-4 * 512)  # the fitted GPU model at the whole batch
     assert f["samples_per_s_without"] == pytest.approx(gpu_alone, rel=0.02)
     assert f["worthwhile"]
+    assert f["coordinator_excludes"], "a straggler whose forecast agreed over 3 intervals"
 
 
 def test_too_little_history_gives_no_forecast() -> None:

@@ -274,6 +274,7 @@ def test_gpu_cpu_report_sets_the_planners_forecast_beside_the_gpu_alone_run(tmp_
     report = (tmp_path / "report.md").read_text()
     assert "dynamic, planner forecast: excluding rank 1 would" in report
     assert "dynamic, planner forecast: excluding ranks 1, 2 would" in report
+    assert "dynamic, the coordinator (`resources.allow_exclusion`, a checkpoint): " in report
     assert "forecast without every CPU rank against the measured GPU alone: " in report
     assert "the GPU alone ran 200% faster (3,000 vs 1,000 samples/s" in report
 

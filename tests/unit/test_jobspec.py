@@ -131,3 +131,16 @@ def test_yaml_syntax_errors_and_non_mappings_carry_a_line() -> None:
     assert _error("name: x\nresources: [\n").startswith("job.yaml:3: not valid YAML")
     assert _error("- a\n- b\n") == "job.yaml:1: the document must be a mapping of keys to values"
     assert _error("") == "job.yaml: empty document"
+
+
+def test_allow_exclusion_is_on_for_built_in_jobs_and_off_for_commands_unless_given() -> None:
+    builtin = "name: a\nmodel: debug\nresources: {ranks: 2}\n"
+    command = "name: a\ncommand: python train.py\nresources: {ranks: 2}\n"
+    assert parse_jobspec(builtin).resources.allow_exclusion is True
+    assert parse_jobspec(command).resources.allow_exclusion is False
+    opt_in = command.replace("ranks: 2}", "ranks: 2, allow_exclusion: true}")
+    assert parse_jobspec(opt_in).resources.allow_exclusion is True
+    opt_out = builtin.replace("ranks: 2}", "ranks: 2, allow_exclusion: false}")
+    assert parse_jobspec(opt_out).resources.allow_exclusion is False
+    with pytest.raises(ConfigError, match="allow_exclusion: must be true or false"):
+        parse_jobspec(builtin.replace("ranks: 2}", "ranks: 2, allow_exclusion: maybe}"))
