@@ -1,0 +1,241 @@
+"""Attack: a credential speaks for a node or a user it is not (issue 17, item 4).
+
+With one ``agent`` token for every node, an agent host could heartbeat as
+another node, re-register it with a new address, or forge a rank's exit on
+another node; with one ``user`` token, any user could cancel anyone's job. A
+node's and a user's own credential (``hetero.credentials``) binds the call to
+its holder and the coordinator checks what each call acts on
+(``coordinator.scope``). Real coordinator on port 0, SQLite under tmp_path;
+the last test runs real daemons.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+
+from hetero.auth import Secret, new_token
+from hetero.coordinator import cli
+from hetero.coordinator.admission import Limits
+from hetero.coordinator.config import load_config
+from hetero.coordinator.database import open_database, session_factory
+from hetero.coordinator.roles import NAMED, named_credentials
+from hetero.coordinator.server import create_server
+from hetero.coordinator.service import Deps
+from hetero.core.errors import ConfigError
+from hetero.credentials import NamedCredentials, check_holder
+from hetero.transport import ClientSecurity, ServerSecurity, client_channel
+from hetero.v1 import coordinator_pb2 as pb
+from hetero.v1 import coordinator_pb2_grpc as pb_grpc
+from hetero.v1 import types_pb2 as tpb
+
+DEADLINE_S = 5.0
+DENIED = grpc.StatusCode.PERMISSION_DENIED
+JOB = "name: pair\nmodel: debug\nglobal_batch: 8\nsteps: 5\nresources:\n  ranks: 2\n  device: cpu\n"
+
+
+@dataclass
+class Served:
+    address: str
+    cluster: Secret
+    credentials: NamedCredentials
+    deps: Deps
+
+    def stub(self, token: Secret) -> pb_grpc.CoordinatorStub:
+        channel = client_channel(self.address, ClientSecurity(token=token))
+        return pb_grpc.CoordinatorStub(channel)
+
+    def node(self, name: str) -> pb_grpc.CoordinatorStub:
+        return self.stub(self.credentials.mint("node", name))
+
+    def user(self, name: str) -> pb_grpc.CoordinatorStub:
+        return self.stub(self.credentials.mint("user", name))
+
+
+@contextlib.contextmanager
+def _serving(deps: Deps, cluster: Secret, credentials: NamedCredentials) -> Iterator[Served]:
+    security = ServerSecurity(token=cluster, named=credentials)
+    server, port = create_server("127.0.0.1:0", deps, security)
+    server.start()
+    try:
+        yield Served(f"127.0.0.1:{port}", cluster, credentials, deps)
+    finally:
+        deps.stopping.set()
+        server.stop(0).wait()
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[Served]:
+    engine = open_database(f"sqlite:///{tmp_path / 'c.db'}")
+    # One rank per CPU device, so a 2-rank job puts one rank on each of two nodes.
+    deps = Deps(sessions=session_factory(engine), limits=Limits(ranks_per_cpu_device=1))
+    with _serving(deps, new_token(), NamedCredentials(new_token(), NAMED)) as served:
+        yield served
+    engine.dispose()
+
+
+def _register(stub: pb_grpc.CoordinatorStub, name: str, address: str = "10.0.0.2") -> str:
+    device = tpb.DeviceProfile(index=0, name="cpu", kind=tpb.DEVICE_KIND_CPU, compute_score=1.0)
+    req = pb.RegisterNodeRequest(name=name, address=address, devices=[device])
+    return str(stub.RegisterNode(req, timeout=DEADLINE_S).node_id)
+
+
+def _denied(call: Callable[[], object], code: grpc.StatusCode = DENIED) -> str:
+    with pytest.raises(grpc.RpcError) as err:
+        call()
+    assert err.value.code() == code, err.value.details()
+    return str(err.value.details())
+
+
+def _heartbeat(stub: pb_grpc.CoordinatorStub, node_id: str) -> object:
+    return stub.Heartbeat(pb.HeartbeatRequest(node_id=node_id), timeout=DEADLINE_S)
+
+
+def test_a_node_credential_heartbeats_and_registers_only_as_its_own_node(served: Served) -> None:
+    a, b = served.node("node-a"), served.node("node-b")
+    a_id, b_id = _register(a, "node-a"), _register(b, "node-b")
+    _heartbeat(a, a_id)
+    a.PollAssignments(pb.PollAssignmentsRequest(node_id=a_id), timeout=DEADLINE_S)
+    message = _denied(lambda: _heartbeat(a, b_id))
+    assert message == (
+        f"permission denied: node:node-a may not call Heartbeat for node {b_id} (it is node node-b)"
+    )
+    _denied(lambda: a.PollAssignments(pb.PollAssignmentsRequest(node_id=b_id), timeout=5))
+    hijack = _denied(lambda: _register(a, "node-b", address="6.6.6.6"))
+    assert (
+        hijack
+        == "permission denied: node:node-a may not register node 'node-b' (it is node node-a)"
+    )
+    submit = _denied(lambda: a.SubmitJob(pb.SubmitJobRequest(spec_yaml=JOB), timeout=5))
+    assert submit == "permission denied: node:node-a may not call SubmitJob"
+    nodes = served.stub(served.cluster).ListNodes(pb.ListNodesRequest(), timeout=5).nodes
+    assert {n.name: n.address for n in nodes} == {"node-a": "10.0.0.2", "node-b": "10.0.0.2"}
+
+
+def test_after_a_restart_the_database_binds_node_ids_to_names(
+    served: Served, tmp_path: Path
+) -> None:
+    """A fresh coordinator has no node ids in memory: the check reads the database."""
+    a_id = _register(served.node("node-a"), "node-a")
+    b_id = _register(served.node("node-b"), "node-b")
+    engine = open_database(f"sqlite:///{tmp_path / 'c.db'}")
+    with _serving(
+        Deps(sessions=session_factory(engine)), served.cluster, served.credentials
+    ) as again:
+        _denied(lambda: _heartbeat(again.node("node-a"), b_id))
+        _heartbeat(again.node("node-a"), a_id)
+        _heartbeat(again.node("node-a"), a_id)  # now from memory
+        unknown = _denied(
+            lambda: _heartbeat(again.node("node-a"), "0" * 12), grpc.StatusCode.NOT_FOUND
+        )
+        assert "register first" in unknown  # the agent's cue to register again
+    engine.dispose()
+
+
+def _placed_pair(served: Served) -> tuple[str, dict[str, str], dict[str, int]]:
+    """A 2-rank job with one rank on node-a and one on node-b (and node-c with none):
+    its id, the nodes' ids and the rank each node holds."""
+    ids = {n: _register(served.node(n), n) for n in ("node-a", "node-b", "node-c")}
+    cluster = served.stub(served.cluster)
+    _heartbeat(served.node("node-c"), ids["node-c"])
+    drain = pb.DrainNodeRequest(node="node-c")
+    cluster.DrainNode(drain, timeout=DEADLINE_S)  # no rank on node-c
+    job = cluster.SubmitJob(pb.SubmitJobRequest(spec_yaml=JOB), timeout=DEADLINE_S).job
+    names = {v: k for k, v in ids.items()}
+    ranks = {names[r.node_id]: r.rank for r in job.ranks}
+    assert set(ranks) == {"node-a", "node-b"}, job
+    return job.id, ids, ranks
+
+
+def test_a_node_cannot_report_log_or_plan_for_ranks_on_another_node(served: Served) -> None:
+    job_id, ids, ranks = _placed_pair(served)
+    a = served.node("node-a")
+    forged = pb.ReportRankStatusRequest(
+        node_id=ids["node-b"],
+        job_id=job_id,
+        rank=ranks["node-b"],
+        state=pb.RANK_STATE_EXITED,
+        exit_code=0,
+    )
+    message = _denied(lambda: a.ReportRankStatus(forged, timeout=DEADLINE_S))
+    assert message.startswith(
+        "permission denied: node:node-a may not call ReportRankStatus for node"
+    )
+    lines = [
+        pb.LogLine(rank=ranks["node-b"], text="forged"),
+        pb.LogLine(rank=ranks["node-a"], text="ok"),
+    ]
+    logs = pb.AppendJobLogsRequest(job_id=job_id, lines=lines)
+    message = _denied(lambda: a.AppendJobLogs(logs, timeout=DEADLINE_S))
+    assert message == (
+        f"permission denied: node:node-a may not append log lines of job {job_id} "
+        f"rank {ranks['node-b']} (not placed on node node-a)"
+    )
+    own = pb.AppendJobLogsRequest(job_id=job_id, lines=lines[1:])
+    a.AppendJobLogs(own, timeout=DEADLINE_S)
+    c = served.node("node-c")
+    plan = _denied(lambda: c.GetPlan(tpb.GetPlanRequest(job_id=job_id), timeout=DEADLINE_S))
+    assert (
+        plan
+        == f"permission denied: node:node-c may not call GetPlan for job {job_id} (no rank on node node-c)"
+    )
+    report = tpb.IntervalReport(job_id=job_id)
+    _denied(lambda: c.ReportIntervalStats(report, timeout=DEADLINE_S))
+    assert a.GetPlan(tpb.GetPlanRequest(job_id=job_id), timeout=DEADLINE_S).version >= 1
+    # Its own rank: the report is taken, and the job is not SUCCEEDED by a forgery.
+    mine = pb.ReportRankStatusRequest(
+        node_id=ids["node-a"], job_id=job_id, rank=ranks["node-a"], state=pb.RANK_STATE_RUNNING
+    )
+    a.ReportRankStatus(mine, timeout=DEADLINE_S)
+    job = served.stub(served.cluster).GetJob(pb.GetJobRequest(job_id=job_id), timeout=DEADLINE_S)
+    assert job.state != pb.JOB_STATE_SUCCEEDED
+    got = served.stub(served.cluster).GetJobLogs(pb.GetJobLogsRequest(job_id=job_id), timeout=5)
+    assert [ln.text for ln in got.lines] == ["ok"]
+
+
+def test_a_user_cancels_only_their_own_jobs_and_is_limited_by_name(tmp_path: Path) -> None:
+    engine = open_database(f"sqlite:///{tmp_path / 'c.db'}")
+    deps = Deps(sessions=session_factory(engine), limits=Limits(jobs_per_user=1))
+    with _serving(deps, new_token(), NamedCredentials(new_token(), NAMED)) as served:
+        _register(served.stub(served.cluster), "node-a")
+        ana, bob = served.user("ana"), served.user("bob")
+        spec = pb.SubmitJobRequest(spec_yaml=JOB.replace("ranks: 2", "ranks: 1"))
+        anas = ana.SubmitJob(spec, timeout=DEADLINE_S).job_id
+        over = _denied(lambda: ana.SubmitJob(spec, timeout=5), grpc.StatusCode.RESOURCE_EXHAUSTED)
+        assert over.startswith("user:ana has 1 queued or active jobs"), over
+        bobs = bob.SubmitJob(spec, timeout=DEADLINE_S).job_id  # his own budget
+        cancel = pb.CancelJobRequest(job_id=anas)
+        message = _denied(lambda: bob.CancelJob(cancel, timeout=DEADLINE_S))
+        assert (
+            message
+            == f"permission denied: user:bob may not cancel job {anas} (submitted by user:ana)"
+        )
+        drain = _denied(lambda: bob.DrainNode(pb.DrainNodeRequest(node="node-a"), timeout=5))
+        assert drain == "permission denied: user:bob may not call DrainNode"
+        assert ana.CancelJob(cancel, timeout=DEADLINE_S).state == pb.JOB_STATE_CANCELLED
+        bob.ListJobs(pb.ListJobsRequest(), timeout=DEADLINE_S)  # users read everything
+        admin = served.stub(served.cluster)
+        admin.CancelJob(pb.CancelJobRequest(job_id=bobs), timeout=DEADLINE_S)  # the admin: any
+    engine.dispose()
+
+
+def test_forged_revoked_and_foreign_credentials_are_unauthenticated(tmp_path: Path) -> None:
+    engine = open_database(f"sqlite:///{tmp_path / 'c.db'}")
+    secret = new_token()
+    revoking = NamedCredentials(secret, NAMED, revoked=("node:node-b",))
+    with _serving(Deps(sessions=session_factory(engine)), new_token(), revoking) as served:
+        good = served.credentials.mint("node", "node-a").reveal()
+        forged = good.replace("node:node-a:", "node:node-b:")  # a's MAC under b's name
+        foreign = NamedCredentials(new_token(), NAMED).mint("node", "node-a")  # another secret
+        for token in (Secret(forged), foreign, served.credentials.mint("node", "node-b")):
+            stub = served.stub(token)
+            code = grpc.StatusCode.UNAUTHENTICATED
+            _denied(lambda stub=stub: stub.ListNodes(pb.ListNodesRequest(), timeout=5), code)  # type: ignore[misc]
+        _register(served.node("node-a"), "node-a")
+    engine.dispose()
