@@ -13,24 +13,26 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
+from pki import make_pki
 
 from hetero.auth import Secret, new_token
 from hetero.coordinator import cli
 from hetero.coordinator.admission import Limits
 from hetero.coordinator.config import load_config
 from hetero.coordinator.database import open_database, session_factory
-from hetero.coordinator.roles import NAMED, named_credentials
+from hetero.coordinator.roles import NAMED, certificate_callers, named_credentials
 from hetero.coordinator.server import create_server
 from hetero.coordinator.service import Deps
 from hetero.core.errors import ConfigError
-from hetero.credentials import NamedCredentials, check_holder
-from hetero.transport import ClientSecurity, ServerSecurity, client_channel
+from hetero.credentials import Named, NamedCredentials, check_holder
+from hetero.transport import ClientSecurity, ServerSecurity, TLSFiles, client_channel
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 from hetero.v1 import types_pb2 as tpb
@@ -239,3 +241,157 @@ def test_forged_revoked_and_foreign_credentials_are_unauthenticated(tmp_path: Pa
             _denied(lambda stub=stub: stub.ListNodes(pb.ListNodesRequest(), timeout=5), code)  # type: ignore[misc]
         _register(served.node("node-a"), "node-a")
     engine.dispose()
+
+
+def test_client_certificates_map_onto_the_same_roles(tmp_path: Path) -> None:
+    """Mutual TLS with ``certificates:``: a certificate is a user, a node, a reader or
+    an admin, with the same limits as that holder's token; an unmapped one is nothing."""
+    pki = make_pki(tmp_path, clients=("ana", "gpu-a", "top", "ops", "eve"))
+    mapping = {"ana": "user", "gpu-a": "node:node-a", "top": "read", "ops": "admin"}
+    engine = open_database(f"sqlite:///{tmp_path / 'c.db'}")
+    deps = Deps(sessions=session_factory(engine))
+    tls = TLSFiles(pki.server_cert, pki.server_key, pki.ca)
+    named = NamedCredentials(new_token(), NAMED)
+    cluster = new_token()
+    security = ServerSecurity(token=cluster, tls=tls, named=named, certificate_callers=True)
+    server, port = create_server(
+        "127.0.0.1:0", deps, security, certificate_callers(mapping.items())
+    )
+    server.start()
+
+    def stub(cn: str, token: Secret | None = None) -> pb_grpc.CoordinatorStub:
+        cert, key = pki.clients[cn]
+        client = ClientSecurity(token=token, tls=TLSFiles(cert, key, pki.ca))
+        return pb_grpc.CoordinatorStub(client_channel(f"localhost:{port}", client))
+
+    try:
+        node = stub("gpu-a")
+        _register(node, "node-a")
+        hijack = _denied(lambda: _register(node, "node-b"))
+        assert (
+            hijack
+            == "permission denied: node:node-a may not register node 'node-b' (it is node node-a)"
+        )
+        spec = pb.SubmitJobRequest(spec_yaml=JOB.replace("ranks: 2", "ranks: 1"))
+        by_cert = stub("ana").SubmitJob(spec, timeout=DEADLINE_S).job_id
+        # ana by certificate and ana by token are one user: her token may cancel it.
+        ana_token = stub("eve", named.mint("user", "ana"))
+        ana_token.CancelJob(pb.CancelJobRequest(job_id=by_cert), timeout=DEADLINE_S)
+        theirs = stub("ops").SubmitJob(spec, timeout=DEADLINE_S).job_id
+        cancel = pb.CancelJobRequest(job_id=theirs)
+        _denied(lambda: stub("ana").CancelJob(cancel, timeout=DEADLINE_S))
+        read = stub("top")
+        read.ListJobs(pb.ListJobsRequest(), timeout=DEADLINE_S)
+        refused = _denied(lambda: read.SubmitJob(spec, timeout=DEADLINE_S))
+        assert refused == "permission denied: certificate CN=top may not call SubmitJob (read role)"
+        watch = read.WatchCluster(pb.WatchClusterRequest(), timeout=DEADLINE_S)
+        assert next(iter(watch)).nodes[0].name == "node-a"
+        watch.cancel()
+        nodes = node.WatchCluster(pb.WatchClusterRequest(), timeout=DEADLINE_S)
+        _denied(lambda: next(iter(nodes)))
+        stranger = _denied(lambda: stub("eve").ListJobs(pb.ListJobsRequest(), timeout=5))
+        assert stranger == "permission denied: certificate CN=eve may not call ListJobs (no role)"
+        stub("ops").CancelJob(cancel, timeout=DEADLINE_S)  # an admin certificate: any job
+        stub("eve", cluster).ListJobs(pb.ListJobsRequest(), timeout=DEADLINE_S)  # token wins
+    finally:
+        deps.stopping.set()
+        server.stop(0).wait()
+        engine.dispose()
+
+
+def test_certificates_and_credentials_in_the_config_are_checked_by_name(tmp_path: Path) -> None:
+    path = tmp_path / "coordinator.yaml"
+    path.write_text("certificates:\n  ana: usr\n")
+    config = load_config(path)
+    with pytest.raises(ConfigError, match=r"certificates\.ana: unknown role 'usr' \(known: admin"):
+        certificate_callers(config.certificates)
+    path.write_text("credentials:\n  secret: /x\n")
+    with pytest.raises(
+        ConfigError, match=r"credentials\.secret: unknown field \(did you mean 'secret_file'"
+    ):
+        load_config(path)
+    secret = tmp_path / "secret"
+    path.write_text(f"credentials:\n  secret_file: {secret}\n  revoked: [node:node-b, nod:x]\n")
+    config = load_config(path)
+    assert config.resolved_credential_secret == secret and config.revoked == (
+        "node:node-b",
+        "nod:x",
+    )
+    with pytest.raises(ConfigError, match="unknown credential kind 'nod'"):
+        named_credentials(secret, config.revoked)
+    assert named_credentials(secret) is None, "no secret file: no named credentials"
+
+
+def _cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_node_token_prints_the_same_credential_the_coordinator_accepts(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    code, first, _ = _cli("node-token", "gpu-3", "--state-dir", str(state))
+    assert code == 0 and first.startswith("node:gpu-3:")
+    assert (state / "credential-secret").stat().st_mode & 0o777 == 0o600
+    assert _cli("node-token", "gpu-3", "--state-dir", str(state))[1] == first, "derived, not random"
+    out = tmp_path / "ana.token"
+    code, _, said = _cli("user-token", "ana", "--state-dir", str(state), "--out", str(out))
+    assert code == 0 and said == f"user ana: credential written to {out}\n"
+    assert os.stat(out).st_mode & 0o777 == 0o600
+    credentials = named_credentials(state / "credential-secret")
+    assert credentials is not None
+    assert credentials.verify(first.strip()) == Named("node", "gpu-3")
+    assert credentials.verify(out.read_text().strip()) == Named("user", "ana")
+    code, _, err = _cli("node-token", "bad name", "--state-dir", str(state))
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: node name 'bad name'")
+
+
+def test_an_agent_refuses_another_nodes_credential() -> None:
+    credentials = NamedCredentials(new_token(), NAMED)
+    check_holder(credentials.mint("node", "gpu-3"), "node", "gpu-3")
+    check_holder(new_token(), "node", "gpu-3")  # a cluster or role token: not named
+    with pytest.raises(
+        ConfigError, match="the token is node gpu-4's credential, but this node is 'gpu-3'"
+    ):
+        check_holder(credentials.mint("node", "gpu-4"), "node", "gpu-3")
+    with pytest.raises(ConfigError, match="the token is user ana's credential"):
+        check_holder(credentials.mint("user", "ana"), "node", "gpu-3")
+
+
+E2E_JOB = """\
+name: bound
+model: debug
+global_batch: 32
+steps: 30
+policy: dynamic
+rebalance_interval: 5
+resources:
+  ranks: 2
+  device: cpu
+"""
+
+
+@pytest.mark.slow
+def test_agents_with_their_node_credentials_run_a_job_to_success(tmp_path: Path) -> None:
+    """Coordinator and two agents as processes, each agent with its own node's
+    credential from ``hetero-coord node-token``: registration, heartbeats, orders,
+    rank states, logs and rank 0's reports all pass the node checks, the job
+    succeeds, and one agent's credential still cannot heartbeat as the other node."""
+    from hetero.agent.localcluster import AgentSpec, LocalCluster
+    from hetero.auth import read_token_file
+    from hetero.demo import summary_from_logs
+
+    root = tmp_path / "cluster"
+    with LocalCluster(root, [AgentSpec("a"), AgentSpec("b")], node_credentials=True) as cluster:
+        job = cluster.wait(cluster.submit(E2E_JOB), timeout_s=180)
+        assert job.state == pb.JOB_STATE_SUCCEEDED, job.message
+        assert {r.node_name for r in job.ranks} == {"a", "b"}, job.ranks
+        summary = summary_from_logs(cluster.logs(job.id))
+        assert summary is not None and summary["control_plane"]["failures"] == 0, summary
+        nodes = cluster.stub.ListNodes(pb.ListNodesRequest(), timeout=DEADLINE_S).nodes
+        b_id = next(n.id for n in nodes if n.name == "b")
+        a = pb_grpc.CoordinatorStub(
+            client_channel(cluster.address, ClientSecurity(read_token_file(root / "a.token")))
+        )
+        _denied(lambda: _heartbeat(a, b_id))
