@@ -60,7 +60,11 @@ def with_access(
     if security.insecure and not security.authenticated:
         return security, certificates
     named = named_credentials(_secret_file(config), config.revoked)
-    return replace(security, named=named, certificate_callers=bool(certificates)), certificates
+    # A call with a certificate and no token passes the token check where it did before
+    # (mutual TLS without a token or role tokens: the certificate was the credential),
+    # and where ``certificates:`` maps it to a role.
+    tokenless = bool(certificates) or (security.token is None and not security.roles)
+    return replace(security, named=named, certificate_callers=tokenless), certificates
 
 
 # ---- node-token, user-token ----------------------------------------------------------

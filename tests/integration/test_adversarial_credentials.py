@@ -395,3 +395,34 @@ def test_agents_with_their_node_credentials_run_a_job_to_success(tmp_path: Path)
             client_channel(cluster.address, ClientSecurity(read_token_file(root / "a.token")))
         )
         _denied(lambda: _heartbeat(a, b_id))
+
+
+def test_mutual_tls_alone_still_admits_certificates_beside_node_credentials(
+    tmp_path: Path,
+) -> None:
+    """A coordinator on mutual TLS with no token (the certificate is the credential)
+    keeps admitting certificate callers now that node and user credentials are on."""
+    from hetero.coordinator.access import with_access
+    from hetero.coordinator.config import CoordinatorConfig
+
+    pki = make_pki(tmp_path)
+    tls = TLSFiles(pki.server_cert, pki.server_key, pki.ca)
+    config = CoordinatorConfig(state_dir=tmp_path / "state")
+    security, certificates = with_access(config, ServerSecurity(tls=tls))
+    assert security.named is not None and security.certificate_callers and not certificates
+    engine = open_database(f"sqlite:///{tmp_path / 'c.db'}")
+    deps = Deps(sessions=session_factory(engine))
+    server, port = create_server("127.0.0.1:0", deps, security, certificates)
+    server.start()
+    try:
+        for token in (None, security.named.mint("node", "node-a")):
+            client = ClientSecurity(token, TLSFiles(pki.client_cert, pki.client_key, pki.ca))
+            stub = pb_grpc.CoordinatorStub(client_channel(f"localhost:{port}", client))
+            _register(stub, "node-a")
+        named = ClientSecurity(security.named.mint("node", "node-b"), client.tls)
+        bound = pb_grpc.CoordinatorStub(client_channel(f"localhost:{port}", named))
+        _denied(lambda: _register(bound, "node-a"))
+    finally:
+        deps.stopping.set()
+        server.stop(0).wait()
+        engine.dispose()
