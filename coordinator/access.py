@@ -70,28 +70,30 @@ def with_access(
 # ---- node-token, user-token ----------------------------------------------------------
 
 
+#: Per kind: who holds the credential, what it binds them to, an example name.
+_COMMANDS = {
+    "node": ("an agent", "it may register, heartbeat and report only as that node", "gpu-node-3"),
+    "user": ("a person", "they may submit, read, and cancel only their own jobs", "ana"),
+}
+
+
 def add_commands(sub: argparse._SubParsersAction[Any]) -> None:
     """The ``node-token`` and ``user-token`` subcommands."""
-    for kind, holder, example in (
-        ("node", "an agent", "gpu-node-3"),
-        ("user", "a person", "ana"),
-    ):
+    for kind, (holder, binds, example) in _COMMANDS.items():
         p = sub.add_parser(
             f"{kind}-token",
             help=f"print the credential of one {kind} (run on the coordinator's host)",
-            description=f"Print the credential that binds {holder} to {kind} NAME: "
-            f"{'it may register, heartbeat and report only as that node' if kind == 'node' else 'it may submit, read, and cancel only its own jobs'}. "
+            description=f"Print the credential that binds {holder} to {kind} NAME: {binds}. "
             f"It is derived from the coordinator's credential secret ({SECRET_FILE_NAME} in "
-            "its state directory, or credentials.secret_file), so nothing is stored and the "
-            "same NAME always gives the same credential; run as the coordinator's user. "
-            "Withdraw one with credentials.revoked in coordinator.yaml (docs/deploy.md#roles).",
-            epilog=f"example: hetero-coord {kind}-token {example} --out /etc/hetero/{kind}.token",
+            "its state directory, or credentials.secret_file; made here if missing), so "
+            "nothing is stored and the same NAME always gives the same credential. Run it as "
+            "the coordinator's user. Withdraw one with credentials.revoked in coordinator.yaml "
+            "(docs/deploy.md#roles).",
+            epilog=f"example: hetero-coord {kind}-token {example} --state-dir /var/lib/hetero "
+            f"--out {example}.token",
         )
-        p.add_argument(
-            "name",
-            help=f"the {kind}'s name"
-            + (" (agent.yaml name:, default its hostname)" if kind == "node" else ""),
-        )
+        hostname = " (agent.yaml name:, default its hostname)" if kind == "node" else ""
+        p.add_argument("name", help=f"the {kind}'s name{hostname}")
         p.add_argument("--config", type=Path, help="the coordinator's YAML config")
         p.add_argument("--state-dir", type=Path, help="the coordinator's state directory")
         p.add_argument(
