@@ -136,16 +136,21 @@ class AsyncCoordinator:
     def _checked(
         self, caller: Caller | None, name: str, request: Any, context: _ThreadContext
     ) -> Any:
-        """The call on a pool thread: checked against ``caller`` first (None: already
-        allowed); a registration teaches ``scope`` the node's id."""
-        if caller is not None:
-            refused = self.scope.check(caller, name, request)
-            if refused is not None:
-                context.abort(grpc.StatusCode.PERMISSION_DENIED, refused)
-        reply = _unless_late(getattr(self.service, name), request, context)
-        if name == "RegisterNode":
-            self.scope.learn(reply.node_id, request.name)
-        return reply
+        """The call on a pool thread, unless late: checked against ``caller`` first (None:
+        already allowed); a registration teaches ``scope`` the node's id."""
+        method = getattr(self.service, name)
+
+        def run(request: Any, context: _ThreadContext) -> Any:
+            if caller is not None:
+                refused = self.scope.check(caller, name, request)
+                if refused is not None:
+                    context.abort(grpc.StatusCode.PERMISSION_DENIED, refused)
+            reply = method(request, context)
+            if name == "RegisterNode":
+                self.scope.learn(reply.node_id, request.name)
+            return reply
+
+        return _unless_late(run, request, context)
 
     async def WatchCluster(
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
