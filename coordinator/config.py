@@ -10,7 +10,6 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from hetero import credentials
 from hetero.coordinator.admission import Limits
 from hetero.coordinator.database import sqlite_url
 from hetero.coordinator.retention import IntervalRetention, LogRetention
@@ -96,7 +95,10 @@ class CoordinatorConfig:
 
     @property
     def resolved_credential_secret(self) -> Path:
-        return credentials.secret_path(self.credential_secret_file, self.resolved_state_dir)
+        # Imported here: hetero.credentials loads grpc, which this module must not.
+        from hetero.credentials import secret_path
+
+        return secret_path(self.credential_secret_file, self.resolved_state_dir)
 
     @property
     def resolved_allowed_roots(self) -> tuple[str, ...]:
