@@ -24,6 +24,7 @@ from typing import Any
 from hetero.agent.config import AgentConfig, load_config, with_flags
 from hetero.core import defaults
 from hetero.core.errors import ConfigError, HeteroError
+from hetero.credentials import check_holder
 from hetero.logs import configure_logging
 from hetero.permissions import private_dir, refuse_root, set_daemon_umask
 from hetero.transport import ServerSecurity, add_client_arguments, check_listen, client_security
@@ -238,6 +239,7 @@ def _run(config: AgentConfig, refresh: bool) -> int:
         config.tls_key,
         address=config.coordinator,
     )
+    check_holder(security.token, "node", config.node_name)
     if not security.secured and not config.insecure:  # the listen rule, before the profile
         check_listen(config.local_listen, ServerSecurity(), "agent endpoint")
     refuse_root(config.allow_root)

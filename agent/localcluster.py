@@ -62,6 +62,9 @@ class LocalCluster:
     #: Token file every daemon and this client use; None = the token the coordinator
     #: generates in its state directory (its secure default), handed to the agents.
     token_file: Path | None = None
+    #: Each agent presents its own node's credential (``hetero-coord node-token``), not
+    #: the cluster's token: it may then act only for its own node.
+    node_credentials: bool = False
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     address: str = ""
     _logs: list[IO[bytes]] = field(default_factory=list)
@@ -86,14 +89,16 @@ class LocalCluster:
         if self.token_file is None:
             ensure_token(local_token_path(private_dir(self.root / "coordinator")))
 
-    def _spawn(self, name: str, argv: list[str], token: bool = True) -> None:
+    def _spawn(
+        self, name: str, argv: list[str], token: bool = True, token_path: Path | None = None
+    ) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         log = (self.root / f"{name}.log").open("ab")  # a restarted daemon appends
         self._logs.append(log)
         # Credentials only as given here: none inherited from the caller's environment.
         env = dict(scrub_environment(os.environ), PYTHONUNBUFFERED="1")
         if token:
-            argv = [*argv, "--token-file", str(self.token_path)]
+            argv = [*argv, "--token-file", str(token_path or self.token_path)]
         self.procs[name] = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env
         )
@@ -128,7 +133,20 @@ class LocalCluster:
         if os.geteuid() == 0:  # the cluster runs as whoever started it, root included
             argv += ["--allow-root"]
         self._ensure_token()
-        self._spawn(spec.name, argv)
+        self._spawn(spec.name, argv, token_path=self._node_credential(spec.name))
+
+    def _node_credential(self, name: str) -> Path | None:
+        """Node ``name``'s credential, made with ``hetero-coord node-token`` as an operator
+        would (None: the agents use the cluster's token)."""
+        if not self.node_credentials:
+            return None
+        path = self.root / f"{name}.token"
+        argv = [self.python, "-m", "hetero.coordinator.cli", "node-token", name]
+        argv += ["--state-dir", str(self.root / "coordinator"), "--out", str(path)]
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise ClusterError(f"node-token {name} failed: {done.stderr.strip()}")
+        return path
 
     def kill(self, name: str) -> None:
         """``kill -9`` a daemon (chaos tests): no cleanup of any kind runs."""

@@ -46,8 +46,9 @@ class AdmissionError(HeteroError):
 class Limits:
     """What the coordinator admits (``coordinator.yaml``; docs/deploy.md#queue-and-limits).
 
-    ``jobs_per_user``: queued and active jobs of one credential at once (the roles
-    layer gives one identity per token: see ``hetero.coordinator.identity``);
+    ``jobs_per_user``: queued and active jobs of one caller at once (a user's own
+    credential or certificate is one user; each shared token is one: see
+    ``hetero.coordinator.identity``);
     ``ranks_per_cpu_device``: ranks of active jobs on one CPU device (they share its
     cores; a CUDA device runs one); ``max_spec_bytes``: bytes of one job.yaml;
     ``concurrent_rpcs``: calls the server works on at once (gRPC's

@@ -28,8 +28,9 @@ import grpc
 import grpc.aio
 
 from hetero.coordinator.deps import Deps
-from hetero.coordinator.identity import ANYONE, Identities
+from hetero.coordinator.identity import ANYONE, Caller, Identities
 from hetero.coordinator.rpc import abort_for
+from hetero.coordinator.scope import Scope
 from hetero.coordinator.service import CoordinatorService
 from hetero.v1 import coordinator_pb2, coordinator_pb2_grpc
 
@@ -38,7 +39,9 @@ T = TypeVar("T")
 #: Threads for the calls that touch the database (SQLite takes one writer at a time).
 DB_THREADS = 16
 
-_METHODS = tuple(coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"].methods_by_name)
+_SERVICE = coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"]
+_METHODS = tuple(_SERVICE.methods_by_name)
+SERVICE_NAME = _SERVICE.full_name
 
 
 class _Aborted(Exception):
@@ -83,7 +86,9 @@ class AsyncCoordinator:
     """``CoordinatorService`` as coroutines, for ``add_CoordinatorServicer_to_server``.
 
     A call that waited for a thread past its client's deadline is not started: the
-    client has gone (finding: a server that kept working for a client that had left)."""
+    client has gone (finding: a server that kept working for a client that had left).
+    A call of a node's or user's credential is checked against what it acts on
+    (``scope``) first: from memory where it can, else on the thread with the call."""
 
     def __init__(
         self, service: CoordinatorService, pool: futures.Executor, identities: Identities
@@ -91,6 +96,8 @@ class AsyncCoordinator:
         self.service = service
         self.pool = pool
         self.identities = identities
+        deps = service.deps
+        self.scope = Scope(deps.readers or deps.sessions, SERVICE_NAME)
         for name in _METHODS:
             if name != "WatchCluster":
                 setattr(self, name, self._unary(name))
@@ -103,13 +110,22 @@ class AsyncCoordinator:
 
         async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             try:
-                if _inline(deps, name, request):
-                    return method(request, _ThreadContext())
                 caller = self.identities.of(context.invocation_metadata(), context.auth_context())
-                thread_context = _ThreadContext(caller, context.time_remaining())
+                verdict = self.scope.quick(caller, name, request) if caller.scoped else True
+                if isinstance(verdict, str):
+                    raise _Aborted(grpc.StatusCode.PERMISSION_DENIED, verdict)
+                if verdict and _inline(deps, name, request):
+                    return method(request, _ThreadContext())
+                thread_context = _ThreadContext(caller.label, context.time_remaining())
+                checked = verdict is None
                 loop = asyncio.get_running_loop()
                 return await loop.run_in_executor(
-                    self.pool, _unless_late, method, request, thread_context
+                    self.pool,
+                    self._checked,
+                    caller if checked else None,
+                    name,
+                    request,
+                    thread_context,
                 )
             except _Aborted as aborted:
                 await context.abort(aborted.code, aborted.details)
@@ -117,9 +133,32 @@ class AsyncCoordinator:
         call.__name__ = name
         return call
 
+    def _checked(
+        self, caller: Caller | None, name: str, request: Any, context: _ThreadContext
+    ) -> Any:
+        """The call on a pool thread, unless late: checked against ``caller`` first (None:
+        already allowed); a registration teaches ``scope`` the node's id."""
+        method = getattr(self.service, name)
+
+        def run(request: Any, context: _ThreadContext) -> Any:
+            if caller is not None:
+                refused = self.scope.check(caller, name, request)
+                if refused is not None:
+                    context.abort(grpc.StatusCode.PERMISSION_DENIED, refused)
+            reply = method(request, context)
+            if name == "RegisterNode":
+                self.scope.learn(reply.node_id, request.name)
+            return reply
+
+        return _unless_late(run, request, context)
+
     async def WatchCluster(
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[Any]:
+        caller = self.identities.of(context.invocation_metadata(), context.auth_context())
+        refused = self.scope.method_refusal(caller, "WatchCluster")
+        if refused is not None:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, refused)
         period_s = min(max(request.period_s or 1.0, 0.2), 60.0)
         stopping = self.service.deps.stopping
         loop = asyncio.get_running_loop()
@@ -225,6 +264,6 @@ def add_coordinator(
     identities: Identities | None = None,
 ) -> None:
     """Serve the Coordinator service of ``deps`` on ``server``; ``identities`` names callers
-    (default: everyone is "anyone")."""
+    (default: everyone is "anyone", unchecked)."""
     servicer = AsyncCoordinator(CoordinatorService(deps), pool, identities or Identities())
     coordinator_pb2_grpc.add_CoordinatorServicer_to_server(servicer, server)  # type: ignore[no-untyped-call, unused-ignore]

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hetero.auth import ensure_token, local_token_path
-from hetero.coordinator import commands
+from hetero.coordinator import access, commands
 from hetero.coordinator.config import CoordinatorConfig, load_config, with_flags
 from hetero.coordinator.export import FORMATS, TABLES
 from hetero.coordinator.roles import load_roles
@@ -45,6 +45,8 @@ examples:
   hetero-coord health                               # gRPC health: SERVING, exit 0
   hetero-coord serve --metrics-listen 127.0.0.1:9464  # Prometheus /metrics (loopback)
   hetero-coord db upgrade --db postgresql+psycopg://hetero@db-host/hetero
+  hetero-coord node-token gpu-node-3 --out gpu-node-3.token  # that node's credential
+  hetero-coord user-token ana                       # ana's: cancels only her own jobs
 
 The coordinator address comes from --coordinator, else $HETERO_COORDINATOR, else 127.0.0.1:7070.
 The job file format is documented in docs/jobspec.md.
@@ -168,6 +170,8 @@ def _parser() -> argparse.ArgumentParser:
         "--db", help="SQLAlchemy database URL (default: SQLite file in the state directory)"
     )
 
+    access.add_commands(sub)
+
     def client(name: str, help_text: str, json_flag: bool = True) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
         p.add_argument(
@@ -247,6 +251,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _serve(args)
         if args.command == "db":
             return _db(args)
+        if args.command in ("node-token", "user-token"):
+            return access.print_credential(args)
         return commands.run(args)
     except HeteroError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -325,6 +331,9 @@ def _serve(args: argparse.Namespace) -> int:
         logging.getLogger("hetero.coordinator").warning(
             "--insecure: no token; every user who can reach %s can submit jobs", config.listen
         )
+    # Node and user credentials, beside the token (made after the check above, so they
+    # neither stand in for an operator's credential nor stop the token's generation).
+    security, certificates = access.with_access(config, security)
     if config.metrics_listen:
         from hetero.coordinator.metricsserver import check_metrics_listen
 
@@ -343,6 +352,7 @@ def _serve(args: argparse.Namespace) -> int:
         interval_retention=config.interval_retention,
         log_retention=config.log_retention,
         limits=config.limits,
+        certificates=certificates,
     )
     return 0
 

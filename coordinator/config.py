@@ -42,6 +42,13 @@ class CoordinatorConfig:
     insecure: bool = False
     #: Token files of the limited roles (``roles.ROLES``: user, agent, read), by role.
     roles: tuple[tuple[str, Path], ...] = ()
+    #: The secret node and user credentials are signed with (``hetero.credentials``);
+    #: None = ``credential-secret`` in the state directory.
+    credential_secret_file: Path | None = None
+    #: Named credentials no longer accepted ("node:gpu-3", "user:bob").
+    revoked: tuple[str, ...] = ()
+    #: Client certificates' common names and the role each maps to (``roles.certificate_callers``).
+    certificates: tuple[tuple[str, str], ...] = ()
     #: Directories a job's checkpoint.dir and data_dir must lie under; None = the defaults
     #: of ``coordinator.roots.default_roots``.
     allowed_roots: tuple[str, ...] | None = None
@@ -87,6 +94,13 @@ class CoordinatorConfig:
         return self.state_dir or default_state_dir()
 
     @property
+    def resolved_credential_secret(self) -> Path:
+        # Imported here: hetero.credentials loads grpc, which this module must not.
+        from hetero.credentials import secret_path
+
+        return secret_path(self.credential_secret_file, self.resolved_state_dir)
+
+    @property
     def resolved_allowed_roots(self) -> tuple[str, ...]:
         if self.allowed_roots is None:
             return default_roots(self.resolved_state_dir)
@@ -120,6 +134,7 @@ def load_config(path: Path | None) -> CoordinatorConfig:
         return CoordinatorConfig()
     d = CoordinatorConfig()
     state_dir = f.string("state_dir")
+    secret_file, revoked = _credentials(f.mapping("credentials"))
     config = CoordinatorConfig(
         listen=f.string("listen", d.listen) or d.listen,
         state_dir=Path(state_dir).expanduser() if state_dir else None,
@@ -137,6 +152,9 @@ def load_config(path: Path | None) -> CoordinatorConfig:
         tls_ca=f.path("tls_ca"),
         insecure=f.boolean("insecure", False),
         roles=_role_files(f.mapping("roles")),
+        credential_secret_file=secret_file,
+        revoked=revoked,
+        certificates=_certificates(f.mapping("certificates")),
         allowed_roots=f.strings("allowed_roots"),
         master_port_base=f.integer("master_port_base", d.master_port_base, minimum=1024)
         or d.master_port_base,
@@ -184,6 +202,24 @@ def _role_files(f: Fields | None) -> tuple[tuple[str, Path], ...]:
     files = tuple((role, f.path(role)) for role in ("user", "agent", "read"))
     f.finish()
     return tuple((role, path) for role, path in files if path is not None)
+
+
+def _credentials(f: Fields | None) -> tuple[Path | None, tuple[str, ...]]:
+    """``credentials: {secret_file: FILE, revoked: [node:NAME, user:NAME, ...]}``."""
+    if f is None:
+        return None, ()
+    secret_file, revoked = f.path("secret_file"), f.strings("revoked") or ()
+    f.finish()
+    return secret_file, revoked
+
+
+def _certificates(f: Fields | None) -> tuple[tuple[str, str], ...]:
+    """``certificates: {COMMON_NAME: ROLE}``: each value a role name (``roles.certificate_callers``)."""
+    if f is None:
+        return ()
+    mapping = tuple((cn, f.string(cn) or "") for cn in f.names())
+    f.finish()
+    return mapping
 
 
 def with_flags(config: CoordinatorConfig, **flags: object) -> CoordinatorConfig:

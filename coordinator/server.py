@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Mapping
 from concurrent import futures
 from types import FrameType
 
@@ -24,7 +25,7 @@ from hetero.coordinator.asyncserver import CoordinatorServer, add_coordinator
 from hetero.coordinator.database import open_database, read_session_factory, session_factory
 from hetero.coordinator.dburl import masked
 from hetero.coordinator.deps import Deps
-from hetero.coordinator.identity import Identities
+from hetero.coordinator.identity import Caller, Identities
 from hetero.coordinator.ingest import HeartbeatIngest
 from hetero.coordinator.metricsserver import MetricsServer
 from hetero.coordinator.pruning import IntervalPruner
@@ -44,12 +45,17 @@ SERVICE_NAME = coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"].full_n
 
 
 def create_server(
-    address: str, deps: Deps, security: ServerSecurity | None = None
+    address: str,
+    deps: Deps,
+    security: ServerSecurity | None = None,
+    certificates: Mapping[str, Caller] | None = None,
 ) -> tuple[CoordinatorServer, int]:
     """A server for ``address`` (``host:port``; port 0 = any free port) and the bound port.
 
     ``security`` (default: loopback only, no token, no TLS) is applied by
     ``hetero.transport``: token check, TLS, message limit, and no UNKNOWN status;
+    ``certificates`` maps client certificates' common names to callers
+    (``roles.certificate_callers``; with mutual TLS only);
     ``deps.limits`` bounds the calls in flight and the message size. The server is
     ``grpc.aio`` on a loop thread of its own (``asyncserver``)."""
     security = security or ServerSecurity()
@@ -62,7 +68,8 @@ def create_server(
             max_concurrent_rpcs=deps.limits.concurrent_rpcs,
             max_message_bytes=deps.limits.max_message_bytes,
         )
-        add_coordinator(server, deps, pool, Identities(security.token, security.roles))
+        identities = Identities(security.token, security.roles, security.named, certificates)
+        add_coordinator(server, deps, pool, identities)
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         for name in ("", SERVICE_NAME):
@@ -91,6 +98,7 @@ def serve(
     interval_retention: IntervalRetention | None = None,
     log_retention: LogRetention | None = None,
     limits: Limits | None = None,
+    certificates: Mapping[str, Caller] | None = None,
 ) -> None:
     """Run the coordinator until SIGTERM or SIGINT; with ``metrics_listen`` (host:port)
     also serve Prometheus ``/metrics`` there. Heartbeats are written in batches
@@ -128,7 +136,7 @@ def serve(
     kept = interval_retention or IntervalRetention()
     logs = log_retention or LogRetention()
     pruner = IntervalPruner(deps.sessions, kept, clock=deps.clock, logs=logs)
-    server, port = create_server(address, deps, security)
+    server, port = create_server(address, deps, security, certificates)
     metrics = (
         MetricsServer(metrics_listen, CoordinatorService(deps).snapshot, security)
         if metrics_listen

@@ -143,6 +143,10 @@ class Fields:
         """A ``ConfigError`` for a missing ``key`` that ``anchor``'s value makes necessary."""
         return ConfigError(f"{self.source}:{self.line_of(anchor)}: {self.prefix}{key}: {message}")
 
+    def names(self) -> tuple[str, ...]:
+        """Every key of the mapping, in file order (for mappings whose keys are data)."""
+        return tuple(self._items)
+
     def has(self, key: str) -> bool:
         self._asked.add(key)
         return key in self._items

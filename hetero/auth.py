@@ -1,4 +1,5 @@
-"""Bearer-token authentication for hetero's gRPC services, server and client side.
+"""Bearer-token authentication for hetero's gRPC services: tokens and the server side
+(the client side, a channel that sends the token, is ``hetero.bearer``).
 
 Every RPC of the coordinator and of the agent's ``AgentLocal`` endpoint carries
 ``authorization: Bearer <token>`` metadata when the daemon has a token; the
@@ -39,13 +40,16 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
 import grpc.aio
 
 from hetero.core.defaults import default_state_dir
 from hetero.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hetero.credentials import NamedCredentials
 
 log = logging.getLogger("hetero.auth")
 
@@ -276,10 +280,15 @@ class TokenAuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc, unused
         hint: str,
         *,
         roles: Sequence[RoleToken] = (),
+        named: NamedCredentials | None = None,
+        certificate_callers: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._token = token
         self._roles = tuple(roles)
+        self._named = named
+        #: A call with no token passes: the service maps its client certificate to a role.
+        self._certificate_callers = certificate_callers
         self.missing = f"unauthenticated: the {what} requires a token ({hint})"
         self.wrong = f"unauthenticated: the {what} did not accept the token ({hint})"
         self._clock = clock
@@ -298,10 +307,13 @@ class TokenAuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc, unused
 
     def refusal(self, details: grpc.HandlerCallDetails) -> Refusal | None:
         """None if the call may proceed, else its status and message (logged): the
-        cluster token may call anything, a role's token only its methods."""
+        cluster token may call anything, a role's token or a named credential
+        (``hetero.credentials``) only its methods."""
         if details.method in OPEN_METHODS:
             return None
         presented = _presented(details.invocation_metadata)
+        if presented is None and self._certificate_callers:
+            return None
         if presented is not None:
             scheme, _, raw = presented.partition(" ")
             value = raw.strip() if scheme.lower() == SCHEME.lower() else None
@@ -309,6 +321,16 @@ class TokenAuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc, unused
                 return None
             # Every role's token is compared, so the time taken tells nothing of which matched.
             matched = [r for r in self._roles if value is not None and r.token.matches(value)]
+            who = self._named.verify(value) if self._named and value is not None else None
+            if who is not None and self._named is not None:
+                if self._named.may_call(who, details.method):
+                    return None
+                self._log_rejection(details.method, who.label)
+                name = details.method.rsplit("/", 1)[-1]
+                return (
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"permission denied: {who.label} may not call {name}",
+                )
             if matched:
                 role = matched[0]
                 if details.method in role.methods:
@@ -340,9 +362,18 @@ class AioTokenAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc,
     messages, an ``async`` refusal."""
 
     def __init__(
-        self, token: Secret | None, what: str, hint: str, *, roles: Sequence[RoleToken] = ()
+        self,
+        token: Secret | None,
+        what: str,
+        hint: str,
+        *,
+        roles: Sequence[RoleToken] = (),
+        named: NamedCredentials | None = None,
+        certificate_callers: bool = False,
     ) -> None:
-        self._check = TokenAuthInterceptor(token, what, hint, roles=roles)
+        self._check = TokenAuthInterceptor(
+            token, what, hint, roles=roles, named=named, certificate_callers=certificate_callers
+        )
 
     async def intercept_service(
         self,
@@ -377,60 +408,3 @@ def _denied_async(handler: grpc.RpcMethodHandler | None, refusal: Refusal) -> gr
     if handler is not None and handler.response_streaming:
         return grpc.stream_stream_rpc_method_handler(deny_stream)
     return grpc.stream_unary_rpc_method_handler(deny)
-
-
-# ---- client side ------------------------------------------------------------------------
-
-
-class _CallDetails(
-    collections.namedtuple(
-        "_CallDetails",
-        ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression"),
-    ),
-    grpc.ClientCallDetails,  # type: ignore[misc, unused-ignore]
-):
-    pass
-
-
-class _BearerToken(
-    grpc.UnaryUnaryClientInterceptor,  # type: ignore[misc, unused-ignore]
-    grpc.UnaryStreamClientInterceptor,  # type: ignore[misc, unused-ignore]
-    grpc.StreamUnaryClientInterceptor,  # type: ignore[misc, unused-ignore]
-    grpc.StreamStreamClientInterceptor,  # type: ignore[misc, unused-ignore]
-):
-    """Adds the bearer token to every call's metadata (plain or TLS channels alike:
-    gRPC's call credentials refuse plaintext channels, and loopback is plaintext)."""
-
-    def __init__(self, token: Secret) -> None:
-        self._token = token
-
-    def _with_token(self, d: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
-        metadata = [m for m in (d.metadata or ()) if m[0] != METADATA_KEY]
-        metadata.append((METADATA_KEY, f"{SCHEME} {self._token.reveal()}"))
-        return _CallDetails(
-            d.method,
-            d.timeout,
-            metadata,
-            d.credentials,
-            getattr(d, "wait_for_ready", None),
-            getattr(d, "compression", None),
-        )
-
-    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(self._with_token(details), request)
-
-    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(self._with_token(details), request)
-
-    def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return continuation(self._with_token(details), requests)
-
-    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return continuation(self._with_token(details), requests)
-
-
-def with_token(channel: grpc.Channel, token: Secret | None) -> grpc.Channel:
-    """``channel`` sending ``token`` on every call (``channel`` itself if no token)."""
-    if token is None:
-        return channel
-    return grpc.intercept_channel(channel, _BearerToken(token))

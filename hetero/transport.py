@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 import grpc.aio
@@ -33,10 +34,13 @@ from hetero.auth import (
     TokenAuthInterceptor,
     load_token,
     local_token_path,
-    with_token,
 )
+from hetero.bearer import with_token
 from hetero.core.errors import ConfigError, RemoteError, UnreachableError, error_for_status
 from hetero.guard import AioGuardInterceptor, GuardInterceptor
+
+if TYPE_CHECKING:
+    from hetero.credentials import NamedCredentials
 
 log = logging.getLogger("hetero.transport")
 
@@ -118,6 +122,11 @@ class ServerSecurity:
     #: The service itself checks a credential bound to the request (AgentLocal's
     #: per-job tokens), which no interceptor can: counts as authentication.
     checked_by_service: bool = False
+    #: Node and user credentials (``hetero.credentials``), beside ``token`` and ``roles``.
+    named: NamedCredentials | None = None
+    #: The service maps a client certificate to a role (``coordinator.scope``): a call
+    #: with a certificate and no token passes the token check.
+    certificate_callers: bool = False
 
     @property
     def mutual_tls(self) -> bool:
@@ -126,8 +135,17 @@ class ServerSecurity:
     @property
     def authenticated(self) -> bool:
         return (
-            self.token is not None or bool(self.roles) or self.mutual_tls or self.checked_by_service
+            self.token is not None
+            or bool(self.roles)
+            or self.named is not None
+            or self.mutual_tls
+            or self.checked_by_service
         )
+
+    @property
+    def checks_tokens(self) -> bool:
+        """Whether calls go through the token interceptor."""
+        return self.token is not None or bool(self.roles) or self.named is not None
 
 
 @dataclass(frozen=True)
@@ -226,8 +244,17 @@ def new_server(
     """A gRPC server with hetero's interceptors (token check first, then the guard) and
     message limit; ``what``/``hint`` word the UNAUTHENTICATED messages."""
     interceptors: list[grpc.ServerInterceptor] = []
-    if security.token is not None or security.roles:
-        interceptors.append(TokenAuthInterceptor(security.token, what, hint, roles=security.roles))
+    if security.checks_tokens:
+        interceptors.append(
+            TokenAuthInterceptor(
+                security.token,
+                what,
+                hint,
+                roles=security.roles,
+                named=security.named,
+                certificate_callers=security.certificate_callers and security.mutual_tls,
+            )
+        )
     interceptors.append(GuardInterceptor())
     return grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=thread_name_prefix),
@@ -255,9 +282,16 @@ def new_aio_server(
     it are refused RESOURCE_EXHAUSTED before their request is read (None = no limit);
     ``max_message_bytes``: the largest request and reply."""
     interceptors: list[grpc.aio.ServerInterceptor] = []
-    if security.token is not None or security.roles:
+    if security.checks_tokens:
         interceptors.append(
-            AioTokenAuthInterceptor(security.token, what, hint, roles=security.roles)
+            AioTokenAuthInterceptor(
+                security.token,
+                what,
+                hint,
+                roles=security.roles,
+                named=security.named,
+                certificate_callers=security.certificate_callers and security.mutual_tls,
+            )
         )
     interceptors.append(AioGuardInterceptor())
     return grpc.aio.server(
@@ -359,6 +393,10 @@ def describe(security: ServerSecurity | None) -> str:
         return "no authentication"
     token = "token" if security.generated_token is None else f"token in {security.generated_token}"
     parts = [token if security.token is not None else "", "TLS" if security.tls.cert else ""]
+    if security.roles:
+        parts.append("role tokens")
+    if security.named is not None:
+        parts.append("node and user credentials")
     if security.mutual_tls:
         parts.append("client certificates")
     named = [p for p in parts if p]

@@ -6,8 +6,6 @@ subprocesses; certificates come from a throwaway CA made with ``cryptography``.
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import os
 import subprocess
 import sys
@@ -18,11 +16,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from pki import Pki, make_pki
 
 from hetero.agent.local import AgentLocalService, PlanCache, create_local_server
 from hetero.auth import JobTokens, Secret
@@ -39,81 +34,9 @@ TOKEN = "tok-7f3a9c1be5d24f6a8b0c1d2e3f405162"
 DEADLINE_S = 5.0
 
 
-# ---- a throwaway CA -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Pki:
-    ca: Path
-    server_cert: Path
-    server_key: Path
-    client_cert: Path
-    client_key: Path
-    other_ca: Path  # a CA that signed nothing here
-
-
-def _key() -> ec.EllipticCurvePrivateKey:
-    return ec.generate_private_key(ec.SECP256R1())
-
-
-def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> Path:
-    path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return path
-
-
-def _cert(
-    subject: str,
-    key: ec.EllipticCurvePrivateKey,
-    issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None,
-    *,
-    ca: bool = False,
-    san: bool = False,
-) -> x509.Certificate:
-    now = datetime.datetime.now(datetime.UTC)
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(issuer[0].subject if issuer else name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-    )
-    if san:
-        names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
-    return builder.sign(issuer[1] if issuer else key, hashes.SHA256())
-
-
-def _write_cert(cert: x509.Certificate, path: Path) -> Path:
-    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    return path
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    d = tmp_path_factory.mktemp("pki")
-    ca_key = _key()
-    ca = _cert("hetero test CA", ca_key, None, ca=True)
-    server_key, client_key, other_key = _key(), _key(), _key()
-    return Pki(
-        ca=_write_cert(ca, d / "ca.pem"),
-        server_cert=_write_cert(
-            _cert("coordinator", server_key, (ca, ca_key), san=True), d / "s.pem"
-        ),
-        server_key=_write_key(server_key, d / "s.key"),
-        client_cert=_write_cert(_cert("agent-1", client_key, (ca, ca_key)), d / "c.pem"),
-        client_key=_write_key(client_key, d / "c.key"),
-        other_ca=_write_cert(_cert("other CA", other_key, None, ca=True), d / "other.pem"),
-    )
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 # ---- servers ------------------------------------------------------------------------------
