@@ -15,7 +15,9 @@ are a quick benchmark, too noisy to act on (``profile_note``; ``submit
 - **a restart after a failure**: the same measured rule over the attempt that
   just ended, when all of its nodes are still up.
 
-At most one rank is ever left out of a job (``MAX_EXCLUDED``), and never its last.
+One rank leaves per restart, each decided on the measurements of the attempt
+that ran without the ranks left out before it (a GPU beside two CPU ranks loses
+one CPU rank, then, measured again, the other), and never the job's last rank.
 What is left out is what made the rank slow: its emulated factor when the spec
 gave it one, else its device, which then gets no rank of the job at any later
 placement (unless other ranks of the job share it, as ranks share a CPU device:
@@ -41,9 +43,6 @@ from hetero.core.balancer import (
 )
 from hetero.core.jobspec import JobSpec
 
-#: Ranks the coordinator leaves out of one job, at most: a second one would rest on
-#: measurements of a placement that no longer exists.
-MAX_EXCLUDED = 1
 RULE = ExclusionRule()
 
 
@@ -66,12 +65,12 @@ def excluded_of(job: JobRow) -> tuple[Excluded, ...]:
 
 
 def may_exclude(spec: JobSpec, job: JobRow) -> bool:
-    """Whether ``job`` may lose a rank now: allowed, at least two ranks, none left out yet."""
-    return (
-        spec.resources.allow_exclusion
-        and job.world_size >= 2
-        and len(excluded_of(job)) < MAX_EXCLUDED
-    )
+    """Whether ``job`` may lose a rank now: allowed, and at least two ranks left. The
+    forecast that decides is fitted on the current attempt's intervals alone, so a
+    second rank leaves only on measurements of the job without the first: none may
+    leave while a rank left out of this attempt is still in it (its restart pending)."""
+    pending = spec.world_size - len(excluded_of(job)) < job.world_size
+    return spec.resources.allow_exclusion and job.world_size >= 2 and not pending
 
 
 def spec_ranks(spec: JobSpec, job: JobRow) -> list[int]:

@@ -256,10 +256,15 @@ def memory_columns(summary: dict[str, Any], ranks: list[list[dict[str, Any]]]) -
             + float(p["optimizer_bytes"])
         )
 
-    peaks: list[float] = []
-    predicted: list[float] = []
+    peaks: list[float | None] = []
+    predicted: list[float | None] = []
     errors: list[float] = []
     for p, recs in zip(probe, ranks, strict=True):
+        tops = [float(r["peak_memory_bytes"]) for r in recs if r.get("peak_memory_bytes")]
+        if p is None:  # a rank the probe skipped (a CPU rank of a mixed job)
+            peaks.append(max(tops) if tops else None)
+            predicted.append(None)
+            continue
         pairs = [
             (float(r["peak_memory_bytes"]), predict(p, int(r["batch"])))
             for r in recs
@@ -274,9 +279,9 @@ def memory_columns(summary: dict[str, Any], ranks: list[list[dict[str, Any]]]) -
         predicted.append(top[1])
         errors += [abs(pr / m - 1.0) for m, pr in pairs]
     return {
-        "peak_memory_gb": [round(m / 1e9, 3) for m in peaks],
-        "predicted_peak_memory_gb": [round(p / 1e9, 3) for p in predicted],
-        "memory_prediction_error": max(errors),
+        "peak_memory_gb": [None if m is None else round(m / 1e9, 3) for m in peaks],
+        "predicted_peak_memory_gb": [None if q is None else round(q / 1e9, 3) for q in predicted],
+        "memory_prediction_error": max(errors) if errors else None,
     }
 
 

@@ -151,6 +151,41 @@ def test_a_built_in_job_restarts_once_without_its_slow_rank_and_keeps_it_out(coo
     assert len(_events(coordinator, job.id, "rank_excluded")) == 1
 
 
+def test_two_slow_ranks_leave_one_per_restart_each_on_its_attempts_own_measurements(
+    coordinator,
+) -> None:  # type: ignore[no-untyped-def]
+    """A fast device beside two slow ones (a GPU beside two CPU ranks): the first
+    restart leaves one slow rank out; the second attempt, measured without it, still
+    forecasts a faster job without the other, so the next restart leaves that one out
+    too. The job never loses its last rank and keeps its global batch."""
+    node = _register(coordinator)
+    spec = (
+        BUILTIN.format(factor=8).replace("{1: 8}", "{1: 8, 2: 8}").replace("ranks: 2", "ranks: 3")
+    )
+    job = _submit(coordinator, spec + CHECKPOINT).job
+    assert job.world_size == 3
+    job = _run(coordinator, node, job, intervals=20)
+    assert job.state == pb.JOB_STATE_RESTARTING, job.message
+    _stop_all(coordinator, node, job, attempt=0)
+    _sweep(coordinator)
+    job = _job(coordinator, job.id)
+    assert (job.state, job.world_size) == (pb.JOB_STATE_PENDING, 2)
+    assert sorted(r.emulated_slowdown for r in job.ranks) == [1.0, 8.0]
+
+    job = _run(coordinator, node, job, intervals=20, attempt=1)
+    assert job.state == pb.JOB_STATE_RESTARTING, job.message
+    _stop_all(coordinator, node, job, attempt=1)
+    _sweep(coordinator)
+    job = _job(coordinator, job.id)
+    assert (job.state, job.world_size) == (pb.JOB_STATE_PENDING, 1)
+    assert [r.emulated_slowdown for r in job.ranks] == [1.0]
+    assert list(job.plan.batches) == [16], "the global batch is unchanged"
+    assert len(_events(coordinator, job.id, "rank_excluded")) == 2
+
+    job = _run(coordinator, node, job, intervals=20, attempt=2)
+    assert job.state == pb.JOB_STATE_RUNNING, "the last rank stays"
+
+
 def test_a_slow_device_is_left_out_of_every_later_placement(coordinator) -> None:  # type: ignore[no-untyped-def]
     fast = _register(coordinator, "node-fast")
     # Scored 10x faster, but EMULATED 80x slower: 8x slower in effect, as above.
