@@ -34,7 +34,9 @@ last holder goes), while the interpreter is whole:
   hold it (``FSDPMeshInfo``). Drop it before :func:`leave`, or the group ends when
   the model does. A sharded model is a reference cycle (FSDP2's state and its
   module refer to each other), so dropping it frees nothing until the cyclic
-  collector runs, perhaps during interpreter finalization: :func:`leave` collects.
+  collector runs, perhaps during interpreter finalization: :func:`leave` collects,
+  and collects again at exit (``atexit`` runs while the interpreter is whole), for
+  a loop that leaves while its model is alive and drops it when it returns.
 - FSDP2's ``DeviceMesh``. A mesh keeps the groups of its dimensions in
   ``_pg_registry`` (for ``torch.compile`` to find them; eager code looks groups up
   by name in c10d), and DTensor's caches keep meshes for the life of the process:
@@ -49,6 +51,7 @@ last holder goes), while the interpreter is whole:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 from datetime import timedelta
@@ -110,6 +113,8 @@ def leave(*, failed: bool = False) -> None:
     gc.collect()  # a dropped sharded model, a cycle that holds the group (module doc)
     _release_meshes()
     dist.destroy_process_group()
+    atexit.unregister(gc.collect)  # once, however often a process leaves
+    atexit.register(gc.collect)  # a sharded model still alive here (module doc)
 
 
 def _release_meshes() -> None:

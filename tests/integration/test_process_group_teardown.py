@@ -36,3 +36,9 @@ def test_sharded_ranks_end_their_process_group(run_ranks, shard: str) -> None:
 
 def test_baseline_ranks_end_their_process_group(run_ranks) -> None:
     run_ranks("teardown.py", 2, "baseline", *COMMON)
+
+
+@pytest.mark.parametrize("shard", ["none", "full"])
+def test_custom_loop_ranks_end_their_process_group(run_ranks, shard: str) -> None:
+    # examples/custom_loop.py's shape: close() with the model alive, dropped on return.
+    run_ranks("teardown.py", 2, "loop", shard)
