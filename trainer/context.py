@@ -121,7 +121,6 @@ class Context:
         self.planner: Planner | None = None
         self.max_batch: tuple[int | None, ...] | None = config.max_batch
         self._loader: HeteroLoader | None = None
-        self._model: nn.Module | None = None
         self._ddp = False
         #: ``grad_op`` or ``full`` once :meth:`wrap` sharded the model with FSDP2.
         self.shard = "none"
@@ -408,7 +407,8 @@ class Context:
 
         The group, and Gloo's threads with it, ends here if the model that
         :meth:`wrap` returned is gone (``hetero-train`` drops it first), else when
-        that model goes: its DDP reducer holds the group (see ``procgroup``).
+        that model goes: its DDP reducer, or FSDP2's state, holds the group (see
+        ``procgroup``).
         """
         self.metrics.close()
         if self.gpu is not None:

@@ -20,7 +20,7 @@ for a CPU. The native stack of that abort (torch 2.14.1, CPython 3.11)::
     <- take_gil <- THPVariable_dealloc <- TensorImpl::decref_pyobject
     <- ~AsyncAllgatherWork <- ProcessGroupGloo::runLoop      (thread pt_gloo_runloop)
 
-Two things held the group past ``destroy_process_group()``; avoid both, and the
+Three things held the group past ``destroy_process_group()``; avoid them, and the
 group's destructor joins its workers inside ``destroy_process_group()`` (or when the
 last holder goes), while the interpreter is whole:
 
@@ -29,17 +29,42 @@ last holder goes), while the interpreter is whole:
   imports it (through ``torch._dynamo``), so after ``init_process_group`` ten
   module-level functions hold the default group until the interpreter exits.
   :func:`join` imports that module first, while ``group.WORLD`` is still ``None``.
-- the ``DistributedDataParallel`` wrapper, whose reducer holds the group: drop it
-  before :func:`leave`, or the group ends when the wrapper does.
+- the model: the ``DistributedDataParallel`` wrapper, whose reducer holds the
+  group, or a model sharded by FSDP2 (``fully_shard``), whose parameter groups
+  hold it (``FSDPMeshInfo``). Drop it before :func:`leave`, or the group ends when
+  the model does. A sharded model is a reference cycle (FSDP2's state and its
+  module refer to each other), so dropping it frees nothing until the cyclic
+  collector runs, perhaps during interpreter finalization: :func:`leave` collects,
+  and collects again at exit (``atexit`` runs while the interpreter is whole), for
+  a loop that leaves while its model is alive and drops it when it returns.
+- FSDP2's ``DeviceMesh``. A mesh keeps the groups of its dimensions in
+  ``_pg_registry`` (for ``torch.compile`` to find them; eager code looks groups up
+  by name in c10d), and DTensor's caches keep meshes for the life of the process:
+  the sharding-propagation caches (one per thread, and a C++ one), the
+  redistribute planners, ``MeshTopoInfo``, all keyed by or holding a mesh. Clearing
+  those caches is a list that grows with every torch release, and a user's thread
+  may hold its own, so the meshes are released instead: sharded models take their
+  mesh from :func:`device_mesh`, and :func:`leave` empties the registry of every
+  mesh it made (torch 2.14.1 has no public call that does). A mesh is useless
+  once its group is destroyed, whoever still holds it.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import gc
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+#: The meshes :func:`device_mesh` made, whose groups :func:`leave` releases.
+_meshes: list[DeviceMesh] = []
 
 
 def join(
@@ -58,6 +83,17 @@ def join(
     )
 
 
+def device_mesh(device_type: str) -> DeviceMesh:
+    """A 1-D mesh of every rank of the group, for ``device_type`` (``"cpu"``,
+    ``"cuda"``): the mesh ``fully_shard`` builds when given none (``init_device_mesh``),
+    whose hold on the group :func:`leave` releases. Collective, like ``fully_shard``."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(device_type, (dist.get_world_size(),))
+    _meshes.append(mesh)
+    return mesh
+
+
 def leave(*, failed: bool = False) -> None:
     """Wait for every rank, then destroy the process group.
 
@@ -74,4 +110,17 @@ def leave(*, failed: bool = False) -> None:
         return
     with contextlib.suppress(RuntimeError):
         dist.barrier()
+    gc.collect()  # a dropped sharded model, a cycle that holds the group (module doc)
+    _release_meshes()
     dist.destroy_process_group()
+    atexit.unregister(gc.collect)  # once, however often a process leaves
+    atexit.register(gc.collect)  # a sharded model still alive here (module doc)
+
+
+def _release_meshes() -> None:
+    """Drop the references of :func:`device_mesh`'s meshes to their groups (module doc)."""
+    for mesh in _meshes:
+        registry = getattr(mesh, "_pg_registry", None)
+        if isinstance(registry, dict):
+            registry.clear()
+    _meshes.clear()

@@ -54,7 +54,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
 
 from hetero.core.catalogue.limits import OFFLOAD_MODES, SHARD_MODES
 from hetero.core.errors import ConfigError
-from hetero.trainer import streamwaits
+from hetero.trainer import procgroup, streamwaits
 from hetero.trainer.gradients import WeightingState
 
 NONE, GRAD_OP, FULL = SHARD_MODES
@@ -158,7 +158,8 @@ def shard_model(
     param_dtype: torch.dtype | None = None,
 ) -> nn.Module:
     """``model`` (already on ``device``) sharded over the default process group (the same
-    module object, now also an ``FSDPModule``).
+    module object, now also an ``FSDPModule``). It holds the group: drop it before
+    ``procgroup.leave`` (see there).
 
     ``param_dtype`` (e.g. ``torch.bfloat16``) gathers and computes in that dtype
     while the sharded parameters, the gradient reduction and the optimizer stay
@@ -167,7 +168,10 @@ def shard_model(
     check_shard(shard, offload)
     if shard == NONE:
         raise ConfigError("shard_model needs shard grad_op or full")
-    options: dict[str, Any] = {"reshard_after_forward": shard == FULL}
+    options: dict[str, Any] = {
+        "reshard_after_forward": shard == FULL,
+        "mesh": procgroup.device_mesh(device.type),  # one that leaving releases
+    }
     if param_dtype is not None:
         options["mp_policy"] = MixedPrecisionPolicy(
             param_dtype=param_dtype, reduce_dtype=torch.float32

@@ -49,7 +49,6 @@ def wrap_model(
             "its own reduce-scatters"
         )
     model = model.to(ctx.device)
-    ctx._model = model
     if ctx.world_size == 1:
         ctx.hooks.attach(model)
         return model
