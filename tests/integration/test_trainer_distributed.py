@@ -29,6 +29,7 @@ pytestmark = pytest.mark.slow
         "dynamic",
         "workers",
         "plainbackward",
+        "recompute",
         # SyncBatchNorm needs CUDA ranks: tests/gpu/test_batchnorm_gpus.py (make test-gpu).
     ],
 )
@@ -45,6 +46,7 @@ def test_uneven_ddp_equals_single_process_over_the_global_batch(run_ranks, tmp_p
     else:
         # The emulated 8x-slow rank 2 was given less than an equal share at the end.
         assert got["plans"][-1][2] < 8, got["plans"]
+    assert got["recompute"] == ((False, True, False) if mode == "recompute" else (False,) * 3)
     held = got["held_at_last"]  # buckets deferral held when the step's last one arrived
     if mode == "overlap":
         assert got["comm"] == [(0, "overlap")] and set(held) == {0}
