@@ -90,16 +90,23 @@ def _gather(ctx: Context, mine: bool) -> tuple[bool, ...]:
     return tuple(bool(f) for f in flags.tolist())
 
 
-def apply_mode(ctx: Context, model: nn.Module, mode: str) -> None:
+def apply_mode(ctx: Context, model: nn.Module, mode: str, *, sync_batchnorm: bool) -> None:
     """Set ``model``'s switch for ``mode`` at ``wrap`` (``auto`` leaves it as the model has
     it) and record every rank's (collective: the ranks may have been given different
-    modes through ``ctx.wrap``)."""
+    modes through ``ctx.wrap``). With ``sync_batchnorm`` every rank or none must recompute:
+    a recomputed SyncBatchNorm gathers its statistics again, a collective its peers would
+    not join."""
     if mode != AUTO and not set_recompute(model, mode == ON) and mode == ON:
         raise ConfigError(
             "activation_checkpointing on: the model has no activation_checkpointing switch "
             "(docs/trainer.md says how a model opts in)"
         )
     ranks = _gather(ctx, recomputing(model))
+    if sync_batchnorm and len(set(ranks)) > 1:
+        raise ConfigError(
+            "activation_checkpointing: with sync_batchnorm every rank or none recomputes "
+            f"(ranks {[i for i, r in enumerate(ranks) if r]} only were set to)"
+        )
     if mode != AUTO:
         why = f"activation_checkpointing {mode}"
     elif switches(model):
@@ -142,7 +149,10 @@ def probe_choosing(
     ``min_batch`` even recomputing."""
     from hetero.trainer.memprobe import ProbeResult, final_caps, probe
 
-    auto = all(_gather(ctx, ctx.recompute.mode == AUTO and bool(switches(model))))
+    # A recomputed SyncBatchNorm would gather statistics its peers do not: never per rank.
+    synced = any(isinstance(m, nn.SyncBatchNorm) for m in model.modules())
+    mine = ctx.recompute.mode == AUTO and bool(switches(model)) and not synced
+    auto = all(_gather(ctx, mine))
     kw: dict[str, Any] = {"margin": margin, "fraction": fraction, "share": share}
     first = probe(ctx, model, optimizer, batch_fn, loss_fn, strict=not auto, **kw)
     if first is None or not auto:

@@ -56,7 +56,7 @@ def wrap_model(
     mode = ctx.config.activation_checkpointing
     if activation_checkpointing is not None:
         mode = BY_NAME["activation_checkpointing"].check(activation_checkpointing)
-    apply_mode(ctx, model, mode)
+    apply_mode(ctx, model, mode, sync_batchnorm=sync_batchnorm and ctx.world_size > 1)
     if ctx.world_size == 1:
         ctx.hooks.attach(model)
         return model

@@ -32,7 +32,9 @@ def _loss(name: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(out, y)
 
 
-def _step(name: str, size: int, on: bool) -> tuple[list[torch.Tensor], dict[str, torch.Tensor], int]:
+def _step(
+    name: str, size: int, on: bool
+) -> tuple[list[torch.Tensor], dict[str, torch.Tensor], int]:
     """Gradients and state after one forward and backward from seed 0, and the bytes of
     the tensors autograd kept outside any recomputed block."""
     torch.manual_seed(0)
