@@ -110,7 +110,7 @@ def apply_mode(ctx: Context, model: nn.Module, mode: str, *, sync_batchnorm: boo
     if mode != AUTO:
         why = f"activation_checkpointing {mode}"
     elif switches(model):
-        why = "auto: not decided (no memory probe)"
+        why = "auto: no memory probe ran"
     else:
         why = "auto: the model has no switch"
     reasons = tuple(f"{'on' if r else 'off'}: {why}" for r in ranks)
@@ -155,6 +155,11 @@ def probe_choosing(
     auto = all(_gather(ctx, mine))
     kw: dict[str, Any] = {"margin": margin, "fraction": fraction, "share": share}
     first = probe(ctx, model, optimizer, batch_fn, loss_fn, strict=not auto, **kw)
+    if first is None and auto:
+        why = "off: auto, but no rank could measure its memory (CPU ranks)"
+        old = ctx.recompute
+        reasons = tuple(r if on else why for on, r in zip(old.ranks, old.reasons, strict=True))
+        ctx.recompute = RecomputeChoice(AUTO, old.ranks, reasons)
     if first is None or not auto:
         return first
     min_batch = ctx.config.min_batch
