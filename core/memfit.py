@@ -165,3 +165,56 @@ def probe_caps(ranks: Sequence[ProbedRank], margin: float, min_batch: int) -> tu
             )
         caps.append(cap)
     return tuple(caps)
+
+
+# ---- activation checkpointing: which ranks recompute ----------------------------------------
+
+#: A step's compute with activation checkpointing over one without: each block's forward
+#: runs again in backward, and a forward is about a third of forward and backward.
+RECOMPUTE_SLOWDOWN = 4 / 3
+
+
+def capped_step_time(caps: Sequence[int | None], wanted: Sequence[int]) -> float:
+    """The step time of the best plan under ``caps``, relative to the uncapped plan
+    ``wanted`` (1.0: no cap binds; ``inf``: the caps cannot hold the global batch).
+
+    ``wanted`` is the speed plan: rank i's share is taken as proportional to its speed,
+    so a rank runs ``T · wanted[i]`` samples in relative time ``T``. Water-filling: the
+    capped ranks run their caps and the others share the rest in proportion."""
+    total = sum(wanted)
+    capped: set[int] = set()
+    while True:
+        free = sum(w for i, w in enumerate(wanted) if i not in capped)
+        held = sum(caps[i] or 0 for i in capped)
+        if free <= 0:
+            return 1.0 if held >= total else math.inf
+        t = max((total - held) / free, 1.0)
+        over = {
+            i for i, (c, w) in enumerate(zip(caps, wanted, strict=True))
+            if i not in capped and c is not None and c < t * w
+        }  # fmt: skip
+        if not over:
+            return t
+        capped |= over
+
+
+def recompute_wanted(
+    caps: Sequence[int | None],
+    wanted: Sequence[int],
+    min_batch: int,
+    slowdown: float = RECOMPUTE_SLOWDOWN,
+) -> tuple[bool, ...]:
+    """Which ranks should turn activation checkpointing on, from the memory caps found
+    without it (``None``: no cap) and the first plan's shares ``wanted``.
+
+    Rank i turns it on when its cap cannot hold ``min_batch``, or when its cap holds it
+    below the share it would run in the capped plan's step time even at the slower
+    speed checkpointing brings: ``cap < T · wanted[i] / slowdown``, ``T`` being
+    :func:`capped_step_time`. A rank whose cap binds only a little keeps its speed: at a
+    third more compute per sample it would run fewer samples in that time than its cap
+    already allows, and the step would not get shorter."""
+    t = capped_step_time(caps, wanted)
+    return tuple(
+        c is not None and (c < min_batch or (c < w and c < t * w / slowdown))
+        for c, w in zip(caps, wanted, strict=True)
+    )

@@ -54,6 +54,8 @@ class TrainerConfig:
     shard: str = "none"
     #: ``none`` or ``params`` (FSDP2's CPUOffloadPolicy); needs ``shard``.
     offload: str = "none"
+    #: ``auto`` (per rank, where memory binds), ``on`` or ``off`` (``trainer.activations``).
+    activation_checkpointing: str = "auto"
     #: Seconds a collective may wait for a peer before failing (a dead peer must not
     #: hang the job): ``HETERO_COLLECTIVE_TIMEOUT_S`` under an agent, else 600.
     collective_timeout_s: float = field(default_factory=_collective_timeout_s)
@@ -71,7 +73,7 @@ class TrainerConfig:
 _CHECKED = (
     "policy", "rebalance_interval", "min_batch", "emulate_slowdown", "device", "backend",
     "warmup_steps", "settle_steps", "history_intervals", "collective_timeout_s", "comm",
-    "shard", "offload",
+    "shard", "offload", "activation_checkpointing",
 )  # fmt: skip
 
 

@@ -71,16 +71,7 @@ def build(cfg: JobConfig) -> Built:
 
         raw = fresh()
 
-    def configured() -> nn.Module:
-        m: Any = fresh()
-        if cfg.activation_checkpointing:
-            m.activation_checkpointing = True  # the transformers' switch (the catalogue checks)
-        return m
-
-    if cfg.activation_checkpointing:
-        checkpointed: Any = raw
-        checkpointed.activation_checkpointing = True
-    return Built(task, raw, task.prepare(data, raw, seed=cfg.seed), configured, size)
+    return Built(task, raw, task.prepare(data, raw, seed=cfg.seed), fresh, size)
 
 
 def make_optimizer(cfg: JobConfig, model: nn.Module, world_size: int) -> torch.optim.Optimizer:

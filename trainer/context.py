@@ -48,6 +48,7 @@ from hetero.core.errors import ConfigError
 from hetero.core.gap import Solo
 from hetero.core.rankenv import RankEnv
 from hetero.trainer import control, procgroup
+from hetero.trainer.activations import RecomputeChoice
 from hetero.trainer.bootstrap import (
     TrainerConfig,
     default_backend,
@@ -124,6 +125,9 @@ class Context:
         self._ddp = False
         #: ``grad_op`` or ``full`` once :meth:`wrap` sharded the model with FSDP2.
         self.shard = "none"
+        #: Which ranks recompute activations in backward, and why (``trainer.activations``).
+        self.recompute = RecomputeChoice(config.activation_checkpointing, (False,) * env.world_size,
+                                         ("not wrapped yet",) * env.world_size)  # fmt: skip
         self._step_sizes: tuple[int, ...] = ()
         self._last_batch = -1
         self._batch_since = 0  # global step from which this rank ran its current batch size
@@ -173,6 +177,7 @@ class Context:
         shard: str | bool | None = None,
         offload: str | None = None,
         param_dtype: torch.dtype | None = None,
+        activation_checkpointing: str | bool | None = None,
         **ddp_kwargs: Any,
     ) -> nn.Module:
         """Move ``model`` to this rank's device and wrap it for uneven-batch data parallelism.
@@ -187,13 +192,17 @@ class Context:
         default: ``init``'s) shards parameters, gradients and optimizer state with
         FSDP2 instead of replicating them in DDP; ``offload="params"`` keeps the
         shards in host memory; ``param_dtype`` gathers and computes in that dtype
-        (``trainer.sharding``). Build the optimizer from the returned model.
+        (``trainer.sharding``). ``activation_checkpointing`` (``auto``, ``on``, ``off``;
+        default: ``init``'s) sets the model's recomputation switch; ``auto`` lets
+        :meth:`probe_memory` turn it on for a rank whose memory binds
+        (``trainer.activations``). Build the optimizer from the returned model.
         """
         from hetero.trainer.wrapping import wrap_model
 
         return wrap_model(
             self, model, sync_batchnorm=sync_batchnorm, comm=comm, shard=shard,
-            offload=offload, param_dtype=param_dtype, **ddp_kwargs,
+            offload=offload, param_dtype=param_dtype,
+            activation_checkpointing=activation_checkpointing, **ddp_kwargs,
         )  # fmt: skip
 
     # -- data -------------------------------------------------------------------------

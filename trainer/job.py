@@ -23,6 +23,7 @@ from hetero.core.errors import DistributedError, HeteroError
 from hetero.core.gap import Solo
 from hetero.core.slowdown import format_slowdowns
 from hetero.trainer import report
+from hetero.trainer.activations import probe_choosing
 from hetero.trainer.build import Built, build, local_optimizer, make_optimizer
 from hetero.trainer.checkpoint import RunIdentity, load_checkpoint, save_checkpoint
 from hetero.trainer.context import Context, HeteroLoader
@@ -36,7 +37,8 @@ from hetero.trainer.jobconfig import (
     spec_hash,
 )
 from hetero.trainer.memory import MemoryMonitor, describe, parse_max_batch
-from hetero.trainer.memprobe import ProbeResult, probe
+from hetero.trainer.memprobe import ProbeResult
+from hetero.trainer.models.recompute import recomputing, set_recompute
 from hetero.trainer.oom import OomGuard
 from hetero.trainer.precision import Autocast, autocast, grad_scaler
 from hetero.trainer.runsummary import gap_fields
@@ -85,6 +87,7 @@ def run_job(cfg: JobConfig) -> dict[str, Any] | None:
         comm=cfg.comm,
         shard=cfg.shard,
         offload=cfg.offload,
+        activation_checkpointing=cfg.activation_checkpointing,
         profiles=profiles(cfg),
     )
     ctx.total_steps = cfg.steps
@@ -205,7 +208,8 @@ def _setup(ctx: Context, cfg: JobConfig) -> tuple[_Run, float | None, Any]:
     )
     if cfg.memory_probe and cfg.memory_caps:
         # Before the first step: the first plan must already fit every rank's memory.
-        run.probe = probe(
+        # Under activation_checkpointing auto it also decides which ranks recompute.
+        run.probe = probe_choosing(
             ctx, model, optimizer, loader.samples, run.loss, margin=cfg.memory_margin,
             fraction=fraction, share=loader.sampler.global_batch // ctx.world_size,
         )  # fmt: skip
@@ -324,6 +328,7 @@ def _ideal(run: _Run) -> tuple[list[Solo], list[float]]:
     def fresh_copy() -> nn.Module:
         m = built.fresh().to(ctx.device).to(memory_format=run.layout)
         m.load_state_dict(weights)
+        set_recompute(m, recomputing(run.model))  # alone as in the job: its speed, its memory
         return Autocast(m, ctx.device, cfg.amp) if cfg.amp != "none" else m
 
     # The same on every rank (a collective): Gloo jobs share a host CPU somewhere.

@@ -31,16 +31,17 @@ computes without.
 
 Where nothing can be measured (CPU ranks: a process's RSS has no resettable peak)
 the probe is a no-op, logged at debug level. ``HETERO_PROBE_MEMORY``
-(``RANK:BUDGET:FIXED:PER_SAMPLE,...``, bytes) makes those ranks report
-``FIXED + PER_SAMPLE · b`` under a limit of ``BUDGET`` instead of measuring, so the
-passes and the caps they give can be tested on CPU ranks.
+(``RANK:BUDGET:FIXED:PER_SAMPLE[:RECOMPUTED],...``, bytes) makes those ranks report
+``FIXED + PER_SAMPLE · b`` under a limit of ``BUDGET`` instead of measuring
+(``RECOMPUTED`` per sample instead while the model checkpoints its activations), so
+the passes and the caps they give can be tested on CPU ranks.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -54,28 +55,34 @@ from hetero.core.errors import ConfigError, HeteroError
 from hetero.core.memfit import GIB, ProbedRank, probe_caps, probe_fit
 from hetero.trainer.context import Context
 from hetero.trainer.memory import budget_bytes
+from hetero.trainer.models.recompute import recomputing
 
 log = logging.getLogger("hetero.trainer.memprobe")
 
 INJECT_ENV = "HETERO_PROBE_MEMORY"
 
-#: ``rank -> (budget_bytes, fixed_bytes, per_sample_bytes)`` of injected ranks (tests on CPU).
-Injected = dict[int, tuple[float, float, float]]
+#: ``rank -> (budget_bytes, fixed_bytes, per_sample_bytes, per_sample_bytes recomputing)``
+#: of injected ranks (tests on CPU); the last is the third when not given.
+Injected = dict[int, tuple[float, float, float, float]]
 
 
 def parse_injection(text: str | None) -> Injected:
-    """``RANK:BUDGET:FIXED:PER_SAMPLE,...`` (bytes, float syntax) as ``{rank: (budget,
-    fixed, per_sample)}``; a ``ConfigError`` naming the variable for anything else."""
+    """``RANK:BUDGET:FIXED:PER_SAMPLE[:RECOMPUTED],...`` (bytes, float syntax) as ``{rank:
+    (budget, fixed, per_sample, recomputed)}``; a ``ConfigError`` naming the variable for
+    anything else."""
     out: Injected = {}
     for part in (text or "").split(","):
         if not part.strip():
             continue
         try:
-            rank, budget, fixed, per_sample = part.strip().split(":")
-            out[int(rank)] = (float(budget), float(fixed), float(per_sample))
+            rank, budget, fixed, per_sample, *more = part.strip().split(":")
+            if len(more) > 1:
+                raise ValueError(part)
+            recomputed = float(more[0]) if more else float(per_sample)
+            out[int(rank)] = (float(budget), float(fixed), float(per_sample), recomputed)
         except ValueError:
             raise ConfigError(
-                f"{INJECT_ENV}: cannot parse {part!r} (RANK:BUDGET:FIXED:PER_SAMPLE)"
+                f"{INJECT_ENV}: cannot parse {part!r} (RANK:BUDGET:FIXED:PER_SAMPLE[:RECOMPUTED])"
             ) from None
     return out
 
@@ -189,13 +196,15 @@ def probe(
     margin: float,
     fraction: float | None = None,
     share: int | None = None,
+    strict: bool = True,
 ) -> ProbeResult | None:
     """Run the probe (collective: call it on every rank, before the first step) and return
     every rank's findings and caps; ``None`` where no rank can measure. ``batch_fn(n)`` is
     a batch of ``n`` samples on this rank's device, ``loss_fn(batch)`` its mean loss through
     ``model``. Raises ``PlanError`` (the same on every rank) when a rank cannot hold
-    ``min_batch``. ``share`` (the equal split of the global batch) bounds the doubling
-    when the first two peaks do not rise."""
+    ``min_batch``, unless not ``strict`` (then such a rank's cap is below it: the caller
+    decides, as ``trainer.activations`` does). ``share`` (the equal split of the global
+    batch) bounds the doubling when the first two peaks do not rise."""
     injected = parse_injection(os.environ.get(INJECT_ENV)).get(ctx.rank)
     cuda = ctx.device.type == "cuda"
     if not _any(ctx, cuda or injected is not None):
@@ -223,7 +232,8 @@ def probe(
         torch.cuda.reset_peak_memory_stats(ctx.device)  # the first interval's peak is its own
     mine: ProbedRank | None = None
     if injected is not None:
-        budget, fixed, per_sample = injected
+        budget, fixed, per_sample, recomputed = injected
+        per_sample = recomputed if recomputing(model) else per_sample
         points = [(b, int(fixed + per_sample * b)) for b in sizes[1:]]
     fit = probe_fit(points)
     if fit is not None:
@@ -235,11 +245,25 @@ def probe(
     ranks: list[ProbedRank | None] = [mine] * ctx.world_size
     if ctx.world_size > 1:
         dist.all_gather_object(ranks, mine)
-    found = [r for r in ranks if r is not None]
-    capped = dict(zip((r.rank for r in found), probe_caps(found, margin, small), strict=True))
-    caps = tuple(capped.get(r) for r in range(ctx.world_size))
+    caps = final_caps(ranks, margin, small, ctx.world_size, strict=strict)
     log.info("memory probe: caps %s", list(caps))
     return ProbeResult(tuple(ranks), caps, tuple(points))
+
+
+def final_caps(
+    ranks: Sequence[ProbedRank | None],
+    margin: float,
+    min_batch: int,
+    world_size: int,
+    *,
+    strict: bool = True,
+) -> tuple[int | None, ...]:
+    """Each rank's cap from its findings (``None``: no cap), in rank order; a ``PlanError``
+    for the first rank that cannot hold ``min_batch`` when ``strict``."""
+    found = [r for r in ranks if r is not None]
+    held = probe_caps(found, margin, min_batch) if strict else [r.cap(margin) for r in found]
+    capped = dict(zip((r.rank for r in found), held, strict=True))
+    return tuple(capped.get(r) for r in range(world_size))
 
 
 def _measured_pass(
@@ -289,12 +313,13 @@ def probe_memory(
 ) -> tuple[int | None, ...] | None:
     """:func:`probe`, then its caps made binding from the first step (``Context.probe_memory``
     documents it); the caps in force after, or ``None`` when nothing was measured."""
+    from hetero.trainer.activations import probe_choosing
     from hetero.trainer.memory import apply_caps, combine
 
     loader = ctx._require_loader()
     if fraction is None and ctx.device.type == "cuda":
         fraction = torch.cuda.get_per_process_memory_fraction(ctx.device)
-    result = probe(
+    result = probe_choosing(
         ctx, model, optimizer, batch_fn or loader.samples, loss_fn, margin=margin,
         fraction=fraction, share=loader.sampler.global_batch // ctx.world_size,
     )  # fmt: skip

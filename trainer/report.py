@@ -116,6 +116,7 @@ def summarize(
         "per_rank_compute_s": [r.compute_s for r in last],
         "per_rank_per_sample_ms": [r.compute_s / r.batch * 1e3 if r.batch else None for r in last],
         "channels_last": cfg.channels_last,
+        "recompute": ctx.recompute.as_dict(),
         "comm": ctx.comm_choice,
         "comm_final": ctx.comm_mode,
         "comm_changes": [asdict(c) for c in ctx.comm_changes],
@@ -196,6 +197,8 @@ def print_summary(summary: dict[str, Any]) -> None:
     t.add_row("final plan", str(summary["final_plan"]))
     if summary.get("comm_final"):
         t.add_row("gradient all-reduce", _comm_text(summary))
+    if summary.get("recompute"):
+        t.add_row("activation checkpointing", _recompute_text(summary["recompute"]))
     if any(c is not None for c in summary.get("memory_caps") or []):
         t.add_row("memory caps (samples)", summary["memory_caps_text"])
     if summary.get("oom_retries"):
@@ -233,3 +236,10 @@ def _comm_text(summary: dict[str, Any]) -> str:
     if len(changes) <= 1:
         return f"{final} (comm=auto: no plan ran unchanged long enough for a trial of overlap)"
     return f"{final} (comm=auto: {changes[-1]['reason']})"
+
+
+def _recompute_text(recompute: dict[str, Any]) -> str:
+    """Which ranks recompute their activations, and why (``trainer.activations``)."""
+    from hetero.trainer.activations import RecomputeChoice
+
+    return RecomputeChoice.from_dict(recompute).text()

@@ -106,6 +106,7 @@ def api_summary(ctx: Context) -> dict[str, Any]:
         else "not measured (call ctx.measure_ideal before ctx.report)",
         "pct_of_ideal": 100.0 * steady / ideal if ideal else None,
         "emulated": ctx.emulated,
+        "recompute": ctx.recompute.as_dict(),
     }
     return summary | gap_fields(ctx, solos, steady)
 
@@ -125,6 +126,11 @@ def print_report(summary: dict[str, Any], file: TextIO | None = None) -> None:
         + f"; final plan {summary['final_plan']}, {summary['plan_changes']} plan changes",
         file=out,
     )
+    if any(summary.get("recompute", {}).get("ranks", [])):
+        from hetero.trainer.activations import RecomputeChoice
+
+        text = RecomputeChoice.from_dict(summary["recompute"]).text()
+        print(f"  activation checkpointing: {text}", file=out)
     if summary.get("gap"):
         print("\n".join(lines(summary["gap"])), file=out, flush=True)
     else:

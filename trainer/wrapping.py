@@ -15,7 +15,9 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from hetero.core.catalogue import BY_NAME
 from hetero.core.errors import ConfigError
+from hetero.trainer.activations import apply_mode
 from hetero.trainer.commsched import AUTO, CommRecord, check_comm, comm_policy
 from hetero.trainer.gradients import DEFERRED, weighted_allreduce_hook
 from hetero.trainer.sharding import check_one_device_kind, check_shard, shard_model
@@ -33,6 +35,7 @@ def wrap_model(
     shard: str | bool | None,
     offload: str | None,
     param_dtype: torch.dtype | None,
+    activation_checkpointing: str | bool | None = None,
     **ddp_kwargs: Any,
 ) -> nn.Module:
     """What :meth:`Context.wrap` documents, for ``ctx``."""
@@ -49,6 +52,10 @@ def wrap_model(
             "its own reduce-scatters"
         )
     model = model.to(ctx.device)
+    mode = ctx.config.activation_checkpointing
+    if activation_checkpointing is not None:
+        mode = BY_NAME["activation_checkpointing"].check(activation_checkpointing)
+    apply_mode(ctx, model, mode, sync_batchnorm=sync_batchnorm and ctx.world_size > 1)
     if ctx.world_size == 1:
         ctx.hooks.attach(model)
         return model

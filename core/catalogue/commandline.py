@@ -20,7 +20,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
-from hetero.core.catalogue.kinds import Bool, Choice
+from hetero.core.catalogue.kinds import Bool, Choice, Switch
 from hetero.core.catalogue.options import Entry, Option, OptionError
 from hetero.core.catalogue.training import BY_NAME, OPTIONS, TrainingOptions
 from hetero.core.errors import ConfigError
@@ -99,6 +99,15 @@ def build_parser(prog: str, description: str, epilog: str) -> argparse.ArgumentP
             group.add_argument(
                 option.flag, dest=option.name, action=argparse.BooleanOptionalAction, help=text
             )
+        elif isinstance(option.kind, Switch):  # the bare flag is on, as when it was a Bool
+            group.add_argument(
+                option.flag, dest=option.name, nargs="?", const="on", metavar="auto|on|off",
+                help=text,
+            )  # fmt: skip
+            group.add_argument(
+                "--no-" + option.flag[2:], dest=option.name, action="store_const", const="off",
+                help=f"the same as {option.flag} off",
+            )  # fmt: skip
         else:
             group.add_argument(
                 option.flag, dest=option.name, metavar=option.kind.metavar(), help=text

@@ -208,6 +208,25 @@ class Choice(Kind):
 
 
 @dataclass(frozen=True)
+class Switch(Choice):
+    """``auto``, ``on`` or ``off``; true and false (as YAML and the older boolean flag
+    gave them) are ``on`` and ``off``. On the command line the bare flag is ``on`` and
+    ``--no-FLAG`` is ``off``."""
+
+    choices: tuple[str, ...] = ("auto", "on", "off")
+
+    def describe(self) -> str:
+        return "`auto`, `on` or `off` (true/false: on/off)"
+
+    def check(self, value: object) -> str:
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+            return "on" if value.strip().lower() in _TRUE else "off"
+        return super().check(value)
+
+
+@dataclass(frozen=True)
 class Text(Kind):
     """A non-empty string, optionally matching ``pattern`` (``rule`` says it in words)."""
 

@@ -66,10 +66,6 @@ def _workload(o: TrainingOptions) -> None:
     limit = m.max_seq_len if m.kind == "text" else None
     if o.seq_len is not None and limit is not None and o.seq_len > limit:
         raise OptionError("seq_len", f"{o.seq_len} exceeds {m.name}'s {limit} positions")
-    if m.kind != "text" and o.activation_checkpointing:
-        raise OptionError(
-            "activation_checkpointing", f"is implemented for the transformer models, not {m.name}"
-        )
 
 
 def _sharding(o: TrainingOptions) -> None:

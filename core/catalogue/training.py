@@ -35,6 +35,7 @@ from hetero.core.catalogue.kinds import (
     ListKind,
     PathKind,
     Slowdowns,
+    Switch,
     Text,
     cap_item,
     fraction_item,
@@ -112,18 +113,13 @@ class TrainingOptions(Resolved):
         "job",
     )
     scale_workers: bool = opt(
-        True,
-        Bool(),
-        "give each rank DataLoader workers in proportion to its batch; off: "
-        f"{ref('num_workers')} on every rank",
-        "job",
-    )
+        True, Bool(), "give each rank DataLoader workers in proportion to its batch; off: "
+        f"{ref('num_workers')} on every rank", "job",
+    )  # fmt: skip
     eval_samples: int = opt(
-        512,
-        Int(0, 10**9),
-        "samples rank 0 scores after training (CIFAR: its test split); 0: none",
+        512, Int(0, 10**9), "samples rank 0 scores after training (CIFAR: its test split); 0: none",
         "job",
-    )
+    )  # fmt: skip
     eval_every: int | None = opt(
         None,
         Int(1, limits.MAX_INTERVAL_STEPS, "steps"),
@@ -202,9 +198,12 @@ class TrainingOptions(Resolved):
         "memory",
         init=True,
     )
-    activation_checkpointing: bool = opt(
-        False, Bool(), "recompute transformer blocks in backward (language models)", "memory"
-    )
+    activation_checkpointing: str = opt(
+        "auto", Switch(), "recompute each block's activations in backward instead of keeping "
+        "them (about a third more compute, far less activation memory); auto: on for a rank "
+        "whose memory holds it below its share of the first plan (docs/models.md); on, off: "
+        "every rank", "memory", init=True,
+    )  # fmt: skip
     sync_batchnorm: bool = opt(
         False, Bool(), "BatchNorm over the whole global batch (CUDA ranks)", "memory"
     )
@@ -218,12 +217,9 @@ class TrainingOptions(Resolved):
         True, Bool(), "measure each rank's memory and cap its batch to fit", "memory"
     )
     memory_probe: bool = opt(
-        True,
-        Bool(),
-        "before step 0, measure each rank's peak at two small batches and cap its first "
-        f"plan to fit (CUDA ranks; needs {ref('memory_caps')})",
-        "memory",
-    )
+        True, Bool(), "before step 0, measure each rank's peak at two small batches and cap its "
+        f"first plan to fit (CUDA ranks; needs {ref('memory_caps')})", "memory",
+    )  # fmt: skip
     memory_margin: float = opt(
         0.1, Float(minimum=0.0, below=1.0), "share of memory left free under a cap", "memory"
     )

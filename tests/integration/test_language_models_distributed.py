@@ -131,7 +131,8 @@ def test_simulated_nodes_with_zero_amp_checkpointing_and_an_oom(tmp_path: Path):
     s = json.loads((out / "summary.json").read_text())
     assert s["simulated_nodes"] == 2 and s["memory_fraction"] == [0.3, 0.6]
     assert s["steps"] == 12 and s["zero"] is True and s["amp"] == "bf16"
-    assert s["task"] == "causal-lm" and s["activation_checkpointing"] is True
+    assert s["task"] == "causal-lm" and s["activation_checkpointing"] == "on"
+    assert s["recompute"]["ranks"] == [True, True]  # on: every rank
     assert [e["step"] for e in s["oom_retries"]] == [5]
     assert s["final_plan"][1] <= s["oom_retries"][0]["failed"]["1"] * 0.75
     assert s["eval_split"] == "train" and 0 <= s["eval_accuracy"] <= 1

@@ -77,3 +77,32 @@ def test_a_small_rank_gets_its_cap_from_step_0_and_one_too_small_stops_the_job(
     assert "limit 0.84 GiB" in errors[0]
     metrics = stopped / "metrics" / "rank0.jsonl"
     assert not metrics.exists() or not read_metrics(metrics)  # no interval ran
+
+
+@pytest.mark.timeout(600)
+def test_a_rank_whose_memory_binds_recomputes_alone_and_the_losses_stay_the_same(
+    hetero_train, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 1 holds 1 GB + 0.5 GB a sample under a 4 GB limit (5 samples), but only
+    0.1 GB a sample recomputing (25): under auto it turns activation checkpointing on,
+    alone, and runs the equal split; rank 0, with no cap, does not. Forced off, the
+    same job caps rank 1 at 5 instead. Every interval's loss is the same to rounding."""
+    monkeypatch.setenv(INJECT_ENV, "1:4e9:1e9:5e8:1e8")
+    auto, off = tmp_path / "auto", tmp_path / "off"
+    a = hetero_train(*RUN, "--output-dir", str(auto), "--summary-json", str(auto / "s.json"))
+    assert a.returncode == 0, a.stderr
+    assert "memory probe caps [-, 25]" in a.stdout.splitlines()[0]
+    assert "rank 1 on: memory holds 5 of the 24 samples" in a.stdout
+    summary = json.loads((auto / "s.json").read_text())
+    assert summary["recompute"]["ranks"] == [False, True]
+    assert summary["recompute"]["reasons"][0] == "off: no memory cap measured"
+    assert summary["plans"][-1]["batches"] == [24, 24]
+    b = hetero_train(*RUN, "--output-dir", str(off), "--summary-json", str(off / "s.json"),
+                     "--activation-checkpointing", "off")  # fmt: skip
+    assert b.returncode == 0, b.stderr
+    forced = json.loads((off / "s.json").read_text())
+    assert forced["recompute"]["ranks"] == [False, False]
+    assert forced["plans"][-1]["batches"] == [43, 5]
+    got, ref = _losses(auto), _losses(off)
+    assert sorted(got) == [2, 4, 6, 8]
+    assert got == pytest.approx(ref, rel=1e-5)

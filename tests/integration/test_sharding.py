@@ -23,7 +23,7 @@ _spec.loader.exec_module(worker)
 
 pytestmark = pytest.mark.slow
 
-MODES = ["shard-full", "shard-plain", "shard-offload", "shard-dynamic"]
+MODES = ["shard-full", "shard-plain", "shard-offload", "shard-dynamic", "shard-recompute"]
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +52,8 @@ def test_sharded_uneven_training_equals_single_process_over_the_global_batch(
     else:
         assert sizes[0][:5] == [14] * 5 and sizes[2][5:9] == [17] * 4 and sizes[1][9:] == [22] * 3
     assert got["comm"] == [], "FSDP2 has no DDP comm mode"
+    # shard-recompute: rank 1 alone recomputes in backward, inside the unit it gathered.
+    assert got["recompute"] == ((False, True, False) if mode == "shard-recompute" else (False,) * 3)
     ref = worker.single_process_reference(mode, 12, 24)
     assert set(got["params"]) == set(ref)
     for name, value in ref.items():

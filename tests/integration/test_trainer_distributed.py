@@ -21,7 +21,16 @@ pytestmark = pytest.mark.slow
 
 #: The exact modes of equivalence.py on 3 CPU ranks. SyncBatchNorm needs CUDA ranks:
 #: tests/gpu/test_batchnorm_gpus.py (make test-gpu).
-EXACT = ["scripted", "overlap", "deferred", "dynamic", "workers", "plainbackward", "recheck"]
+EXACT = [
+    "scripted",
+    "overlap",
+    "deferred",
+    "dynamic",
+    "workers",
+    "plainbackward",
+    "recheck",
+    "recompute",
+]
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +76,7 @@ def test_uneven_ddp_equals_single_process_over_the_global_batch(three_ranks: Pat
     else:
         # The emulated 8x-slow rank 2 was given less than an equal share at the end.
         assert got["plans"][-1][2] < 8, got["plans"]
+    assert got["recompute"] == ((False, True, False) if mode == "recompute" else (False,) * 3)
     held = got["held_at_last"]  # buckets deferral held when the step's last one arrived
     if mode == "overlap":
         assert got["comm"] == [(0, "overlap")] and set(held) == {0}

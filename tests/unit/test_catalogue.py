@@ -54,7 +54,7 @@ SAMPLES: dict[str, tuple[Any, dict[str, Any]]] = {
     "zero": (True, {}),
     "shard": ("full", {}),
     "offload": ("params", {"shard": "grad_op"}),
-    "activation_checkpointing": (True, {"model": "bert-tiny"}),
+    "activation_checkpointing": ("on", {"model": "resnet18"}),
     "sync_batchnorm": (True, {}),
     "max_batch": ("64,-", {}),
     "memory_caps": (False, {}),

@@ -64,10 +64,14 @@ def test_peaks_that_do_not_rise_with_the_batch_give_no_fit() -> None:
 
 
 def test_injection_spec() -> None:
-    assert parse_injection("1:4e9:1e9:5e8, 0:8:2:1") == {1: (4e9, 1e9, 5e8), 0: (8, 2, 1)}
+    assert parse_injection("1:4e9:1e9:5e8, 0:8:2:1:0.5") == {
+        1: (4e9, 1e9, 5e8, 5e8),  # no figure for recomputing: the same per sample
+        0: (8, 2, 1, 0.5),
+    }
     assert parse_injection(None) == {}
-    with pytest.raises(ConfigError, match=INJECT_ENV):
-        parse_injection("1:4e9:1e9")
+    for bad in ("1:4e9:1e9", "1:4e9:1e9:5e8:1e8:7"):
+        with pytest.raises(ConfigError, match=INJECT_ENV):
+            parse_injection(bad)
 
 
 def test_optimizer_state_is_counted_per_parameter_until_the_first_step_allocates_it() -> None:
@@ -190,3 +194,44 @@ def test_probe_memory_caps_the_plan_or_says_before_step_0_what_cannot_fit(
     with pytest.raises(HeteroError, match="probe failed at batch 1: Expected more than 1 value"):
         probe_memory(ctx, model, opt, loss_of)  # BatchNorm1d refuses one sample in training
     ctx.close()
+
+
+class _Blocky(nn.Module):
+    """_Noisy's layers as one block that can be recomputed (a built-in model's switch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from hetero.trainer.models.recompute import Blocks
+
+        self.body = Blocks(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 3), ends=(3,))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+@pytest.mark.parametrize("mode", ["auto", "off"])
+def test_probe_memory_turns_recomputation_on_where_memory_binds(
+    monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """Alone with a global batch of 7: 2 MB a sample leave 3 samples under 9 MB, 0.5 MB a
+    sample recomputing leave 14. auto turns the switch on and the cap is 14; off keeps
+    the cap of 3, which cannot hold the batch."""
+    from hetero.trainer.models.recompute import recomputing
+
+    monkeypatch.setenv(INJECT_ENV, "0:1e7:2e6:2e6:5e5")
+    ctx = init("equal", device="cpu", min_batch=2, activation_checkpointing=mode)
+    model = ctx.wrap(_Blocky())
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    ctx.loader(_Data(), 7, seed=1)
+    loss_fn = nn.CrossEntropyLoss()
+    try:
+        if mode == "off":
+            with pytest.raises(HeteroError, match="cannot hold the global batch 7"):
+                ctx.probe_memory(model, opt, lambda b: loss_fn(model(b[0]), b[1]))
+            assert not recomputing(model)
+            return
+        assert ctx.probe_memory(model, opt, lambda b: loss_fn(model(b[0]), b[1])) == (14,)
+        assert recomputing(model) and ctx.recompute.ranks == (True,)
+        assert ctx.recompute.reasons[0].startswith("on: memory holds 3 of the 7 samples")
+    finally:
+        ctx.close()

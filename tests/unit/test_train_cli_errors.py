@@ -16,10 +16,7 @@ FAST = ["--num-samples", "64", "--global-batch", "8", "--steps", "4", "--ideal-s
         (["--dataset", "synthetic"], "needs a text dataset"),
         (["--model", "debug", "--dataset", "synthetic-text"], "needs an image dataset"),
         (["--seq-len", "500"], "exceeds gpt2-tiny's 64 positions"),
-        (
-            ["--model", "debug", "--dataset", "synthetic", "--activation-checkpointing"],
-            "transformer",
-        ),
+        (["--activation-checkpointing", "sometimes"], "unknown value 'sometimes'"),
         (["--model", "debug", "--dataset", "cifar10", "--data-dir", "/nope"], "/nope/cifar-10"),
         (["--dataset", "text", "--data-dir", "/nope.txt"], "does not exist"),
         (["--simulate-nodes", "2", "--nproc", "3"], "leave out --nproc"),

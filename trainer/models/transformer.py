@@ -11,7 +11,7 @@ Both take ``(N, T)`` token ids and return ``(N, T, vocab_size)`` logits. There
 are no registered buffers (attention masking is ``is_causal`` in
 ``scaled_dot_product_attention``), so DDP has nothing to broadcast in forward.
 ``activation_checkpointing = True`` recomputes each block in backward instead
-of keeping its activations (torch.utils.checkpoint, non-reentrant).
+of keeping its activations (``trainer.models.recompute``).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.utils.checkpoint import checkpoint
 
 from hetero.core.errors import ConfigError
+from hetero.trainer.models.recompute import run_block
 
 
 @dataclass(frozen=True)
@@ -157,10 +157,7 @@ class _LanguageModel(nn.Module):
         pos = torch.arange(t, device=idx.device)
         x = self.drop(self.embed(self.tok_emb(idx) + self.pos_emb(pos)))
         for block in self.blocks:
-            if self.activation_checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint(block, x, use_reentrant=False)
-            else:
-                x = block(x)
+            x = run_block(self, block, x, block)
         return x
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:

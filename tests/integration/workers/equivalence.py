@@ -17,6 +17,8 @@ Usage: equivalence.py OUT_PATH MODE
                  loss.backward() itself
   shard-offload  shard-full with offload=params
   shard-dynamic  dynamic (rank 2 emulated 8x slower), sharded with FSDP2 (shard=full)
+  recompute      scripted, rank 1 alone recomputing its activations in backward
+  shard-recompute  shard-full, rank 1 alone recomputing its activations in backward
 
 On 3 ranks the scripted plans are (14, 7, 3), (2, 5, 17) from step 5, (1, 22, 1) from
 step 9; on 2 ranks (17, 7), (5, 19), (22, 2). TF32 is off so CUDA ranks compute in fp32.
@@ -139,15 +141,21 @@ def main(argv: list[str]) -> None:
         warmup_steps=0,
     )
     comm = mode if mode in ("overlap", "deferred") else "auto"
+    # One rank recomputing while the others keep their activations: the same gradients.
+    recompute = "on" if mode.endswith("recompute") and ctx.rank == 1 else "off"
     if mode.startswith("shard-"):
         ddp = ctx.wrap(
             model,
             shard="grad_op" if mode == "shard-plain" else "full",
             offload="params" if mode == "shard-offload" else "none",
+            activation_checkpointing=recompute,
         )
     else:
         # Tiny buckets (bytes), so DDP hands the hook several per step and deferral holds some.
-        ddp = ctx.wrap(model, sync_batchnorm=mode == "syncbn", comm=comm, bucket_cap_mb=0.0001)
+        ddp = ctx.wrap(
+            model, sync_batchnorm=mode == "syncbn", comm=comm, bucket_cap_mb=0.0001,
+            activation_checkpointing=recompute,
+        )  # fmt: skip
     # Buckets the hook held back when the step's last one arrived, per step (deferral).
     held_at_last: list[int] = []
     grads_ready = ctx.weighting.on_grads_ready
@@ -199,6 +207,7 @@ def main(argv: list[str]) -> None:
                 "plans": [p.batches for p in ctx.plans],
                 "comm": [(c.step, c.mode) for c in ctx.comm_changes],
                 "held_at_last": held_at_last,
+                "recompute": ctx.recompute.ranks,
             },
             out,
         )
