@@ -61,8 +61,11 @@ def test_a_checkpoint_on_nccl_resumes_with_the_losses_of_an_uninterrupted_run(
 
 #: GPT-2 small in fp32 on token windows: no BatchNorm and no dropout, so the split
 #: between ranks does not change the math, and steps long enough (tens of ms on an
-#: H100) for the kill to land mid-job. Emulated slowdown is for CPU ranks only.
-STEPS = 600
+#: H100) for the kill to land mid-job (emulated slowdown is for CPU ranks only).
+#: SGD, not AdamW: Adam's normalised update turns the float noise of another
+#: summation order into 5e-3 of loss within 30 steps (measured on 2x H100), which
+#: would hide what this test looks for.
+STEPS = 300
 GLOBAL_BATCH = 32
 SEQ_LEN = 128
 JOB = """\
@@ -73,6 +76,8 @@ seq_len: {seq}
 global_batch: {batch}
 steps: {steps}
 seed: 3
+optimizer: sgd
+lr: 0.01
 policy: dynamic
 rebalance_interval: 10
 max_restarts: 2
@@ -82,16 +87,22 @@ resources: {{ranks: 2, device: cuda}}
 """
 
 
-def _reference_loss(out: Path) -> float:
-    """The uninterrupted run: one process on GPU 0, same seed, data order, batch, steps."""
+def _reference_losses(out: Path) -> dict[int, float]:
+    """The uninterrupted run: one process on GPU 0, same seed, data order, batch, steps;
+    its interval losses by end step."""
     argv = [sys.executable, "-m", "hetero.trainer.cli", "--model", "gpt2-small", "--dataset"]
     argv += ["synthetic-text", "--seq-len", str(SEQ_LEN), "--global-batch", str(GLOBAL_BATCH)]
     argv += ["--steps", str(STEPS), "--rebalance-interval", "10", "--seed", "3"]
+    argv += ["--optimizer", "sgd", "--lr", "0.01"]
     argv += ["--device", "cuda", "--ideal-steps", "0", "--quiet"]
-    argv += ["--summary-json", str(out / "summary.json")]
+    argv += ["--output-dir", str(out / "reference")]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    return float(json.loads((out / "summary.json").read_text())["loss_last"])
+    return _losses(out / "reference" / "metrics" / "rank0.jsonl")
+
+
+def _losses(*files: Path) -> dict[int, float]:
+    return {int(r["step"]): float(r["loss"]) for f in files for r in read_metrics(f)}
 
 
 def _job(cluster: LocalCluster, job_id: str) -> pb.Job:
@@ -111,16 +122,16 @@ def _rank_process(cluster: LocalCluster, rank: int) -> psutil.Process | None:
 
 
 def test_kill_9_of_an_nccl_rank_restarts_the_job_from_its_checkpoint(tmp_path: Path) -> None:
-    reference = _reference_loss(tmp_path)
+    reference = _reference_losses(tmp_path)
     root = tmp_path / "cluster"
     with LocalCluster(root, [AgentSpec("gpu-node", watchdog_s=60)]) as cluster:
         ckpt = root / "ckpt"
         spec = JOB.format(seq=SEQ_LEN, batch=GLOBAL_BATCH, steps=STEPS, ckpt=ckpt)
         job_id = cluster.submit(spec)
         deadline = time.monotonic() + 240
-        while not ((job := _job(cluster, job_id)).last_step >= 200 and (ckpt / "last.pt").exists()):
+        while not ((job := _job(cluster, job_id)).last_step >= 120 and (ckpt / "last.pt").exists()):
             assert job.state not in (pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED), job.message
-            assert time.monotonic() < deadline, f"no step 100 and checkpoint: {job}"
+            assert time.monotonic() < deadline, f"no step 120 and checkpoint: {job}"
             time.sleep(0.2)
         victim = _rank_process(cluster, 1)
         assert victim is not None, "rank 1 runs on the agent"
@@ -151,9 +162,20 @@ def test_kill_9_of_an_nccl_rank_restarts_the_job_from_its_checkpoint(tmp_path: P
             if "resumed from" in line
         ]
         assert resumed, "the restarted rank 0 resumed from the checkpoint"
-        loss = float(summary["loss_last"])
-        diff = abs(loss - reference) / abs(reference)
+        # Every interval the job logged (the restarted attempt's last), against the
+        # uninterrupted run: the intervals right after the resume pin its exactness
+        # (a lost optimizer state or data position shows at once); later ones drift
+        # by the float noise of another summation order, amplified over the steps.
+        got = _losses(*sorted(root.glob(f"gpu-node/jobs/{job_id}/rank0/**/rank0.jsonl")))
+        rel = {s: abs(got[s] - reference[s]) / abs(reference[s]) for s in got if s in reference}
+        resumed_at = int(resumed[-1].rsplit(" ", 1)[-1])
+        after = [s for s in sorted(rel) if resumed_at < s <= resumed_at + 50]
+        print(f"killed rank 1 at step {step_at_fault}; {resumed[-1]}")
         print(
-            f"killed rank 1 at step {step_at_fault}; {resumed[-1]}; final loss {loss} vs {reference}: {diff:.2e}"
+            "relative loss difference by step: "
+            + ", ".join(f"{s}: {rel[s]:.1e}" for s in sorted(rel))
         )
-        assert diff <= 2e-3, (loss, reference)
+        assert len(after) == 5, sorted(got)
+        before = max((rel[s] for s in rel if s <= resumed_at), default=None)
+        worst = max(rel[s] for s in after)
+        assert worst <= 1e-3, (before, {s: (got[s], reference[s]) for s in after})
