@@ -333,7 +333,6 @@ def _checked(fields: Fields, option: Any, value: Any, key: str | None = None) ->
 
 
 def _resources(top: Fields, *, builtin: bool) -> Resources:
-    """``allow_exclusion`` defaults on for a built-in job, off for a user's script."""
     res = top.mapping("resources")
     if res is None:
         raise top.fail("resources", "required, e.g. `resources: {ranks: 2}`")
@@ -355,7 +354,7 @@ def _resources(top: Fields, *, builtin: bool) -> Resources:
         if any(not isinstance(v, str) or not v for v in values):
             raise res.fail("nodes", "must be a list of node names (strings)")
         nodes = tuple(str(v) for v in values)
-    exclusion = res.boolean("allow_exclusion", builtin)  # a script may not expect fewer ranks
+    exclusion = res.boolean("allow_exclusion", builtin)  # off for a script: fewer ranks
     res.finish()
     return Resources(ranks, nodes, allow_cpu, device, allow_exclusion=exclusion)
 
