@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import grpc.aio
@@ -246,14 +246,7 @@ def new_server(
     interceptors: list[grpc.ServerInterceptor] = []
     if security.checks_tokens:
         interceptors.append(
-            TokenAuthInterceptor(
-                security.token,
-                what,
-                hint,
-                roles=security.roles,
-                named=security.named,
-                certificate_callers=security.certificate_callers and security.mutual_tls,
-            )
+            TokenAuthInterceptor(security.token, what, hint, **_credential_checks(security))
         )
     interceptors.append(GuardInterceptor())
     return grpc.server(
@@ -267,6 +260,16 @@ def new_server(
             ("grpc.so_reuseport", 0),
         ],
     )
+
+
+def _credential_checks(security: ServerSecurity) -> dict[str, Any]:
+    """What the token interceptors check beside the cluster token, one list for the
+    thread-pool and the ``grpc.aio`` server alike."""
+    return {
+        "roles": security.roles,
+        "named": security.named,
+        "certificate_callers": security.certificate_callers and security.mutual_tls,
+    }
 
 
 def new_aio_server(
@@ -284,14 +287,7 @@ def new_aio_server(
     interceptors: list[grpc.aio.ServerInterceptor] = []
     if security.checks_tokens:
         interceptors.append(
-            AioTokenAuthInterceptor(
-                security.token,
-                what,
-                hint,
-                roles=security.roles,
-                named=security.named,
-                certificate_callers=security.certificate_callers and security.mutual_tls,
-            )
+            AioTokenAuthInterceptor(security.token, what, hint, **_credential_checks(security))
         )
     interceptors.append(AioGuardInterceptor())
     return grpc.aio.server(
