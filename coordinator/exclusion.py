@@ -44,6 +44,9 @@ from hetero.core.balancer import (
 from hetero.core.jobspec import JobSpec
 
 RULE = ExclusionRule()
+#: A restart's start-up (placement to first step) assumed while the attempt has not
+#: reported yet: a cold Python with torch and a rendezvous, on a loaded host.
+UNMEASURED_START_UP_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -183,7 +186,41 @@ def measured(spec: JobSpec, job: JobRow, history: History) -> Decision | None:
 
 def while_running(spec: JobSpec, job: JobRow, history: History) -> Decision | None:
     """``measured`` for a RUNNING job that has a checkpoint directory to resume from
-    (without one, a restart would start the training over)."""
+    (without one, a restart would start the training over). Whether the restart pays
+    for itself is ``paying``'s to say."""
     if job.state != lifecycle.RUNNING or spec.checkpoint is None:
         return None
     return measured(spec, job, history)
+
+
+def paying(
+    decision: Decision, spec: JobSpec, job: JobRow, step: int, start_up_s: float | None
+) -> Decision | None:
+    """``decision`` with the restart's balance added to its event text, or None when the
+    time the forecast saves over the steps left after ``step`` does not exceed what
+    the restart costs: the job's own start-up (placement to first step, measured on
+    this attempt, ``store.attempt_start_up_s``; ``UNMEASURED_START_UP_S`` before
+    that) plus the steps since the last checkpoint, at most ``interval_steps``, run
+    again. A job near its end keeps its ranks: a restart there cannot win back its
+    cost, and the stop order could reach the ranks after their last step (a restart
+    with nothing left to run)."""
+    if spec.checkpoint is None:
+        return None
+    if job.total_steps is None:
+        return decision  # an open-ended run: every step left is a step saved
+    forecast = decision.forecast
+    left = job.total_steps - step
+    now_s = job.global_batch / forecast.samples_per_s
+    without_s = job.global_batch / forecast.samples_per_s_without
+    start = UNMEASURED_START_UP_S if start_up_s is None else start_up_s
+    cost = start + spec.checkpoint.interval_steps * without_s
+    saved = left * (now_s - without_s)
+    if saved <= cost:
+        return None
+    how = "measured" if start_up_s is not None else "not yet measured, assumed"
+    balance = (
+        f"over the {left} steps left that saves {saved:.1f} s against a restart of "
+        f"{cost:.1f} s (start-up {how} {start:.1f} s, and up to "
+        f"{spec.checkpoint.interval_steps} steps since the checkpoint run again)"
+    )
+    return dataclasses.replace(decision, message=f"{decision.message}; {balance}")

@@ -83,7 +83,11 @@ class PlanHandlers(Handlers):
                     )
             left_out = None
             if req.plan_version >= job.attempt_first_plan:
-                left_out = exclusion.while_running(store.spec_of(job), job, history)
+                spec = store.spec_of(job)
+                left_out = exclusion.while_running(spec, job, history)
+                if left_out is not None:
+                    start_up = store.attempt_start_up_s(s, job)
+                    left_out = exclusion.paying(left_out, spec, job, req.end_step, start_up)
                 if left_out is not None:
                     store.restart_without(s, job, left_out, now=now)
             reply = wire.plan_message(plan)

@@ -21,6 +21,7 @@ which names every public function:
 from hetero.coordinator.store.events import add_event, job_events
 from hetero.coordinator.store.intervals import (
     add_interval,
+    attempt_start_up_s,
     complete_steps,
     interval_history,
     interval_steps,
@@ -90,6 +91,7 @@ __all__ = [
     "ahead_of",
     "append_logs",
     "apply_transition",
+    "attempt_start_up_s",
     "cancel_job",
     "complete_steps",
     "create_job",

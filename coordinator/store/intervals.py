@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
-from hetero.coordinator.models import IntervalStatRow, JobRow
+from hetero.coordinator.models import IntervalStatRow, JobRow, PlanRow
 from hetero.coordinator.store.rows import table
 from hetero.core.balancer import RankInterval
 
@@ -197,3 +197,26 @@ def _newest_per_rank(rows: Iterable[IntervalStatRow]) -> list[IntervalStatRow]:
         if row.rank not in newest or row.id > newest[row.rank].id:
             newest[row.rank] = row
     return [newest[rank] for rank in sorted(newest)]
+
+
+def attempt_start_up_s(s: Session, job: JobRow) -> float | None:
+    """Seconds the job's current attempt took from its placement (its first plan) to its
+    first training step: the first complete interval's arrival less the time its steps
+    took (the slowest rank's), so warm-up steps slower than the settled ones count as
+    start-up. None before the attempt's first complete interval."""
+    t = IntervalStatRow
+    first = s.scalar(
+        select(t.end_step)
+        .where(*_this_attempt(job))
+        .group_by(t.end_step)
+        .having(func.count(func.distinct(t.rank)) == job.world_size)
+        .order_by(t.end_step)
+        .limit(1)
+    )
+    placed = s.get(PlanRow, (job.id, job.attempt_first_plan))
+    if first is None or placed is None:
+        return None
+    rows = list(s.scalars(select(t).where(*_this_attempt(job), t.end_step == first)))
+    arrived = max(r.received_at_unix_s for r in rows)
+    ran = max(r.steps * r.step_s for r in rows)
+    return max(0.0, arrived - placed.created_at_unix_s - ran)
