@@ -238,7 +238,8 @@ def render(
             lines.append(
                 f"- {name}, the coordinator (`resources.allow_exclusion`, a checkpoint): "
                 + (
-                    f"restarts the job without rank {gone[0]}"
+                    f"restarts the job without rank {gone[0]} where the steps left repay the "
+                    "restart (its start-up plus the steps since the checkpoint)"
                     if gone
                     else "keeps every rank (no straggler whose forecast cleared 5% for 3 intervals)"
                 )
