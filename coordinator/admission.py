@@ -17,6 +17,10 @@ devices, calls :func:`admit`, and writes the decisions. The rules:
   stream of small ones behind it. (Slurm's backfill would also let a short job
   use held devices when it ends before they are needed; jobs here declare no
   run time, so nothing can be backfilled safely.)
+- A restart (a running job that lost a node or a rank) that finds no free device
+  waits RESTARTING ahead of every queued job: the devices it may use are held for
+  it (``held``) until the sweeper places it. It was admitted and running already;
+  a failure it did not choose must not hand its place to jobs submitted since.
 - The pass stops once no device has room left outside the held ones: with ten
   thousand queued jobs it still reads only the few at the head of the queue
   (each spec once: the store caches them).
@@ -145,28 +149,32 @@ def has_room(d: DeviceSlot) -> bool:
 
 
 def admit(
-    queue: Iterable[Waiting], devices: Sequence[DeviceSlot], ports: Iterator[int]
+    queue: Iterable[Waiting],
+    devices: Sequence[DeviceSlot],
+    ports: Iterator[int],
+    held: Iterable[DeviceKey] = (),
 ) -> list[Decision]:
     """One pass over ``queue`` (in queue order) on ``devices`` as they are now; ``ports``
-    yields free rendezvous ports, one taken per job placed. Returns a decision for each
-    job the pass looked at, in order; the jobs after the last one were not looked at
+    yields free rendezvous ports, one taken per job placed; ``held`` devices are kept for
+    jobs ahead of the whole queue (restarts waiting for devices). Returns a decision for
+    each job the pass looked at, in order; the jobs after the last one were not looked at
     (no device had room left outside those held for earlier jobs: the last decision
     says why its job waits, and the ones behind it keep the reason they had)."""
     slots = {key(d): d for d in devices}
-    held: set[DeviceKey] = set()
+    kept: set[DeviceKey] = set(held)
     out: list[Decision] = []
     for waiting in queue:
-        free = [d for k, d in slots.items() if k not in held]
+        free = [d for k, d in slots.items() if k not in kept]
         spec = waiting.spec()
         if not any(has_room(d) for d in free):
             # Nothing can start: say why the head waits, and read no further.
-            out.append(Decision(waiting.job_id, reason=reason(spec, list(slots.values()), held)))
+            out.append(Decision(waiting.job_id, reason=reason(spec, list(slots.values()), kept)))
             break
         try:
             placement = place(spec, free, 0)
         except PlacementError:
-            out.append(Decision(waiting.job_id, reason=reason(spec, list(slots.values()), held)))
-            held |= {key(d) for d in slots.values() if suitable(spec, d)}
+            out.append(Decision(waiting.job_id, reason=reason(spec, list(slots.values()), kept)))
+            kept |= {key(d) for d in slots.values() if suitable(spec, d)}
             continue
         port = next(ports, None)
         if port is None:

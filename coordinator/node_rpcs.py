@@ -141,7 +141,7 @@ class NodeHandlers(Handlers):
             recovery.replace_if_ready(s, job, cfg, now=now)
             if job.state in lifecycle.FINISHED:  # its devices are free: the queue moves now
                 s.flush()
-                store.admit_queued(s, cfg.queue, now=now)
+                recovery.place_waiting(s, cfg, now=now)
             reply = pb.ReportRankStatusResponse(job_state=wire.job_state(job.state))
         # After the commit: stop orders for the survivors, a restart's plan and launches.
         self.deps.invalidate_caches()

@@ -9,7 +9,10 @@ Every ``period_s`` the sweeper, in one transaction:
 2. gives a RESTARTING job whose old ranks are all gone its next placement on
    the healthy devices: the spec's world size if it fits, else fewer ranks
    (same global batch), a fresh rendezvous port, a new plan; the agents then
-   launch it with ``--resume auto``. A job that fits nowhere fails;
+   launch it with ``--resume auto``. A restart that fits nowhere now waits
+   RESTARTING with the reason, ahead of every queued job (the devices it may use
+   are held for it), and is placed by a later sweep; one that could never fit
+   the registered devices left to it fails;
 3. places the queued jobs that now fit (``store.admit_queued``): restarts go
    first, since their jobs were running already.
 
@@ -81,9 +84,17 @@ def sweep(s: Session, cfg: SweepConfig, *, now: float) -> bool:
             store.lose_node(s, node, now=now)
             changed = True
     s.flush()
+    return place_waiting(s, cfg, now=now) or changed
+
+
+def place_waiting(s: Session, cfg: SweepConfig, *, now: float) -> bool:
+    """Place what waits for devices: the restarts first, then the queued jobs that fit.
+    True if a job was placed or failed."""
+    changed = False
     for job in store.restarting_jobs(s):
         if replace_if_ready(s, job, cfg, now=now) or job.state != lifecycle.RESTARTING:
             changed = True
+    s.flush()
     if store.admit_queued(s, cfg.queue, now=now):  # placements made
         changed = True
     return changed
@@ -124,9 +135,11 @@ def replace_if_ready(s: Session, job: JobRow, cfg: SweepConfig, *, now: float) -
     try:
         placement = place_restart(s, spec, cfg, now=now, excluded=excluded)
     except HeteroError as exc:
-        log.warning("job %s cannot restart: %s", job.id, exc)
-        store.fail_restart(s, job, f"cannot restart: {exc}", now=now)
+        wait_or_fail(s, job, spec, excluded, cfg, exc, now=now)
         return False
+    if job.message.startswith("restart waiting"):
+        waited = now - (job.restarting_since_unix_s or now)
+        job.message = f"restarted after waiting {waited:.0f} s for devices"
     shrunk = replace_spec_ranks(spec, len(placement.ranks))
     store.replace_job(s, job, placement, initial_plan(shrunk, placement), now=now)
     log.info(
@@ -137,6 +150,44 @@ def replace_if_ready(s: Session, job: JobRow, cfg: SweepConfig, *, now: float) -
         placement.master_port,
     )
     return True
+
+
+def wait_or_fail(
+    s: Session,
+    job: JobRow,
+    spec: JobSpec,
+    excluded: Sequence[exclusion.Excluded],
+    cfg: SweepConfig,
+    exc: HeteroError,
+    *,
+    now: float,
+) -> None:
+    """A restart that fits nowhere now: it waits RESTARTING, with the reason, ahead of
+    the queue (its devices held, ``store.held_for_restarts``), unless even its smallest
+    placement could never fit the registered devices left to it: then the job fails."""
+    devices = exclusion.devices_without(
+        store.device_slots(
+            s, now=now, timeout_s=cfg.heartbeat_timeout_s, cpu_capacity=cfg.ranks_per_cpu_device
+        ),
+        excluded,
+    )
+    smallest = replace_spec_ranks(spec, min(lifecycle.restart_world_sizes(spec.world_size)))
+    try:
+        admission.check_fits(smallest, devices)
+    except HeteroError as never:
+        log.warning("job %s cannot restart: %s", job.id, never)
+        store.fail_restart(s, job, f"cannot restart: {never}", now=now)
+        return
+    if not isinstance(exc, PlacementError):  # no free rendezvous port: say so
+        why = f"restart {exc}"
+    else:
+        why = f"restart {admission.reason(smallest, devices, set())}"
+    if job.message == why:
+        return
+    if not job.message.startswith("restart waiting"):
+        store.add_event(s, "job_restart_waiting", f"job {job.name} {why}", job_id=job.id, now=now)
+    log.info("job %s %s", job.id, why)
+    job.message = why
 
 
 def place_restart(

@@ -240,8 +240,10 @@ def lose_node(s: Session, node: NodeRow, *, now: float) -> None:
 
 
 def restarting_jobs(s: Session) -> list[JobRow]:
+    """In queue order (priority, then submission): the first placed when devices are short."""
     query = select(JobRow).where(JobRow.state == lifecycle.RESTARTING)
-    return list(s.scalars(query.order_by(JobRow.submitted_at_unix_s)))
+    order = (JobRow.priority.desc(), JobRow.submitted_at_unix_s, JobRow.id)
+    return list(s.scalars(query.order_by(*order)))
 
 
 def replace_job(
@@ -284,5 +286,5 @@ def restart_without(s: Session, job: JobRow, decision: exclusion.Decision, *, no
 
 
 def fail_restart(s: Session, job: JobRow, reason: str, *, now: float) -> None:
-    """A restart that cannot be placed ends the job."""
+    """A restart that could never be placed ends the job."""
     apply_transition(s, job, lifecycle.Transition(lifecycle.FAILED, reason), now=now)

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from hetero.coordinator import admission, lifecycle
+from hetero.coordinator import admission, exclusion, lifecycle
 from hetero.coordinator.models import JobRow
-from hetero.coordinator.placement import Placement
+from hetero.coordinator.placement import DeviceSlot, Placement, suitable
 from hetero.coordinator.store.events import add_event
 from hetero.coordinator.store.jobs import place_job
 from hetero.coordinator.store.nodes import device_slots
@@ -99,13 +99,36 @@ def admit_queued(s: Session, cfg: QueueConfig, *, now: float) -> dict[str, Place
     queue = (admission.Waiting(i, functools.partial(spec, i)) for i in ids[:MAX_EXAMINED])
     ports = free_ports(s, cfg.master_port_base, cfg.master_port_span)
     placed: dict[str, Placement] = {}
-    for decision in admission.admit(queue, devices, ports):
+    for decision in admission.admit(queue, devices, ports, held_for_restarts(s, devices)):
         job = rows[decision.job_id]
         if decision.placement is not None:
             placed[job.id] = place_job(s, job, spec_of(job), decision.placement, now=now)
         elif job.message != decision.reason:
             job.message = decision.reason
     return placed
+
+
+def waiting_restarts(s: Session) -> list[JobRow]:
+    """RESTARTING jobs whose old ranks have all stopped: the sweeper places them, in
+    queue order, before any queued job (``admission``)."""
+    query = (
+        select(JobRow)
+        .where(JobRow.state == lifecycle.RESTARTING)
+        .order_by(JobRow.priority.desc(), JobRow.submitted_at_unix_s, JobRow.id)
+    )
+    return [j for j in s.scalars(query) if all(r.state == lifecycle.EXITED for r in j.ranks)]
+
+
+def held_for_restarts(s: Session, devices: list[DeviceSlot]) -> set[admission.DeviceKey]:
+    """The devices a waiting restart may use (its rank left out excluded): no queued job
+    takes them while it waits."""
+    held: set[admission.DeviceKey] = set()
+    for job in waiting_restarts(s):
+        excluded = exclusion.excluded_of(job)
+        spec = exclusion.spec_without(spec_of(job), excluded)
+        usable = exclusion.devices_without(devices, excluded)
+        held |= {admission.key(d) for d in usable if suitable(spec, d)}
+    return held
 
 
 def enqueue(s: Session, job: JobRow, cfg: QueueConfig, *, now: float) -> Placement | None:

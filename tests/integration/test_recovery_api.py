@@ -198,16 +198,73 @@ def test_restarts_exhausted_fail_the_job_and_stop_the_survivors(coordinator) -> 
     assert [s.rank for s in _poll(coordinator, where[0]).stops] == [0]
 
 
-def test_a_restart_that_fits_nowhere_fails_with_the_reason(coordinator) -> None:  # type: ignore[no-untyped-def]
+def test_a_restart_that_fits_nowhere_waits_with_the_reason_and_resumes_when_a_node_returns(  # type: ignore[no-untyped-def]
+    coordinator,
+) -> None:
     cuda = tpb.DEVICE_KIND_CUDA
     nodes = {"a": _register(coordinator, "gpu-a", cuda), "b": _register(coordinator, "gpu-b", cuda)}
     job_id = _submit(coordinator, restarts=3, device="cuda")
     _start(coordinator, job_id, nodes)
     coordinator.clock.now += 11.0  # both nodes silent
     _sweep(coordinator)
+    _sweep(coordinator)  # a second pass changes nothing: one event, the same reason
+    job = _job(coordinator, job_id)
+    assert job.state == pb.JOB_STATE_RESTARTING and job.restarts == 0
+    assert job.message == "restart waiting for 1 CUDA device; none free; down: gpu-a, gpu-b"
+    assert [e.kind for e in job.events].count("job_restart_waiting") == 1
+
+    coordinator.clock.now += 30.0
+    _beat(coordinator, nodes["a"])
+    _sweep(coordinator)
+    job = _job(coordinator, job_id)
+    assert job.state == pb.JOB_STATE_PENDING and job.restarts == 1 and job.world_size == 1
+    assert job.message == "restarted after waiting 30 s for devices"
+    (order,) = _poll(coordinator, nodes["a"]).launches
+    assert order.attempt == 1 and order.args.resume
+
+
+def test_a_waiting_restart_goes_before_the_queue_on_the_devices_that_free(coordinator) -> None:  # type: ignore[no-untyped-def]
+    cuda = tpb.DEVICE_KIND_CUDA
+    nodes = {n: _register(coordinator, f"gpu-{n}", cuda) for n in "abc"}
+    job_id = _submit(coordinator, restarts=1, device="cuda")
+    _start(coordinator, job_id, {n: nodes[n] for n in "ab"})
+    other = "name: other\nglobal_batch: 8\nsteps: 5\nresources: {ranks: 1, device: cuda}\n"
+    later = other.replace("other", "later")
+    other_id = coordinator.stub.SubmitJob(pb.SubmitJobRequest(spec_yaml=other)).job_id
+    coordinator.clock.now += 1.0
+    later_job = coordinator.stub.SubmitJob(pb.SubmitJobRequest(spec_yaml=later)).job
+    assert later_job.state == pb.JOB_STATE_QUEUED
+    coordinator.clock.now += 11.0
+    _beat(coordinator, nodes["c"])  # gpu-a and gpu-b silent
+    _sweep(coordinator)
+    assert _job(coordinator, job_id).state == pb.JOB_STATE_RESTARTING
+
+    coordinator.stub.CancelJob(pb.CancelJobRequest(job_id=other_id), timeout=DEADLINE_S)
+    assert _job(coordinator, later_job.id).state == pb.JOB_STATE_QUEUED, "gpu-c is held"
+    _report(coordinator, nodes["c"], other_id, 0, pb.RANK_STATE_EXITED, 143)
+    _sweep(coordinator)
+    job = _job(coordinator, job_id)
+    assert job.state == pb.JOB_STATE_PENDING and [r.node_name for r in job.ranks] == ["gpu-c"]
+    assert job.restarts == 1, "one restart, however long it waited"
+    assert _job(coordinator, later_job.id).state == pb.JOB_STATE_QUEUED
+
+
+def test_a_restart_that_can_never_fit_fails_in_one_line(coordinator) -> None:  # type: ignore[no-untyped-def]
+    cuda = tpb.DEVICE_KIND_CUDA
+    nodes = {"a": _register(coordinator, "gpu-a", cuda), "b": _register(coordinator, "gpu-b", cuda)}
+    job_id = _submit(coordinator, restarts=3, device="cuda")
+    _start(coordinator, job_id, nodes)
+    coordinator.clock.now += 11.0
+    _sweep(coordinator)
+    for name in ("gpu-a", "gpu-b"):  # both come back without their GPU
+        _register(coordinator, name, tpb.DEVICE_KIND_CPU)
+    _sweep(coordinator)
     job = _job(coordinator, job_id)
     assert job.state == pb.JOB_STATE_FAILED
-    assert job.message.startswith("cannot restart: job 'chaos' needs 2 ranks but only 0")
+    assert job.message == (
+        "cannot restart: job 'chaos' needs 1 ranks, more than the 0 registered CUDA devices "
+        "can ever hold (0): it would wait for ever"
+    )
 
 
 def test_buffered_telemetry_lands_in_the_bucket_it_was_sampled_in(coordinator) -> None:  # type: ignore[no-untyped-def]
