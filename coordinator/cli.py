@@ -37,6 +37,7 @@ examples:
   hetero-coord submit examples/demo.yaml --dry-run  # validate; show placement and predictions
   hetero-coord submit examples/demo.yaml --wait     # submit and follow to the end
   hetero-coord jobs --json
+  hetero-coord jobs --all                           # every job, not only the 100 newest
   hetero-coord job 3f2a9c1b7d4e
   hetero-coord nodes
   hetero-coord cancel 3f2a9c1b7d4e
@@ -209,7 +210,12 @@ def _parser() -> argparse.ArgumentParser:
         help="queue priority while devices are busy, higher first (default: the spec's "
         "priority, else 0)",
     )
-    client("jobs", "list jobs, newest first")
+    jobs = client("jobs", "list jobs, newest first (the 100 newest unless told)")
+    shown = jobs.add_mutually_exclusive_group()
+    shown.add_argument(
+        "--limit", type=int, default=100, metavar="N", help="show the N newest jobs (default 100)"
+    )
+    shown.add_argument("--all", action="store_true", help="show every job (page by page)")
     job = client("job", "show one job: ranks, plan, recent events")
     job.add_argument("job_id")
     client("nodes", "list nodes, their devices and latest telemetry")

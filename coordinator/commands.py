@@ -24,7 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
 
 from hetero.coordinator import export, render
-from hetero.core.errors import HeteroError, UnknownNameError
+from hetero.core.errors import ConfigError, HeteroError, UnknownNameError
 from hetero.core.jobspec import check_priority, parse_jobspec, read_job_file
 from hetero.core.states import JobState, job_terminal
 from hetero.transport import client_channel, client_security_from_args, remote_error
@@ -67,8 +67,8 @@ def run(args: argparse.Namespace) -> int:
         if args.command == "submit":
             return _submit(args, text, stub, call)
         if args.command == "jobs":
-            resp = call(lambda: stub.ListJobs(pb.ListJobsRequest(), timeout=t))
-            _emit(args, resp, lambda c: c.print(render.jobs_table(resp.jobs)))
+            resp = _jobs(args, stub, call)
+            _emit(args, resp, lambda c: render.print_jobs(c, resp))
         elif args.command == "job":
             job = call(lambda: stub.GetJob(pb.GetJobRequest(job_id=args.job_id), timeout=t))
             _emit(args, job, lambda c: render.print_job(c, job))
@@ -88,6 +88,24 @@ def run(args: argparse.Namespace) -> int:
         elif args.command == "logs":
             return _logs(args, stub, call)
     return 0
+
+
+def _jobs(args: argparse.Namespace, stub: Any, call: Callable[[Callable[[], Any]], Any]) -> Any:
+    """The newest ``--limit`` jobs, or ``--all``, following ``ListJobs``' pages into one
+    ``ListJobsResponse`` (its ``next_page_token`` set when more jobs were left out)."""
+    if args.limit < 1:
+        raise ConfigError(f"--limit must be >= 1, got {args.limit}")
+    wanted = None if args.all else args.limit
+    out, token = pb.ListJobsResponse(), ""
+    while True:
+        page_size = 1000 if wanted is None else min(1000, wanted - len(out.jobs))
+        request = pb.ListJobsRequest(limit=page_size, page_token=token)
+        resp = call(functools.partial(stub.ListJobs, request, timeout=args.timeout))
+        out.jobs.extend(resp.jobs)
+        out.total, out.next_page_token = resp.total, resp.next_page_token
+        token = resp.next_page_token
+        if not token or (wanted is not None and len(out.jobs) >= wanted):
+            return out
 
 
 def _health(args: argparse.Namespace, channel: grpc.Channel) -> int:

@@ -6,7 +6,7 @@ import logging
 
 import grpc
 
-from hetero.coordinator import admission, exclusion, logwire, store, views, wire
+from hetero.coordinator import admission, exclusion, jobpages, logwire, store, views, wire
 from hetero.coordinator.placement import PlacementError, place, predict
 from hetero.coordinator.rpc import Handlers, caller_of, invalid, rpc, state_name
 from hetero.core.jobspec import JobSpec, check_priority, parse_jobspec
@@ -87,13 +87,19 @@ class JobHandlers(Handlers):
     def ListJobs(
         self, req: pb.ListJobsRequest, context: grpc.ServicerContext
     ) -> pb.ListJobsResponse:
+        """A page of jobs, newest first; ``next_page_token`` goes on (``jobpages``)."""
         states = [state_name(JobState, st, "states") for st in req.states]
-        if req.limit < 0:
-            raise invalid(f"limit must be >= 0, got {req.limit}")
-        limit = min(req.limit or 100, 1000)
+        limit = jobpages.page_limit(req.limit)
+        after = jobpages.decode(req.page_token)
         with self._read() as s:
-            jobs = store.list_jobs(s, states, limit)
-            return pb.ListJobsResponse(jobs=[self._job(s, j) for j in jobs])
+            jobs = store.list_jobs(s, states, limit + 1, after)  # one more: is there a next?
+            page = jobs[:limit]
+            token = jobpages.encode(page[-1]) if len(jobs) > limit else ""
+            return pb.ListJobsResponse(
+                jobs=views.job_messages(s, page),
+                next_page_token=token,
+                total=store.count_jobs(s, states),
+            )
 
     @rpc
     def GetJob(self, req: pb.GetJobRequest, context: grpc.ServicerContext) -> pb.Job:

@@ -80,16 +80,26 @@ def _device_telemetry(t: tpb.DeviceTelemetry) -> str:
     return f"{t.device_index}: {util} / {mem} / {temp}"
 
 
+def print_jobs(console: Console, resp: pb.ListJobsResponse) -> None:
+    """The jobs table, and when jobs were left out, how many and how to see them."""
+    console.print(jobs_table(resp.jobs))
+    if resp.next_page_token:
+        console.print(
+            f"{len(resp.jobs):,} newest of {resp.total:,} jobs: --limit N or --all for more"
+        )
+
+
 def jobs_table(jobs: Sequence[pb.Job]) -> Table:
     """One row per job; while any job is queued, a last column says what each waits for."""
     queued = any(j.state == pb.JOB_STATE_QUEUED for j in jobs)
-    columns = ["id", "name", "state", "ranks", "backend", "policy", "plan", "step", "submitted"]
-    table = Table(*columns, *(["waiting for"] if queued else []))
+    columns = ["id", "name", "owner", "state", "ranks", "backend", "policy", "plan", "step"]
+    table = Table(*columns, "submitted", *(["waiting for"] if queued else []))
     for j in jobs:
         plan = "/".join(str(b) for b in j.plan.batches)
         row = [
             j.id,
             j.name,
+            j.owner or "-",
             state_name(j),
             str(j.world_size),
             j.backend or "-",
@@ -155,7 +165,8 @@ def print_job(console: Console, job: pb.Job) -> None:
     if job.priority:
         state += f", priority {job.priority}"
     restarts = f"  restarts: {job.restarts}" if job.restarts else ""
-    console.print(f"[bold]{job.name}[/] ({job.id or 'no id'})  state: {state}{restarts}")
+    owner = f"  owner: {job.owner}" if job.owner else ""
+    console.print(f"[bold]{job.name}[/] ({job.id or 'no id'})  state: {state}{restarts}{owner}")
     where = (
         "not placed yet"
         if job.state == pb.JOB_STATE_QUEUED

@@ -10,8 +10,8 @@ from collections.abc import Callable, Sequence
 
 from sqlalchemy.orm import Session
 
-from hetero.coordinator import store, wire
-from hetero.coordinator.models import JobRow, TelemetryRow
+from hetero.coordinator import lifecycle, store, wire
+from hetero.coordinator.models import JobRow, PlanRow, TelemetryRow
 from hetero.core import replan
 from hetero.core.balancer import RankInterval, StragglerEvidence, detect_stragglers
 from hetero.core.balancer.straggler import LOOKBACK
@@ -19,6 +19,10 @@ from hetero.v1 import coordinator_pb2 as pb
 
 #: Finished jobs stay in cluster snapshots this long, in seconds.
 WATCH_FINISHED_JOBS_S = 3600.0
+#: Newest jobs a snapshot looks at besides the placed ones (queued, finished).
+WATCH_JOBS = 1000
+#: Placed jobs a snapshot shows at most (devices bound them far below this).
+MAX_PLACED_JOBS = 10_000
 #: Events a job's detail carries, newest last.
 DETAIL_EVENTS = 50
 #: Default and largest number of intervals in one GetJobDetail reply.
@@ -37,9 +41,22 @@ def job_message(s: Session, job: JobRow, detail: bool = False) -> pb.Job:
         plan = store.latest_plan(s, job.id)
     except store.NotFoundError:
         plan = None
+    return _job_message(s, job, plan, detail)
+
+
+def job_messages(s: Session, jobs: Sequence[JobRow]) -> list[pb.Job]:
+    """``job_message`` of each of ``jobs`` (from ``store.list_jobs``: ranks loaded), their
+    plans read in one query. Jobs that ran still cost their newest interval's queries;
+    queued ones (the many, in a flood) none."""
+    plans = store.latest_plans(s, [j.id for j in jobs])
+    return [_job_message(s, j, plans.get(j.id)) for j in jobs]
+
+
+def _job_message(s: Session, job: JobRow, plan: PlanRow | None, detail: bool = False) -> pb.Job:
     names = {r.node_id: r.node.name for r in job.ranks}
     events = store.job_events(s, job.id, DETAIL_EVENTS) if detail else []
-    latest = store.latest_interval(s, job)
+    # A job never placed (queued) has no intervals: no query for them.
+    latest = store.latest_interval(s, job) if job.ranks else []
     live = wire.job_live(job, latest, stragglers(s, job)) if latest else None
     return wire.job_message(job, plan, names, events, with_spec=detail, live=live)
 
@@ -63,12 +80,23 @@ def nodes(s: Session, *, now: float, timeout_s: float, live: Live | None = None)
 def cluster_snapshot(
     s: Session, *, now: float, timeout_s: float, live: Live | None = None
 ) -> pb.ClusterSnapshot:
-    """Every node, and the jobs not finished or finished within ``WATCH_FINISHED_JOBS_S``."""
-    jobs = [
-        job_message(s, j)
-        for j in store.list_jobs(s, limit=1000)
-        if j.finished_at_unix_s is None or now - j.finished_at_unix_s < WATCH_FINISHED_JOBS_S
-    ]
+    """Every node; every placed job (pending, running, restarting), and of the newest
+    ``WATCH_JOBS`` the others not finished or finished within ``WATCH_FINISHED_JOBS_S``:
+    newest first. A flood of queued jobs never hides a running one."""
+    placed = store.list_jobs(s, sorted(lifecycle.PLACED), limit=MAX_PLACED_JOBS)
+    rows = {j.id: j for j in (*store.list_jobs(s, limit=WATCH_JOBS), *placed)}
+    jobs = job_messages(
+        s,
+        sorted(
+            (
+                j
+                for j in rows.values()
+                if j.finished_at_unix_s is None
+                or now - j.finished_at_unix_s < WATCH_FINISHED_JOBS_S
+            ),
+            key=lambda j: (-j.submitted_at_unix_s, j.id),
+        ),
+    )
     return pb.ClusterSnapshot(
         time_unix_s=now, nodes=nodes(s, now=now, timeout_s=timeout_s, live=live), jobs=jobs
     )

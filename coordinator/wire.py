@@ -207,6 +207,7 @@ def job_message(
         message=job.message,
         restarts=job.restarts,
         priority=job.priority,
+        owner=job.owner,
         ranks=[rank_message(r, node_names.get(r.node_id, r.node_id)) for r in job.ranks],
         last_step=job.last_step,
         spec_yaml=job.spec_yaml if with_spec else "",

@@ -30,9 +30,11 @@ from hetero.coordinator.store.intervals import (
     rank_interval,
 )
 from hetero.coordinator.store.jobs import (
+    JobKey,
     active_jobs_on_node,
     apply_transition,
     cancel_job,
+    count_jobs,
     create_job,
     fail_restart,
     get_job,
@@ -58,7 +60,13 @@ from hetero.coordinator.store.nodes import (
     silent_nodes,
 )
 from hetero.coordinator.store.orders import nodes_with_orders, ranks_to_launch, ranks_to_stop
-from hetero.coordinator.store.plans import add_plan, job_plans, latest_plan, plan_batches
+from hetero.coordinator.store.plans import (
+    add_plan,
+    job_plans,
+    latest_plan,
+    latest_plans,
+    plan_batches,
+)
 from hetero.coordinator.store.ports import PortsExhaustedError, free_port, free_ports, ports_in_use
 from hetero.coordinator.store.queue import (
     QueueConfig,
@@ -79,6 +87,7 @@ from hetero.coordinator.store.telemetry import (
 
 __all__ = [
     "Beat",
+    "JobKey",
     "NotFoundError",
     "PortsExhaustedError",
     "QueueConfig",
@@ -94,6 +103,7 @@ __all__ = [
     "attempt_start_up_s",
     "cancel_job",
     "complete_steps",
+    "count_jobs",
     "create_job",
     "device_slots",
     "enqueue",
@@ -113,6 +123,7 @@ __all__ = [
     "jobs_of",
     "latest_interval",
     "latest_plan",
+    "latest_plans",
     "latest_telemetry",
     "list_jobs",
     "list_nodes",

@@ -6,8 +6,8 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, selectinload
 
 from hetero.coordinator import exclusion, lifecycle
 from hetero.coordinator.models import JobRow, NodeRow, RankRow
@@ -119,11 +119,38 @@ def get_job(s: Session, job_id: str) -> JobRow:
     return job
 
 
-def list_jobs(s: Session, states: Sequence[str] = (), limit: int = 100) -> list[JobRow]:
-    query = select(JobRow).order_by(JobRow.submitted_at_unix_s.desc(), JobRow.id).limit(limit)
+#: Where a page of ``list_jobs`` ends: the last job's (submission time, id).
+JobKey = tuple[float, str]
+
+
+def list_jobs(
+    s: Session, states: Sequence[str] = (), limit: int = 100, after: JobKey | None = None
+) -> list[JobRow]:
+    """Jobs newest first (then by id), those older than ``after`` when given (keyset
+    paging: a page costs the same however deep), ``limit`` at most. Their ranks and
+    the ranks' nodes come with them, in one more query each, not one per job."""
+    query = (
+        select(JobRow)
+        .options(selectinload(JobRow.ranks).joinedload(RankRow.node))
+        .order_by(JobRow.submitted_at_unix_s.desc(), JobRow.id)
+        .limit(limit)
+    )
     if states:
         query = query.where(JobRow.state.in_(states))
+    if after is not None:
+        submitted, job_id = after
+        query = query.where(
+            (JobRow.submitted_at_unix_s < submitted)
+            | ((JobRow.submitted_at_unix_s == submitted) & (JobRow.id > job_id))
+        )
     return list(s.scalars(query))
+
+
+def count_jobs(s: Session, states: Sequence[str] = ()) -> int:
+    query = select(func.count()).select_from(JobRow)
+    if states:
+        query = query.where(JobRow.state.in_(states))
+    return s.scalar(query) or 0
 
 
 def cancel_job(s: Session, job_id: str, *, now: float) -> JobRow:

@@ -3,6 +3,8 @@ a step."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -45,6 +47,23 @@ def latest_plan(s: Session, job_id: str) -> PlanRow:
     if plan is None:
         raise NotFoundError(f"job {job_id!r} has no plan")
     return plan
+
+
+def latest_plans(s: Session, job_ids: Sequence[str]) -> dict[str, PlanRow]:
+    """Each job's newest plan, by job id (jobs without one are absent): one query for a
+    page of jobs, where ``latest_plan`` would take one a job."""
+    if not job_ids:
+        return {}
+    newest = (
+        select(PlanRow.job_id, func.max(PlanRow.version).label("version"))
+        .where(PlanRow.job_id.in_(job_ids))
+        .group_by(PlanRow.job_id)
+        .subquery()
+    )
+    query = select(PlanRow).join(
+        newest, (PlanRow.job_id == newest.c.job_id) & (PlanRow.version == newest.c.version)
+    )
+    return {p.job_id: p for p in s.scalars(query)}
 
 
 def plan_batches(plan: PlanRow) -> Batches:
