@@ -48,6 +48,8 @@ def summary(job: JobView) -> Text:
         out.append(f"  restarts {job.restarts}", style="yellow")
     if job.emulated:
         out.append("  EMULATED", style="bold yellow")
+    if job.owner:
+        out.append(f"  owner {job.owner}", style="dim")
     out.append("\n")
     live = job.live
     if live is None:

@@ -145,6 +145,8 @@ class JobView:
     plan_version: int
     ranks: tuple[RankView, ...]
     live: LiveView | None
+    #: Who submitted it, as its credential is named ("user:ana"); "" if not known.
+    owner: str = ""
 
     @property
     def finished(self) -> bool:
@@ -284,6 +286,7 @@ def job_view(j: pb.Job) -> JobView:
         total_steps=j.total_steps if j.HasField("total_steps") else None,
         restarts=j.restarts,
         message=j.message,
+        owner=j.owner,
         plan_version=j.plan.version,
         ranks=tuple(
             RankView(

@@ -215,7 +215,8 @@ class JobsTable(StateTable):
         ]
         if wide:
             cols.insert(0, ("id", "id"))
-            cols.insert(7, ("ranks", "ranks"))
+            cols.insert(2, ("owner", "owner"))
+            cols.insert(8, ("ranks", "ranks"))
         return cols
 
     def rows_for(self, state: ClusterState, wide: bool) -> list[tuple[str, Sequence[Cell]]]:
@@ -240,7 +241,8 @@ class JobsTable(StateTable):
             ]
             if wide:
                 cells.insert(0, job.id)
-                cells.insert(7, str(job.world_size))
+                cells.insert(2, Text(job.owner[:20] or "-", style="dim" if not job.owner else ""))
+                cells.insert(8, str(job.world_size))
             rows.append((job.id, cells))
         return rows
 
