@@ -97,7 +97,7 @@ class AsyncCoordinator:
         self.pool = pool
         self.identities = identities
         deps = service.deps
-        self.scope = Scope(deps.readers or deps.sessions, SERVICE_NAME)
+        self.scope = Scope(deps.readers or deps.sessions, SERVICE_NAME, deps.placements)
         for name in _METHODS:
             if name != "WatchCluster":
                 setattr(self, name, self._unary(name))

@@ -13,7 +13,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from hetero.coordinator import recovery, store
 from hetero.coordinator.admission import Limits
 from hetero.coordinator.ingest import HeartbeatIngest
-from hetero.coordinator.readcache import IntervalHistories, LatestPlans, PendingOrders
+from hetero.coordinator.readcache import (
+    IntervalHistories,
+    JobPlacements,
+    LatestPlans,
+    PendingOrders,
+)
 from hetero.core import defaults
 
 
@@ -25,7 +30,8 @@ class Deps:
     read; None = ``sessions``. ``ingest`` parks heartbeats and writes them in
     batches; None = each heartbeat is written in its own transaction. ``orders``
     answers most order polls and ``plans`` most ``GetPlan`` calls from memory, and
-    ``histories`` keeps each job's recent intervals for its next report
+    ``histories`` keeps each job's recent intervals for its next report, and
+    ``placements`` where each job's ranks are for the checks of node credentials
     (``readcache``); None = every call queries.
     """
 
@@ -35,6 +41,7 @@ class Deps:
     orders: PendingOrders | None = None
     plans: LatestPlans | None = None
     histories: IntervalHistories | None = None
+    placements: JobPlacements | None = None
     clock: Callable[[], float] = time.time
     heartbeat_interval_s: float = defaults.HEARTBEAT_INTERVAL_S
     heartbeat_timeout_s: float = defaults.HEARTBEAT_TIMEOUT_S
@@ -76,3 +83,5 @@ class Deps:
             self.plans.invalidate()
         if self.histories is not None:
             self.histories.invalidate()
+        if self.placements is not None:
+            self.placements.invalidate()

@@ -134,6 +134,50 @@ class LatestPlans:
         return plan
 
 
+class JobPlacements:
+    """Where each job's ranks are (rank -> node name), as ``scope`` checks a node's
+    credential: ``GetPlan``, interval reports and log lines of a job only from a node
+    it has a rank on. Reading the ranks for every call took a query where the plan
+    itself came from memory (``LatestPlans``).
+
+    A job's ranks change only when it is placed or its restart is (a submission, a
+    cancel, a rank's exit, a registration or drain that moves the queue, the
+    sweeper), and each of those writes calls ``Deps.invalidate_caches`` after its
+    commit, which drops every entry here: a node never passes on a placement the
+    database no longer holds. A read that began before an ``invalidate`` is not kept.
+    At most ``max_jobs`` entries (then all are dropped and read again).
+    """
+
+    def __init__(self, max_jobs: int = 10_000) -> None:
+        self.max_jobs = max_jobs
+        self._lock = threading.Lock()
+        self._places: dict[str, dict[int, str]] = {}
+        self._generation = 0
+
+    def get(self, job_id: str) -> dict[int, str] | None:
+        """The job's ranks and their nodes' names; None if not known here."""
+        with self._lock:
+            return self._places.get(job_id)
+
+    def generation(self) -> int:
+        """Pass to ``put`` with what is read after this call."""
+        with self._lock:
+            return self._generation
+
+    def put(self, job_id: str, places: dict[int, str], generation: int) -> None:
+        with self._lock:
+            if generation != self._generation:
+                return  # invalidated while it was read: it may predate the write
+            if len(self._places) >= self.max_jobs:
+                self._places.clear()
+            self._places[job_id] = dict(places)
+
+    def invalidate(self) -> None:
+        with self._lock:
+            self._places.clear()
+            self._generation += 1
+
+
 class IntervalHistories:
     """Each job's newest complete intervals, kept as its reports are stored, so an
     interval report needs no history query (reading it back was a third of a

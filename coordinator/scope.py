@@ -19,7 +19,10 @@ A node's credential (``node:gpu-3``) may
 A user's credential (``user:ana``) may cancel only the jobs it submitted (a
 job's ``owner``); the cluster token and an "admin" certificate may cancel any.
 
-Every refusal is one line naming the caller and what it may not do. A call about
+The checks of a job's ranks answer from memory once the job's placement was read
+(``readcache.JobPlacements``, dropped at every write that places or restarts a
+job), so ``GetPlan`` of a node's credential is served from the plan cache like any
+other. Every refusal is one line naming the caller and what it may not do. A call about
 a job or node id the coordinator does not know passes: the handler answers
 NOT_FOUND as it would to anyone (an agent re-registers on "unknown node").
 """
@@ -34,6 +37,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from hetero.coordinator.identity import Caller
 from hetero.coordinator.models import JobRow, NodeRow, RankRow
+from hetero.coordinator.readcache import JobPlacements
 
 #: Methods whose request names the caller's node by id.
 _NODE_ID_METHODS = ("Heartbeat", "PollAssignments", "ReportRankStatus")
@@ -49,9 +53,13 @@ class Scope:
     """Checks calls against their caller; remembers node ids' names (a node keeps its id
     and name for life, so the map never goes stale) to answer heartbeats from memory."""
 
-    def __init__(self, sessions: sessionmaker[Session], service: str) -> None:
+    def __init__(
+        self, sessions: sessionmaker[Session], service: str, placements: JobPlacements | None = None
+    ) -> None:
         self._sessions = sessions
         self._service = service
+        #: Where jobs' ranks are, kept in step with the store (None: read each time).
+        self._placements = placements
         self._lock = threading.Lock()
         self._node_names: dict[str, str] = {}
 
@@ -89,7 +97,10 @@ class Scope:
                 return None
             return True if name == who.name else self._not_its_node(caller, method, request, name)
         if method in ("AppendJobLogs", *_JOB_METHODS):
-            return None
+            places = self._placements.get(request.job_id) if self._placements else None
+            if places is None:
+                return None
+            return self._job_refusal(caller, method, request, places) or True
         return True  # Probe
 
     def check(self, caller: Caller, method: str, request: Any) -> str | None:
@@ -113,26 +124,37 @@ class Scope:
                 self.learn(node.id, node.name)
                 ok = node.name == who.name
                 return None if ok else self._not_its_node(caller, method, request, node.name)
+            generation = self._placements.generation() if self._placements else 0
             places = self._rank_places(s, request.job_id)
             if places is None:
                 return None
-            if method == "AppendJobLogs":
-                foreign = sorted(
-                    {ln.rank for ln in request.lines if places.get(ln.rank) != who.name}
-                )
-                if not foreign:
-                    return None
-                ranks = ", ".join(map(str, foreign[:5])) + (", ..." if len(foreign) > 5 else "")
-                return _denied(
-                    caller,
-                    f"append log lines of job {request.job_id} rank {ranks} "
-                    f"(not placed on node {who.name})",
-                )
-            if who.name in places.values():
+            if self._placements is not None:
+                self._placements.put(request.job_id, places, generation)
+            return self._job_refusal(caller, method, request, places)
+
+    @staticmethod
+    def _job_refusal(
+        caller: Caller, method: str, request: Any, places: dict[int, str]
+    ) -> str | None:
+        """Why a node's credential may not make this call about a job whose ranks are on
+        ``places`` (rank -> node name), or None."""
+        who = caller.named
+        assert who is not None
+        if method == "AppendJobLogs":
+            foreign = sorted({ln.rank for ln in request.lines if places.get(ln.rank) != who.name})
+            if not foreign:
                 return None
+            ranks = ", ".join(map(str, foreign[:5])) + (", ..." if len(foreign) > 5 else "")
             return _denied(
-                caller, f"call {method} for job {request.job_id} (no rank on node {who.name})"
+                caller,
+                f"append log lines of job {request.job_id} rank {ranks} "
+                f"(not placed on node {who.name})",
             )
+        if who.name in places.values():
+            return None
+        return _denied(
+            caller, f"call {method} for job {request.job_id} (no rank on node {who.name})"
+        )
 
     def _not_its_node(self, caller: Caller, method: str, request: Any, name: str) -> str:
         return _denied(caller, f"call {method} for node {request.node_id} (it is node {name})")

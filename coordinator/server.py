@@ -29,7 +29,12 @@ from hetero.coordinator.identity import Caller, Identities
 from hetero.coordinator.ingest import HeartbeatIngest
 from hetero.coordinator.metricsserver import MetricsServer
 from hetero.coordinator.pruning import IntervalPruner
-from hetero.coordinator.readcache import IntervalHistories, LatestPlans, PendingOrders
+from hetero.coordinator.readcache import (
+    IntervalHistories,
+    JobPlacements,
+    LatestPlans,
+    PendingOrders,
+)
 from hetero.coordinator.recovery import Sweeper
 from hetero.coordinator.retention import IntervalRetention, LogRetention
 from hetero.coordinator.service import CoordinatorService
@@ -119,6 +124,7 @@ def serve(
             orders=PendingOrders(readers),
             plans=LatestPlans(readers),
             histories=IntervalHistories(HISTORY_FOR_REPORT),
+            placements=JobPlacements(),
             telemetry=policy,
             heartbeat_interval_s=heartbeat_interval_s,
             heartbeat_timeout_s=heartbeat_timeout_s,

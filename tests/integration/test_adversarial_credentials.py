@@ -21,12 +21,14 @@ from pathlib import Path
 import grpc
 import pytest
 from pki import make_pki
+from sqlalchemy import event
 
 from hetero.auth import Secret, new_token
 from hetero.coordinator import cli
 from hetero.coordinator.admission import Limits
 from hetero.coordinator.config import load_config
 from hetero.coordinator.database import open_database, session_factory
+from hetero.coordinator.readcache import JobPlacements, LatestPlans
 from hetero.coordinator.roles import NAMED, certificate_callers, named_credentials
 from hetero.coordinator.server import create_server
 from hetero.coordinator.service import Deps
@@ -140,7 +142,7 @@ def test_after_a_restart_the_database_binds_node_ids_to_names(
     engine.dispose()
 
 
-def _placed_pair(served: Served) -> tuple[str, dict[str, str], dict[str, int]]:
+def _placed_pair(served: Served, spec: str = JOB) -> tuple[str, dict[str, str], dict[str, int]]:
     """A 2-rank job with one rank on node-a and one on node-b (and node-c with none):
     its id, the nodes' ids and the rank each node holds."""
     ids = {n: _register(served.node(n), n) for n in ("node-a", "node-b", "node-c")}
@@ -148,7 +150,7 @@ def _placed_pair(served: Served) -> tuple[str, dict[str, str], dict[str, int]]:
     _heartbeat(served.node("node-c"), ids["node-c"])
     drain = pb.DrainNodeRequest(node="node-c")
     cluster.DrainNode(drain, timeout=DEADLINE_S)  # no rank on node-c
-    job = cluster.SubmitJob(pb.SubmitJobRequest(spec_yaml=JOB), timeout=DEADLINE_S).job
+    job = cluster.SubmitJob(pb.SubmitJobRequest(spec_yaml=spec), timeout=DEADLINE_S).job
     names = {v: k for k, v in ids.items()}
     ranks = {names[r.node_id]: r.rank for r in job.ranks}
     assert set(ranks) == {"node-a", "node-b"}, job
@@ -426,3 +428,50 @@ def test_mutual_tls_alone_still_admits_certificates_beside_node_credentials(
         deps.stopping.set()
         server.stop(0).wait()
         engine.dispose()
+
+
+def test_a_nodes_plan_reads_come_from_memory_and_follow_a_restart_off_the_node(
+    tmp_path: Path,
+) -> None:
+    """With the coordinator's caches (as ``hetero-coord serve`` runs it), a node's
+    ``GetPlan`` is checked and answered without a query, and a restart that moves the
+    job off the node takes the node's access with it at once."""
+    engine = open_database(f"sqlite:///{tmp_path / 'c.db'}")
+    sessions = session_factory(engine)
+    deps = Deps(
+        sessions=sessions,
+        plans=LatestPlans(sessions),
+        placements=JobPlacements(),
+        limits=Limits(ranks_per_cpu_device=1),
+    )
+    statements: list[str] = []
+    with _serving(deps, new_token(), NamedCredentials(new_token(), NAMED)) as served:
+        job_id, ids, ranks = _placed_pair(served, JOB + "max_restarts: 1\n")
+        a, b, c = (served.node(n) for n in ("node-a", "node-b", "node-c"))
+        plan = tpb.GetPlanRequest(job_id=job_id)
+        assert b.GetPlan(plan, timeout=DEADLINE_S).version == 1  # reads, then remembers
+        event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+        assert b.GetPlan(plan, timeout=DEADLINE_S).version == 1
+        refused = _denied(lambda: c.GetPlan(plan, timeout=DEADLINE_S))
+        assert refused.endswith("(no rank on node node-c)")
+        assert statements == [], "checked and answered from memory"
+
+        cluster = served.stub(served.cluster)
+        cluster.DrainNode(pb.DrainNodeRequest(node="node-b"), timeout=DEADLINE_S)
+        cluster.DrainNode(pb.DrainNodeRequest(node="node-c", undrain=True), timeout=DEADLINE_S)
+        _heartbeat(c, ids["node-c"])
+        for node, code in (("node-b", 1), ("node-a", 143)):  # b's rank fails; a's is stopped
+            exited = pb.ReportRankStatusRequest(
+                node_id=ids[node],
+                job_id=job_id,
+                rank=ranks[node],
+                state=pb.RANK_STATE_EXITED,
+                exit_code=code,
+            )
+            served.node(node).ReportRankStatus(exited, timeout=DEADLINE_S)
+        job = cluster.GetJob(pb.GetJobRequest(job_id=job_id), timeout=DEADLINE_S)
+        assert job.restarts == 1 and {r.node_name for r in job.ranks} == {"node-a", "node-c"}
+        refused = _denied(lambda: b.GetPlan(plan, timeout=DEADLINE_S))
+        assert refused.endswith("(no rank on node node-b)")
+        assert c.GetPlan(plan, timeout=DEADLINE_S).version == job.plan.version
+    engine.dispose()
