@@ -447,10 +447,10 @@ def test_a_nodes_plan_reads_come_from_memory_and_follow_a_restart_off_the_node(
     statements: list[str] = []
     with _serving(deps, new_token(), NamedCredentials(new_token(), NAMED)) as served:
         job_id, ids, ranks = _placed_pair(served, JOB + "max_restarts: 1\n")
-        a, b, c = (served.node(n) for n in ("node-a", "node-b", "node-c"))
+        b, c = served.node("node-b"), served.node("node-c")
         plan = tpb.GetPlanRequest(job_id=job_id)
         assert b.GetPlan(plan, timeout=DEADLINE_S).version == 1  # reads, then remembers
-        event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+        event.listen(engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
         assert b.GetPlan(plan, timeout=DEADLINE_S).version == 1
         refused = _denied(lambda: c.GetPlan(plan, timeout=DEADLINE_S))
         assert refused.endswith("(no rank on node node-c)")
