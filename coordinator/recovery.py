@@ -178,10 +178,10 @@ def wait_or_fail(
         log.warning("job %s cannot restart: %s", job.id, never)
         store.fail_restart(s, job, f"cannot restart: {never}", now=now)
         return
-    if not isinstance(exc, PlacementError):  # no free rendezvous port: say so
-        why = f"restart {exc}"
-    else:
+    if isinstance(exc, PlacementError):
         why = f"restart {admission.reason(smallest, devices, set())}"
+    else:  # every rendezvous port held
+        why = "restart waiting for a free rendezvous port"
     if job.message == why:
         return
     if not job.message.startswith("restart waiting"):
