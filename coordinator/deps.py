@@ -14,6 +14,7 @@ from hetero.coordinator import recovery, store
 from hetero.coordinator.admission import Limits
 from hetero.coordinator.ingest import HeartbeatIngest
 from hetero.coordinator.readcache import IntervalHistories, LatestPlans, PendingOrders
+from hetero.coordinator.replanner import Replanner
 from hetero.core import defaults
 
 
@@ -26,7 +27,8 @@ class Deps:
     batches; None = each heartbeat is written in its own transaction. ``orders``
     answers most order polls and ``plans`` most ``GetPlan`` calls from memory, and
     ``histories`` keeps each job's recent intervals for its next report
-    (``readcache``); None = every call queries.
+    (``readcache``); None = every call queries. ``replanner`` fits the balancer for
+    interval reports in a worker process (``replanner``); None = in the handler's thread.
     """
 
     sessions: sessionmaker[Session]
@@ -35,6 +37,7 @@ class Deps:
     orders: PendingOrders | None = None
     plans: LatestPlans | None = None
     histories: IntervalHistories | None = None
+    replanner: Replanner | None = None
     clock: Callable[[], float] = time.time
     heartbeat_interval_s: float = defaults.HEARTBEAT_INTERVAL_S
     heartbeat_timeout_s: float = defaults.HEARTBEAT_TIMEOUT_S

@@ -31,6 +31,7 @@ from hetero.coordinator.metricsserver import MetricsServer
 from hetero.coordinator.pruning import IntervalPruner
 from hetero.coordinator.readcache import IntervalHistories, LatestPlans, PendingOrders
 from hetero.coordinator.recovery import Sweeper
+from hetero.coordinator.replanner import Replanner
 from hetero.coordinator.retention import IntervalRetention, LogRetention
 from hetero.coordinator.service import CoordinatorService
 from hetero.coordinator.store import TelemetryPolicy
@@ -102,7 +103,8 @@ def serve(
 ) -> None:
     """Run the coordinator until SIGTERM or SIGINT; with ``metrics_listen`` (host:port)
     also serve Prometheus ``/metrics`` there. Heartbeats are written in batches
-    (``HeartbeatIngest``) and reads take no write lock. A sweeper thread marks silent
+    (``HeartbeatIngest``), reads take no write lock, and the balancer's fits run in a
+    worker process (``replanner``). A sweeper thread marks silent
     nodes down and restarts their jobs (``recovery``); what it changes drops the
     order and plan caches (``readcache``) so polls and ``GetPlan`` see it at once.
     Telemetry is kept as ``telemetry`` says; a pruner thread keeps interval statistics
@@ -119,6 +121,7 @@ def serve(
             orders=PendingOrders(readers),
             plans=LatestPlans(readers),
             histories=IntervalHistories(HISTORY_FOR_REPORT),
+            replanner=Replanner(),
             telemetry=policy,
             heartbeat_interval_s=heartbeat_interval_s,
             heartbeat_timeout_s=heartbeat_timeout_s,
@@ -195,6 +198,8 @@ def serve(
         server.stop(grace_s).wait()
         if deps.ingest is not None:
             deps.ingest.stop()
+        if deps.replanner is not None:
+            deps.replanner.close()
         engine.dispose()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
