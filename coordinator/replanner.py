@@ -51,14 +51,21 @@ class Replanner:
     def __init__(self, timeout_s: float = TIMEOUT_S) -> None:
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
-        self._pool = self._start()
         #: Fits done here because the worker failed or overran (for logs and tests).
         self.fallbacks = 0
+        self._pool = self._start()
 
     @staticmethod
-    def _start() -> futures.ProcessPoolExecutor:
-        pool = futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
-        pool.submit(_ready)  # start the worker now, not at the first report
+    def _start() -> futures.ProcessPoolExecutor | None:
+        """A started worker, or None where none can start (a sandbox without the
+        semaphores or the helper process multiprocessing needs): then every fit runs
+        here, as before the worker, and the coordinator still serves."""
+        try:
+            pool = futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            pool.submit(_ready)  # start the worker now, not at the first report
+        except (OSError, RuntimeError) as exc:
+            log.warning("the balancer fits in the coordinator's process: no worker (%s)", exc)
+            return None
         return pool
 
     def replan(
@@ -75,6 +82,8 @@ class Replanner:
         args = (policy, history, current, constraints, profiles, end_step, plan_horizon)
         with self._lock:
             pool = self._pool
+        if pool is None:
+            return replan.replan(*args)
         try:
             return pool.submit(replan.replan, *args).result(self.timeout_s)
         except (BrokenProcessPool, futures.TimeoutError) as exc:
@@ -89,17 +98,26 @@ class Replanner:
             if self._pool is not broken:
                 return  # another report replaced it already
             self._pool = self._start()
-        _terminate(broken)
+        _terminate(broken, grace_s=0.0)
 
     def close(self) -> None:
+        """End the worker: a fit in flight gets :data:`CLOSE_GRACE_S`, then it is killed
+        (a stop never waits on the worker)."""
         with self._lock:
-            pool = self._pool
-        pool.shutdown(wait=True, cancel_futures=True)
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            _terminate(pool, grace_s=CLOSE_GRACE_S)
 
 
-def _terminate(pool: futures.ProcessPoolExecutor) -> None:
-    """End ``pool`` without waiting for a fit that overran: its worker is killed."""
-    processes = list(getattr(pool, "_processes", {}).values())  # no public handle
-    for p in processes:
-        p.kill()
+#: Seconds ``close`` lets the worker finish before it is killed.
+CLOSE_GRACE_S = 2.0
+
+
+def _terminate(pool: futures.ProcessPoolExecutor, grace_s: float) -> None:
+    """End ``pool``'s worker within ``grace_s``, killed if it has not exited by then."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())  # no public handle
     pool.shutdown(wait=False, cancel_futures=True)
+    for p in processes:
+        p.join(grace_s)
+        if p.is_alive():
+            p.kill()

@@ -47,6 +47,7 @@ def replanner() -> Iterator[Replanner]:
 
 
 def _worker_pids(r: Replanner) -> list[int]:
+    assert r._pool is not None, "the worker did not start"
     return [p.pid for p in r._pool._processes.values()]  # type: ignore[attr-defined]
 
 
