@@ -56,12 +56,12 @@ class PlanHandlers(Handlers):
                 if left_out is not None:
                     store.restart_without(s, job, left_out, now=now)
                     fit = None  # the job restarts: the restart's plan is the next one
-            state, reply = job.state, wire.plan_message(plan)
+            reply = wire.plan_message(plan)
         # After the commit: what the next report of this job starts from.
         if self.deps.histories is not None:
             self.deps.histories.put(req.job_id, attempt, steps)
         if fit is not None:
-            reply = self._replan(req, fit, plan.version, attempt, state, now) or reply
+            reply = self._replan(req, fit, plan.version, attempt, now) or reply
         if self.deps.plans is not None:
             self.deps.plans.put(req.job_id, reply)
         if left_out is not None:
@@ -74,13 +74,12 @@ class PlanHandlers(Handlers):
         fit: _Fit,
         based_on: int,
         attempt: int,
-        state: str,
         now: float,
     ) -> tpb.Plan | None:
         """The plan the balancer chooses, stored if it changes the plan and the job is
-        as the report found it (same newest plan, attempt and state: a restart, a
-        cancel or an overlapping report of the job came first otherwise; then the
-        newest plan is the answer); None = the plan the report found stands."""
+        as the report found it (the same newest plan and attempt, not ended: a
+        restart, a cancel or an overlapping report of the job came first otherwise;
+        then the newest plan is the answer); None = the plan the report found stands."""
         replanner = self.deps.replanner
         result = (replanner.replan if replanner else replan.replan)(*fit)
         if not result.decision.changed:
@@ -88,12 +87,10 @@ class PlanHandlers(Handlers):
         with self.deps.sessions.begin() as s:
             job = store.get_job(s, req.job_id)
             newest = store.latest_plan(s, job.id)
-            moved = (newest.version, job.attempt_first_plan, job.state) != (
-                based_on,
-                attempt,
-                state,
-            )
-            if moved:
+            # As ``replan.should_replan`` asks of a report, now: still the newest plan
+            # of this attempt, and a job that has not ended.
+            moved = (newest.version, job.attempt_first_plan) != (based_on, attempt)
+            if moved or JobState[job.state].is_terminal:
                 return wire.plan_message(newest)
             plan = store.add_plan(
                 s,
