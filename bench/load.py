@@ -8,9 +8,13 @@ Starts ``hetero-coord serve`` as a subprocess on a fresh SQLite file (or, with
 ``--world-size`` (each interval rank 0 reports every rank's statistics, then
 every rank asks for the plan). After ``--warmup-s`` it measures for
 ``--duration-s``: achieved vs offered calls per second, p50/p99/max latency per
-method, errors, the coordinator's CPU (psutil, in cores), the load
+method (and a histogram of each in ``load.json``), errors (those past their deadline
+apart), the coordinator's CPU (psutil, in cores), the load
 generators' CPU, and the database's growth, extrapolated per hour, with the
 steady states that retention bounds telemetry and interval statistics to.
+``--queued`` keeps a queue of jobs waiting behind the running ones (``loadqueue``);
+``--scrapers`` scrapes ``/metrics`` in every other phase (``loadscrape``) and
+reports the heartbeat latency with and without the scrapers.
 
 The load generators share the machine with the coordinator; their CPU is
 reported beside the coordinator's so the reader can tell who used the cores.
@@ -61,6 +65,30 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "agents did before that flag) or 'never'",
     )
     p.add_argument(
+        "--queued",
+        type=int,
+        default=d.queued,
+        metavar="N",
+        help="N more jobs that wait QUEUED for the whole run (each asks for every device), "
+        "written to the database as SubmitJob stores a waiting job (default 0)",
+    )
+    p.add_argument(
+        "--scrapers",
+        type=int,
+        default=d.scrapers,
+        metavar="N",
+        help="N concurrent /metrics clients, half scraping, half holding half-open "
+        "connections, in every other phase of --scrape-phase-s; the report gives the "
+        "heartbeat latency with and without them (default 0: no /metrics)",
+    )
+    p.add_argument(
+        "--scrape-phase-s",
+        type=float,
+        default=d.scrape_phase_s,
+        metavar="S",
+        help="default %(default)s",
+    )
+    p.add_argument(
         "--db",
         metavar="URL",
         help="run the coordinator on this empty PostgreSQL database, e.g. "
@@ -84,6 +112,9 @@ def load_command(args: argparse.Namespace) -> int:
         devices_per_agent=args.devices_per_agent,
         poll=args.poll,
         db=args.db,
+        queued=args.queued,
+        scrapers=args.scrapers,
+        scrape_phase_s=args.scrape_phase_s,
     )
     out = args.out or Path(tempfile.mkdtemp(prefix="hetero-load-"))
     results = run_load(config, out)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hetero.core.catalogue.limits import MAX_RANKS
 from hetero.core.errors import ConfigError, HeteroError
 
 
@@ -37,6 +38,12 @@ class LoadConfig:
     #: The coordinator's database: an empty PostgreSQL database's URL; None = a new
     #: SQLite file in the run directory.
     db: str | None = None
+    #: Jobs waiting QUEUED behind the running ones for the whole run (``loadqueue``).
+    queued: int = 0
+    #: Concurrent ``/metrics`` clients, half scraping, half half-open, in every other
+    #: phase of ``scrape_phase_s`` (``loadscrape``); 0 = no metrics listener.
+    scrapers: int = 0
+    scrape_phase_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.agents < 1 or self.processes < 1 or self.world_size < 1:
@@ -49,6 +56,15 @@ class LoadConfig:
             raise ConfigError("durations and periods must be > 0 (--warmup-s >= 0)")
         if not 1 <= self.devices_per_agent <= 64:
             raise ConfigError("--devices-per-agent must be in [1, 64]")
+        if self.queued < 0 or self.scrapers < 0 or self.scrape_phase_s <= 0:
+            raise ConfigError("--queued and --scrapers must be >= 0, --scrape-phase-s > 0")
+        if self.queued and self.agents * self.devices_per_agent > MAX_RANKS:
+            raise ConfigError(
+                f"--queued: a queued job asks for every device, at most {MAX_RANKS:,} ranks; "
+                f"{self.agents} agents have {self.agents * self.devices_per_agent:,}"
+            )
+        if self.scrapers and self.duration_s < 2 * self.scrape_phase_s:
+            raise ConfigError("--scrapers needs --duration of at least 2 scrape phases")
         if self.poll not in POLL_MODES:
             raise ConfigError(f"--poll must be one of {', '.join(POLL_MODES)}, got {self.poll!r}")
 

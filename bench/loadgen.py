@@ -17,7 +17,8 @@ Run by the orchestrator (``hetero.bench.loadrun``) as
 ``python -m hetero.bench.loadgen CONFIG.json``; it registers its agents, writes
 ``ready`` beside its config, waits for ``go.json`` (job ids and the measurement
 window, in Unix seconds) and writes ``result.json``: raw per-call latencies of
-calls started inside the window, and error counts per method and status code.
+calls started inside the window and when each started, and error counts per method
+and status code.
 """
 
 from __future__ import annotations
@@ -79,6 +80,8 @@ class Recorder:
     start: float = math.inf
     end: float = math.inf
     latencies_s: dict[str, list[float]] = field(default_factory=dict)
+    #: When each call of ``latencies_s`` started, in seconds after ``start`` (same order).
+    starts_s: dict[str, list[float]] = field(default_factory=dict)
     errors: Counter[str] = field(default_factory=Counter)
     error_samples: list[str] = field(default_factory=list)
     #: Calls of the window that were due but started late because the previous one overran.
@@ -97,6 +100,7 @@ class Recorder:
             return None
         if self.start <= started < self.end:
             self.latencies_s.setdefault(method, []).append(time.perf_counter() - t0)
+            self.starts_s.setdefault(method, []).append(round(started - self.start, 4))
         return result
 
 
@@ -272,6 +276,7 @@ class Worker:
             await asyncio.gather(*agents, *jobs)
         result = {
             "latencies_s": self.rec.latencies_s,
+            "starts_s": self.rec.starts_s,
             "errors": dict(self.rec.errors),
             "error_samples": self.rec.error_samples,
             "late": dict(self.rec.late),

@@ -49,16 +49,19 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start_coordinator(out: Path, db_url: str | None) -> tuple[subprocess.Popen[bytes], str]:
+def _start_coordinator(
+    out: Path, db_url: str | None, metrics_port: int | None
+) -> tuple[subprocess.Popen[bytes], str]:
     import grpc
 
     address = f"127.0.0.1:{_free_port()}"
     db = ("--db", db_url) if db_url else ()
+    metrics = ("--metrics-listen", f"127.0.0.1:{metrics_port}") if metrics_port else ()
     log = (out / "coordinator.log").open("wb")
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "hetero.coordinator.cli", "serve"),
-            *("--listen", address, "--state-dir", str(out / "state"), *db),
+            *("--listen", address, "--state-dir", str(out / "state"), *db, *metrics),
             # The simulated agents present no token: the figures are the server's own
             # paths, comparable with those measured before the default token.
             "--insecure",
@@ -110,6 +113,23 @@ def _spawn_workers(config: LoadConfig, address: str, out: Path) -> list[subproce
         )
         log.close()
     return procs
+
+
+def _spawn_scrapers(config: LoadConfig, port: int, out: Path) -> subprocess.Popen[bytes]:
+    from hetero.bench.loadscrape import ScrapeConfig
+
+    folder = out / "scrape"
+    folder.mkdir(parents=True, exist_ok=True)
+    scrape = ScrapeConfig("127.0.0.1", port, config.scrapers, config.scrape_phase_s)
+    (folder / "config.json").write_text(json.dumps(asdict(scrape)))
+    log = (folder / "scrape.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hetero.bench.loadscrape", str(folder / "config.json")],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    log.close()
+    return proc
 
 
 def _wait_ready(procs: list[subprocess.Popen[bytes]], out: Path, agents: int) -> None:
@@ -173,14 +193,24 @@ def run_load(config: LoadConfig, out: Path) -> dict[str, Any]:
 def _run(config: LoadConfig, out: Path, db: LoadDatabase) -> dict[str, Any]:
     import psutil
 
-    coord, address = _start_coordinator(out, config.db)
+    from hetero.bench.loadqueue import queue_jobs
+    from hetero.coordinator.database import sqlite_url
+
+    metrics_port = _free_port() if config.scrapers else None
+    coord, address = _start_coordinator(out, config.db, metrics_port)
     gens: list[subprocess.Popen[bytes]] = []
+    scrapers: list[subprocess.Popen[bytes]] = []
     try:
         gens = _spawn_workers(config, address, out)
         t_register = time.perf_counter()
         _wait_ready(gens, out, config.agents)
         register_s = time.perf_counter() - t_register
         jobs = _submit_jobs(address, config)
+        if config.queued:
+            queue_jobs(config.db or sqlite_url(out / "state"), config)
+        if metrics_port is not None:
+            # Not sampled with the generators: their CPU is the simulated agents'.
+            scrapers.append(_spawn_scrapers(config, metrics_port, out))
         start = time.time() + config.warmup_s
         end = start + config.duration_s
         go = {"jobs": jobs, "world_size": config.world_size, "start_unix_s": start}
@@ -197,15 +227,16 @@ def _run(config: LoadConfig, out: Path, db: LoadDatabase) -> dict[str, Any]:
             time.sleep(min(1.0, max(0.0, end - time.time())))
             cpu_series.append(cproc.cpu_percent() / 100.0)
         last = sample(cproc, gprocs, db)
-        for w, g in enumerate(gens):
+        for w, g in enumerate([*gens, *scrapers]):
+            what = f"load generator {w}" if w < len(gens) else "the /metrics scrapers"
             try:
                 g.wait(timeout=30.0 + 2 * config.duration_s)
             except subprocess.TimeoutExpired:
-                raise LoadError(f"load generator {w} did not finish") from None
+                raise LoadError(f"{what} did not finish") from None
             if g.returncode != 0:
-                raise LoadError(f"load generator {w} exited with {g.returncode}; see {out}/gen{w}")
+                raise LoadError(f"{what} exited with {g.returncode}; see {out}")
     finally:
-        for g in gens:
+        for g in [*gens, *scrapers]:
             if g.poll() is None:
                 g.kill()
                 g.wait()

@@ -19,6 +19,7 @@ from hetero.coordinator.readcache import (
     LatestPlans,
     PendingOrders,
 )
+from hetero.coordinator.replanner import Replanner
 from hetero.core import defaults
 
 
@@ -32,7 +33,8 @@ class Deps:
     answers most order polls and ``plans`` most ``GetPlan`` calls from memory, and
     ``histories`` keeps each job's recent intervals for its next report, and
     ``placements`` where each job's ranks are for the checks of node credentials
-    (``readcache``); None = every call queries.
+    (``readcache``); None = every call queries. ``replanner`` fits the balancer for
+    interval reports in a worker process (``replanner``); None = in the handler's thread.
     """
 
     sessions: sessionmaker[Session]
@@ -42,6 +44,7 @@ class Deps:
     plans: LatestPlans | None = None
     histories: IntervalHistories | None = None
     placements: JobPlacements | None = None
+    replanner: Replanner | None = None
     clock: Callable[[], float] = time.time
     heartbeat_interval_s: float = defaults.HEARTBEAT_INTERVAL_S
     heartbeat_timeout_s: float = defaults.HEARTBEAT_TIMEOUT_S

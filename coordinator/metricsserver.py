@@ -7,9 +7,10 @@ coordinator's database pool (issue 17). Here :data:`WORKERS` threads serve
 connections, at most :data:`QUEUED` more wait, and any beyond are closed at
 once; a connection that sends no complete request within
 :data:`READ_TIMEOUT_S` is dropped. Whatever the scrape rate, the cluster
-snapshot is built at most once per :data:`SNAPSHOT_TTL_S` (one builder at a
-time; other scrapes get the cached text), so scrapers cost the database at most
-one read a second and never hold up heartbeats.
+snapshot is built at most once per :data:`SNAPSHOT_TTL_S` and at most
+:data:`BUILD_SHARE` of the time (one builder at a time; other scrapes get the
+cached text), so scrapers cost the database at most one read a second and the
+interpreter lock the heartbeats need at most a tenth of it.
 
 The listen rule is gRPC's (``hetero.transport.check_listen``): loopback by
 default, and a non-loopback address needs the coordinator's token, which every
@@ -43,8 +44,13 @@ WORKERS = 4
 QUEUED = 8
 #: Seconds a connection may take to send its request (and to read the answer).
 READ_TIMEOUT_S = 2.0
-#: Seconds a built exposition is served before the snapshot is read again.
+#: Seconds a built exposition is served before the snapshot is read again, at least.
 SNAPSHOT_TTL_S = 1.0
+#: Most of the time the snapshot's builds may take: a build that took B seconds is
+#: served for at least B / BUILD_SHARE. With 1,000 nodes and 1,000 jobs (a long
+#: queue) one build took seconds of CPU on a 2-core box, all of it on the interpreter
+#: lock that answers heartbeats; rebuilt every second it would never let go.
+BUILD_SHARE = 0.1
 
 
 def check_metrics_listen(address: str, security: ServerSecurity) -> None:
@@ -64,7 +70,8 @@ def check_metrics_listen(address: str, security: ServerSecurity) -> None:
 
 
 class CachedExposition:
-    """The exposition text of ``snapshot()``, rebuilt at most once per ``ttl_s``."""
+    """The exposition text of ``snapshot()``, rebuilt at most once per ``ttl_s`` and at
+    most ``BUILD_SHARE`` of the time (a slow build is served for longer)."""
 
     def __init__(
         self,
@@ -78,14 +85,17 @@ class CachedExposition:
         self._lock = threading.Lock()
         self._body = b""
         self._built_at = -float("inf")
+        self._build_s = 0.0
         #: Snapshots built so far (what the scrape rate costs the database).
         self.builds = 0
 
     def body(self) -> bytes:
         with self._lock:  # one builder; concurrent scrapes wait for it, then share it
-            if self._clock() - self._built_at >= self._ttl_s:
+            if self._clock() - self._built_at >= max(self._ttl_s, self._build_s / BUILD_SHARE):
+                started = self._clock()
                 self._body = render(self._snapshot()).encode("utf-8")
                 self._built_at = self._clock()
+                self._build_s = self._built_at - started
                 self.builds += 1
             return self._body
 

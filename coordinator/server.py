@@ -36,6 +36,7 @@ from hetero.coordinator.readcache import (
     PendingOrders,
 )
 from hetero.coordinator.recovery import Sweeper
+from hetero.coordinator.replanner import Replanner
 from hetero.coordinator.retention import IntervalRetention, LogRetention
 from hetero.coordinator.service import CoordinatorService
 from hetero.coordinator.store import TelemetryPolicy
@@ -107,7 +108,8 @@ def serve(
 ) -> None:
     """Run the coordinator until SIGTERM or SIGINT; with ``metrics_listen`` (host:port)
     also serve Prometheus ``/metrics`` there. Heartbeats are written in batches
-    (``HeartbeatIngest``) and reads take no write lock. A sweeper thread marks silent
+    (``HeartbeatIngest``), reads take no write lock, and the balancer's fits run in a
+    worker process (``replanner``). A sweeper thread marks silent
     nodes down and restarts their jobs (``recovery``); what it changes drops the
     order and plan caches (``readcache``) so polls and ``GetPlan`` see it at once.
     Telemetry is kept as ``telemetry`` says; a pruner thread keeps interval statistics
@@ -125,6 +127,7 @@ def serve(
             plans=LatestPlans(readers),
             histories=IntervalHistories(HISTORY_FOR_REPORT),
             placements=JobPlacements(),
+            replanner=Replanner(),
             telemetry=policy,
             heartbeat_interval_s=heartbeat_interval_s,
             heartbeat_timeout_s=heartbeat_timeout_s,
@@ -201,6 +204,8 @@ def serve(
         server.stop(grace_s).wait()
         if deps.ingest is not None:
             deps.ingest.stop()
+        if deps.replanner is not None:
+            deps.replanner.close()
         engine.dispose()
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -58,12 +58,14 @@ def jobs_of(s: Session, owner: str) -> int:
     return s.scalar(query.select_from(JobRow)) or 0
 
 
-def queued_ids(s: Session) -> list[str]:
-    """Queued jobs in queue order: priority (higher first), then submission."""
+def queued_ids(s: Session, limit: int | None = None) -> list[str]:
+    """Queued jobs in queue order: priority (higher first), then submission; the first
+    ``limit`` (None = all)."""
     query = (
         select(JobRow.id)
         .where(JobRow.state == lifecycle.QUEUED)
         .order_by(JobRow.priority.desc(), JobRow.submitted_at_unix_s, JobRow.id)
+        .limit(limit)
     )
     return list(s.scalars(query))
 
@@ -84,7 +86,9 @@ def ahead_of(s: Session, job: JobRow) -> int:
 def admit_queued(s: Session, cfg: QueueConfig, *, now: float) -> dict[str, Placement]:
     """One admission pass: place the queued jobs that fit, in queue order; update the
     reasons of those looked at that still wait. Returns the placements made, by job id."""
-    ids = queued_ids(s)
+    # Only the ids a pass may reach: all 10,000 of a long queue, read every sweep, were
+    # a cost per second that grew with the queue.
+    ids = queued_ids(s, MAX_EXAMINED)
     if not ids:
         return {}
     devices = device_slots(
@@ -96,7 +100,7 @@ def admit_queued(s: Session, cfg: QueueConfig, *, now: float) -> dict[str, Place
         rows[job_id] = job = s.get_one(JobRow, job_id)
         return spec_of(job)
 
-    queue = (admission.Waiting(i, functools.partial(spec, i)) for i in ids[:MAX_EXAMINED])
+    queue = (admission.Waiting(i, functools.partial(spec, i)) for i in ids)
     ports = free_ports(s, cfg.master_port_base, cfg.master_port_span)
     placed: dict[str, Placement] = {}
     for decision in admission.admit(queue, devices, ports, held_for_restarts(s, devices)):

@@ -132,6 +132,24 @@ def test_the_cached_exposition_is_rebuilt_only_after_its_ttl(coordinator, sim) -
     assert cached.body() is not first and cached.builds == 2
 
 
+def test_a_slow_snapshot_is_served_for_ten_times_its_build_time() -> None:
+    now = [0.0]
+
+    def slow_snapshot() -> pb.ClusterSnapshot:
+        now[0] += 2.0  # a build of 2 s: 1,000 nodes and 1,000 jobs on a busy host
+        return pb.ClusterSnapshot()
+
+    cached = CachedExposition(slow_snapshot, 1.0, lambda: now[0])
+    cached.body()
+    assert now[0] == 2.0 and cached.builds == 1
+    now[0] = 2.0 + 19.9  # past the 1 s TTL, not yet 10x the build
+    cached.body()
+    assert cached.builds == 1
+    now[0] = 2.0 + 20.0
+    cached.body()
+    assert cached.builds == 2
+
+
 def test_a_non_loopback_metrics_listener_needs_the_token() -> None:
     with pytest.raises(ConfigError) as err:
         MetricsServer("0.0.0.0:0", pb.ClusterSnapshot, ServerSecurity())

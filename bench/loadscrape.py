@@ -1,0 +1,133 @@
+"""The ``/metrics`` scrapers of ``hetero-bench load --scrapers N``, and the phases they run in.
+
+The measured window is cut into phases of ``scrape_phase_s``; the scrapers are
+quiet in the even ones and busy in the odd ones, so one run gives the heartbeat
+latency with and without them on the same coordinator, database and machine
+state (halves of a run would also compare the start with the end).
+
+In a busy phase half the ``N`` clients scrape back to back (connect, ``GET
+/metrics``, read the whole answer, close) and half hold half-open connections
+(connect, send part of a request and nothing more, until the server drops the
+connection; then again): the attack of issue 17, 200 half-open connections,
+beside an honest scraper's load. Each is a plain socket (``asyncio`` streams):
+an HTTP library would finish its requests.
+
+Run by the orchestrator as ``python -m hetero.bench.loadscrape CONFIG.json``; waits for
+``go.json`` beside the generators' folders and writes ``result.json``: scrapes
+answered and their latencies, connections the server refused or dropped, and
+half-open connections made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+#: Seconds a half-open connection is held at most (the server should drop it sooner).
+HOLD_S = 30.0
+#: Seconds a full scrape may take before it counts as failed.
+SCRAPE_TIMEOUT_S = 10.0
+#: Pause between one scraper's scrapes, seconds: back to back, but not a busy loop on
+#: a refused connection.
+PAUSE_S = 0.05
+
+
+def busy(t_unix_s: float, start_unix_s: float, phase_s: float) -> bool:
+    """Whether the scrapers run at ``t_unix_s``: in the odd phases of the window."""
+    return t_unix_s >= start_unix_s and int((t_unix_s - start_unix_s) // phase_s) % 2 == 1
+
+
+@dataclass(frozen=True)
+class ScrapeConfig:
+    host: str
+    port: int
+    scrapers: int
+    phase_s: float
+
+
+@dataclass
+class ScrapeResult:
+    scrapes: int = 0
+    scrape_latencies_s: list[float] = field(default_factory=list)
+    half_open: int = 0
+    failures: Counter[str] = field(default_factory=Counter)
+
+
+class Scrapers:
+    def __init__(self, config: ScrapeConfig, start: float, end: float) -> None:
+        self.config = config
+        self.start, self.end = start, end
+        self.result = ScrapeResult()
+
+    async def _until_busy(self) -> bool:
+        """Wait for a busy phase; False once the window has ended."""
+        c = self.config
+        while time.time() < self.end:
+            if busy(time.time(), self.start, c.phase_s):
+                return True
+            await asyncio.sleep(0.05)
+        return False
+
+    async def scraper(self) -> None:
+        c = self.config
+        while await self._until_busy():
+            t0 = time.perf_counter()
+            try:
+                reader, writer = await asyncio.open_connection(c.host, c.port)
+                writer.write(b"GET /metrics HTTP/1.1\r\nHost: load\r\nConnection: close\r\n\r\n")
+                body = await asyncio.wait_for(reader.read(), SCRAPE_TIMEOUT_S)
+                writer.close()
+            except (OSError, TimeoutError) as exc:
+                self.result.failures[f"scrape:{type(exc).__name__}"] += 1
+            else:
+                if body.startswith(b"HTTP/1.0 200") or body.startswith(b"HTTP/1.1 200"):
+                    self.result.scrapes += 1
+                    self.result.scrape_latencies_s.append(time.perf_counter() - t0)
+                else:
+                    self.result.failures["scrape:not-200"] += 1
+            await asyncio.sleep(PAUSE_S)
+
+    async def half_open(self) -> None:
+        c = self.config
+        while await self._until_busy():
+            try:
+                reader, writer = await asyncio.open_connection(c.host, c.port)
+                writer.write(b"GET /metrics HTTP/1.1\r\nHost: lo")  # and never the rest
+                self.result.half_open += 1
+                hold = min(HOLD_S, max(0.0, self.end - time.time()))
+                await asyncio.wait_for(reader.read(), hold)  # returns when the server drops it
+                writer.close()
+            except (OSError, TimeoutError) as exc:
+                self.result.failures[f"half-open:{type(exc).__name__}"] += 1
+            await asyncio.sleep(PAUSE_S)
+
+    async def run(self) -> None:
+        n = self.config.scrapers
+        tasks = [self.scraper() if i % 2 == 0 else self.half_open() for i in range(n)]
+        await asyncio.gather(*tasks)
+
+
+def main(argv: list[str]) -> int:
+    config_path = Path(argv[0])
+    config = ScrapeConfig(**json.loads(config_path.read_text()))
+    go_path = config_path.parent.parent / "go.json"
+    while not go_path.exists():
+        time.sleep(0.05)
+    go = json.loads(go_path.read_text())
+    scrapers = Scrapers(config, go["start_unix_s"], go["end_unix_s"])
+    asyncio.run(scrapers.run())
+    result = asdict(scrapers.result)
+    result["failures"] = dict(scrapers.result.failures)
+    tmp = config_path.parent / "result.json.tmp"
+    tmp.write_text(json.dumps(result))
+    tmp.rename(config_path.parent / "result.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
