@@ -57,8 +57,8 @@ AUTO, ON, OFF = "auto", "on", "off"
 class RecomputeChoice:
     """Which ranks recompute their activations and why, in rank order; ``mode`` is the
     option (``auto``, ``on``, ``off``); ``blocks``, what a model without a switch of its
-    own has recomputed (``repeated.Found.text``, e.g. ``8 BasicBlock (layer1.0 …
-    layer4.1)``; empty for a model with a switch or none found)."""
+    own has recomputed (``repeated.Found.text``, e.g. ``8 BasicBlock: layer1.0 …
+    layer4.1``; empty for a model with a switch or none found)."""
 
     mode: str
     ranks: tuple[bool, ...]
@@ -83,9 +83,10 @@ class RecomputeChoice:
             return f"off on every rank ({why})"
         if not on:
             return f"off on every rank ({self.mode})"
+        what = f"; recomputed: {self.blocks}" if self.blocks else ""
         if len(on) == len(self.ranks) and len(set(self.reasons)) == 1:
-            return f"on on every rank ({why})"
-        return "; ".join(f"rank {i} {self.reasons[i]}" for i in on)
+            return f"on on every rank ({why}){what}"
+        return "; ".join(f"rank {i} {self.reasons[i]}" for i in on) + what
 
 
 def rank_flags(ctx: Context, mine: bool) -> tuple[bool, ...]:

@@ -67,9 +67,9 @@ class Found:
     names: tuple[str, ...]
 
     def text(self) -> str:
-        """E.g. ``12 Block (blocks.0 … blocks.11)``."""
+        """E.g. ``12 Block: blocks.0 … blocks.11``."""
         span = self.names[0] if len(self.names) == 1 else f"{self.names[0]} … {self.names[-1]}"
-        return f"{len(self.names)} {self.kind} ({span})"
+        return f"{len(self.names)} {self.kind}: {span}"
 
 
 def _params(module: nn.Module) -> int:
