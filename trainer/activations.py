@@ -118,9 +118,10 @@ def apply_mode(
     if mode != OFF and not switches(model):
         found = repeated.attach(model, units)
     if mode != AUTO and not set_recompute(model, mode == ON) and mode == ON:
+        inside = ", none holding an FSDP unit" if units else ""
         raise ConfigError(
             "activation_checkpointing on: the model has no activation_checkpointing switch "
-            f"and no {repeated.LOOKED_FOR} (docs/trainer.md says how a model opts in)"
+            f"and no {repeated.LOOKED_FOR}{inside} (docs/trainer.md says how a model opts in)"
         )
     ranks = rank_flags(ctx, recomputing(model))
     if sync_batchnorm and len(set(ranks)) > 1:

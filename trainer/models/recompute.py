@@ -44,8 +44,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed._composable import _get_registry
-from torch.distributed._composable import checkpoint as composable
+from torch.distributed._composable.checkpoint_activation import checkpoint as composable
+from torch.distributed._composable.contract import _get_registry
 from torch.utils.checkpoint import checkpoint
 
 #: The attribute a model's switch lives in.

@@ -48,7 +48,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 from torch import nn
-from torch.distributed._composable import checkpoint
+from torch.distributed._composable.checkpoint_activation import checkpoint
 
 from hetero.trainer.models.recompute import KeepBuffers
 
