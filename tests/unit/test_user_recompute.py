@@ -5,6 +5,7 @@ choices; and ``ctx.wrap``/``probe_memory`` acting on such a model."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import pytest
@@ -129,6 +130,12 @@ def test_the_finder_takes_the_class_with_most_blocks_and_never_bare_layers() -> 
     two = nn.Sequential(_Block(), _Block())
     model = nn.Sequential(nn.Linear(4, 4), nn.Sequential(*[_Block() for _ in range(3)]), two)
     assert [n for n, _ in repeated_blocks(model)] == ["1.0", "1.1", "1.2", "2.0", "2.1"]
+    # Parts of every block (three heads in each of two blocks) are not the trunk.
+    heads = nn.ModuleList([_Block(), _Block(), _Block()])
+    trunk = nn.Sequential(
+        *[nn.Sequential(copy.deepcopy(heads), nn.Linear(4, 64)) for _ in range(2)]
+    )
+    assert [n for n, _ in repeated_blocks(trunk)] == ["0", "1"]
     # A run of bare layers, or of mixed classes, is no block.
     assert repeated_blocks(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))) == []
     assert repeated_blocks(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))) == []

@@ -11,11 +11,14 @@ turns it on (``recompute.set_recompute``).
 **Which blocks.** A *run* is an ``nn.ModuleList`` or ``nn.Sequential`` of two or
 more children of one class, each with submodules and parameters of its own (a run
 of bare ``nn.Linear`` layers is no block: a lone layer keeps its input for backward
-whether recomputed or not). The children of every run are grouped by class and the
-class with the most of them wins (ties: more parameters, then the first found): a
-timm ViT's ``blocks`` (12 ``Block``), a torchvision ResNet's four ``layerN``
-(``BasicBlock`` or ``Bottleneck``, all of them), a GPT-2's ``h``. A block nested in
-another block of the winning class is left to its parent.
+whether recomputed or not). The children of every run are grouped by class; of the
+classes whose blocks hold at least half the parameters that the most-holding class's
+do (the model's trunk, not a part of every block such as its attention heads), the
+one with the most blocks wins (ties: more parameters, then the first found), so a
+Swin's blocks win over the stages that hold them: a timm ViT's ``blocks`` (12
+``Block``), a torchvision ResNet's four ``layerN`` (``BasicBlock`` or
+``Bottleneck``, all of them), a GPT-2's ``h``. A block nested in another block of
+the winning class is left to its parent.
 
 **Why composable checkpointing and not ``apply_activation_checkpointing``.** The
 latter (``torch.distributed.algorithms._checkpoint.checkpoint_wrapper``) replaces each
@@ -103,10 +106,9 @@ def repeated_blocks(
     if not by_class:
         return []
     order = list(by_class)
-    best = max(
-        order,
-        key=lambda k: (len(by_class[k]), sum(_params(m) for _, m in by_class[k]), -order.index(k)),
-    )
+    held = {k: sum(_params(m) for _, m in by_class[k]) for k in order}
+    trunk = [k for k in order if 2 * held[k] >= max(held.values())]
+    best = max(trunk, key=lambda k: (len(by_class[k]), held[k], -order.index(k)))
     chosen = by_class[best]
     inner = {id(m) for _, b in chosen for m in b.modules() if m is not b}
     return [(n, b) for n, b in chosen if id(b) not in inner]
