@@ -7,8 +7,8 @@ model's switch (``hetero.trainer.models.recompute``) on every rank when it is
 wrapped. A model without a switch gets one under ``on`` and ``auto``: its repeated
 blocks, found and given composable checkpointing by ``hetero.trainer.models.repeated``
 (none found: ``on`` is refused, ``auto`` leaves the model as it is and says so);
-``off`` leaves such a model untouched. ``auto`` leaves it as the model has it, and the start-up memory probe
-(``hetero.trainer.memprobe``) decides per rank:
+``off`` leaves such a model untouched. ``auto`` leaves the switch as the model has
+it, and the start-up memory probe (``hetero.trainer.memprobe``) decides per rank:
 
 1. The probe measures every rank's line ``peak(b) = fixed + per_sample · b`` without
    recomputation, and from it the rank's cap under its memory limit.
