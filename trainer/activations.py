@@ -4,8 +4,11 @@ memory, not speed, binds a rank.
 ``activation_checkpointing`` (job.yaml, ``--activation-checkpointing``, ``ht.init`` or
 ``ctx.wrap``) is ``on``, ``off`` or ``auto`` (the default). ``on`` and ``off`` set the
 model's switch (``hetero.trainer.models.recompute``) on every rank when it is
-wrapped. ``auto`` leaves it as the model has it, and the start-up memory probe
-(``hetero.trainer.memprobe``) decides per rank:
+wrapped. A model without a switch gets one under ``on`` and ``auto``: its repeated
+blocks, found and given composable checkpointing by ``hetero.trainer.models.repeated``
+(none found: ``on`` is refused, ``auto`` leaves the model as it is and says so);
+``off`` leaves such a model untouched. ``auto`` leaves the switch as the model has
+it, and the start-up memory probe (``hetero.trainer.memprobe``) decides per rank:
 
 1. The probe measures every rank's line ``peak(b) = fixed + per_sample · b`` without
    recomputation, and from it the rank's cap under its memory limit.
@@ -30,7 +33,7 @@ recomputation cannot raise, so it would cost compute for nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +43,7 @@ from torch import nn
 
 from hetero.core.errors import ConfigError
 from hetero.core.memfit import RECOMPUTE_SLOWDOWN, ProbedRank, recompute_wanted
+from hetero.trainer.models import repeated
 from hetero.trainer.models.recompute import recomputing, set_recompute, switches
 
 if TYPE_CHECKING:
@@ -52,20 +56,24 @@ AUTO, ON, OFF = "auto", "on", "off"
 @dataclass(frozen=True)
 class RecomputeChoice:
     """Which ranks recompute their activations and why, in rank order; ``mode`` is the
-    option (``auto``, ``on``, ``off``)."""
+    option (``auto``, ``on``, ``off``); ``blocks``, what a model without a switch of its
+    own has recomputed (``repeated.Found.text``, e.g. ``8 BasicBlock: layer1.0 …
+    layer4.1``; empty for a model with a switch or none found)."""
 
     mode: str
     ranks: tuple[bool, ...]
     reasons: tuple[str, ...]
+    blocks: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready, for the run's summary."""
-        return {"mode": self.mode, "ranks": list(self.ranks), "reasons": list(self.reasons)}
+        out = {"mode": self.mode, "ranks": list(self.ranks), "reasons": list(self.reasons)}
+        return {**out, "blocks": self.blocks} if self.blocks else out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RecomputeChoice:
         """The choice from :meth:`as_dict`'s form (a summary's ``recompute`` field)."""
-        return cls(d["mode"], tuple(d["ranks"]), tuple(d["reasons"]))
+        return cls(d["mode"], tuple(d["ranks"]), tuple(d["reasons"]), d.get("blocks", ""))
 
     def text(self) -> str:
         """One line for the summary table: the ranks that recompute, and why."""
@@ -75,13 +83,14 @@ class RecomputeChoice:
             return f"off on every rank ({why})"
         if not on:
             return f"off on every rank ({self.mode})"
+        what = f"; recomputed: {self.blocks}" if self.blocks else ""
         if len(on) == len(self.ranks) and len(set(self.reasons)) == 1:
-            return f"on on every rank ({why})"
-        return "; ".join(f"rank {i} {self.reasons[i]}" for i in on)
+            return f"on on every rank ({why}){what}"
+        return "; ".join(f"rank {i} {self.reasons[i]}" for i in on) + what
 
 
-def _gather(ctx: Context, mine: bool) -> tuple[bool, ...]:
-    """Every rank's ``mine`` (collective)."""
+def rank_flags(ctx: Context, mine: bool) -> tuple[bool, ...]:
+    """Every rank's ``mine``, in rank order (collective: call it on every rank)."""
     if ctx.world_size == 1:
         return (mine,)
     flags = torch.zeros(ctx.world_size, dtype=torch.int32, device=ctx.device)
@@ -90,18 +99,31 @@ def _gather(ctx: Context, mine: bool) -> tuple[bool, ...]:
     return tuple(bool(f) for f in flags.tolist())
 
 
-def apply_mode(ctx: Context, model: nn.Module, mode: str, *, sync_batchnorm: bool) -> None:
+def apply_mode(
+    ctx: Context,
+    model: nn.Module,
+    mode: str,
+    *,
+    sync_batchnorm: bool,
+    units: Sequence[nn.Module] = (),
+) -> None:
     """Set ``model``'s switch for ``mode`` at ``wrap`` (``auto`` leaves it as the model has
     it) and record every rank's (collective: the ranks may have been given different
-    modes through ``ctx.wrap``). With ``sync_batchnorm`` every rank or none must recompute:
-    a recomputed SyncBatchNorm gathers its statistics again, a collective its peers would
-    not join."""
+    modes through ``ctx.wrap``). A model without a switch first gets its repeated blocks
+    one (not under ``off``); ``units`` are the FSDP units it will be sharded into, which
+    no recomputed block may strictly contain (``repeated``'s module doc). With
+    ``sync_batchnorm`` every rank or none must recompute: a recomputed SyncBatchNorm
+    gathers its statistics again, a collective its peers would not join."""
+    found = None
+    if mode != OFF and not switches(model):
+        found = repeated.attach(model, units)
     if mode != AUTO and not set_recompute(model, mode == ON) and mode == ON:
+        inside = ", none holding an FSDP unit" if units else ""
         raise ConfigError(
             "activation_checkpointing on: the model has no activation_checkpointing switch "
-            "(docs/trainer.md says how a model opts in)"
+            f"and no {repeated.LOOKED_FOR}{inside} (docs/trainer.md says how a model opts in)"
         )
-    ranks = _gather(ctx, recomputing(model))
+    ranks = rank_flags(ctx, recomputing(model))
     if sync_batchnorm and len(set(ranks)) > 1:
         raise ConfigError(
             "activation_checkpointing: with sync_batchnorm every rank or none recomputes "
@@ -112,9 +134,9 @@ def apply_mode(ctx: Context, model: nn.Module, mode: str, *, sync_batchnorm: boo
     elif switches(model):
         why = "auto: no memory probe ran"
     else:
-        why = "auto: the model has no switch"
+        why = f"auto: the model has no switch and no {repeated.LOOKED_FOR.split(':')[0]}"
     reasons = tuple(f"{'on' if r else 'off'}: {why}" for r in ranks)
-    ctx.recompute = RecomputeChoice(mode, ranks, reasons)
+    ctx.recompute = RecomputeChoice(mode, ranks, reasons, found.text() if found else "")
 
 
 def _reason(cap: int | None, want: int, turned: bool, kept: bool, after: int | None) -> str:
@@ -152,14 +174,14 @@ def probe_choosing(
     # A recomputed SyncBatchNorm would gather statistics its peers do not: never per rank.
     synced = any(isinstance(m, nn.SyncBatchNorm) for m in model.modules())
     mine = ctx.recompute.mode == AUTO and bool(switches(model)) and not synced
-    auto = all(_gather(ctx, mine))
+    auto = all(rank_flags(ctx, mine))
     kw: dict[str, Any] = {"margin": margin, "fraction": fraction, "share": share}
     first = probe(ctx, model, optimizer, batch_fn, loss_fn, strict=not auto, **kw)
     if first is None and auto:
         why = "off: auto, but no rank could measure its memory (CPU ranks)"
         old = ctx.recompute
         reasons = tuple(r if on else why for on, r in zip(old.ranks, old.reasons, strict=True))
-        ctx.recompute = RecomputeChoice(AUTO, old.ranks, reasons)
+        ctx.recompute = RecomputeChoice(AUTO, old.ranks, reasons, old.blocks)
     if first is None or not auto:
         return first
     min_batch = ctx.config.min_batch
@@ -192,7 +214,10 @@ def probe_choosing(
         )
     )
     ctx.recompute = RecomputeChoice(
-        AUTO, tuple(a or k for a, k in zip(already, kept, strict=True)), reasons
+        AUTO,
+        tuple(a or k for a, k in zip(already, kept, strict=True)),
+        reasons,
+        ctx.recompute.blocks,
     )
     caps = final_caps(ranks, margin, min_batch, ctx.world_size)
     return ProbeResult(ranks, caps, chosen.points)

@@ -193,7 +193,8 @@ class Context:
         FSDP2 instead of replicating them in DDP; ``offload="params"`` keeps the
         shards in host memory; ``param_dtype`` gathers and computes in that dtype
         (``trainer.sharding``). ``activation_checkpointing`` (``auto``, ``on``, ``off``;
-        default: ``init``'s) sets the model's recomputation switch; ``auto`` lets
+        default: ``init``'s) sets the model's recomputation switch (a model without one
+        gets its repeated blocks one, ``trainer.models.repeated``); ``auto`` lets
         :meth:`probe_memory` turn it on for a rank whose memory binds
         (``trainer.activations``). Build the optimizer from the returned model.
         """

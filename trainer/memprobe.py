@@ -53,6 +53,7 @@ from torch.distributed.tensor import DTensor
 
 from hetero.core.errors import ConfigError, HeteroError
 from hetero.core.memfit import GIB, ProbedRank, probe_caps, probe_fit
+from hetero.trainer.activations import rank_flags
 from hetero.trainer.context import Context
 from hetero.trainer.memory import budget_bytes
 from hetero.trainer.models.recompute import recomputing
@@ -179,11 +180,7 @@ def _flat(points: list[tuple[int, int]]) -> bool:
 
 def _any(ctx: Context, mine: bool) -> bool:
     """Whether any rank says yes (collective)."""
-    if ctx.world_size == 1:
-        return mine
-    flag = torch.tensor([int(mine)], device=ctx.device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
+    return any(rank_flags(ctx, mine))
 
 
 def probe(

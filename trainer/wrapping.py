@@ -20,7 +20,7 @@ from hetero.core.errors import ConfigError
 from hetero.trainer.activations import apply_mode
 from hetero.trainer.commsched import AUTO, CommRecord, check_comm, comm_policy
 from hetero.trainer.gradients import DEFERRED, weighted_allreduce_hook
-from hetero.trainer.sharding import check_one_device_kind, check_shard, shard_model
+from hetero.trainer.sharding import check_one_device_kind, check_shard, shard_model, shard_units
 
 if TYPE_CHECKING:
     from hetero.trainer.context import Context
@@ -55,7 +55,9 @@ def wrap_model(
     mode = ctx.config.activation_checkpointing
     if activation_checkpointing is not None:
         mode = BY_NAME["activation_checkpointing"].check(activation_checkpointing)
-    apply_mode(ctx, model, mode, sync_batchnorm=sync_batchnorm and ctx.world_size > 1)
+    # The units FSDP2 will shard the model into: no recomputed block may contain one.
+    units = shard_units(model) if shard != "none" and ctx.world_size > 1 else []
+    apply_mode(ctx, model, mode, sync_batchnorm=sync_batchnorm and ctx.world_size > 1, units=units)
     if ctx.world_size == 1:
         ctx.hooks.attach(model)
         return model

@@ -28,7 +28,10 @@ second time, which would update their running statistics twice.
 checkpointed step leaves them as an ordinary step does.
 
 A model of one's own opts in the same way: a bool ``activation_checkpointing``
-attribute and its blocks through :func:`run_block`.
+attribute and its blocks through :func:`run_block`. One that does not gets its
+repeated blocks recomputed through PyTorch's composable checkpointing
+(``hetero.trainer.models.repeated``), whose per-module ``enable_hook`` flag is a
+switch too: the functions below set and read both kinds.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed._composable.checkpoint_activation import checkpoint as composable
+from torch.distributed._composable.contract import _get_registry
 from torch.utils.checkpoint import checkpoint
 
 #: The attribute a model's switch lives in.
@@ -107,20 +112,39 @@ class Blocks(nn.Sequential):
         return x
 
 
+def _composable(module: nn.Module) -> bool:
+    """Whether ``module`` carries PyTorch's composable checkpointing (``repeated``'s or the
+    user's own). Read from its registry: ``composable.state`` would write into every
+    module it is asked about."""
+    return "checkpoint" in (_get_registry(module) or {})
+
+
 def switches(model: nn.Module) -> list[nn.Module]:
     """The modules of ``model`` (wrapped in DDP or sharded by FSDP2 or not) that carry a
-    checkpointing switch."""
-    return [m for m in model.modules() if isinstance(getattr(m, SWITCH, None), bool)]
+    checkpointing switch: a bool ``activation_checkpointing`` attribute, or composable
+    checkpointing."""
+    return [
+        m for m in model.modules() if isinstance(getattr(m, SWITCH, None), bool) or _composable(m)
+    ]
+
+
+def _is_on(module: nn.Module) -> bool:
+    if _composable(module):
+        return bool(composable.state(module).enable_hook)
+    return bool(getattr(module, SWITCH))
 
 
 def set_recompute(model: nn.Module, on: bool) -> bool:
     """Turn ``model``'s checkpointing on or off; whether it has a switch at all."""
     found = switches(model)
     for m in found:
-        setattr(m, SWITCH, on)
+        if _composable(m):
+            composable.state(m).enable_hook = on
+        else:
+            setattr(m, SWITCH, on)
     return bool(found)
 
 
 def recomputing(model: nn.Module) -> bool:
     """Whether ``model`` checkpoints its activations now."""
-    return any(getattr(m, SWITCH) for m in switches(model))
+    return any(_is_on(m) for m in switches(model))

@@ -2,6 +2,10 @@
 
 Usage: python docs/benchmarks/recompute-memory/measure.py MODEL SIZE B1 B2
 
+MODEL is a built-in model's name, or a model-zoo one as ``torchvision:NAME`` or
+``timm:NAME`` (no pretrained weights), whose repeated blocks are recomputed as a
+user's model is (``hetero.trainer.models.repeated``).
+
 For each mode, one forward and backward at B1 and at B2 samples (SIZE pixels, CPU
 tensors, fp32), the peak counted by PyTorch's own MemTracker
 (torch.distributed._tools.mem_tracker: tensor bytes by kind, not the allocator's,
@@ -16,13 +20,31 @@ from torch.distributed._tools.mem_tracker import MemTracker
 
 from hetero.trainer.models import build_model
 from hetero.trainer.models.recompute import set_recompute
+from hetero.trainer.models.repeated import attach
 
 name, size, b1, b2 = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 
 
+def zoo(spec: str) -> torch.nn.Module:
+    """A torchvision or timm model with 10 classes, its repeated blocks given a switch."""
+    lib, model = spec.split(":", 1)
+    if lib == "timm":
+        import timm
+
+        m = timm.create_model(model, pretrained=False, num_classes=10, img_size=size)
+    else:
+        import torchvision
+
+        m = torchvision.models.get_model(model, num_classes=10)
+    found = attach(m)
+    print(f"{spec}: recomputing {found.text() if found else 'nothing (no repeated blocks)'}")
+    return m
+
+
 def peak(on: bool, batch: int) -> float:
     torch.manual_seed(0)
-    m = build_model(name, 10, size).train()
+    m = zoo(name) if ":" in name else build_model(name, 10, size)
+    m.train()
     set_recompute(m, on)
     mt = MemTracker()
     mt.track_external(m)
