@@ -1,0 +1,171 @@
+"""SIGTERM stops a job after a step all ranks agree on, with its state checkpointed:
+real Gloo ranks, resumed to the losses of an uninterrupted run."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from hetero.trainer.checkpoint import read_checkpoint
+from hetero.trainer.launch import free_port, rank_env
+from hetero.trainer.metrics import read_metrics
+
+pytestmark = pytest.mark.slow
+
+WORKERS = Path(__file__).parent / "workers"
+SHARDS = ["none", "full"]
+
+
+@pytest.fixture(scope="module")
+def loops(ranks_in_turn, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """drain_loop.py's phases, replicated and sharded, on one launch of 2 ranks."""
+    out = tmp_path_factory.mktemp("drain-loops")
+    jobs = [
+        ["drain_loop.py", str(out / f"{phase}-{shard}.pt"), phase, shard]
+        for shard in SHARDS
+        for phase in ("full", "stop", "resume")
+    ]
+    ranks_in_turn(out, 2, jobs)
+    return out
+
+
+@pytest.mark.parametrize("shard", SHARDS)
+def test_a_loop_stops_at_one_step_on_sigterm_and_resumes_to_the_uninterrupted_losses(
+    loops: Path, shard: str
+):
+    """Rank 0 alone is signalled after step 6: the flag issued at step 7 is read at step 8,
+    where both ranks stop and checkpoint; resuming gives the losses of a run never
+    stopped."""
+    stopped = torch.load(loops / f"stop-{shard}.pt")
+    assert stopped["stopped_at"] == 8
+    assert [torch.load(loops / f"stop-{shard}.pt.rank{r}") for r in range(2)] == [8, 8]
+    assert read_checkpoint(loops / f"drain-{shard}.pt")["global_step"] == 8
+    full = torch.load(loops / f"full-{shard}.pt")["losses"]
+    resumed = torch.load(loops / f"resume-{shard}.pt")["losses"]
+    assert sorted(resumed) == list(range(9, 17))
+    for step, loss in resumed.items():
+        assert loss == pytest.approx(full[step], rel=1e-6), step
+
+
+TINY = ["--model", "debug", "--num-samples", "960", "--global-batch", "48", "--quiet"]
+COMMON = [*TINY, "--nproc", "2", "--rebalance-interval", "4", "--policy", "equal"]
+COMMON += ["--ideal-steps", "0", "--eval-samples", "0", "--checkpoint-interval", "1000"]
+STEPS = "600"
+
+
+def _hetero_train(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "hetero.trainer.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
+
+
+def _first_record(metrics: Path, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not (metrics.is_file() and metrics.read_text().strip()):
+        assert time.monotonic() < deadline, f"no interval record in {metrics}"
+        time.sleep(0.05)
+
+
+def test_hetero_train_sigtermed_mid_run_checkpoints_exits_143_and_resumes_exactly(
+    tmp_path: Path,
+):
+    """SIGTERM to the launcher alone (a container's first process): every rank gets it
+    once, they stop at one step, rank 0 checkpoints it despite an interval of 1000 and
+    all exit 143; resumed, the losses are an uninterrupted run's."""
+    full, part = tmp_path / "full", tmp_path / "part"
+    reference = _hetero_train(*COMMON, "--steps", STEPS, "--output-dir", str(full))
+    stopped = _hetero_train(*COMMON, "--steps", STEPS, "--output-dir", str(part))
+    _first_record(part / "metrics" / "rank0.jsonl")
+    stopped.send_signal(signal.SIGTERM)
+    out, err = stopped.communicate(timeout=60)
+    assert stopped.returncode == 143, err
+    line = re.search(r"stopping at step (\d+) on SIGTERM: checkpoint written to (\S+)", err)
+    assert line, err
+    step = int(line.group(1))
+    assert 4 <= step < int(STEPS)
+    assert read_checkpoint(Path(line.group(2)))["global_step"] == step
+    assert "error" not in err, err
+    resumed = _hetero_train(*COMMON, "--steps", STEPS, "--output-dir", str(part), "--resume", "auto")
+    for proc in (reference, resumed):
+        _, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, err
+    ref = {r["step"]: r["loss"] for r in read_metrics(full / "metrics" / "rank0.jsonl")}
+    got = {r["step"]: r["loss"] for r in read_metrics(part / "metrics" / "rank0.jsonl")}
+    after = [s for s in got if s - 4 >= step]  # whole intervals run after the resume
+    assert after and max(after) == int(STEPS)
+    for s in after:
+        assert got[s] == pytest.approx(ref[s], rel=1e-6), s
+
+
+def test_a_second_sigterm_kills_at_once(tmp_path: Path):
+    """Who insists gets the old behaviour: the second SIGTERM ends the process by the
+    signal's default action, without waiting for a step."""
+    script = (
+        "import os, signal, time\n"
+        "from hetero.trainer.drain import StopRequest\n"
+        "stop = StopRequest(1)\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "assert stop.signalled and stop.poll()\n"
+        "print('flagged', flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "time.sleep(30)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.stdout == "flagged\n", proc.stderr
+    assert proc.returncode == -signal.SIGTERM
+
+
+def test_a_rank_stuck_on_a_silent_peer_ends_soon_after_sigterm(tmp_path: Path):
+    """A rank blocked in a collective (its peer stopped answering) never reaches the next
+    step: the watcher ends it with 143 within its bound, long before the collective's
+    timeout, so a failed job's restart does not wait for the SIGKILL."""
+    script = (
+        "import sys, time, torch, torch.distributed as dist\n"
+        "from hetero.trainer.drain import StopRequest\n"
+        "dist.init_process_group('gloo')\n"
+        "stop = StopRequest(2)\n"
+        "for _ in range(3):\n"
+        "    time.sleep(0.05); stop.poll()\n"
+        "print('ready', flush=True)\n"
+        "if dist.get_rank() == 1:\n"
+        "    time.sleep(120)\n"  # alive, silent: a peer hung on its device
+        "dist.all_reduce(torch.ones(1))\n"  # rank 0 blocks here
+    )
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=rank_env(r, 2, port, threads=1),
+        )
+        for r in range(2)
+    ]
+    try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline() == "ready\n"
+        time.sleep(0.5)  # rank 0 inside the all-reduce
+        t0 = time.monotonic()
+        procs[0].send_signal(signal.SIGTERM)
+        _, err = procs[0].communicate(timeout=30)
+        took = time.monotonic() - t0
+        assert procs[0].returncode == 143, err
+        assert "stuck" in err
+        assert took < 10.0  # the agent's default grace; the bound here is 2 s
+    finally:
+        for p in procs:
+            p.kill()
+            p.communicate()
