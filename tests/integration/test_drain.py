@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -14,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from hetero.agent.localcluster import AgentSpec, LocalCluster
+from hetero.core.states import JobState
 from hetero.trainer.checkpoint import read_checkpoint
 from hetero.trainer.launch import free_port, rank_env
 from hetero.trainer.metrics import read_metrics
@@ -58,7 +61,7 @@ def test_a_loop_stops_at_one_step_on_sigterm_and_resumes_to_the_uninterrupted_lo
 TINY = ["--model", "debug", "--num-samples", "960", "--global-batch", "48", "--quiet"]
 COMMON = [*TINY, "--nproc", "2", "--rebalance-interval", "4", "--policy", "equal"]
 COMMON += ["--ideal-steps", "0", "--eval-samples", "0", "--checkpoint-interval", "1000"]
-STEPS = "600"
+STEPS = "120"
 
 
 def _hetero_train(*args: str) -> subprocess.Popen[str]:
@@ -169,3 +172,46 @@ def test_a_rank_stuck_on_a_silent_peer_ends_soon_after_sigterm(tmp_path: Path):
         for p in procs:
             p.kill()
             p.communicate()
+
+
+SHED = """\
+name: drain
+model: debug
+global_batch: 16
+steps: 1500
+policy: dynamic
+rebalance_interval: 4
+emulate_slowdown: {{1: 32}}
+checkpoint: {{dir: {ckpt}, interval_steps: 1000}}
+resources: {{ranks: 2, device: cpu}}
+"""
+
+
+def test_a_coordinator_restart_resumes_from_the_step_its_ranks_drained_at(tmp_path: Path):
+    """The coordinator restarts the job without its 32x slower rank (an exclusion: every
+    rank healthy): the agent SIGTERMs both, they stop at one step and checkpoint it, long
+    before the first periodic checkpoint (step 1000); the one-rank attempt resumes there,
+    and the drained exits are confirmations, not failures."""
+    root = tmp_path / "cluster"
+    with LocalCluster(root, [AgentSpec("node")]) as cluster:
+        job_id = cluster.submit(SHED.format(ckpt=root / "ckpt"))
+        job = cluster.wait(job_id, timeout_s=120)
+        text = "\n".join(line.text for line in cluster.logs(job_id))
+    assert JobState(job.state) is JobState.SUCCEEDED, job.message
+    assert job.world_size == 1, "restarted without the slow rank"
+    drained = re.findall(r"stopping at step (\d+) on SIGTERM", text)
+    assert len(drained) == 1, text
+    step = int(drained[0])
+    assert 0 < step < 1000
+    assert re.search(rf"resumed from \S+ at step {step}\b", text), text
+    db = sqlite3.connect(root / "coordinator" / "coordinator.db")
+    restarts, exclusion_restarts = db.execute(
+        "SELECT restarts, exclusion_restarts FROM jobs WHERE id = ?", (job_id,)
+    ).fetchone()
+    assert (restarts, exclusion_restarts) == (1, 1), "no failure restart"
+    first = db.execute(
+        "SELECT MIN(end_step) FROM interval_stats WHERE job_id = ? AND plan_version >= "
+        "(SELECT attempt_first_plan FROM jobs WHERE id = ?)",
+        (job_id, job_id),
+    ).fetchone()[0]
+    assert step < first <= step + 2 * 4, "the restarted attempt's intervals start there"
