@@ -343,7 +343,8 @@ class Context:
         elif self.global_step == self._recheck_at:
             recheck(self)
         if self._stop is not None:
-            self._stop.poll()
+            self._stop.pace(self.summaries)
+            self._stop.poll(self.global_step)
 
     def stop_on_sigterm(self, enabled: bool = True) -> None:
         """SIGTERM asks the job to stop: the ranks agree in :meth:`step` on a step after

@@ -20,12 +20,17 @@ steps (at least :data:`STUCK_MIN_S`). A healthy rank closes a step within that a
 drains.
 
 A checkpoint is collective, so the ranks must agree on the step at which to stop.
-Each step every rank issues a non-blocking all-reduce (MAX) of its flag on a Gloo
-group of its own and waits for the one it issued the step before. That one has had
-a whole step to complete: every rank issued it before it joined this step's
-gradient reduction, so the wait finds it done (measured: docs/trainer.md). All ranks
-read the same result of the same collective at the same step, so they stop at the
-same step, one or two steps after the signal. The group is Gloo on CPU whatever the
+At a poll step every rank issues a non-blocking all-reduce (MAX) of its flag on a
+Gloo group of its own and waits for the one it issued at the poll step before. That
+one has had at least a whole step to complete: every rank issued it before it joined
+the next step's gradient reduction, so the wait finds it done. All ranks read the
+same result of the same collective at the same step, so they stop at the same step,
+one or two polls after the signal. Issuing costs a Gloo enqueue, tenths of a
+millisecond on a loaded CPU host (docs/trainer.md), so short steps are not all poll
+steps: the ranks poll every ``k`` steps, ``k`` the steps in :data:`POLL_PERIOD_S` at
+the slowest rank's pace of the last interval (at most :data:`MAX_EVERY`). Every rank
+computes ``k`` from the same all-gathered summaries at the same boundary, so the
+poll steps stay the same on all; a stop then waits at most two periods. The group is Gloo on CPU whatever the
 job's backend: one int on the host, no GPU stream touched, no NCCL kernel queued.
 
 Exit status 143 (128 + SIGTERM) is what schedulers, the local launcher and the
@@ -42,13 +47,17 @@ import signal
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from hetero.core.errors import Stopped
+
+if TYPE_CHECKING:
+    from hetero.trainer.exchange import RankSummary
 
 log = logging.getLogger("hetero.trainer")
 
@@ -60,6 +69,10 @@ EXIT_STATUS = Stopped.exit_code
 STUCK_MIN_S = 2.0
 #: Recent step durations the watcher's bound is taken from.
 _RECENT_STEPS = 32
+#: Seconds of steps between two polls (at least one step per poll).
+POLL_PERIOD_S = 0.05
+#: Most steps between two polls, whatever their pace.
+MAX_EVERY = 100
 
 
 class StopRequest:
@@ -79,6 +92,10 @@ class StopRequest:
         self._group: Any = dist.new_group(backend="gloo") if world_size > 1 else None
         self._flag = torch.zeros(1, dtype=torch.int32)
         self._work: Any = None
+        #: Steps between polls, the next poll step, and the boundaries the pace was set at.
+        self.every = 1
+        self._next_at = 0
+        self._paced = 0
         self._previous: Any = None
         self._installed = threading.current_thread() is threading.main_thread()
         if not self._installed:  # signal handlers belong to the main thread
@@ -91,12 +108,15 @@ class StopRequest:
         self._stepped = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
-        self._previous_fd = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
-        if self._previous_fd != -1:  # someone else's (an event loop): leave it theirs
-            signal.set_wakeup_fd(self._previous_fd)
-            self._previous_fd = None
-        else:
+        previous_fd = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        #: Whether the wakeup fd is ours (not someone else's: an event loop keeps its own).
+        self._waking = previous_fd == -1
+        if self._waking:
             threading.Thread(target=self._watch, name="hetero-drain", daemon=True).start()
+        else:
+            signal.set_wakeup_fd(previous_fd)
+            os.close(self._wake_r)
+            os.close(self._wake_w)
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         if self.signalled:  # a second one: the default action, now
@@ -122,11 +142,20 @@ class StopRequest:
                     os._exit(EXIT_STATUS)
             return
 
-    def poll(self) -> bool:
-        """Once per step on every rank: whether all ranks stop after this step.
+    def pace(self, summaries: Sequence[Sequence[RankSummary]]) -> None:
+        """At a boundary, on every rank alike: poll every :data:`POLL_PERIOD_S` of steps
+        at the slowest rank's pace of the interval just exchanged (module doc)."""
+        if len(summaries) == self._paced:
+            return
+        self._paced = len(summaries)
+        step_s = max(s.step_s for s in summaries[-1])
+        self.every = min(MAX_EVERY, max(1, int(POLL_PERIOD_S / step_s))) if step_s > 0 else 1
 
-        Waits for the all-reduce issued at the previous step (already done, module
-        doc) and issues this step's; True once any rank's flag was up. Collective."""
+    def poll(self, step: int) -> bool:
+        """Once per step (the global step just closed) on every rank: whether all ranks
+        stop after this step. At a poll step, waits for the all-reduce issued at the
+        poll step before (already done, module doc) and issues this one's; True once
+        any rank's flag was up. Collective."""
         if self.agreed:
             return True
         if self._installed:
@@ -134,6 +163,9 @@ class StopRequest:
             self._steps_s.append(now - self._polled_at)
             self._polled_at = now
             self._stepped.set()
+        if step < self._next_at:
+            return False
+        self._next_at = step + self.every
         if self._group is None:
             self.agreed = self.signalled
             return self.agreed
@@ -163,7 +195,7 @@ class StopRequest:
         if not self._installed:
             return
         self._installed = False
-        if self._previous_fd is not None:
+        if self._waking:
             signal.set_wakeup_fd(-1)
             os.close(self._wake_w)  # the watcher reads EOF and ends
         signal.signal(signal.SIGTERM, self._previous)

@@ -92,7 +92,7 @@ def test_hetero_train_sigtermed_mid_run_checkpoints_exits_143_and_resumes_exactl
     stopped = _hetero_train(*COMMON, "--steps", STEPS, "--output-dir", str(part))
     _first_record(part / "metrics" / "rank0.jsonl")
     stopped.send_signal(signal.SIGTERM)
-    out, err = stopped.communicate(timeout=60)
+    _, err = stopped.communicate(timeout=60)
     assert stopped.returncode == 143, err
     line = re.search(r"stopping at step (\d+) on SIGTERM: checkpoint written to (\S+)", err)
     assert line, err
@@ -100,7 +100,9 @@ def test_hetero_train_sigtermed_mid_run_checkpoints_exits_143_and_resumes_exactl
     assert 4 <= step < int(STEPS)
     assert read_checkpoint(Path(line.group(2)))["global_step"] == step
     assert "error" not in err, err
-    resumed = _hetero_train(*COMMON, "--steps", STEPS, "--output-dir", str(part), "--resume", "auto")
+    resumed = _hetero_train(
+        *COMMON, "--steps", STEPS, "--output-dir", str(part), "--resume", "auto"
+    )
     for proc in (reference, resumed):
         _, err = proc.communicate(timeout=240)
         assert proc.returncode == 0, err
@@ -120,12 +122,14 @@ def test_a_second_sigterm_kills_at_once(tmp_path: Path):
         "from hetero.trainer.drain import StopRequest\n"
         "stop = StopRequest(1)\n"
         "os.kill(os.getpid(), signal.SIGTERM)\n"
-        "assert stop.signalled and stop.poll()\n"
+        "assert stop.signalled and stop.poll(1)\n"
         "print('flagged', flush=True)\n"
         "os.kill(os.getpid(), signal.SIGTERM)\n"
         "time.sleep(30)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
     assert proc.stdout == "flagged\n", proc.stderr
     assert proc.returncode == -signal.SIGTERM
 
@@ -139,8 +143,8 @@ def test_a_rank_stuck_on_a_silent_peer_ends_soon_after_sigterm(tmp_path: Path):
         "from hetero.trainer.drain import StopRequest\n"
         "dist.init_process_group('gloo')\n"
         "stop = StopRequest(2)\n"
-        "for _ in range(3):\n"
-        "    time.sleep(0.05); stop.poll()\n"
+        "for step in range(1, 4):\n"
+        "    time.sleep(0.05); stop.poll(step)\n"
         "print('ready', flush=True)\n"
         "if dist.get_rank() == 1:\n"
         "    time.sleep(120)\n"  # alive, silent: a peer hung on its device

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from hetero import trainer as ht
+from hetero.trainer import drain
 from hetero.trainer.checkpoint import load_checkpoint, save_checkpoint
 from hetero.trainer.datasets import SyntheticImages
 from hetero.trainer.models.vision import DebugNet
@@ -34,6 +35,8 @@ GLOBAL_BATCH = 24
 def main(argv: list[str]) -> int:
     out, phase, shard = Path(argv[0]), argv[1], argv[2]
     checkpoint = out.parent / f"drain-{shard}.pt"
+    # Poll every step, whatever the pace: the agreed step is then exactly two after the signal.
+    drain.POLL_PERIOD_S = 0.0
     torch.manual_seed(0)
     ctx = ht.init("equal", rebalance_interval=4, warmup_steps=0)
     model = ctx.wrap(DebugNet(num_classes=10, image_size=8), shard=shard)
