@@ -275,7 +275,7 @@ def _train(ctx: Context, cfg: JobConfig) -> dict[str, Any] | None:
 
     t0 = time.perf_counter()
     run.model.train()
-    if checkpoint_path(cfg) is not None:
+    if checkpoint_path(cfg) is not None and cfg.checkpoint_every:
         ctx.stop_on_sigterm()  # SIGTERM: finish the step, checkpoint it, exit 143
     while ctx.global_step < total_steps:
         for batch in run.loader:
