@@ -44,16 +44,16 @@ def loops(ranks_in_turn, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_loop_stops_at_one_step_on_sigterm_and_resumes_to_the_uninterrupted_losses(
     loops: Path, shard: str
 ):
-    """Rank 0 alone is signalled after step 6: the flag issued at step 7 is read at step 8,
-    where both ranks stop and checkpoint; resuming gives the losses of a run never
-    stopped."""
+    """Rank 0 alone is signalled after step 7: the flag issued at step 8 is read at step 9,
+    where both ranks stop and checkpoint (inside an interval); resuming gives the
+    losses of a run never stopped."""
     stopped = torch.load(loops / f"stop-{shard}.pt")
-    assert stopped["stopped_at"] == 8
-    assert [torch.load(loops / f"stop-{shard}.pt.rank{r}") for r in range(2)] == [8, 8]
-    assert read_checkpoint(loops / f"drain-{shard}.pt")["global_step"] == 8
+    assert stopped["stopped_at"] == 9
+    assert [torch.load(loops / f"stop-{shard}.pt.rank{r}") for r in range(2)] == [9, 9]
+    assert read_checkpoint(loops / f"drain-{shard}.pt")["global_step"] == 9
     full = torch.load(loops / f"full-{shard}.pt")["losses"]
     resumed = torch.load(loops / f"resume-{shard}.pt")["losses"]
-    assert sorted(resumed) == list(range(9, 17))
+    assert sorted(resumed) == list(range(10, 17))
     for step, loss in resumed.items():
         assert loss == pytest.approx(full[step], rel=1e-6), step
 

@@ -28,7 +28,7 @@ from hetero.trainer.datasets import SyntheticImages
 from hetero.trainer.models.vision import DebugNet
 
 STEPS = 16
-SIGNAL_AT = 6
+SIGNAL_AT = 7  # the stop then falls inside an interval (rebalance_interval 4)
 GLOBAL_BATCH = 24
 
 
