@@ -16,8 +16,8 @@ on until the SIGKILL (slowing the restart of a failed job: the coordinator place
 job again once every old rank has stopped), a watcher thread wakes on the signal
 (``signal.set_wakeup_fd``) and ends the process with status 143 if the ranks have
 not agreed and no step has closed within three times the slowest of the recent
-steps (at least :data:`STUCK_MIN_S`). A healthy rank closes a step within that and
-drains.
+steps (at least :data:`STUCK_MIN_S`), unless it is writing a checkpoint. A healthy
+rank closes a step within that and drains.
 
 A checkpoint is collective, so the ranks must agree on the step at which to stop.
 At a poll step every rank issues a non-blocking all-reduce (MAX) of its flag on a
@@ -89,6 +89,8 @@ class StopRequest:
         self.signalled = False
         #: The ranks agreed to stop at the step of the last :meth:`poll` that returned True.
         self.agreed = False
+        #: Set while the rank writes a checkpoint: a long write is no stuck rank.
+        self.busy = False
         self._group: Any = dist.new_group(backend="gloo") if world_size > 1 else None
         self._flag = torch.zeros(1, dtype=torch.int32)
         self._work: Any = None
@@ -137,7 +139,7 @@ class StopRequest:
             while not self.agreed:
                 self._stepped.clear()
                 limit_s = max(STUCK_MIN_S, 3 * max(self._steps_s, default=0.0))
-                if not self._stepped.wait(limit_s) and not self.agreed:
+                if not self._stepped.wait(limit_s) and not (self.agreed or self.busy):
                     os.write(2, b"no step closed after SIGTERM: stuck, stopping at once\n")
                     os._exit(EXIT_STATUS)
             return
