@@ -37,6 +37,14 @@ class CheckpointError(HeteroError):
     grpc_code = "FAILED_PRECONDITION"
 
 
+class Stopped(HeteroError):
+    """The job stopped on SIGTERM with its state checkpointed: not a failure. The status
+    is 128 + SIGTERM, what schedulers and the agent read as terminated
+    (``hetero.trainer.drain``)."""
+
+    exit_code = 143
+
+
 class DistributedError(HeteroError):
     """A process-group failure: a dead peer, a timed-out collective."""
 

@@ -146,6 +146,8 @@ def save_checkpoint(
         raise CheckpointError(
             f"cannot checkpoint {problem}: a checkpoint holds tensors and plain data only"
         )
+    if ctx._stop is not None:
+        ctx._stop.busy = True  # a long write is no stuck rank (``trainer.drain``)
     rng = [_rng_state()]
     if ctx.world_size > 1:
         gathered: list[Any] = [None] * ctx.world_size
@@ -190,6 +192,8 @@ def save_checkpoint(
             remove_old_shards(path, keep=shards)
     ctx.barrier()
     ctx.clock.restart()
+    if ctx._stop is not None:
+        ctx._stop.busy = False
     return path
 
 

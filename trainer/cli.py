@@ -18,7 +18,7 @@ from pathlib import Path
 from hetero.core import rankenv
 from hetero.core.catalogue import BY_NAME, OptionError, TrainingOptions
 from hetero.core.catalogue.commandline import build_parser, options_from_args
-from hetero.core.errors import ConfigError, HeteroError
+from hetero.core.errors import ConfigError, HeteroError, Stopped
 from hetero.core.rankenv import RankEnv
 
 DESCRIPTION = (
@@ -66,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         summary = run_job(cfg)
         if summary is not None:
             write(summary, _summary_path(cfg), cfg.json)
+    except Stopped as exc:  # SIGTERM, the state checkpointed: the job said so in one line
+        return exc.exit_code
     except OptionError as exc:  # found while running (a file, the world size): flag spelling
         return _fail(exc.spelled(_flag))
     except HeteroError as exc:

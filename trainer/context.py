@@ -58,6 +58,7 @@ from hetero.trainer.bootstrap import (
     pick_device,
 )
 from hetero.trainer.commsched import CommRecord, comm_policy
+from hetero.trainer.drain import StopRequest
 from hetero.trainer.emulation import Slowdown
 from hetero.trainer.exchange import EmbeddedPlanner, Planner, RankSummary
 from hetero.trainer.gpustats import open_sampler
@@ -142,6 +143,7 @@ class Context:
         self.solo: list[Solo] | None = None
         #: Rank 0: one record per :meth:`evaluate` (``step``, ``metrics``), oldest first.
         self.evals: list[dict[str, Any]] = []
+        self._stop: StopRequest | None = None
 
     # -- properties -------------------------------------------------------------------
     @property
@@ -158,6 +160,11 @@ class Context:
     def running_plan(self) -> tuple[int, ...]:
         """The plan of the last step run (``plan`` may be scheduled for a later step)."""
         return self._step_sizes or self.plan
+
+    @property
+    def stopping(self) -> bool:
+        """All ranks agreed to stop after this step (:meth:`stop_on_sigterm`)."""
+        return self._stop is not None and self._stop.agreed
 
     @property
     def slowdown(self) -> Slowdown | None:
@@ -336,6 +343,19 @@ class Context:
             rebalance(self)
         elif self.global_step == self._recheck_at:
             recheck(self)
+        if self._stop is not None:
+            self._stop.pace(self.summaries)
+            self._stop.poll(self.global_step)
+
+    def stop_on_sigterm(self, enabled: bool = True) -> None:
+        """SIGTERM asks the job to stop: the ranks agree in :meth:`step` on a step after
+        which :attr:`stopping` is True on all (collective). ``False`` restores the handler
+        and re-raises a SIGTERM not acted on (``hetero.trainer.drain``)."""
+        if enabled:
+            self._stop = self._stop or StopRequest(self.world_size)
+        elif self._stop is not None:
+            stop, self._stop = self._stop, None
+            stop.close()
 
     def probe_memory(
         self,
@@ -428,5 +448,8 @@ class Context:
         close_planner = getattr(self.planner, "close", None)
         if close_planner is not None:
             close_planner()
+        if self._stop is not None:
+            stop, self._stop = self._stop, None
+            stop.close(failed=failed)
         if self.world_size > 1:
             procgroup.leave(failed=failed)

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from hetero.core.catalogue.keywords import from_keywords
-from hetero.core.errors import DistributedError, HeteroError
+from hetero.core.errors import DistributedError, HeteroError, Stopped
 from hetero.core.gap import Solo
 from hetero.core.slowdown import format_slowdowns
 from hetero.trainer import report
@@ -157,13 +157,26 @@ class _Run:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
-    def checkpoint(self) -> None:
+    def checkpoint(self) -> Path:
         path = checkpoint_path(self.cfg)
         assert path is not None  # the catalogue's rules: an interval needs a directory
         if self.zero:
             self.optimizer.consolidate_state_dict(to=0)  # type: ignore[attr-defined]
         identity = RunIdentity.of(self.ctx, spec_hash(self.cfg))
-        save_checkpoint(path, self.ctx, self.model, self.optimizer, identity=identity)
+        return save_checkpoint(path, self.ctx, self.model, self.optimizer, identity=identity)
+
+    def stop(self, checkpointed: bool) -> Stopped:
+        """The ranks agreed to stop on SIGTERM after this step: checkpoint it (unless the
+        periodic checkpoint just did) and say so in one line."""
+        path = checkpoint_path(self.cfg)
+        if not checkpointed:
+            path = self.checkpoint()
+        stopped = Stopped(
+            f"stopping at step {self.ctx.global_step} on SIGTERM: checkpoint written to {path}"
+        )
+        if self.ctx.rank == 0:
+            print(f"hetero-train: {stopped}", file=sys.stderr, flush=True)
+        return stopped
 
 
 def _setup(ctx: Context, cfg: JobConfig) -> tuple[_Run, float | None, Any]:
@@ -262,6 +275,8 @@ def _train(ctx: Context, cfg: JobConfig) -> dict[str, Any] | None:
 
     t0 = time.perf_counter()
     run.model.train()
+    if checkpoint_path(cfg) is not None and cfg.checkpoint_every:
+        ctx.stop_on_sigterm()  # SIGTERM: finish the step, checkpoint it, exit 143
     while ctx.global_step < total_steps:
         for batch in run.loader:
             if run.guard is not None:
@@ -277,8 +292,11 @@ def _train(ctx: Context, cfg: JobConfig) -> dict[str, Any] | None:
                 board.after_step(ctx, run.monitor.caps[ctx.rank] if run.monitor.caps else None)
             if ctx.global_step % cfg.rebalance_interval == 0:
                 report.progress(ctx, cfg, total_steps, t0)
-            if cfg.checkpoint_every and ctx.global_step % cfg.checkpoint_every == 0:
+            periodic = bool(cfg.checkpoint_every) and ctx.global_step % cfg.checkpoint_every == 0
+            if periodic:
                 run.checkpoint()
+            if ctx.stopping:
+                raise run.stop(checkpointed=periodic)
             if ctx.global_step >= total_steps:
                 break
     train_wall_s = time.perf_counter() - t0
@@ -286,6 +304,7 @@ def _train(ctx: Context, cfg: JobConfig) -> dict[str, Any] | None:
         board.close()
     if checkpoint_path(cfg) and cfg.checkpoint_every:
         run.checkpoint()
+    ctx.stop_on_sigterm(False)  # from here a SIGTERM ends the rank at once, as before
     return _finish(run, start_step, train_wall_s, fraction, steps_per_epoch)
 
 
