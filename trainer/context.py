@@ -11,18 +11,16 @@
         optimizer.step(); optimizer.zero_grad()
         ctx.step()
 
-``init`` joins the torch.distributed job described by the environment
-(torchrun, ``hetero-train``, or an agent) or runs alone. ``wrap`` puts the model
-in DDP with the exact-weighting comm hook and the timing hooks. ``loader``
-yields this rank's share of each global batch. ``step`` closes the step and, at
-each rebalance boundary, exchanges statistics and applies the next plan on
-every rank at the same step.
+``init`` joins the torch.distributed job described by the environment (torchrun,
+``hetero-train``, or an agent) or runs alone. ``wrap`` puts the model in DDP with the
+exact-weighting comm hook and the timing hooks. ``loader`` yields this rank's share of each
+global batch. ``step`` closes the step and, at each rebalance boundary, exchanges statistics
+and applies the next plan on every rank at the same step.
 
-``Context`` is the facade over the parts: ``bootstrap`` (config, device, backend,
-process group), ``timing`` (step phases, hooks), ``gradients`` and ``commsched``
-(the comm hook and when its all-reduces start), ``loader`` (``HeteroLoader``),
-``rebalance`` (the protocol at each boundary) and ``metrics`` (one record per
-interval).
+``Context`` is the facade over the parts: ``bootstrap`` (config, device, backend, process
+group), ``timing`` (step phases, hooks), ``gradients`` and ``commsched`` (the comm hook and
+when its all-reduces start), ``loader`` (``HeteroLoader``), ``rebalance`` (the protocol at
+each boundary) and ``metrics`` (one record per interval).
 """
 
 from __future__ import annotations
@@ -116,8 +114,7 @@ class Context:
         self.summaries: list[list[RankSummary]] = []
         self.interval_walls: list[float] = []
         self.global_step = 0
-        #: Steps the job will run, if the loop knows (``hetero-train`` sets it): a plan
-        #: change must pay for itself before the end (``hetero.core.balancer.payback``).
+        #: Steps the job will run, if known: a plan change must pay before the end (``payback``).
         self.total_steps: int | None = None
         self.stats_from_step = config.warmup_steps
         self.planner: Planner | None = None
@@ -135,8 +132,7 @@ class Context:
         self._batch_switched = False  # whether that size replaced another (a plan change)
         self._last_loss: torch.Tensor | None = None
         self._interval = IntervalTotals()
-        #: The step at which to re-check a move within the interval (``rebalance.recheck``)
-        #: and the steps that re-check resolved, kept for the boundary's summary.
+        #: When to re-check a move within the interval, and the steps it resolved (``recheck``).
         self._recheck_at: int | None = None
         self._early_times: list[StepTimes] = []
         #: Each rank alone at its batch (``measure_ideal``), for the ideal and the gap breakdown.
@@ -348,9 +344,8 @@ class Context:
             self._stop.poll(self.global_step)
 
     def stop_on_sigterm(self, enabled: bool = True) -> None:
-        """SIGTERM asks the job to stop: the ranks agree in :meth:`step` on a step after
-        which :attr:`stopping` is True on all (collective). ``False`` restores the handler
-        and re-raises a SIGTERM not acted on (``hetero.trainer.drain``)."""
+        """SIGTERM asks the ranks to agree in :meth:`step` on a step after which
+        :attr:`stopping` is True on all (collective); ``False`` undoes it (``drain``)."""
         if enabled:
             self._stop = self._stop or StopRequest(self.world_size)
         elif self._stop is not None:
