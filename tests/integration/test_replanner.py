@@ -47,12 +47,15 @@ def replanner() -> Iterator[Replanner]:
 
 
 def _worker_pids(r: Replanner) -> list[int]:
-    assert r._pool is not None, "the worker did not start"
+    assert r.wait_ready(60.0) and r._pool is not None, "the worker did not start"
     return [p.pid for p in r._pool._processes.values()]  # type: ignore[attr-defined]
 
 
 def test_the_worker_decides_as_the_coordinator_would(replanner: Replanner) -> None:
+    assert replanner._pool is None  # started by the first report, not before
     here = replan(*ARGS)
+    assert replanner.replan(*ARGS) == here  # fitted here while the worker starts
+    assert replanner.wait_ready(60.0)
     there = replanner.replan(*ARGS)
     assert there == here
     assert there.decision.changed and there.decision.batches[0] > there.decision.batches[1]
@@ -67,7 +70,7 @@ def test_a_killed_worker_is_replaced_and_the_report_is_fitted_here(replanner: Re
     result = replanner.replan(*ARGS)
     assert result == replan(*ARGS)
     assert replanner.fallbacks == 1
-    # The next report goes to a new worker.
+    # The next report starts a new worker (and is fitted here while it starts).
     assert replanner.replan(*ARGS) == result
     assert replanner.fallbacks == 1
     assert _worker_pids(replanner) and pid not in _worker_pids(replanner)
