@@ -214,12 +214,18 @@ class Dynamic:
         fits = self.fit_ranks(history)
         return tuple(f.model for f in fits), fits
 
-    def order(self, history: History, profiles: Sequence[DeviceProfile] | None) -> SpeedOrder:
+    def order(
+        self,
+        history: History,
+        profiles: Sequence[DeviceProfile] | None,
+        now: Speeds | None = None,
+    ) -> SpeedOrder:
         """What is known of the ranks' speeds with the newest interval and before it
-        (``order.py``: one noisy interval inverts nothing)."""
-        return SpeedOrder(
-            self._known(history, profiles), self._known(history[:-1], profiles), self.confidence_z
-        )
+        (``order.py``: one noisy interval inverts nothing); ``now``, the first where the
+        caller fitted ``history`` already (a fit is most of a decision's cost)."""
+        if now is None:
+            now = self._known(history, profiles)
+        return SpeedOrder(now, self._known(history[:-1], profiles), self.confidence_z)
 
     def _known(self, history: History, profiles: Sequence[DeviceProfile] | None) -> Speeds | None:
         if not history:
@@ -244,7 +250,7 @@ class Dynamic:
             models, fits = self.models(history, profiles)
         except PlanError as exc:
             return Decision(tuple(current), False, f"keeping the plan: {exc}")
-        order = self.order(history, profiles)
+        order = self.order(history, profiles, Speeds.of(models, fits, self.default_cv))
         if order.before is not None and len(history[-2]) != len(history[-1]):
             order = SpeedOrder(order.now, None, order.z)  # a restart: the old ranks are others
         return decide(
