@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from sqlalchemy.orm import Session, sessionmaker
 
 from hetero.coordinator import admission, exclusion, lifecycle, store, views
+from hetero.coordinator.capacity import CapacityWatch
 from hetero.coordinator.models import JobRow
 from hetero.coordinator.periodic import Periodic
 from hetero.coordinator.placement import Placement, PlacementError, initial_plan, place
@@ -68,9 +69,10 @@ class SweepConfig:
         )
 
 
-def sweep(s: Session, cfg: SweepConfig, *, now: float) -> bool:
+def sweep(s: Session, cfg: SweepConfig, *, now: float, admit: bool = True) -> bool:
     """One pass: detect down nodes, re-place the restarting jobs that can be, then place
-    the queued jobs that fit.
+    the queued jobs that fit (``admit``: the queue's pass; it runs anyway if this sweep
+    marked a node down or placed a restart).
 
     True if it changed anything the agents' polls or ``GetPlan`` answer (a node
     lost: stop orders; a restart or queued job placed, or a restart failed:
@@ -84,18 +86,18 @@ def sweep(s: Session, cfg: SweepConfig, *, now: float) -> bool:
             store.lose_node(s, node, now=now)
             changed = True
     s.flush()
-    return place_waiting(s, cfg, now=now) or changed
+    return place_waiting(s, cfg, now=now, admit=admit or changed) or changed
 
 
-def place_waiting(s: Session, cfg: SweepConfig, *, now: float) -> bool:
-    """Place what waits for devices: the restarts first, then the queued jobs that fit.
-    True if a job was placed or failed."""
+def place_waiting(s: Session, cfg: SweepConfig, *, now: float, admit: bool = True) -> bool:
+    """Place what waits for devices: the restarts first, then, with ``admit`` or after a
+    restart moved, the queued jobs that fit. True if a job was placed or failed."""
     changed = False
     for job in store.restarting_jobs(s):
         if replace_if_ready(s, job, cfg, now=now) or job.state != lifecycle.RESTARTING:
             changed = True
     s.flush()
-    if store.admit_queued(s, cfg.queue, now=now):  # placements made
+    if (admit or changed) and store.admit_queued(s, cfg.queue, now=now):  # placements made
         changed = True
     return changed
 
@@ -240,7 +242,8 @@ class Sweeper:
     database's ``last_heartbeat_unix_s`` would lag by up to a flush period);
     ``on_change`` runs after a sweep that changed orders or plans was committed
     (the coordinator drops its read caches, so the launches and the new plan of
-    a restart are served at once)."""
+    a restart are served at once). The queue's pass runs when ``capacity`` says
+    the devices may have changed since the last one (``coordinator.capacity``)."""
 
     def __init__(
         self,
@@ -258,6 +261,7 @@ class Sweeper:
         self.clock = clock
         self.before = before
         self.on_change = on_change
+        self.capacity = CapacityWatch(sessions)
         self._loop = Periodic("sweeper", period_s, self.sweep_once, failure="sweep failed")
 
     def start(self) -> None:
@@ -265,11 +269,16 @@ class Sweeper:
 
     def stop(self) -> None:
         self._loop.stop()
+        self.capacity.close()
 
     def sweep_once(self) -> None:
         if self.before is not None:
             self.before()
+        now = self.clock()
+        epoch = self.capacity.due(now)
         with self.sessions.begin() as s:
-            changed = sweep(s, self.cfg, now=self.clock())
+            changed = sweep(s, self.cfg, now=now, admit=epoch is not None)
+        if epoch is not None:
+            self.capacity.passed(epoch, now)
         if changed and self.on_change is not None:
             self.on_change()

@@ -13,7 +13,10 @@ import sys
 import grpc
 import pytest
 
+from hetero.coordinator import store
 from hetero.coordinator.admission import Limits
+from hetero.coordinator.capacity import REFRESH_S
+from hetero.coordinator.models import JobRow
 from hetero.coordinator.recovery import Sweeper
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
@@ -176,6 +179,44 @@ def test_the_sweepers_pass_places_queued_jobs_when_a_node_comes_back(small) -> N
     small.stub.Heartbeat(pb.HeartbeatRequest(node_id=node_id), timeout=DEADLINE_S)
     sweeper.sweep_once()  # no submission, cancel or exit: the periodic pass places it
     assert _get(small, waiting.id).state == pb.JOB_STATE_PENDING
+
+
+def _set_message(coordinator, job_id: str, message: str) -> None:  # type: ignore[no-untyped-def]
+    with coordinator.deps.sessions.begin() as s:
+        s.get_one(JobRow, job_id).message = message
+
+
+def test_the_sweepers_pass_runs_when_the_devices_may_have_changed_not_every_sweep(small) -> None:  # type: ignore[no-untyped-def]
+    # A stale reason written behind the pass's back shows whether a sweep ran the pass.
+    _submit(small, _spec("running", 4))
+    waiting = _submit(small, _spec("waiting", 2))
+    reason = _get(small, waiting.id).message
+    sweeper = Sweeper(
+        small.deps.sessions, small.deps.sweep_config(), period_s=1.0, clock=small.clock
+    )
+    try:
+        sweeper.sweep_once()  # the first sweep always passes
+        _set_message(small, waiting.id, "stale")  # not a change of devices
+        small.clock.now += 1.0
+        sweeper.sweep_once()
+        assert _get(small, waiting.id).message == "stale", "a pass ran with nothing changed"
+        small.clock.now += REFRESH_S
+        node_id = small.stub.ListNodes(pb.ListNodesRequest(), timeout=DEADLINE_S).nodes[0].id
+        small.stub.Heartbeat(pb.HeartbeatRequest(node_id=node_id), timeout=DEADLINE_S)
+        sweeper.sweep_once()  # the refresh: writers it cannot see, reasons kept current
+        assert _get(small, waiting.id).message == reason
+        _set_message(small, waiting.id, "stale")
+        small.clock.now += 1.0
+        with small.deps.sessions.begin() as s:
+            store.set_draining(s, "n1", True, now=small.clock.now)
+        sweeper.sweep_once()
+        assert _get(small, waiting.id).message not in ("stale", reason)  # names the drain
+        with small.deps.sessions.begin() as s:
+            store.set_draining(s, "n1", False, now=small.clock.now)
+        sweeper.sweep_once()
+        assert _get(small, waiting.id).message == reason
+    finally:
+        sweeper.stop()
 
 
 def test_limits_refuse_beyond_them_with_resource_exhausted(small) -> None:  # type: ignore[no-untyped-def]
