@@ -13,9 +13,12 @@ a submission runs an admission pass over every registered device (4,000 for
 1,000 agents), so 10,000 submissions took many minutes to set up a figure that is
 about the steady state, not the submission rate; and one credential may hold at
 most ``Limits.jobs_per_user`` (1,000) jobs. The rows are the ones ``SubmitJob``
-stores for a job that waits (``store.new_job``), written in one transaction while
-the coordinator runs (SQLite takes a second writer; the coordinator's next
-admission pass gives each head job its reason).
+stores for a job that waits (``store.new_job``), written in transactions of
+:data:`BATCH` while the coordinator runs (SQLite takes a second writer), under an
+owner of their own (:data:`OWNER`). The last job is submitted with ``SubmitJob``:
+its admission pass gives the head of the queue its reason, and the coordinator,
+which cannot see another process's writes (``coordinator.capacity``), sees a
+submission as it would any user's.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ import time
 
 from hetero.bench.loadconfig import LoadConfig, LoadError
 
+#: The owner of the rows written through the store: the load's own submissions (no
+#: credential) stay within ``Limits.jobs_per_user``.
+OWNER = "load-queue"
 #: Rows written per transaction: one transaction for 10,000 would hold SQLite's write
 #: lock for long enough to stall the coordinator's heartbeat flushes.
 BATCH = 500
@@ -45,30 +51,55 @@ def queued_world_size(config: LoadConfig) -> int:
     return config.agents * config.devices_per_agent
 
 
-def queue_jobs(db_url: str, config: LoadConfig) -> int:
-    """Write ``config.queued`` QUEUED jobs into the coordinator's database at ``db_url``
-    (schema already created by the running coordinator); returns how many."""
+def queue_jobs(db_url: str, address: str, config: LoadConfig) -> int:
+    """Queue ``config.queued`` jobs in the coordinator at ``address`` with the database at
+    ``db_url`` (schema already created by it): all but the last written through the
+    store, the last submitted; returns how many."""
     from hetero.coordinator import store
     from hetero.coordinator.database import connect, session_factory
-    from hetero.coordinator.identity import ANYONE
     from hetero.core.jobspec import parse_jobspec
 
     world = queued_world_size(config)
     if world <= config.ranks:
         raise LoadError("--queued: the cluster has no device beyond the running ranks")
+    if config.queued == 0:
+        return 0
+    written, rows = 0, config.queued - 1
     engine = connect(db_url)
     sessions = session_factory(engine)
     try:
-        written = 0
-        while written < config.queued:
+        while written < rows:
             with sessions.begin() as s:
-                for i in range(written, min(config.queued, written + BATCH)):
-                    spec_yaml = QUEUED_SPEC.format(index=i, global_batch=world, world_size=world)
+                for i in range(written, min(rows, written + BATCH)):
+                    spec_yaml = _spec(i, world)
                     spec = parse_jobspec(spec_yaml, source=f"queued job {i}")
                     # Distinct submission times keep the queue's order the insertion order.
                     now = time.time() + i * 1e-6
-                    s.add(store.new_job(spec, spec_yaml, now=now, priority=0, owner=ANYONE))
-            written = min(config.queued, written + BATCH)
-        return written
+                    s.add(store.new_job(spec, spec_yaml, now=now, priority=0, owner=OWNER))
+            written = min(rows, written + BATCH)
     finally:
         engine.dispose()
+    _submit_last(address, _spec(rows, world))
+    return config.queued
+
+
+def _spec(index: int, world: int) -> str:
+    return QUEUED_SPEC.format(index=index, global_batch=world, world_size=world)
+
+
+def _submit_last(address: str, spec_yaml: str) -> None:
+    import grpc
+
+    from hetero.transport import remote_error
+    from hetero.v1 import coordinator_pb2 as pb
+    from hetero.v1 import coordinator_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.CoordinatorStub(channel)  # type: ignore[no-untyped-call, unused-ignore]
+        try:
+            job = stub.SubmitJob(pb.SubmitJobRequest(spec_yaml=spec_yaml), timeout=60.0).job
+        except grpc.RpcError as exc:
+            where = f"the coordinator at {address}"
+            raise LoadError(f"submitting the last queued job: {remote_error(exc, where)}") from None
+    if job.state != pb.JOB_STATE_QUEUED:
+        raise LoadError(f"the last queued job was not queued: {pb.JobState.Name(job.state)}")

@@ -207,7 +207,7 @@ def _run(config: LoadConfig, out: Path, db: LoadDatabase) -> dict[str, Any]:
         register_s = time.perf_counter() - t_register
         jobs = _submit_jobs(address, config)
         if config.queued:
-            queue_jobs(config.db or sqlite_url(out / "state"), config)
+            queue_jobs(config.db or sqlite_url(out / "state"), address, config)
         if metrics_port is not None:
             # Not sampled with the generators: their CPU is the simulated agents'.
             scrapers.append(_spawn_scrapers(config, metrics_port, out))
