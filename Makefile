@@ -66,7 +66,7 @@ test-gpu:  ## the GPU tier (tests/gpu: 2+ CUDA devices, else skipped); its summa
 	$(MAKE) -s pyroot >/dev/null && \
 	NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
 	    HETERO_GPU_SUMMARY=$(CURDIR)/$(GPU_SUMMARY) PYTHONPATH=$(CURDIR)/$(PYROOT)$${PYTHONPATH:+:$$PYTHONPATH} \
-	    $(GPU_PYTHON) -m pytest -q -rs -p no:cacheprovider -m gpu tests/gpu
+	    PYTHONSAFEPATH=1 $(GPU_PYTHON) -m pytest -q -rs -p no:cacheprovider -m gpu tests/gpu
 
 # The container image, built with podman: no daemon to run, as root or rootless, where no
 # Docker engine is installed. Offline: the base is Debian bookworm from debootstrap, imported
