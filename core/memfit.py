@@ -148,6 +148,39 @@ def probe_fit(points: Sequence[tuple[int, int]]) -> MemoryFit | None:
     return fit if fit is not None and fit.sizes >= 2 else None
 
 
+#: Two consecutive segments of the probe's peaks whose slopes differ by less than this
+#: (relative) lie on one line: the probe stops doubling there.
+STRAIGHT = 0.1
+
+
+def probe_line_bends(points: Sequence[tuple[int, int]]) -> bool:
+    """Whether the probe's ``(batch, peak_bytes)`` points (batches doubling) still bend,
+    so that the probe should double the batch again.
+
+    A pass's peak is the largest over its moments of ``fixed_t + a_t·b`` (what each
+    moment holds): convex in ``b``, so a line through two small batches under-predicts
+    larger ones where a moment whose activations grow faster takes over (GPT-2 medium
+    with recomputation on 2× H100: flat up to 4 samples, then 0.27 GB a sample; the line
+    through 2 and 4 said 88 MB a sample). The points bend while the last segment is
+    flat, is the only one, or is steeper than the one before by more than ``STRAIGHT``."""
+    if len(points) < 2:
+        return False
+    (b1, p1), (b2, p2) = points[-2], points[-1]
+    last = (p2 - p1) / (b2 - b1)
+    if last <= 0 or len(points) < 3:
+        return True
+    b0, p0 = points[-3]
+    return last > (p1 - p0) / (b1 - b0) * (1 + STRAIGHT)
+
+
+def probe_pass_fits(points: Sequence[tuple[int, int]], floor_bytes: float, limit: float) -> bool:
+    """Whether a pass at twice the last point's batch cannot exceed ``limit`` bytes. Every
+    moment of a pass holds at least ``floor_bytes`` (allocated before it), so each
+    moment's ``a_t <= (peak(b) - floor) / b`` and ``peak(2b) <= 2·peak(b) - floor``:
+    a bound, not a guess, whatever the model."""
+    return not points or 2 * points[-1][1] - floor_bytes <= limit
+
+
 def probe_caps(ranks: Sequence[ProbedRank], margin: float, min_batch: int) -> tuple[int, ...]:
     """Every probed rank's cap, in the order given; a ``PlanError`` naming the first rank
     whose memory cannot hold ``min_batch``, its device, its limit and the predicted need."""

@@ -12,6 +12,11 @@ all-gathers. The probe closes that gap:
    the line), and records ``torch.cuda.max_memory_allocated`` over each, reset in
    between. The passes are collective under DDP and FSDP2 (all-reduces,
    all-gathers, reduce-scatters), so every rank runs the same sizes together.
+   A peak is convex in the batch (each moment of a pass holds its own fixed part
+   and its own bytes per sample), so while any rank's peaks are flat or still bend
+   the batch doubles again, up to the equal share and only where the next pass is
+   bounded within every rank's limit (:func:`hetero.core.memfit.probe_line_bends`,
+   :func:`~hetero.core.memfit.probe_pass_fits`); the line goes through the last two.
 2. The optimizer state is allocated by the first ``optimizer.step()``, after the
    probe: it is counted from this rank's parameters (or shards), ``bytes ×
    state tensors`` per parameter (:func:`optimizer_state_bytes`).
@@ -40,6 +45,7 @@ the passes and the caps they give can be tested on CPU ranks.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -52,7 +58,14 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from hetero.core.errors import ConfigError, HeteroError
-from hetero.core.memfit import GIB, ProbedRank, probe_caps, probe_fit
+from hetero.core.memfit import (
+    GIB,
+    ProbedRank,
+    probe_caps,
+    probe_fit,
+    probe_line_bends,
+    probe_pass_fits,
+)
 from hetero.trainer.activations import rank_flags
 from hetero.trainer.context import Context
 from hetero.trainer.memory import budget_bytes
@@ -173,11 +186,6 @@ def _quiet(ctx: Context, model: nn.Module) -> Iterator[None]:
             ctx.clock.restart()
 
 
-def _flat(points: list[tuple[int, int]]) -> bool:
-    """Whether the last two measured peaks do not rise with the batch."""
-    return len(points) >= 2 and points[-1][1] <= points[-2][1]
-
-
 def _any(ctx: Context, mine: bool) -> bool:
     """Whether any rank says yes (collective)."""
     return any(rank_flags(ctx, mine))
@@ -201,7 +209,7 @@ def probe(
     ``model``. Raises ``PlanError`` (the same on every rank) when a rank cannot hold
     ``min_batch``, unless not ``strict`` (then such a rank's cap is below it: the caller
     decides, as ``trainer.activations`` does). ``share`` (the equal split of the global
-    batch) bounds the doubling when the first two peaks do not rise."""
+    batch) bounds the doubling while the peaks are flat or bend."""
     injected = parse_injection(os.environ.get(INJECT_ENV)).get(ctx.rank)
     cuda = ctx.device.type == "cuda"
     if not _any(ctx, cuda or injected is not None):
@@ -211,20 +219,26 @@ def probe(
     sizes = (small, small, 2 * small)  # the first pass warms up and is not measured
     share = max(share or 0, 2 * small)
     points: list[tuple[int, int]] = []
+    limit = budget_bytes(ctx.device, fraction) * (1 - margin) if cuda else math.inf
     with _quiet(ctx, model):
+        floor = torch.cuda.memory_allocated(ctx.device) if cuda else 0
         for i, size in enumerate(sizes):
             peak = _measured_pass(ctx, model, batch_fn, loss_fn, size, fraction)
             if i > 0 and peak is not None:
                 points.append((size, peak))
-        # A peak set by something the batch does not scale (a gathered embedding, a
-        # workspace) hides the activations at small batches: double the batch, up to
-        # the equal share the first plan would run anyway, until the peak rises.
+        # Peaks are convex in the batch (see probe_line_bends): double it, every rank
+        # together, up to the equal share the first plan runs anyway, while any rank's
+        # line still bends and every rank's next pass surely fits.
         size = 2 * small
-        while 2 * size <= share and _any(ctx, _flat(points)):
+        while 2 * size <= share:
+            bends = rank_flags(ctx, cuda and probe_line_bends(points))
+            fits = rank_flags(ctx, probe_pass_fits(points, floor, limit))
+            if not any(bends) or not all(fits):
+                break
             size *= 2
             peak = _measured_pass(ctx, model, batch_fn, loss_fn, size, fraction)
             if peak is not None:
-                points = [*points[-1:], (size, peak)]
+                points.append((size, peak))
     if cuda:
         torch.cuda.reset_peak_memory_stats(ctx.device)  # the first interval's peak is its own
     mine: ProbedRank | None = None
@@ -232,7 +246,7 @@ def probe(
         budget, fixed, per_sample, recomputed = injected
         per_sample = recomputed if recomputing(model) else per_sample
         points = [(b, int(fixed + per_sample * b)) for b in sizes[1:]]
-    fit = probe_fit(points)
+    fit = probe_fit(points[-2:])
     if fit is not None:
         budget = injected[0] if injected is not None else budget_bytes(ctx.device, fraction)
         state = optimizer_state_bytes(optimizer, ctx.device)

@@ -45,7 +45,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "run",
         help="run a benchmark scenario on this machine's GPUs/CPUs",
         description="Run plain DDP and hetero's policies on a scenario and report samples/s, "
-        "%% of ideal, speedups, load imbalance, GPU utilization and adaptation time.",
+        "% of ideal, speedups, load imbalance, GPU utilization and adaptation time.",
     )
     p.add_argument("scenario", nargs="?", metavar="SCENARIO", help="scenario name (see --list)")
     p.add_argument("--out", type=Path, help="run directory (default runs/bench/SCENARIO-DATE)")

@@ -106,6 +106,15 @@ MODELS: tuple[ModelEntry, ...] = (
         parameters=354_823_168,
     ),
     ModelEntry(
+        "gpt2-large",
+        "text",
+        "causal-lm",
+        1024,
+        "GPT-2 774M, causal LM (36 layers)",
+        max_seq_len=1024,
+        parameters=774_030_080,
+    ),
+    ModelEntry(
         "gpt2-tiny",
         "text",
         "causal-lm",

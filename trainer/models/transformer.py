@@ -70,6 +70,7 @@ class TransformerConfig:
 CONFIGS: dict[str, TransformerConfig] = {
     "gpt2-small": TransformerConfig(50257, 1024, 768, 12, 12, 3072, causal=True),
     "gpt2-medium": TransformerConfig(50257, 1024, 1024, 24, 16, 4096, causal=True),
+    "gpt2-large": TransformerConfig(50257, 1024, 1280, 36, 20, 5120, causal=True),
     "gpt2-tiny": TransformerConfig(256, 64, 64, 2, 4, 256, causal=True),
     "bert-base": TransformerConfig(
         30522, 512, 768, 12, 12, 3072, causal=False, dropout=0.1, layer_norm_eps=1e-12,
