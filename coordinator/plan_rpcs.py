@@ -7,7 +7,7 @@ from __future__ import annotations
 import grpc
 
 from hetero.coordinator import intervalreports, store, wire
-from hetero.coordinator.rpc import Handlers, rpc, time_left
+from hetero.coordinator.rpc import Handlers, rpc
 from hetero.core import replan
 from hetero.v1 import types_pb2 as tpb
 
@@ -27,7 +27,7 @@ class PlanHandlers(Handlers):
         now = self.deps.clock()
         handled = None
         if self.deps.reports is not None:
-            handled = self.deps.reports.handle(req, now, time_left(context))
+            handled = self.deps.reports.handle(req, now)
             if handled is not None and self.deps.histories is not None:
                 # The worker stored an interval this process's history of the job lacks.
                 self.deps.histories.drop(req.job_id)

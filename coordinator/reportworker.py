@@ -77,13 +77,14 @@ class ReportWorker(WorkerProcess):
         super().__init__("report", _open, (db_url,))
         self.timeout_s = timeout_s
 
-    def handle(
-        self, req: tpb.IntervalReport, now: float, time_left_s: float | None = None
-    ) -> intervalreports.Handled | None:
+    def handle(self, req: tpb.IntervalReport, now: float) -> intervalreports.Handled | None:
         """The report handled in the worker; None = handle it here (no worker yet, or it
-        failed). Raises ``Refused`` for a report the worker refused (nothing stored)."""
-        timeout_s = self.timeout_s if time_left_s is None else min(self.timeout_s, time_left_s)
-        outcome = self.call(_handle, req.SerializeToString(), now, timeout_s=max(timeout_s, 0.0))
+        failed). Raises ``Refused`` for a report the worker refused (nothing stored).
+
+        The wait is :data:`TIMEOUT_S` whatever the client's deadline: a call whose
+        client gives up first is finished all the same, as on a thread, and a short
+        deadline never takes a working worker for a stuck one."""
+        outcome = self.call(_handle, req.SerializeToString(), now, timeout_s=self.timeout_s)
         if outcome is None:
             return None
         if outcome.refused is not None:

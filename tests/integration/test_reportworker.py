@@ -2,8 +2,8 @@
 real Coordinator API on a SQLite file: the worker stores each report once and in order
 and answers the plans the coordinator's own process would; a report it refuses is
 refused with the same status; a killed worker degrades to the coordinator's process
-with a log line and is replaced; ``hetero-coord serve`` starts it at the first report
-and ends it when it stops."""
+with a log line and is replaced; a restart it causes reaches the admission pass;
+``hetero-coord serve`` starts it at the first report and ends it when it stops."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import pytest
 from sqlalchemy import func, select
 
 from hetero.bench.loadgen import device_profiles
+from hetero.coordinator.capacity import CapacityWatch
 from hetero.coordinator.database import open_database, read_session_factory, session_factory
 from hetero.coordinator.models import IntervalStatRow
 from hetero.coordinator.readcache import IntervalHistories, LatestPlans
@@ -78,7 +79,8 @@ def _serve(db_url: str, worker: bool) -> Iterator[Served]:
         readers=readers,
         plans=LatestPlans(readers, ttl_s=60.0),
         histories=IntervalHistories(HISTORY_FOR_REPORT),
-        reports=ReportWorker(db_url) if worker else None,
+        # A generous limit: a loaded test box must not turn a slow report into a fallback.
+        reports=ReportWorker(db_url, timeout_s=60.0) if worker else None,
         clock=clock,
     )
     server, port = create_server("127.0.0.1:0", deps)
@@ -295,3 +297,55 @@ def test_hetero_coord_serve_starts_its_report_worker_at_the_first_report_and_end
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+SHED = """\
+name: shed
+model: debug
+global_batch: 16
+steps: 400
+rebalance_interval: 4
+max_restarts: 1
+emulate_slowdown: {1: 8}
+checkpoint: {dir: /tmp/ckpt, interval_steps: 4}
+resources: {ranks: 2, device: cpu}
+"""
+
+
+def test_a_restart_the_worker_causes_tells_the_admission_pass(served: Served) -> None:
+    """A job the worker restarts without its slow rank (``exclusion``): the
+    coordinator's sessions never saw that write, so the report's reply tells the
+    sweeper's capacity watch, and the next sweep runs an admission pass."""
+    capacity = CapacityWatch(served.deps.sessions)
+    object.__setattr__(served.deps, "capacity", capacity)
+    cpu = tpb.DeviceProfile(index=0, name="cpu", kind=tpb.DEVICE_KIND_CPU, compute_score=1.0)
+    stub = served.stub
+    node = stub.RegisterNode(
+        pb.RegisterNodeRequest(name="cpu", address="cpu.local", devices=[cpu]), timeout=DEADLINE_S
+    ).node_id
+    job = stub.SubmitJob(pb.SubmitJobRequest(spec_yaml=SHED), timeout=DEADLINE_S).job
+    for r in job.ranks:
+        stub.ReportRankStatus(
+            pb.ReportRankStatusRequest(
+                node_id=node, job_id=job.id, rank=r.rank, state=pb.RANK_STATE_RUNNING
+            ),
+            timeout=DEADLINE_S,
+        )
+    plan = stub.GetPlan(tpb.GetPlanRequest(job_id=job.id), timeout=DEADLINE_S)
+    _start_worker(served, job.id, plan.version)
+    epoch = capacity.due(served.clock())
+    assert epoch is not None
+    capacity.passed(epoch, served.clock())
+    state, step = pb.JOB_STATE_RUNNING, 0
+    while state == pb.JOB_STATE_RUNNING and step < 200:
+        step += 4
+        # Rank 1 is 8x slower on a step with a fixed cost: the job is faster without it.
+        compute = [(0.0002 * b + 0.004) * f for b, f in zip(plan.batches, (1, 8), strict=True)]
+        report = tpb.IntervalReport(job_id=job.id, end_step=step, plan_version=plan.version)
+        for rank, (b, t) in enumerate(zip(plan.batches, compute, strict=True)):
+            report.ranks.add(rank=rank, batch=b, steps=4, compute_s=t, step_s=max(compute) + 0.003)
+        plan = stub.ReportIntervalStats(report, timeout=DEADLINE_S).plan
+        state = stub.GetJob(pb.GetJobRequest(job_id=job.id), timeout=DEADLINE_S).state
+    assert state == pb.JOB_STATE_RESTARTING, "the worker never left the slow rank out"
+    assert _worker(served).fallbacks == 0
+    assert capacity.due(served.clock()) is not None, "the sweeper was not told"

@@ -31,10 +31,11 @@ def kind(frames: list[str]) -> str:
 def main(path: str) -> None:
     total = 0
     counts: collections.Counter[str] = collections.Counter()
-    for line in open(path):
-        stack, n = line.rstrip().rsplit(" ", 1)
-        total += int(n)
-        counts[kind(stack.split(";"))] += int(n)
+    with open(path) as fh:
+        for line in fh:
+            stack, n = line.rstrip().rsplit(" ", 1)
+            total += int(n)
+            counts[kind(stack.split(";"))] += int(n)
     print(f"{total} samples with the lock held")
     for key, n in counts.most_common():
         print(f"  {n / total:6.1%} {key}")
