@@ -9,7 +9,7 @@ heartbeat p99 132 to 362 ms, reports 255 to 1,382 ms at 32 reports a second).
 The fit is a pure function of the job's recent intervals, its constraints and
 its plan, so it moves to a worker process and nothing else does: the report's
 transaction, its reply to the reporting rank, the database as the one source of
-truth and the caches stay where they were (``plan_rpcs``). The thread that
+truth and the caches stay where they were (``intervalreports``). The thread that
 waits for the worker holds no lock of the interpreter meanwhile.
 
 One worker (``workerprocess``: started at the first report, replaced when it dies
