@@ -4,8 +4,11 @@ the interval reports (``reportworker``) run in, off the interpreter lock that an
 heartbeats.
 
 The worker is started with ``spawn``, never ``fork`` (the coordinator has threads
-and gRPC's), and reads its calls from a pipe: when the coordinator dies, even by
-``kill -9``, the pipe closes and the worker exits. It starts at the first call, in
+and gRPC's). When the coordinator dies, even by ``kill -9``, the worker exits
+within :data:`PARENT_CHECK_S`: a thread of the worker watches its parent
+(``_exit_with_parent``). Its call pipe does not tell it (the worker holds both
+ends of multiprocessing's queue), and ``PR_SET_PDEATHSIG`` follows the thread
+that started the child, which here is a short-lived one. It starts at the first call, in
 a thread of its own, and the calls made before it is ready are done in the
 coordinator's process (``call`` answers None): a coordinator that never needs
 it (a queue of jobs waiting, every coordinator a test starts) never pays for a
@@ -19,7 +22,9 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import threading
+import time
 from collections.abc import Callable
 from concurrent import futures
 from concurrent.futures.process import BrokenProcessPool
@@ -34,10 +39,31 @@ T = TypeVar("T")
 START_TIMEOUT_S = 60.0
 #: Seconds ``close`` lets the worker finish before it is killed.
 CLOSE_GRACE_S = 2.0
+#: Seconds between a worker's checks that the coordinator is still its parent.
+PARENT_CHECK_S = 1.0
 
 
 def _ready() -> bool:
     return True
+
+
+def _initialize(initializer: Callable[..., None] | None, initargs: tuple[Any, ...]) -> None:
+    """In the worker, first: exit with the coordinator, then ``initializer(*initargs)``."""
+    _exit_with_parent(os.getppid())
+    if initializer is not None:
+        initializer(*initargs)
+
+
+def _exit_with_parent(parent: int) -> None:
+    """End this process once ``parent`` is no longer its parent (it died: the process
+    was handed to init or a subreaper)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_S)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 class WorkerProcess:
@@ -117,8 +143,8 @@ class WorkerProcess:
             pool = futures.ProcessPoolExecutor(
                 1,
                 mp_context=multiprocessing.get_context("spawn"),
-                initializer=self._initializer,
-                initargs=self._initargs,
+                initializer=_initialize,
+                initargs=(self._initializer, self._initargs),
             )
             pool.submit(_ready).result(START_TIMEOUT_S)
         except (OSError, RuntimeError, BrokenProcessPool, futures.TimeoutError) as exc:

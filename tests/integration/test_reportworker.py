@@ -253,9 +253,12 @@ def test_a_killed_worker_degrades_to_the_coordinator_with_a_log_line_and_is_repl
     ]
 
 
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "kill-9"])
 def test_hetero_coord_serve_starts_its_report_worker_at_the_first_report_and_ends_it(
-    tmp_path: Path,
+    tmp_path: Path, stop: signal.Signals
 ) -> None:
+    """SIGTERM: the coordinator stops its worker as it stops. ``kill -9``: the worker
+    sees its parent gone and exits (``workerprocess._exit_with_parent``)."""
     log = tmp_path / "coordinator.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -267,6 +270,7 @@ def test_hetero_coord_serve_starts_its_report_worker_at_the_first_report_and_end
             stdout=out,
             stderr=subprocess.STDOUT,
         )
+    children: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + 60
         while (bound := re.search(r"listening on \S+ \(port (\d+)", log.read_text())) is None:
@@ -277,26 +281,41 @@ def test_hetero_coord_serve_starts_its_report_worker_at_the_first_report_and_end
             stub = pb_grpc.CoordinatorStub(channel)
             job_id, version = _running_job(stub)
             assert not coordinator.children(), "a worker started before any report"
-            step = 0
-            while not coordinator.children():
+            step, answered = 0, False
+            while not answered:  # until a report's reply says it was handled there
                 assert time.monotonic() < deadline + 60, "no report worker started"
                 step += 10
                 stub.ReportIntervalStats(
                     _report(job_id, step, version, (0.001, 0.001)), timeout=DEADLINE_S
                 )
+                # The worker (and multiprocessing's resource tracker, where it runs one).
+                children = coordinator.children()
+                answered = any(_in_worker(c) for c in children)
                 time.sleep(0.2)
-            # The worker (and multiprocessing's resource tracker, where it runs one).
-            children = coordinator.children()
-        proc.terminate()
-        assert proc.wait(timeout=30) == 0, log.read_text()[-4000:]
+        proc.send_signal(stop)
+        code = proc.wait(timeout=30)
         _, alive = psutil.wait_procs(children, timeout=30)
         assert not alive, f"left behind by the coordinator: {alive}"
-        assert "coordinator stopped" in log.read_text()
-        assert "Traceback" not in log.read_text()
+        if stop == signal.SIGTERM:
+            assert code == 0, log.read_text()[-4000:]
+            assert "coordinator stopped" in log.read_text()
+            assert "Traceback" not in log.read_text()
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        for child in children:
+            if child.is_running():
+                child.kill()
+
+
+def _in_worker(process: psutil.Process) -> bool:
+    """Whether ``process`` is a worker that has handled a report: it has the
+    coordinator's SQLite file open (its engine connects at its first report)."""
+    try:
+        return any(f.path.endswith("coordinator.db") for f in process.open_files())
+    except psutil.Error:
+        return False
 
 
 SHED = """\
