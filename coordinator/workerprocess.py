@@ -47,9 +47,13 @@ def _ready() -> bool:
     return True
 
 
-def _initialize(initializer: Callable[..., None] | None, initargs: tuple[Any, ...]) -> None:
-    """In the worker, first: exit with the coordinator, then ``initializer(*initargs)``."""
-    _exit_with_parent(os.getppid())
+def _initialize(
+    coordinator: int, initializer: Callable[..., None] | None, initargs: tuple[Any, ...]
+) -> None:
+    """In the worker, first: exit with the ``coordinator`` process (its pid, given by the
+    coordinator itself: one that died before this ran is seen at once), then
+    ``initializer(*initargs)``."""
+    _exit_with_parent(coordinator)
     if initializer is not None:
         initializer(*initargs)
 
@@ -144,7 +148,7 @@ class WorkerProcess:
                 1,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=_initialize,
-                initargs=(self._initializer, self._initargs),
+                initargs=(os.getpid(), self._initializer, self._initargs),
             )
             pool.submit(_ready).result(START_TIMEOUT_S)
         except (OSError, RuntimeError, BrokenProcessPool, futures.TimeoutError) as exc:
