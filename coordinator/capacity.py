@@ -81,6 +81,12 @@ class CapacityWatch:
         with self._lock:
             self._passed = (epoch, now)
 
+    def changed(self) -> None:
+        """A change this process's sessions did not make (the report worker's restart of
+        a job without a rank): the next sweep runs a pass."""
+        with self._lock:
+            self._epoch += 1
+
     def close(self) -> None:
         event.remove(self._sessions, "before_flush", self._before_flush)
         event.remove(self._sessions, "after_commit", self._after_commit)

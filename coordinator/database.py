@@ -120,6 +120,14 @@ def connect(url: str) -> Engine:
     return engine
 
 
+def shared_file(engine: Engine) -> bool:
+    """Whether another process can write to ``engine``'s database one writer at a time
+    with this one: a SQLite file (``BEGIN IMMEDIATE`` takes the file's lock). Not an
+    in-memory database, nor PostgreSQL, where writers queue on this process's lock."""
+    database = engine.url.database
+    return engine.dialect.name == "sqlite" and database not in (None, "", ":memory:")
+
+
 def session_factory(engine: Engine) -> sessionmaker[Session]:
     # Rows are turned into messages after commit; keep their loaded values.
     return sessionmaker(engine, expire_on_commit=False)

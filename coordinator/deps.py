@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from hetero.coordinator import recovery, store
 from hetero.coordinator.admission import Limits
+from hetero.coordinator.capacity import CapacityWatch
 from hetero.coordinator.ingest import HeartbeatIngest
 from hetero.coordinator.readcache import (
     IntervalHistories,
@@ -20,6 +21,7 @@ from hetero.coordinator.readcache import (
     PendingOrders,
 )
 from hetero.coordinator.replanner import Replanner
+from hetero.coordinator.reportworker import ReportWorker
 from hetero.core import defaults
 
 
@@ -35,6 +37,10 @@ class Deps:
     ``placements`` where each job's ranks are for the checks of node credentials
     (``readcache``); None = every call queries. ``replanner`` fits the balancer for
     interval reports in a worker process (``replanner``); None = in the handler's thread.
+    ``reports`` handles whole interval reports in a process of their own
+    (``reportworker``; SQLite files only); None = on the handler's thread.
+    ``capacity`` is the sweeper's watch of changes that may let a waiting job fit,
+    told of the ones made outside this process's sessions; None = not told.
     """
 
     sessions: sessionmaker[Session]
@@ -45,6 +51,8 @@ class Deps:
     histories: IntervalHistories | None = None
     placements: JobPlacements | None = None
     replanner: Replanner | None = None
+    reports: ReportWorker | None = None
+    capacity: CapacityWatch | None = None
     clock: Callable[[], float] = time.time
     heartbeat_interval_s: float = defaults.HEARTBEAT_INTERVAL_S
     heartbeat_timeout_s: float = defaults.HEARTBEAT_TIMEOUT_S

@@ -201,6 +201,11 @@ class IntervalHistories:
         with self._lock:
             self._histories.clear()
 
+    def drop(self, job_id: str) -> None:
+        """Forget ``job_id``'s history: a report of it was stored by another process."""
+        with self._lock:
+            self._histories.pop(job_id, None)
+
     def get(self, job_id: str, attempt: int) -> list[tuple[int, list[RankInterval]]] | None:
         """(end step, ranks in rank order) oldest first, or None if not known."""
         with self._lock:

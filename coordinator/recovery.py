@@ -243,7 +243,8 @@ class Sweeper:
     ``on_change`` runs after a sweep that changed orders or plans was committed
     (the coordinator drops its read caches, so the launches and the new plan of
     a restart are served at once). The queue's pass runs when ``capacity`` says
-    the devices may have changed since the last one (``coordinator.capacity``)."""
+    the devices may have changed since the last one (``coordinator.capacity``; default:
+    one on ``sessions``, which ``stop`` closes either way)."""
 
     def __init__(
         self,
@@ -254,6 +255,7 @@ class Sweeper:
         *,
         before: Callable[[], object] | None = None,
         on_change: Callable[[], None] | None = None,
+        capacity: CapacityWatch | None = None,
     ) -> None:
         self.sessions = sessions
         self.cfg = cfg
@@ -261,7 +263,7 @@ class Sweeper:
         self.clock = clock
         self.before = before
         self.on_change = on_change
-        self.capacity = CapacityWatch(sessions)
+        self.capacity = capacity or CapacityWatch(sessions)
         self._loop = Periodic("sweeper", period_s, self.sweep_once, failure="sweep failed")
 
     def start(self) -> None:

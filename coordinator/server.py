@@ -22,7 +22,13 @@ from grpc_reflection.v1alpha import reflection
 
 from hetero.coordinator.admission import Limits
 from hetero.coordinator.asyncserver import CoordinatorServer, add_coordinator
-from hetero.coordinator.database import open_database, read_session_factory, session_factory
+from hetero.coordinator.capacity import CapacityWatch
+from hetero.coordinator.database import (
+    open_database,
+    read_session_factory,
+    session_factory,
+    shared_file,
+)
 from hetero.coordinator.dburl import masked
 from hetero.coordinator.deps import Deps
 from hetero.coordinator.identity import Caller, Identities
@@ -37,6 +43,7 @@ from hetero.coordinator.readcache import (
 )
 from hetero.coordinator.recovery import Sweeper
 from hetero.coordinator.replanner import Replanner
+from hetero.coordinator.reportworker import ReportWorker
 from hetero.coordinator.retention import IntervalRetention, LogRetention
 from hetero.coordinator.service import CoordinatorService
 from hetero.coordinator.store import TelemetryPolicy
@@ -108,8 +115,9 @@ def serve(
 ) -> None:
     """Run the coordinator until SIGTERM or SIGINT; with ``metrics_listen`` (host:port)
     also serve Prometheus ``/metrics`` there. Heartbeats are written in batches
-    (``HeartbeatIngest``), reads take no write lock, and the balancer's fits run in a
-    worker process (``replanner``). A sweeper thread marks silent
+    (``HeartbeatIngest``), reads take no write lock, interval reports are handled in a
+    process of their own on a SQLite file (``reportworker``) and the balancer's fits
+    of the others in a worker process (``replanner``). A sweeper thread marks silent
     nodes down and restarts their jobs (``recovery``); what it changes drops the
     order and plan caches (``readcache``) so polls and ``GetPlan`` see it at once.
     Telemetry is kept as ``telemetry`` says; a pruner thread keeps interval statistics
@@ -128,6 +136,8 @@ def serve(
             histories=IntervalHistories(HISTORY_FOR_REPORT),
             placements=JobPlacements(),
             replanner=Replanner(),
+            reports=ReportWorker(db_url) if shared_file(engine) else None,
+            capacity=CapacityWatch(sessions),
             telemetry=policy,
             heartbeat_interval_s=heartbeat_interval_s,
             heartbeat_timeout_s=heartbeat_timeout_s,
@@ -141,6 +151,7 @@ def serve(
         period_s=deps.heartbeat_interval_s / 2,
         before=deps.ingest.flush if deps.ingest is not None else None,
         on_change=deps.invalidate_caches,
+        capacity=deps.capacity,
     )
     kept = interval_retention or IntervalRetention()
     logs = log_retention or LogRetention()
@@ -204,6 +215,8 @@ def serve(
         server.stop(grace_s).wait()
         if deps.ingest is not None:
             deps.ingest.stop()
+        if deps.reports is not None:
+            deps.reports.close()
         if deps.replanner is not None:
             deps.replanner.close()
         engine.dispose()

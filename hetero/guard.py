@@ -127,8 +127,11 @@ class _AsyncContext:
 
     def __init__(self, inner: grpc.aio.ServicerContext[Any, Any]) -> None:
         self._inner = inner
+        #: The handler called ``abort``: what it raises next is gRPC's, not the handler's.
+        self.aborted = False
 
     async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+        self.aborted = True
         # The standard health servicer aborts with a code alone (NOT_FOUND).
         await self._inner.abort(code, one_line(details))
 
@@ -156,11 +159,15 @@ async def _decode_async(
         )
 
 
-async def _internal_async(
-    exc: Exception, context: grpc.aio.ServicerContext[Any, Any], method: str
-) -> None:
-    """Re-raise an abort; turn anything else into INTERNAL."""
-    if isinstance(exc, grpc.aio.AbortError):
+async def _internal_async(exc: Exception, context: _AsyncContext, method: str) -> None:
+    """Re-raise an abort; turn anything else into INTERNAL.
+
+    After the handler's own ``abort`` whatever comes out is gRPC's: its ``AbortError``,
+    or the failure to send the status to a client that has gone (its deadline passed
+    while the call waited: ``ExecuteBatchError``, which gRPC drops for a closed call).
+    It goes back to gRPC unchanged: a second ``abort`` only raised "Abort already
+    called!", and both were logged with tracebacks as internal errors."""
+    if isinstance(exc, grpc.aio.AbortError) or context.aborted:
         raise exc
     log.error("internal error in %s", method, exc_info=exc)
     await context.abort(
@@ -189,10 +196,11 @@ class AioGuardInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc, unu
 
             async def unary(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
                 request = await _decode_async(deserializer, raw, context, method)
+                guarded = _AsyncContext(context)
                 try:
-                    return await inner(request, _AsyncContext(context))
+                    return await inner(request, guarded)
                 except Exception as exc:
-                    await _internal_async(exc, context, method)
+                    await _internal_async(exc, guarded, method)
 
             return grpc.unary_unary_rpc_method_handler(unary, response_serializer=serializer)
 
@@ -203,10 +211,11 @@ class AioGuardInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc, unu
 
             async def writing(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> None:
                 request = await _decode_async(deserializer, raw, context, method)
+                guarded = _AsyncContext(context)
                 try:
-                    await writer(request, _AsyncContext(context))
+                    await writer(request, guarded)
                 except Exception as exc:
-                    await _internal_async(exc, context, method)
+                    await _internal_async(exc, guarded, method)
 
             return grpc.unary_stream_rpc_method_handler(writing, response_serializer=serializer)
 
@@ -217,11 +226,12 @@ class AioGuardInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc, unu
                 raw: bytes, context: grpc.aio.ServicerContext[Any, Any]
             ) -> AsyncIterator[Any]:
                 request = await _decode_async(deserializer, raw, context, method)
+                guarded = _AsyncContext(context)
                 try:
-                    async for item in stream(request, _AsyncContext(context)):
+                    async for item in stream(request, guarded):
                         yield item
                 except Exception as exc:
-                    await _internal_async(exc, context, method)
+                    await _internal_async(exc, guarded, method)
 
             return grpc.unary_stream_rpc_method_handler(streaming, response_serializer=serializer)
         return handler

@@ -1,0 +1,132 @@
+"""Interval reports in a process of their own, off the interpreter lock that answers
+heartbeats.
+
+Why (issue 17): with 10,000 jobs queued, 1,000 agents and 256 ranks on a 2-core
+box, the coordinator's one Python interpreter was saturated (0.97 to 1.00 cores)
+and the event loop that answers heartbeats got the interpreter lock only in turn:
+Heartbeat p99 1.5 to 2.5 s. A report's two transactions, straggler detection and
+the arguments of its fit cost about 10 ms of the coordinator's CPU each, 32 a
+second; a heartbeat answered from memory costs gRPC's per-call work. Here a
+report's whole work (``intervalreports.handle``, its fit included) runs in a
+worker process with a database engine of its own; the coordinator's thread that
+waits for it holds no lock of the interpreter meanwhile, and what is left in the
+coordinator per report is the call itself and the update of its own caches.
+
+The worker takes the reports one at a time, in the order they were handed over, so
+a job's reports are stored in the order they arrived and no two of its writes ever
+overlap. It writes to the same database file as the coordinator: SQLite's
+``BEGIN IMMEDIATE`` takes the file's write lock, so its transactions and the
+coordinator's run one after another as the coordinator's own writers do. Only a
+SQLite file has one: on PostgreSQL the coordinator's writers queue on a lock of
+its process (``database``), which another process would not take, and an
+in-memory database cannot be opened twice; there reports stay on the
+coordinator's threads (``server.serve`` starts no worker).
+
+What the worker keeps: its own history of each job's newest intervals
+(``readcache.IntervalHistories``; a new worker starts with none and reads them
+back). The coordinator's caches stay in the coordinator: the reply is put in its
+plan cache, a restart the report caused drops its order and plan caches and
+tells the admission pass, as a report handled in the coordinator does.
+
+Failure (``workerprocess``): before the worker is ready, and when it dies or
+overruns :data:`TIMEOUT_S`, the report is handled in the coordinator's process
+(logged once per failure) and the worker is replaced. A worker killed after its
+commit and before its reply has stored the interval once; the coordinator's
+retry stores it again, as a rank that re-sends a report does (the newest rows of
+an interval win: ``readcache.with_interval``, ``store.interval_steps``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from hetero.coordinator import intervalreports
+from hetero.coordinator.database import connect, session_factory
+from hetero.coordinator.readcache import IntervalHistories
+from hetero.coordinator.views import HISTORY_FOR_REPORT
+from hetero.coordinator.workerprocess import WorkerProcess
+from hetero.core import replan
+from hetero.core.errors import HeteroError
+from hetero.v1 import types_pb2 as tpb
+
+log = logging.getLogger("hetero.coordinator")
+
+#: Seconds a report may take in the worker, queue included, before it is handled in
+#: the coordinator's process instead (an agent's call deadline is 5 s; a report takes
+#: about 20 ms).
+TIMEOUT_S = 3.0
+
+
+class Refused(HeteroError):
+    """A report the worker refused (unknown job, a report the balancer cannot use), with
+    the status code and message it would have had in the coordinator's process."""
+
+    def __init__(self, grpc_code: str, message: str) -> None:
+        super().__init__(message)
+        self.grpc_code = grpc_code
+
+
+class ReportWorker(WorkerProcess):
+    """``intervalreports.handle`` in one worker process on ``db_url`` (a SQLite file),
+    started at the first report; ``close`` ends it."""
+
+    def __init__(self, db_url: str, timeout_s: float = TIMEOUT_S) -> None:
+        super().__init__("report", _open, (db_url,))
+        self.timeout_s = timeout_s
+
+    def handle(self, req: tpb.IntervalReport, now: float) -> intervalreports.Handled | None:
+        """The report handled in the worker; None = handle it here (no worker yet, or it
+        failed). Raises ``Refused`` for a report the worker refused (nothing stored).
+
+        The wait is :data:`TIMEOUT_S` whatever the client's deadline: a call whose
+        client gives up first is finished all the same, as on a thread, and a short
+        deadline never takes a working worker for a stuck one."""
+        outcome = self.call(_handle, req.SerializeToString(), now, timeout_s=self.timeout_s)
+        if outcome is None:
+            return None
+        if outcome.refused is not None:
+            raise Refused(*outcome.refused)
+        if outcome.failed is not None:  # logged with its traceback in the worker
+            raise RuntimeError(f"the report worker failed: {outcome.failed}")
+        return intervalreports.Handled(tpb.Plan.FromString(outcome.plan), outcome.restarted)
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """What the worker answers for one report (pickled): the plan and whether the job
+    restarts, or the status code and message it was refused with, or the type of
+    the exception it failed with."""
+
+    plan: bytes = b""
+    restarted: bool = False
+    refused: tuple[str, str] | None = None
+    failed: str | None = None
+
+
+#: In the worker: its sessions and history cache (``_open``).
+_sessions: sessionmaker[Session] | None = None
+_histories: IntervalHistories | None = None
+
+
+def _open(db_url: str) -> None:
+    """The worker's database (its schema is the coordinator's, already upgraded)."""
+    global _sessions, _histories
+    _sessions = session_factory(connect(db_url))
+    _histories = IntervalHistories(HISTORY_FOR_REPORT)
+
+
+def _handle(request: bytes, now: float) -> _Outcome:
+    """One report, in the worker."""
+    assert _sessions is not None, "the worker's database is not open"
+    req = tpb.IntervalReport.FromString(request)
+    try:
+        handled = intervalreports.handle(_sessions, _histories, replan.replan, req, now)
+    except HeteroError as exc:
+        return _Outcome(refused=(exc.grpc_code, str(exc)))
+    except Exception as exc:  # the coordinator answers INTERNAL, as for its own threads
+        log.exception("internal error in ReportIntervalStats (report worker)")
+        return _Outcome(failed=type(exc).__name__)
+    return _Outcome(handled.reply.SerializeToString(), handled.restarted)
