@@ -294,7 +294,7 @@ def test_hetero_coord_serve_starts_its_report_worker_at_the_first_report_and_end
                 time.sleep(0.2)
         proc.send_signal(stop)
         code = proc.wait(timeout=30)
-        _, alive = psutil.wait_procs(children, timeout=30)
+        alive = _still_running(children, timeout_s=30)
         assert not alive, f"left behind by the coordinator: {alive}"
         if stop == signal.SIGTERM:
             assert code == 0, log.read_text()[-4000:]
@@ -307,6 +307,24 @@ def test_hetero_coord_serve_starts_its_report_worker_at_the_first_report_and_end
         for child in children:
             if child.is_running():
                 child.kill()
+
+
+def _still_running(processes: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Those of ``processes`` still running after up to ``timeout_s``. An exited process
+    whose parent died is reaped by init, when init gets to it: until then it is a
+    zombie, which has exited all the same (``psutil.wait_procs`` would wait for it)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = []
+        for p in processes:
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.2)
 
 
 def _in_worker(process: psutil.Process) -> bool:
