@@ -120,7 +120,13 @@ def test_job_runs_through_coordinator_and_agents_and_rebalances_toward_the_fast_
     intervals = db.execute(
         "SELECT COUNT(DISTINCT end_step) FROM interval_stats WHERE job_id = ?", (job_id,)
     ).fetchone()[0]
-    assert intervals >= 5, "rank 0 reported every interval through its agent"
+    # Rank 0 reports each boundary through its agent without waiting; a boundary whose
+    # predecessor's request is still out is skipped (trainer.control), so on a loaded box
+    # fewer than the job's 8 are sent. Every report sent is stored, and none failed.
+    control = summary["control_plane"]
+    assert control["failures"] == 0, control
+    assert control["calls"] + control["skipped"] >= 5, control
+    assert intervals >= max(control["calls"], 2), ("every answered report is stored", control)
     telemetry = db.execute("SELECT COUNT(*) FROM telemetry WHERE cpu_percent IS NOT NULL")
     assert telemetry.fetchone()[0] >= 2, "both agents sent host telemetry"
     ranks = dict(
