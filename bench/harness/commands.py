@@ -162,6 +162,8 @@ def _spec(s: Scenario, name: str, out: Path, python: str | None) -> RunSpec:
         common += ["--memory-fraction", s.memory_fraction]
     if s.shard != "none" and ranks > 1:
         common += ["--shard", s.shard]
+        if s.offload != "none":
+            common += ["--offload", s.offload]
     if name == BASELINE:
         argv = [py, "-m", "hetero.bench.baseline_ddp", *common]
         return RunSpec(name, "torch-ddp", tuple(argv), env, out, ranks, steps, ideal, name)

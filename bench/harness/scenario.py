@@ -124,6 +124,9 @@ class Scenario:
     #: hetero-train's --shard for every hetero run (FSDP2; the DDP baseline cannot shard,
     #: so a sharded scenario sets ``baseline: false`` and compares with ``equal``).
     shard: str = "none"
+    #: hetero-train's --offload for every hetero run (needs ``shard``): ``params`` keeps
+    #: the shards, their gradients and the optimizer state in host memory.
+    offload: str = "none"
     #: hetero-train's --memory-fraction: cap each rank's CUDA allocator (e.g. "1.0,0.3").
     memory_fraction: str | None = None
     #: hetero-train's --activation-checkpointing for every hetero run (language models).
@@ -203,7 +206,7 @@ _TOP = {
     "channels_last", "lr", "min_batch", "dataset", "seq_len", "policies", "baseline",
     "gpu_only_reference", "neighbour", "neighbours", "slowdowns", "overrides", "quick",
     "run_timeout_s", "loop", "data_paths", "num_workers", "shard", "memory_fraction",
-    "activation_checkpointing",
+    "activation_checkpointing", "offload",
 }  # fmt: skip
 
 
@@ -311,6 +314,10 @@ def _validate(s: Scenario) -> None:
         raise ConfigError(
             f"{where}.shard: needs baseline: false and the builtin loop (plain DDP cannot shard)"
         )
+    if s.offload not in ("none", "params"):
+        raise ConfigError(f"{where}.offload: expected none or params, got {s.offload!r}")
+    if s.offload != "none" and s.shard == "none":
+        raise ConfigError(f"{where}.offload: needs shard (FSDP2 offloads sharded state)")
     for field in ("ranks", "global_batch", "steps", "rebalance_interval", "min_batch"):
         if int(getattr(s, field)) < 1:
             raise ConfigError(f"{where}.{field}: must be >= 1, got {getattr(s, field)}")

@@ -83,6 +83,10 @@ def test_scenario_errors_name_the_field() -> None:
             base.replace("cpu", "cuda").replace("gpus: 0", "gpus: 2")
             + "neighbour: {gpu: 1, arrive_step: 10, leave_step: 30}\n",
         )
+    with pytest.raises(ConfigError, match=r"x.offload: needs shard"):
+        parse_scenario("x", base + "offload: params\n")
+    with pytest.raises(ConfigError, match=r"x.offload: expected none or params, got 'optimizer'"):
+        parse_scenario("x", base + "offload: optimizer\n")
 
 
 def test_commands_run_as_modules_with_the_multicast_switches_off(tmp_path: Path) -> None:
@@ -100,6 +104,10 @@ def test_commands_run_as_modules_with_the_multicast_switches_off(tmp_path: Path)
     assert by_name["gpu-only"].ranks == 1 and by_name["dynamic"].ranks == 3
     assert by_name["dynamic"].env["CUDA_VISIBLE_DEVICES"] == "0"
     assert "gloo" in by_name["dynamic"].argv and by_name["equal"].steps == 4
+    offload = run_specs(load_scenario("gpu-shard-offload-large"), tmp_path, python="py")
+    for spec in offload:
+        argv = " ".join(spec.argv)
+        assert "--shard full --offload params" in argv, argv
 
 
 def test_zoo_runs_each_policy_on_each_data_path_under_torchrun(tmp_path: Path) -> None:
