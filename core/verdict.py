@@ -25,7 +25,10 @@ _ADVICE = {
     "input_wait": "add loader workers, or make each sample cheaper to load",
     "exposed_comm": "the gradient all-reduce runs after the busiest rank is done",
     "overlap": "the gradient all-reduce running beside backward slows it",
-    "optimizer": "the optimizer step runs slower beside the job's other work",
+    # Measured alone, a rank steps its optimizer on the device; under --offload params the
+    # job steps it on the host.
+    "optimizer": "the optimizer step takes longer in the job than alone (other work beside "
+    "it, or on the host under --offload params)",
     "warmup": "each new batch size costs allocator growth and kernel selection once",
 }
 _PHASES = (("data", "input wait"), ("compute", "compute"), ("optimizer", "the optimizer step"))
