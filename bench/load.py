@@ -65,6 +65,16 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "agents did before that flag) or 'never'",
     )
     p.add_argument(
+        "--poll-every",
+        type=float,
+        default=d.poll_every_s,
+        dest="poll_every_s",
+        metavar="S",
+        help="each agent also polls every S seconds whatever its heartbeat's reply says, to "
+        "measure PollAssignments under the load (hetero-agent polls only when told, so a "
+        "steady load makes none); default 0: no extra polls",
+    )
+    p.add_argument(
         "--queued",
         type=int,
         default=d.queued,
@@ -111,6 +121,7 @@ def load_command(args: argparse.Namespace) -> int:
         interval_s=args.interval_s,
         devices_per_agent=args.devices_per_agent,
         poll=args.poll,
+        poll_every_s=args.poll_every_s,
         db=args.db,
         queued=args.queued,
         scrapers=args.scrapers,

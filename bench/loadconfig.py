@@ -34,6 +34,10 @@ class LoadConfig:
     #: ``asked``: poll after a heartbeat whose reply says orders are pending (the
     #: agent); ``always``: after every heartbeat (agents before that flag); ``never``.
     poll: str = "asked"
+    #: Seconds between extra polls of each agent, whatever its heartbeat's reply says (0 =
+    #: none): hetero-agent polls only when told, so a steady load makes no
+    #: ``PollAssignments`` at all; these measure the call under that load.
+    poll_every_s: float = 0.0
     seed: int = 0
     #: The coordinator's database: an empty PostgreSQL database's URL; None = a new
     #: SQLite file in the run directory.
@@ -65,6 +69,8 @@ class LoadConfig:
             )
         if self.scrapers and self.duration_s < 2 * self.scrape_phase_s:
             raise ConfigError("--scrapers needs --duration of at least 2 scrape phases")
+        if self.poll_every_s < 0:
+            raise ConfigError(f"--poll-every must be >= 0 seconds, got {self.poll_every_s:g}")
         if self.poll not in POLL_MODES:
             raise ConfigError(f"--poll must be one of {', '.join(POLL_MODES)}, got {self.poll!r}")
 

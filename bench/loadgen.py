@@ -63,6 +63,7 @@ class WorkerConfig:
     heartbeat_s: float
     interval_s: float
     poll: str
+    poll_every_s: float
     job_indexes: tuple[int, ...]
     seed: int
 
@@ -185,6 +186,8 @@ class Worker:
             return
         self.registered += 1
         next_at = time.time() + self.rng.uniform(0, c.heartbeat_s)
+        # Extra polls (``--poll-every``), spread over the period like the heartbeats.
+        poll_at = time.time() + self.rng.uniform(0, c.poll_every_s) if c.poll_every_s else math.inf
         tick = 0
         while True:
             await _sleep_until(next_at)
@@ -197,7 +200,10 @@ class Worker:
             asked = reply is not None and (
                 not reply.HasField("orders_pending") or reply.orders_pending
             )
-            if c.poll == "always" or (c.poll == "asked" and asked):
+            extra = time.time() >= poll_at
+            if extra:
+                poll_at = max(poll_at + c.poll_every_s, time.time())
+            if c.poll == "always" or (c.poll == "asked" and asked) or extra:
                 poll = pb.PollAssignmentsRequest(node_id=resp.node_id)
                 await self.rec.call(
                     "PollAssignments", stub.PollAssignments(poll, timeout=CALL_TIMEOUT_S)

@@ -99,6 +99,7 @@ def _spawn_workers(config: LoadConfig, address: str, out: Path) -> list[subproce
             heartbeat_s=config.heartbeat_s,
             interval_s=config.interval_s,
             poll=config.poll,
+            poll_every_s=config.poll_every_s,
             job_indexes=tuple(range(w, config.jobs, config.processes)),
             seed=config.seed * 1000 + w,
         )

@@ -19,6 +19,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.exc import DBAPIError
 
 from hetero.bench.loadgen import device_profiles, heartbeat_request
+from hetero.bench.loadreport import render
 from hetero.coordinator import store
 from hetero.coordinator.database import open_database, read_session_factory, session_factory
 from hetero.coordinator.ingest import HeartbeatIngest
@@ -374,11 +375,15 @@ def test_hetero_bench_load_runs_a_small_cluster_without_errors(
     on_sqlite = both_stores_url.startswith("sqlite")
     # On SQLite the run makes its own file under --out; on PostgreSQL it gets an empty database.
     db = () if on_sqlite else ("--db", both_stores_url)
+    # On SQLite every agent also polls each second (``--poll-every``); on PostgreSQL only
+    # when a heartbeat's reply asks, as hetero-agent does.
+    polls = ("--poll-every", "1") if on_sqlite else ()
     done = subprocess.run(
         [
             *(sys.executable, "-m", "hetero.bench.cli", "load", "--agents", "50", "--ranks", "16"),
             *("--processes", "2", "--duration", "4", "--warmup", "1", "--out", str(out), "--json"),
             *db,
+            *polls,
         ],
         capture_output=True,
         text=True,
@@ -390,8 +395,13 @@ def test_hetero_bench_load_runs_a_small_cluster_without_errors(
     assert result["errors_total"] == 0, result["error_samples"]
     for method in ("Heartbeat", "ReportIntervalStats", "GetPlan"):
         assert result["methods"][method]["calls"] > 0, method
-    # The ranks were started before the window: no heartbeat asked for a poll.
-    assert result["methods"]["PollAssignments"]["calls"] == 0
+    if on_sqlite:  # 50 agents polling about once a second for 4 s
+        assert result["methods"]["PollAssignments"]["calls"] >= 50
+        assert result["not_measured"] == []
+    else:  # the ranks were started before the window: no heartbeat asked for a poll
+        assert result["methods"]["PollAssignments"]["calls"] == 0
+        assert result["not_measured"] == ["PollAssignments"]
+        assert "not measured: PollAssignments" in render(result)
     database = result["database"]
     assert database["store"] == ("sqlite" if on_sqlite else "postgresql")
     rows = database["rows_end"]
