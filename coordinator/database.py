@@ -3,22 +3,25 @@
 SQLite (the default, one file under the state dir) and PostgreSQL are supported
 (any other SQLAlchemy URL is tried as is). The store's functions read and then
 write in one transaction, and were written for writers that run one after
-another; a coordinator is one process, so its writers queue on a lock of the
-process before their transaction starts, on every database. On PostgreSQL that
-makes each write transaction see every earlier one committed (READ COMMITTED
-would otherwise let two of them read the same row and both act on it) without
+another: a process's writers queue on a lock of the process before their
+transaction starts, on every database, and the writers of hetero's processes
+(the coordinator and its report worker, ``hetero-bench load``'s writer,
+``hetero-coord db``) on a lock of the database's. On PostgreSQL that is a
+transaction-scoped advisory lock (:data:`WRITERS_LOCK_KEY`), the first statement
+of every write transaction, let go by the server at its COMMIT or ROLLBACK: each
+write transaction sees every earlier one committed (READ COMMITTED would
+otherwise let two of them read the same row and both act on it) without
 SERIALIZABLE's retries.
 
 SQLite runs in WAL mode so readers never block the writer, and every write
 transaction starts with ``BEGIN IMMEDIATE``: the gRPC server handles requests
 on several threads, and a deferred transaction that reads and then writes can
 fail at once with "database is locked" when another thread wrote in between; an
-immediate one waits. Several of hetero's processes write one file (the
-coordinator and its report worker, ``hetero-bench load``'s writer, ``hetero-coord
-db``): between the thread lock and ``BEGIN IMMEDIATE`` each write transaction
-takes an exclusive ``flock`` on a file beside the database (``writelock``), whose
-waiter the kernel wakes when the holder commits; SQLite's own busy handler
-(``busy_timeout``) is left the writers that do not take it. Read-only handlers use
+immediate one waits. The lock of the database's is an exclusive ``flock`` on a
+file beside it (``writelock``), taken between the thread lock and ``BEGIN
+IMMEDIATE``, whose waiter the kernel wakes when the holder commits; SQLite's own
+busy handler (``busy_timeout``) is left the writers that do not take it. Read-only
+handlers use
 ``read_session_factory`` instead: a transaction that never takes the write lock
 and cannot write (SQLite: a deferred ``BEGIN`` on a ``query_only`` connection;
 PostgreSQL: ``SET TRANSACTION READ ONLY``), so a read never queues behind the
@@ -52,6 +55,11 @@ from hetero.core.errors import HeteroError
 #: the file's when a writer that takes no lock file holds it (``busy_timeout``), in
 #: milliseconds. The wait for the lock file has no bound of its own (``writelock``).
 SQLITE_BUSY_TIMEOUT_MS = 10_000
+#: PostgreSQL: the advisory lock every write transaction of hetero's takes first, so the
+#: writers of several processes run one after another: the bytes ``hetero.w`` read as
+#: a big-endian integer. Advisory locks are the database's own: two hetero databases
+#: of one server never wait for each other.
+WRITERS_LOCK_KEY = 0x68657465726F2E77
 #: Execution option marking a read-only engine (see ``read_session_factory``).
 _READ_ONLY = "hetero_read_only"
 #: ``Connection.info`` key: this connection holds the process's write lock.
@@ -188,9 +196,14 @@ def _sqlite_end(connection: Any, commit: bool) -> None:
 
 
 def _postgres_begin(connection: Any, read_only: bool) -> None:
-    # psycopg opens the transaction at the first statement: this one.
+    # psycopg opens the transaction at the first statement: this one. A writer waits in
+    # the server for the writers of other processes (no bound of its own, as for
+    # SQLite's lock file, ``writelock``: the holders are hetero's short transactions,
+    # and the server lets go of the lock when the holder's session ends).
     if read_only:
         connection.exec_driver_sql("SET TRANSACTION READ ONLY")
+    else:
+        connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({WRITERS_LOCK_KEY})")
 
 
 def _postgres_end(connection: Any, commit: bool) -> None:

@@ -2,7 +2,8 @@
 ``database``): a write waits for another process's write transaction on the
 lock file, woken by the kernel, not in SQLite's busy handler, and then sees that
 write committed; a lock file that cannot be made leaves the waiting to SQLite and
-fails no write. The other process is a real one (``workers/db_writer.py``)
+fails no write. On PostgreSQL the writers of two processes take turns on an
+advisory lock. The other process is a real one (``workers/db_writer.py``)
 writing through hetero's engine."""
 
 from __future__ import annotations
@@ -21,10 +22,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pgserver import PgServer  # beside this file (conftest puts it on sys.path)
 from sqlalchemy import event, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from hetero.coordinator.database import connect, session_factory
+from hetero.coordinator.database import (
+    WRITERS_LOCK_KEY,
+    connect,
+    read_session_factory,
+    session_factory,
+)
 
 WORKER = Path(__file__).parent / "workers" / "db_writer.py"
 #: Seconds to wait for an event the test needs before failing (never an assertion on time).
@@ -188,5 +195,45 @@ def test_a_read_only_directory_leaves_the_waiting_to_sqlite_with_one_log_line(
     assert done.stderr.count("cannot lock") == 1, done.stderr
     assert f"cannot lock {lock_file} (Permission denied)" in done.stderr
     assert not lock_file.exists()
+    assert _count(sessions) == 2
+    engine.dispose()
+
+
+def _advisory_waiters(readers: sessionmaker[Session], holder: int) -> list[int]:
+    """Backends waiting for hetero's writers' advisory lock while backend ``holder`` holds
+    it (``pg_locks``: a bigint key is ``classid`` its high 32 bits, ``objid`` its low)."""
+    key = {"hi": WRITERS_LOCK_KEY >> 32, "lo": WRITERS_LOCK_KEY & 0xFFFFFFFF, "holder": holder}
+    query = text(
+        "SELECT w.pid FROM pg_locks w JOIN pg_locks h"
+        " ON h.locktype = 'advisory' AND h.granted AND h.pid = :holder"
+        " AND (h.classid, h.objid, h.objsubid) = (w.classid, w.objid, w.objsubid)"
+        " WHERE w.locktype = 'advisory' AND NOT w.granted"
+        " AND w.classid = :hi AND w.objid = :lo AND w.objsubid = 1"
+    )
+    with readers() as s:
+        return list(s.execute(query, key).scalars())
+
+
+@pytest.mark.postgres
+def test_writes_of_two_processes_take_turns_on_postgresql(pg_server: PgServer) -> None:
+    """A write made while another process's write transaction is open waits for it on
+    hetero's advisory lock, then reads what it committed. Without the lock, READ
+    COMMITTED would let it read the counter before the other's commit and store 1."""
+    url = pg_server.new_database()
+    engine = connect(url)
+    sessions, readers = session_factory(engine), read_session_factory(engine)
+    _make_counter(sessions)
+    with _holding(url) as holder:
+        bump = _Bump(sessions)
+        bump.start()
+        _wait_for(
+            lambda: bool(_advisory_waiters(readers, holder.backend)) or not bump.is_alive(),
+            "the write neither waited on the advisory lock nor ended",
+        )
+        assert bump.is_alive(), f"the write ended while the other held the lock: {bump.error}"
+        holder.commit()
+        bump.join(DEADLINE_S)
+        assert not bump.is_alive()
+    assert bump.error is None
     assert _count(sessions) == 2
     engine.dispose()
