@@ -137,11 +137,15 @@ def connect(url: str) -> Engine:
     return engine
 
 
-def shared_file(engine: Engine) -> bool:
-    """Whether another process can write to ``engine``'s database one writer at a time
-    with this one: a SQLite file (``BEGIN IMMEDIATE`` takes the file's lock). Not an
-    in-memory database, nor PostgreSQL, where writers queue on this process's lock."""
-    return engine.dialect.name == "sqlite" and _sqlite_file(engine) is not None
+def writers_take_turns_across_processes(engine: Engine) -> bool:
+    """Whether another process can open ``engine``'s database and write it one writer at
+    a time with this one: a SQLite file (``BEGIN IMMEDIATE`` takes the file's lock, and
+    hetero's writers queue on the lock file first) or PostgreSQL (hetero's writers take
+    :data:`WRITERS_LOCK_KEY`). Not an in-memory SQLite database, which no other
+    process can open."""
+    if engine.dialect.name == "sqlite":
+        return _sqlite_file(engine) is not None
+    return engine.dialect.name == "postgresql"
 
 
 def _sqlite_file(engine: Engine) -> str | None:
