@@ -38,7 +38,7 @@ test: $(STAMP)  ## run the whole test suite (chaos tests excepted: make chaos; P
 
 # As root on Debian it installs the postgresql package when no server is there; the
 # server itself is a throwaway cluster under /tmp (tests/integration/pgserver.py).
-test-postgres: $(STAMP)  ## the store, retention, recovery and load tests on a throwaway PostgreSQL server
+test-postgres: $(STAMP)  ## the store, write lock, report worker, retention, recovery and load tests on a throwaway PostgreSQL server
 	@HETERO_PG_INSTALL=1 $(BIN)/python -m pytest -q -m postgres tests/integration
 
 # As root on Debian it installs the chromium and chromium-driver packages when they are

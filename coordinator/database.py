@@ -3,17 +3,25 @@
 SQLite (the default, one file under the state dir) and PostgreSQL are supported
 (any other SQLAlchemy URL is tried as is). The store's functions read and then
 write in one transaction, and were written for writers that run one after
-another; a coordinator is one process, so its writers queue on a lock of the
-process before their transaction starts, on every database. On PostgreSQL that
-makes each write transaction see every earlier one committed (READ COMMITTED
-would otherwise let two of them read the same row and both act on it) without
+another: a process's writers queue on a lock of the process before their
+transaction starts, on every database, and the writers of hetero's processes
+(the coordinator and its report worker, ``hetero-bench load``'s writer,
+``hetero-coord db``) on a lock of the database's. On PostgreSQL that is a
+transaction-scoped advisory lock (:data:`WRITERS_LOCK_KEY`), the first statement
+of every write transaction, let go by the server at its COMMIT or ROLLBACK: each
+write transaction sees every earlier one committed (READ COMMITTED would
+otherwise let two of them read the same row and both act on it) without
 SERIALIZABLE's retries.
 
 SQLite runs in WAL mode so readers never block the writer, and every write
 transaction starts with ``BEGIN IMMEDIATE``: the gRPC server handles requests
 on several threads, and a deferred transaction that reads and then writes can
 fail at once with "database is locked" when another thread wrote in between; an
-immediate one waits (``busy_timeout``). Read-only handlers use
+immediate one waits. The lock of the database's is an exclusive ``flock`` on a
+file beside it (``writelock``), taken between the thread lock and ``BEGIN
+IMMEDIATE``, whose waiter the kernel wakes when the holder commits; SQLite's own
+busy handler (``busy_timeout``) is left the writers that do not take it. Read-only
+handlers use
 ``read_session_factory`` instead: a transaction that never takes the write lock
 and cannot write (SQLite: a deferred ``BEGIN`` on a ``query_only`` connection;
 PostgreSQL: ``SET TRANSACTION READ ONLY``), so a read never queues behind the
@@ -40,11 +48,18 @@ from sqlalchemy.exc import SAWarning, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from hetero.coordinator.dburl import masked, missing_driver, scrubbed
+from hetero.coordinator.writelock import SUFFIX, FileWriteLock
 from hetero.core.errors import HeteroError
 
-#: How long a transaction waits for another thread's write lock (the process's, and
-#: on SQLite the file's), in milliseconds.
+#: How long a write transaction waits for the process's write lock, and on SQLite for
+#: the file's when a writer that takes no lock file holds it (``busy_timeout``), in
+#: milliseconds. The wait for the lock file has no bound of its own (``writelock``).
 SQLITE_BUSY_TIMEOUT_MS = 10_000
+#: PostgreSQL: the advisory lock every write transaction of hetero's takes first, so the
+#: writers of several processes run one after another: the bytes ``hetero.w`` read as
+#: a big-endian integer. Advisory locks are the database's own: two hetero databases
+#: of one server never wait for each other.
+WRITERS_LOCK_KEY = 0x68657465726F2E77
 #: Execution option marking a read-only engine (see ``read_session_factory``).
 _READ_ONLY = "hetero_read_only"
 #: ``Connection.info`` key: this connection holds the process's write lock.
@@ -114,18 +129,32 @@ def connect(url: str) -> Engine:
         ) from None
     if engine.dialect.name == "sqlite":
         _sqlite_pragmas(engine)
-        _one_writer(engine, _sqlite_begin, _sqlite_end)
+        file = _sqlite_file(engine)
+        lock = FileWriteLock(Path(file + SUFFIX)) if file is not None else None
+        _one_writer(engine, _sqlite_begin, _sqlite_end, lock)
     elif engine.dialect.name == "postgresql":
         _one_writer(engine, _postgres_begin, _postgres_end)
     return engine
 
 
-def shared_file(engine: Engine) -> bool:
-    """Whether another process can write to ``engine``'s database one writer at a time
-    with this one: a SQLite file (``BEGIN IMMEDIATE`` takes the file's lock). Not an
-    in-memory database, nor PostgreSQL, where writers queue on this process's lock."""
+def writers_take_turns_across_processes(engine: Engine) -> bool:
+    """Whether another process can open ``engine``'s database and write it one writer at
+    a time with this one: a SQLite file (``BEGIN IMMEDIATE`` takes the file's lock, and
+    hetero's writers queue on the lock file first) or PostgreSQL (hetero's writers take
+    :data:`WRITERS_LOCK_KEY`). Not an in-memory SQLite database, which no other
+    process can open."""
+    if engine.dialect.name == "sqlite":
+        return _sqlite_file(engine) is not None
+    return engine.dialect.name == "postgresql"
+
+
+def _sqlite_file(engine: Engine) -> str | None:
+    """The path of a SQLite engine's database file; None for an in-memory database (or a
+    URI filename, ``file:``, which SQLite resolves)."""
     database = engine.url.database
-    return engine.dialect.name == "sqlite" and database not in (None, "", ":memory:")
+    if database in (None, "", ":memory:") or database.startswith("file:"):
+        return None
+    return database
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:
@@ -171,9 +200,14 @@ def _sqlite_end(connection: Any, commit: bool) -> None:
 
 
 def _postgres_begin(connection: Any, read_only: bool) -> None:
-    # psycopg opens the transaction at the first statement: this one.
+    # psycopg opens the transaction at the first statement: this one. A writer waits in
+    # the server for the writers of other processes (no bound of its own, as for
+    # SQLite's lock file, ``writelock``: the holders are hetero's short transactions,
+    # and the server lets go of the lock when the holder's session ends).
     if read_only:
         connection.exec_driver_sql("SET TRANSACTION READ ONLY")
+    else:
+        connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({WRITERS_LOCK_KEY})")
 
 
 def _postgres_end(connection: Any, commit: bool) -> None:
@@ -186,16 +220,26 @@ def _one_writer(
     engine: Engine,
     begin: Callable[[Any, bool], None],
     end: Callable[[Any, bool], None],
+    file_lock: FileWriteLock | None = None,
 ) -> None:
     """Writers of this process queue on a lock before their transaction begins, and
     the next one starts the moment the last one's commit or rollback is done.
     ``begin(connection, read_only)`` starts a transaction; ``end(connection, commit)``
     ends a write transaction on the driver's connection, before the lock is let go.
+    ``file_lock`` (a SQLite file) is taken after the process's lock and let go before
+    it: the writers of hetero's other processes on that file queue on it too.
 
     On SQLite this also replaces its own waiting: left to SQLite, waiters poll the
     file lock in sleeps growing to 100 ms, and under load the lock sat idle between
     writers while writes (and the RPC threads waiting on them) piled up."""
     write_lock = threading.Lock()
+
+    def _let_go() -> None:
+        try:
+            if file_lock is not None:
+                file_lock.release()
+        finally:
+            write_lock.release()
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:
@@ -205,9 +249,11 @@ def _one_writer(
         if not write_lock.acquire(timeout=SQLITE_BUSY_TIMEOUT_MS / 1000):
             raise DatabaseError("database is locked: another write took too long")
         try:
+            if file_lock is not None:
+                file_lock.acquire()
             begin(connection, False)
         except BaseException:
-            write_lock.release()
+            _let_go()
             raise
         connection.info[_WRITER] = True
 
@@ -217,7 +263,7 @@ def _one_writer(
         try:
             end(connection, commit)
         finally:
-            write_lock.release()
+            _let_go()
 
     @event.listens_for(engine, "commit")
     def _on_commit(connection: Any) -> None:
@@ -231,7 +277,7 @@ def _one_writer(
         # A connection invalidated, or returned to the pool, inside a write (the pool
         # rolls it back without the events above): never keep the lock for it.
         if record.info.pop(_WRITER, False):
-            write_lock.release()
+            _let_go()
 
     event.listen(engine, "checkin", _abandoned)
     event.listen(engine, "invalidate", _abandoned)

@@ -38,8 +38,8 @@ class Deps:
     (``readcache``); None = every call queries. ``replanner`` fits the balancer for
     interval reports in a worker process (``replanner``); None = in the handler's thread.
     ``reports`` handles whole interval reports in a process of their own
-    (``reportworker``; SQLite files only); None = on the handler's thread.
-    ``capacity`` is the sweeper's watch of changes that may let a waiting job fit,
+    (``reportworker``; not on an in-memory SQLite database); None = on the handler's
+    thread. ``capacity`` is the sweeper's watch of changes that may let a waiting job fit,
     told of the ones made outside this process's sessions; None = not told.
     """
 

@@ -14,13 +14,18 @@ coordinator per report is the call itself and the update of its own caches.
 
 The worker takes the reports one at a time, in the order they were handed over, so
 a job's reports are stored in the order they arrived and no two of its writes ever
-overlap. It writes to the same database file as the coordinator: SQLite's
-``BEGIN IMMEDIATE`` takes the file's write lock, so its transactions and the
-coordinator's run one after another as the coordinator's own writers do. Only a
-SQLite file has one: on PostgreSQL the coordinator's writers queue on a lock of
-its process (``database``), which another process would not take, and an
-in-memory database cannot be opened twice; there reports stay on the
+overlap. It writes to the same database as the coordinator, and their write
+transactions run one after another as the coordinator's own writers do
+(``database``): on a SQLite file both queue on its lock file (``writelock``)
+before ``BEGIN IMMEDIATE`` takes SQLite's write lock; on PostgreSQL both take
+the same advisory lock first (``database.WRITERS_LOCK_KEY``). An in-memory
+SQLite database cannot be opened by a second process: there reports stay on the
 coordinator's threads (``server.serve`` starts no worker).
+
+The worker is given the database URL, password included, as an argument of its
+initializer: multiprocessing pickles it down the pipe it starts the worker
+with, never onto the worker's command line or environment, and every message
+that names the URL masks the password (``dburl``).
 
 What the worker keeps: its own history of each job's newest intervals
 (``readcache.IntervalHistories``; a new worker starts with none and reads them
@@ -70,8 +75,8 @@ class Refused(HeteroError):
 
 
 class ReportWorker(WorkerProcess):
-    """``intervalreports.handle`` in one worker process on ``db_url`` (a SQLite file),
-    started at the first report; ``close`` ends it."""
+    """``intervalreports.handle`` in one worker process on ``db_url`` (a SQLite file or
+    PostgreSQL), started at the first report; ``close`` ends it."""
 
     def __init__(self, db_url: str, timeout_s: float = TIMEOUT_S) -> None:
         super().__init__("report", _open, (db_url,))

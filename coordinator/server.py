@@ -27,7 +27,7 @@ from hetero.coordinator.database import (
     open_database,
     read_session_factory,
     session_factory,
-    shared_file,
+    writers_take_turns_across_processes,
 )
 from hetero.coordinator.dburl import masked
 from hetero.coordinator.deps import Deps
@@ -116,8 +116,9 @@ def serve(
     """Run the coordinator until SIGTERM or SIGINT; with ``metrics_listen`` (host:port)
     also serve Prometheus ``/metrics`` there. Heartbeats are written in batches
     (``HeartbeatIngest``), reads take no write lock, interval reports are handled in a
-    process of their own on a SQLite file (``reportworker``) and the balancer's fits
-    of the others in a worker process (``replanner``). A sweeper thread marks silent
+    process of their own (``reportworker``; not on an in-memory SQLite database, which
+    no other process can open) and the balancer's fits of the others in a worker
+    process (``replanner``). A sweeper thread marks silent
     nodes down and restarts their jobs (``recovery``); what it changes drops the
     order and plan caches (``readcache``) so polls and ``GetPlan`` see it at once.
     Telemetry is kept as ``telemetry`` says; a pruner thread keeps interval statistics
@@ -136,7 +137,7 @@ def serve(
             histories=IntervalHistories(HISTORY_FOR_REPORT),
             placements=JobPlacements(),
             replanner=Replanner(),
-            reports=ReportWorker(db_url) if shared_file(engine) else None,
+            reports=(ReportWorker(db_url) if writers_take_turns_across_processes(engine) else None),
             capacity=CapacityWatch(sessions),
             telemetry=policy,
             heartbeat_interval_s=heartbeat_interval_s,

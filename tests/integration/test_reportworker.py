@@ -1,9 +1,10 @@
 """Interval reports in a process of their own (``coordinator.reportworker``), through the
-real Coordinator API on a SQLite file: the worker stores each report once and in order
-and answers the plans the coordinator's own process would; a report it refuses is
-refused with the same status; a killed worker degrades to the coordinator's process
-with a log line and is replaced; a restart it causes reaches the admission pass;
-``hetero-coord serve`` starts it at the first report and ends it when it stops."""
+real Coordinator API on a SQLite file and on PostgreSQL (``both_stores_url``): the
+worker stores each report once and in order and answers the plans the coordinator's
+own process would; a report it refuses is refused with the same status; a killed
+worker degrades to the coordinator's process with a log line and is replaced; a
+restart it causes reaches the admission pass; ``hetero-coord serve`` starts it at the
+first report and ends it when it stops, and never shows it a database password."""
 
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 from hetero.v1 import types_pb2 as tpb
 
 DEADLINE_S = 10.0
+#: The password in the PostgreSQL URL ``hetero-coord serve`` is given.
+SECRET = "s3cret-of-the-db"
 JOB = """\
 name: reports
 model: debug
@@ -97,8 +100,8 @@ def _serve(db_url: str, worker: bool) -> Iterator[Served]:
 
 
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[Served]:
-    yield from _serve(f"sqlite:///{tmp_path / 'worker.db'}", worker=True)
+def served(both_stores_url: str) -> Iterator[Served]:
+    yield from _serve(both_stores_url, worker=True)
 
 
 @pytest.fixture
@@ -255,16 +258,20 @@ def test_a_killed_worker_degrades_to_the_coordinator_with_a_log_line_and_is_repl
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "kill-9"])
 def test_hetero_coord_serve_starts_its_report_worker_at_the_first_report_and_ends_it(
-    tmp_path: Path, stop: signal.Signals
+    tmp_path: Path, both_stores_url: str, stop: signal.Signals
 ) -> None:
     """SIGTERM: the coordinator stops its worker as it stops. ``kill -9``: the worker
-    sees its parent gone and exits (``workerprocess._exit_with_parent``)."""
+    sees its parent gone and exits (``workerprocess._exit_with_parent``). On PostgreSQL
+    the URL has a password (the test server ignores it), which neither the log nor a
+    child's command line or environment shows."""
     log = tmp_path / "coordinator.log"
+    on_sqlite = both_stores_url.startswith("sqlite")
+    db = () if on_sqlite else ("--db", both_stores_url.replace("postgres@", f"postgres:{SECRET}@"))
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [
                 *(sys.executable, "-m", "hetero.coordinator.cli", "serve"),
-                *("--listen", "127.0.0.1:0", "--state-dir", str(tmp_path / "state")),
+                *("--listen", "127.0.0.1:0", "--state-dir", str(tmp_path / "state"), *db),
                 "--insecure",
             ],
             stdout=out,
@@ -290,8 +297,11 @@ def test_hetero_coord_serve_starts_its_report_worker_at_the_first_report_and_end
                 )
                 # The worker (and multiprocessing's resource tracker, where it runs one).
                 children = coordinator.children()
-                answered = any(_in_worker(c) for c in children)
+                answered = any(_in_worker(c, on_sqlite) for c in children)
                 time.sleep(0.2)
+        for child in children:
+            assert SECRET not in " ".join(child.cmdline())
+            assert SECRET not in str(child.environ())
         proc.send_signal(stop)
         code = proc.wait(timeout=30)
         alive = _still_running(children, timeout_s=30)
@@ -300,6 +310,7 @@ def test_hetero_coord_serve_starts_its_report_worker_at_the_first_report_and_end
             assert code == 0, log.read_text()[-4000:]
             assert "coordinator stopped" in log.read_text()
             assert "Traceback" not in log.read_text()
+        assert SECRET not in log.read_text()
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -327,11 +338,15 @@ def _still_running(processes: list[psutil.Process], timeout_s: float) -> list[ps
         time.sleep(0.2)
 
 
-def _in_worker(process: psutil.Process) -> bool:
+def _in_worker(process: psutil.Process, on_sqlite: bool) -> bool:
     """Whether ``process`` is a worker that has handled a report: it has the
-    coordinator's SQLite file open (its engine connects at its first report)."""
+    coordinator's database open (its engine connects at its first report): the SQLite
+    file, or a connection to the PostgreSQL server's Unix socket (the balancer's worker
+    and multiprocessing's resource tracker have pipes only)."""
     try:
-        return any(f.path.endswith("coordinator.db") for f in process.open_files())
+        if on_sqlite:
+            return any(f.path.endswith("coordinator.db") for f in process.open_files())
+        return bool(process.net_connections(kind="unix"))
     except psutil.Error:
         return False
 
