@@ -1,9 +1,12 @@
-"""The coordinator's own time per call (``hetero_rpc_duration_seconds``), over real gRPC and
-SQLite: every call counted once, by method and status code, whether answered on the
-event loop or on a database thread."""
+"""The coordinator's own time per call (``hetero_rpc_duration_seconds``), over real gRPC,
+SQLite and HTTP: every call counted once, by method and status code, whether answered
+on the event loop or on a database thread, and in every ``/metrics`` scrape."""
 
 from __future__ import annotations
 
+import re
+import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -14,9 +17,11 @@ from hetero.bench.loadgen import device_profiles, heartbeat_request
 from hetero.coordinator.database import open_database, read_session_factory, session_factory
 from hetero.coordinator.deps import Deps
 from hetero.coordinator.ingest import HeartbeatIngest
+from hetero.coordinator.metricsserver import MetricsServer
 from hetero.coordinator.readcache import PendingOrders
 from hetero.coordinator.rpclatency import BUCKETS_S, NAME
 from hetero.coordinator.server import create_server
+from hetero.coordinator.service import CoordinatorService
 from hetero.coordinator.store import TelemetryPolicy
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
@@ -94,3 +99,57 @@ def test_every_call_is_counted_once_by_method_and_status(served: Served) -> None
     assert counts == sorted(counts)
     assert sample(deps, "_bucket", "Heartbeat", "OK", "+Inf") == 15
     assert sample(deps, "_sum", "Heartbeat", "OK") > 0
+
+
+def _scrape(port: int, query: str = "") -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics{query}", timeout=10) as resp:
+        return str(resp.read().decode())
+
+
+def _heartbeats_in(text: str) -> float | None:
+    found = re.search(rf'^{NAME}_count{{code="OK",method="Heartbeat"}} (\S+)$', text, re.M)
+    return None if found is None else float(found.group(1))
+
+
+def test_the_histogram_follows_the_snapshot_in_every_scrape(coordinator, sim) -> None:  # type: ignore[no-untyped-def]
+    sim.register()
+    sim.heartbeat()
+    deps = coordinator.deps
+    # A snapshot kept for an hour: the histogram is current however old the snapshot.
+    server = MetricsServer(
+        "127.0.0.1:0",
+        CoordinatorService(deps).snapshot,
+        ttl_s=3600.0,
+        rpc_latency=deps.rpc_latency,
+    )
+    server.start()
+    try:
+        text = _scrape(server.port)
+        assert f"# TYPE {NAME} histogram" in text
+        assert 'hetero_node_up{node="gpu-a"} 1.0' in text
+        assert _heartbeats_in(text) == 3
+        assert re.search(
+            rf'^{NAME}_bucket{{code="OK",le="\+Inf",method="RegisterNode"}} 3\.0$', text, re.M
+        )
+        for _ in range(4):
+            sim.heartbeat()
+        # Written again at a scrape unless a scrape just wrote it (LIVE_SHARE).
+        deadline = time.monotonic() + 10.0
+        while (seen := _heartbeats_in(_scrape(server.port))) != 15:
+            assert seen == 3 and time.monotonic() < deadline, seen
+            time.sleep(0.1)
+        assert server.exposition.builds == 1
+        # ?name[]= of the histogram's samples only: the snapshot is not read.
+        server.exposition.builds = 0
+        count = f"?name[]={NAME}_count&name%5B%5D={NAME}_sum"
+        only = _scrape(server.port, count)
+        assert _heartbeats_in(only) == 15
+        assert f"{NAME}_sum{{" in only
+        assert "_bucket" not in only and "hetero_node_up" not in only
+        assert server.exposition.builds == 0
+        # A name beyond the histogram gets the whole exposition.
+        whole = _scrape(server.port, f"{count}&name[]=hetero_node_up")
+        assert 'hetero_node_up{node="gpu-a"} 1.0' in whole and _heartbeats_in(whole) == 15
+        assert "hetero_device_info" in whole and f"{NAME}_bucket" in whole
+    finally:
+        server.stop()
