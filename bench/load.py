@@ -8,7 +8,9 @@ Starts ``hetero-coord serve`` as a subprocess on a fresh SQLite file (or, with
 ``--world-size`` (each interval rank 0 reports every rank's statistics, then
 every rank asks for the plan). After ``--warmup-s`` it measures for
 ``--duration-s``: achieved vs offered calls per second, p50/p99/max latency per
-method (and a histogram of each in ``load.json``), errors (those past their deadline
+method as the generators saw it (and a histogram of each in ``load.json``), the
+coordinator's own p50/p99 of the same methods beside them (its ``/metrics`` histogram
+read at the window's edges, ``loadserver``), errors (those past their deadline
 apart), the coordinator's CPU (psutil, in cores), the load
 generators' CPU, and the database's growth, extrapolated per hour, with the
 steady states that retention bounds telemetry and interval statistics to.
@@ -43,8 +45,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="scale test: many simulated agents and ranks against one real coordinator",
         description="Start hetero-coord on a fresh SQLite file and drive it with simulated "
         "agents (heartbeats with telemetry, polls) and ranks (interval reports, GetPlan) from "
-        "several processes; report achieved rates, latency percentiles, errors, CPU and "
-        "database growth.",
+        "several processes; report achieved rates, latency percentiles as the clients saw "
+        "them (p50/p99/max ms) and as the coordinator's /metrics histogram saw its own "
+        "handling (srv p50/p99, interpolated in its buckets), errors, CPU and database growth.",
     )
     d = LoadConfig()
     p.add_argument("--agents", type=int, default=d.agents, help=f"default {d.agents}")
@@ -89,7 +92,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="N",
         help="N concurrent /metrics clients, half scraping, half holding half-open "
         "connections, in every other phase of --scrape-phase-s; the report gives the "
-        "heartbeat latency with and without them (default 0: no /metrics)",
+        "heartbeat latency with and without them (default 0: none)",
     )
     p.add_argument(
         "--scrape-phase-s",

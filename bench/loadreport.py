@@ -1,7 +1,8 @@
 """The figures of ``hetero-bench load``: what is sampled while it runs (process CPU, the
 database's size and rows) and what is computed from the generators' results and
-printed afterwards (achieved vs offered rates, latency percentiles, errors, CPU in
-cores, the database's growth per hour beside the bounds its retention sets).
+printed afterwards (achieved vs offered rates, latency percentiles, the coordinator's
+own beside them (``loadserver``), errors, CPU in cores, the database's growth per hour
+beside the bounds its retention sets).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from hetero.bench.loadconfig import LoadConfig
 from hetero.bench.loaddb import LoadDatabase
 from hetero.bench.loadlatency import by_scrape_phase, histogram, percentile
+from hetero.bench.loadserver import Buckets, figures
 
 if TYPE_CHECKING:
     import psutil
@@ -35,6 +37,12 @@ TARGETS_P99_MS = {
 }
 #: Heartbeat p99 with ``/metrics`` scrapers over the one without, at most.
 TARGET_SCRAPE_RATIO = 1.2
+#: What the ``server_*`` figures of each method are.
+SERVER_NOTE = (
+    "server_*: the coordinator's own handling (hetero_rpc_duration_seconds of its /metrics, "
+    "read at the window's start and end), calls answered OK, p50/p99 interpolated in the "
+    "histogram's buckets; server_errors: calls answered otherwise"
+)
 
 
 @dataclass(frozen=True)
@@ -76,7 +84,9 @@ def summarize(
     cpu_series: list[float],
     register_s: float,
     db: LoadDatabase,
+    server: Buckets,
 ) -> dict[str, Any]:
+    """``server``: the coordinator's latency histogram over the window (``loadserver``)."""
     from hetero.coordinator.retention import IntervalRetention
     from hetero.coordinator.store import TelemetryPolicy
 
@@ -116,6 +126,7 @@ def summarize(
             "p99_ms": percentile(values, 0.99) * 1e3,
             "max_ms": (values[-1] if values else math.nan) * 1e3,
             "histogram": histogram(values),
+            **figures(server, method),
         }
         if config.scrapers:
             methods[method] |= by_scrape_phase(raw, starts.get(method, []), config.scrape_phase_s)
@@ -178,6 +189,7 @@ def summarize(
             "interval_stats_rows_bound": intervals_rows_bound,
             "interval_stats_bytes_bound": intervals_bound,
         },
+        "server_latency": SERVER_NOTE,
         "targets_p99_ms": TARGETS_P99_MS,
         "target_met": _targets_met(methods, errors),
         # A method with no call in the window has no p99: it is not slow, nor measured.
@@ -185,6 +197,12 @@ def summarize(
         "scrapers": scrape,
         "out": str(out),
     }
+
+
+def _ms(value: float | None) -> str:
+    """A server-side figure for the table: "-" where it has none (no call, or a
+    load.json written before the coordinator had a histogram)."""
+    return f"{'-':>8}" if value is None or math.isnan(value) else f"{value:>8.2f}"
 
 
 def _polls_offered(config: LoadConfig) -> float:
@@ -228,7 +246,7 @@ def render(r: dict[str, Any]) -> str:
         f"{c['ranks'] // c['world_size']} jobs (interval {c['interval_s']:g} s), "
         f"{c['processes']} generator processes, {c['duration_s']:g} s measured",
         f"{'method':<20} {'offered/s':>10} {'achieved/s':>11} {'p50 ms':>8} {'p99 ms':>8} "
-        f"{'max ms':>8} {'errors':>7} {'late':>6}",
+        f"{'max ms':>8} {'srv p50':>8} {'srv p99':>8} {'errors':>7} {'late':>6}",
     ]
     for name, m in r["methods"].items():
         if not m["offered_per_s"] and not m["calls"]:
@@ -236,9 +254,15 @@ def render(r: dict[str, Any]) -> str:
         offered = "asked" if math.isnan(m["offered_per_s"]) else f"{m['offered_per_s']:.1f}"
         lines.append(
             f"{name:<20} {offered:>10} {m['achieved_per_s']:>11.1f} "
-            f"{m['p50_ms']:>8.2f} {m['p99_ms']:>8.2f} {m['max_ms']:>8.1f} {m['errors']:>7d} "
+            f"{m['p50_ms']:>8.2f} {m['p99_ms']:>8.2f} {m['max_ms']:>8.1f} "
+            f"{_ms(m.get('server_p50_ms'))} {_ms(m.get('server_p99_ms'))} {m['errors']:>7d} "
             f"{m['late_starts']:>6d}"
         )
+    lines.append(
+        "p50/p99/max: as the load generators saw the calls (the coordinator, the network and "
+        "the shared cores' queue); srv p50/p99: the coordinator's own handling, from its "
+        "/metrics histogram, interpolated in its buckets"
+    )
     if r.get("scrapers"):
         sc, hb = r["scrapers"], r["methods"]["Heartbeat"]
         quiet, busy = hb["without_scrapers"]["p99_ms"], hb["with_scrapers"]["p99_ms"]

@@ -1,7 +1,8 @@
 """The run of ``hetero-bench load``: a real ``hetero-coord serve`` on a fresh SQLite file,
 ``LoadConfig.processes`` load-generator processes (``hetero.bench.loadgen``) that
 register the simulated agents, the jobs submitted and their ranks reported running,
-then the measured window, sampled at its start and end (``loadreport``).
+then the measured window, sampled at its start and end (``loadreport``), the
+coordinator's own latency histogram among the samples (``loadserver``).
 """
 
 from __future__ import annotations
@@ -50,13 +51,15 @@ def _free_port() -> int:
 
 
 def _start_coordinator(
-    out: Path, db_url: str | None, metrics_port: int | None
+    out: Path, db_url: str | None, metrics_port: int
 ) -> tuple[subprocess.Popen[bytes], str]:
     import grpc
 
     address = f"127.0.0.1:{_free_port()}"
     db = ("--db", db_url) if db_url else ()
-    metrics = ("--metrics-listen", f"127.0.0.1:{metrics_port}") if metrics_port else ()
+    # /metrics on loopback, which needs no token: the run reads the coordinator's own
+    # latency there (``loadserver``), and ``--scrapers`` scrape it.
+    metrics = ("--metrics-listen", f"127.0.0.1:{metrics_port}")
     log = (out / "coordinator.log").open("wb")
     proc = subprocess.Popen(
         [
@@ -194,10 +197,11 @@ def run_load(config: LoadConfig, out: Path) -> dict[str, Any]:
 def _run(config: LoadConfig, out: Path, db: LoadDatabase) -> dict[str, Any]:
     import psutil
 
+    from hetero.bench import loadserver
     from hetero.bench.loadqueue import queue_jobs
     from hetero.coordinator.database import sqlite_url
 
-    metrics_port = _free_port() if config.scrapers else None
+    metrics_port = _free_port()
     coord, address = _start_coordinator(out, config.db, metrics_port)
     gens: list[subprocess.Popen[bytes]] = []
     scrapers: list[subprocess.Popen[bytes]] = []
@@ -209,7 +213,7 @@ def _run(config: LoadConfig, out: Path, db: LoadDatabase) -> dict[str, Any]:
         jobs = _submit_jobs(address, config)
         if config.queued:
             queue_jobs(config.db or sqlite_url(out / "state"), address, config)
-        if metrics_port is not None:
+        if config.scrapers:
             # Not sampled with the generators: their CPU is the simulated agents'.
             scrapers.append(_spawn_scrapers(config, metrics_port, out))
         start = time.time() + config.warmup_s
@@ -221,12 +225,15 @@ def _run(config: LoadConfig, out: Path, db: LoadDatabase) -> dict[str, Any]:
         cproc = psutil.Process(coord.pid)
         gprocs = [psutil.Process(g.pid) for g in gens]
         time.sleep(max(0.0, start - time.time()))
+        # The coordinator's histogram first: its edges are the nearest to the window's.
+        server_first = loadserver.read(metrics_port)
         first = sample(cproc, gprocs, db)
         cpu_series = []
         cproc.cpu_percent()
         while time.time() < end:
             time.sleep(min(1.0, max(0.0, end - time.time())))
             cpu_series.append(cproc.cpu_percent() / 100.0)
+        server_last = loadserver.read(metrics_port)
         last = sample(cproc, gprocs, db)
         for w, g in enumerate([*gens, *scrapers]):
             what = f"load generator {w}" if w < len(gens) else "the /metrics scrapers"
@@ -247,6 +254,7 @@ def _run(config: LoadConfig, out: Path, db: LoadDatabase) -> dict[str, Any]:
         except subprocess.TimeoutExpired:
             coord.kill()
             coord.wait()
-    results = summarize(config, out, first, last, cpu_series, register_s, db)
+    server = loadserver.between(server_first, server_last)
+    results = summarize(config, out, first, last, cpu_series, register_s, db, server)
     (out / "load.json").write_text(json.dumps(results, indent=2))
     return results

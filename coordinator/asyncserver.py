@@ -88,7 +88,9 @@ class AsyncCoordinator:
     A call that waited for a thread past its client's deadline is not started: the
     client has gone (finding: a server that kept working for a client that had left).
     A call of a node's or user's credential is checked against what it acts on
-    (``scope``) first: from memory where it can, else on the thread with the call."""
+    (``scope``) first: from memory where it can, else on the thread with the call.
+    Each call's handling, from here to its reply or abort, is timed into
+    ``deps.rpc_latency`` (``rpclatency``)."""
 
     def __init__(
         self, service: CoordinatorService, pool: futures.Executor, identities: Identities
@@ -107,8 +109,11 @@ class AsyncCoordinator:
     ) -> Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Coroutine[Any, Any, Any]]:
         method = getattr(self.service, name)
         deps = self.service.deps
+        latency = deps.rpc_latency
 
         async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            started = time.perf_counter()
+            code = "OK"
             try:
                 caller = self.identities.of(context.invocation_metadata(), context.auth_context())
                 verdict = self.scope.quick(caller, name, request) if caller.scoped else True
@@ -127,8 +132,20 @@ class AsyncCoordinator:
                     request,
                     thread_context,
                 )
-            except _Aborted as aborted:
-                await context.abort(aborted.code, aborted.details)
+            except _Aborted as exc:
+                aborted, code = exc, exc.code.name
+            except asyncio.CancelledError:  # the client went away, or its deadline passed
+                left = context.time_remaining()
+                code = "DEADLINE_EXCEEDED" if left is not None and left <= 0 else "CANCELLED"
+                raise
+            except Exception:  # AioGuardInterceptor answers it INTERNAL
+                code = "INTERNAL"
+                raise
+            finally:
+                latency.observe(name, code, time.perf_counter() - started)
+            # Counted first: the status leaves with the abort, and whoever got it may read
+            # the histogram next.
+            await context.abort(aborted.code, aborted.details)
 
         call.__name__ = name
         return call

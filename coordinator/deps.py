@@ -22,6 +22,7 @@ from hetero.coordinator.readcache import (
 )
 from hetero.coordinator.replanner import Replanner
 from hetero.coordinator.reportworker import ReportWorker
+from hetero.coordinator.rpclatency import RpcLatency
 from hetero.core import defaults
 
 
@@ -41,6 +42,7 @@ class Deps:
     (``reportworker``; not on an in-memory SQLite database); None = on the handler's
     thread. ``capacity`` is the sweeper's watch of changes that may let a waiting job fit,
     told of the ones made outside this process's sessions; None = not told.
+    ``rpc_latency`` times every call's handling for ``/metrics`` (``rpclatency``).
     """
 
     sessions: sessionmaker[Session]
@@ -70,6 +72,8 @@ class Deps:
     #: When this coordinator started (Unix s; None = ``clock()`` at construction):
     #: a node's silence counts from here at most.
     started_at_unix_s: float | None = None
+    #: The server-side duration of each call, by method and status (one per coordinator).
+    rpc_latency: RpcLatency = field(default_factory=RpcLatency)
 
     def __post_init__(self) -> None:
         if self.started_at_unix_s is None:

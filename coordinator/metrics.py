@@ -2,9 +2,10 @@
 per-rank batch sizes and straggler flags, in the text exposition format (0.0.4).
 
 ``render`` is pure (a ``ClusterSnapshot`` in, text out): it names the families
-and samples, and ``prometheus-client`` writes them (escaping, number format,
-``_total`` for counters), so the exposition is the one every exporter speaks.
-The HTTP side (a bounded server, a cached snapshot, the listen rule) is
+and samples (``families``), and ``prometheus-client`` writes them (``write``:
+escaping, number format, ``_total`` for counters), so the exposition is the one
+every exporter speaks. The HTTP side (a bounded server, a cached snapshot, the
+listen rule, the RPC latency histogram of ``rpclatency`` beside it) is
 ``metricsserver``.
 
 Conventions: base units (seconds, bytes, watts, hertz, ratios 0–1), ``_total``
@@ -15,7 +16,7 @@ the node name, ``device`` the device index on its node, ``job`` the job id,
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -67,21 +68,54 @@ class Exposition(Collector):  # type: ignore[misc, unused-ignore]
         return (f.metric() for f in self._families.values())
 
     def text(self) -> str:
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(self)
-        text: bytes = generate_latest(registry)
-        return text.decode("utf-8")
+        return write(self.collect()).decode("utf-8")
 
 
-def render(snapshot: pb.ClusterSnapshot) -> str:
-    """The exposition text of ``snapshot``."""
+class _Written(Collector):  # type: ignore[misc, unused-ignore]
+    """Families already collected, for ``generate_latest``."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families)
+
+
+def write(families: Iterable[Metric], names: frozenset[str] | None = None) -> bytes:
+    """The exposition text of ``families``; with ``names``, of only the samples so named
+    (``?name[]=`` as prometheus-client's own handler reads it: a histogram's are
+    ``NAME_bucket``, ``NAME_count``, ...). A family left without samples is left out."""
+    kept = []
+    for family in families:
+        if names is None:
+            if family.samples:
+                kept.append(family)
+            continue
+        samples = [s for s in family.samples if s.name in names]
+        if samples:
+            copy = Metric(family.name, family.documentation, family.type, family.unit)
+            copy.samples = samples
+            kept.append(copy)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Written(kept))
+    text: bytes = generate_latest(registry)
+    return text
+
+
+def families(snapshot: pb.ClusterSnapshot) -> list[Metric]:
+    """The metric families of ``snapshot``."""
     out = Exposition()
     node_names = {n.id: n.name for n in snapshot.nodes}
     for node in snapshot.nodes:
         _node(out, node)
     for job in snapshot.jobs:
         _job(out, job, node_names)
-    return out.text()
+    return list(out.collect())
+
+
+def render(snapshot: pb.ClusterSnapshot) -> str:
+    """The exposition text of ``snapshot``."""
+    return write(families(snapshot)).decode("utf-8")
 
 
 def _node(out: Exposition, node: pb.Node) -> None:

@@ -159,7 +159,12 @@ def serve(
     pruner = IntervalPruner(deps.sessions, kept, clock=deps.clock, logs=logs)
     server, port = create_server(address, deps, security, certificates)
     metrics = (
-        MetricsServer(metrics_listen, CoordinatorService(deps).snapshot, security)
+        MetricsServer(
+            metrics_listen,
+            CoordinatorService(deps).snapshot,
+            security,
+            rpc_latency=deps.rpc_latency,
+        )
         if metrics_listen
         else None
     )

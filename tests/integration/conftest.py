@@ -119,8 +119,12 @@ def sim(coordinator: Coordinator) -> Iterator[SimCluster]:
 
 @pytest.fixture
 def metrics(coordinator: Coordinator) -> Iterator[str]:
-    """The base URL of a ``/metrics`` server on ``coordinator``'s snapshot (port 0)."""
-    server = MetricsServer("127.0.0.1:0", CoordinatorService(coordinator.deps).snapshot)
+    """The base URL of a ``/metrics`` server on ``coordinator``'s snapshot and RPC
+    latency histogram (port 0), as ``hetero-coord serve --metrics-listen`` wires it."""
+    deps = coordinator.deps
+    server = MetricsServer(
+        "127.0.0.1:0", CoordinatorService(deps).snapshot, rpc_latency=deps.rpc_latency
+    )
     server.start()
     try:
         yield f"http://127.0.0.1:{server.port}"

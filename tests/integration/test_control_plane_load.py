@@ -5,6 +5,7 @@ writers; and ``hetero-bench load`` end to end at a CI size."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import threading
@@ -393,15 +394,30 @@ def test_hetero_bench_load_runs_a_small_cluster_without_errors(
     result = json.loads(done.stdout)
     assert result == json.loads((out / "load.json").read_text())
     assert result["errors_total"] == 0, result["error_samples"]
-    for method in ("Heartbeat", "ReportIntervalStats", "GetPlan"):
+    measured = ["Heartbeat", "ReportIntervalStats", "GetPlan"]
+    for method in measured:
         assert result["methods"][method]["calls"] > 0, method
     if on_sqlite:  # 50 agents polling about once a second for 4 s
         assert result["methods"]["PollAssignments"]["calls"] >= 50
         assert result["not_measured"] == []
+        measured.append("PollAssignments")
     else:  # the ranks were started before the window: no heartbeat asked for a poll
         assert result["methods"]["PollAssignments"]["calls"] == 0
         assert result["not_measured"] == ["PollAssignments"]
         assert "not measured: PollAssignments" in render(result)
+    # The coordinator's own figures of the same calls, from its /metrics histogram read at
+    # the window's edges: the calls it finished between the reads, against those the
+    # generators started in the window (the calls in flight at either edge differ).
+    table = render(result)
+    assert "srv p50" in table and "srv p99" in table
+    for method in measured:
+        m = result["methods"][method]
+        assert m["server_errors"] == 0, method
+        assert abs(m["server_calls"] - m["calls"]) <= 0.25 * m["calls"] + 5, (method, m)
+        assert math.isfinite(m["server_p50_ms"]) and math.isfinite(m["server_p99_ms"]), method
+        assert 0 < m["server_p50_ms"] <= m["server_p99_ms"], method
+        row = next(line.split() for line in table.splitlines() if line.startswith(method))
+        assert row[6:8] == [f"{m['server_p50_ms']:.2f}", f"{m['server_p99_ms']:.2f}"], row
     database = result["database"]
     assert database["store"] == ("sqlite" if on_sqlite else "postgresql")
     rows = database["rows_end"]

@@ -99,13 +99,14 @@ def substituted(expr: str) -> str:
 def test_promtool_accepts_a_real_coordinators_metrics(scrape: str) -> None:
     names = sample_names(scrape)
     # What the scrape must hold for the check to mean anything: nodes, devices, a job,
-    # ranks measured over intervals, a counter.
+    # ranks measured over intervals, a counter, the histogram of the calls that made them.
     for name in (
         "hetero_node_up",
         "hetero_device_utilization_ratio",
         "hetero_job_samples_per_second",
         "hetero_rank_compute_seconds_per_sample",
         "hetero_job_restarts_total",
+        "hetero_rpc_duration_seconds_bucket",
     ):
         assert name in names, name
     assert PROMTOOL is not None
