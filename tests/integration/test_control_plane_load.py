@@ -16,7 +16,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, select, text
 from sqlalchemy.exc import DBAPIError
 
 from hetero.bench.loadgen import device_profiles, heartbeat_request
@@ -24,6 +24,7 @@ from hetero.bench.loadreport import render
 from hetero.coordinator import store
 from hetero.coordinator.database import open_database, read_session_factory, session_factory
 from hetero.coordinator.ingest import HeartbeatIngest
+from hetero.coordinator.models import NodeRow
 from hetero.coordinator.readcache import IntervalHistories, LatestPlans, PendingOrders
 from hetero.coordinator.recovery import Sweeper
 from hetero.coordinator.server import create_server
@@ -478,3 +479,52 @@ def test_the_sweeper_flushes_parked_heartbeats_first_and_drops_the_caches_on_a_c
     with served.deps.sessions() as s:
         assert store.get_node(s, dead).down
         assert not store.get_node(s, live).down
+
+
+def test_a_flush_of_a_thousand_nodes_writes_each_one_in_statements_of_many_rows(
+    both_stores_url: str,
+) -> None:
+    """One flush larger than a statement's parameters (on SQLite the rows go in
+    statements of many rows each): every known node's newest arrival, never moved back,
+    a down node up again, every sample kept once, the unknown ids returned."""
+    engine = open_database(both_stores_url)
+    sessions = session_factory(engine)
+    policy = TelemetryPolicy()
+    t0 = 1_700_000_000.0
+    try:
+        with sessions.begin() as s:
+            ids = [
+                store.register_node(
+                    s,
+                    name=f"n{i:04d}",
+                    address=f"10.0.{i // 256}.{i % 256}",
+                    agent_endpoint="",
+                    agent_version="test",
+                    devices=[],
+                    now=t0,
+                ).id
+                for i in range(1000)
+            ]
+        with sessions.begin() as s:
+            store.mark_down(s, store.get_node(s, ids[7]), 11.0, now=t0 + 1)
+            s.get(NodeRow, ids[8]).last_heartbeat_unix_s = t0 + 99  # a later flush's, first
+        samples = tuple(
+            {"device_index": d, "utilization_percent": 50.0 + i % 7}
+            for d, i in zip((None, 0, 1, 2), range(4), strict=True)
+        )
+        beats = [store.Beat(node, t0 + 10, samples) for node in ids]
+        beats += [store.Beat(f"gone-{k}", t0 + 10, samples) for k in range(3)]
+        with sessions.begin() as s:
+            gone = store.record_heartbeats(s, beats, policy=policy)
+        assert gone == {"gone-0", "gone-1", "gone-2"}
+        with sessions() as s:
+            heard = dict(s.execute(select(NodeRow.id, NodeRow.last_heartbeat_unix_s)).all())
+            assert heard[ids[8]] == t0 + 99  # never moved back
+            assert {heard[n] for n in ids if n != ids[8]} == {t0 + 10}
+            assert not store.get_node(s, ids[7]).down
+            per_node = s.execute(
+                text("SELECT count(*), count(DISTINCT node_id), count(device_index) FROM telemetry")
+            ).one()
+            assert tuple(per_node) == (4000, 1000, 3000)  # 4 rows a node, the host's index NULL
+    finally:
+        engine.dispose()
