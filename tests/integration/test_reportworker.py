@@ -109,13 +109,21 @@ def here(tmp_path: Path) -> Iterator[Served]:
     yield from _serve(f"sqlite:///{tmp_path / 'here.db'}", worker=False)
 
 
-def _running_job(stub: pb_grpc.CoordinatorStub) -> tuple[str, int]:
-    """A 2-rank job whose ranks run: its id and first plan version."""
+def _running_job(
+    stub: pb_grpc.CoordinatorStub,
+    spec: str = JOB,
+    devices: list[tpb.DeviceProfile] | None = None,
+    name: str = "gpu",
+) -> tuple[str, int]:
+    """A job of ``spec`` on one node of ``devices`` (two GPUs by default) whose ranks
+    run: its id and first plan version."""
     node = stub.RegisterNode(
-        pb.RegisterNodeRequest(name="gpu", address="gpu.local", devices=device_profiles(2)),
+        pb.RegisterNodeRequest(
+            name=name, address=f"{name}.local", devices=devices or device_profiles(2)
+        ),
         timeout=DEADLINE_S,
     ).node_id
-    job = stub.SubmitJob(pb.SubmitJobRequest(spec_yaml=JOB), timeout=DEADLINE_S).job
+    job = stub.SubmitJob(pb.SubmitJobRequest(spec_yaml=spec), timeout=DEADLINE_S).job
     for r in job.ranks:
         stub.ReportRankStatus(
             pb.ReportRankStatusRequest(
@@ -372,19 +380,9 @@ def test_a_restart_the_worker_causes_tells_the_admission_pass(served: Served) ->
     object.__setattr__(served.deps, "capacity", capacity)
     cpu = tpb.DeviceProfile(index=0, name="cpu", kind=tpb.DEVICE_KIND_CPU, compute_score=1.0)
     stub = served.stub
-    node = stub.RegisterNode(
-        pb.RegisterNodeRequest(name="cpu", address="cpu.local", devices=[cpu]), timeout=DEADLINE_S
-    ).node_id
-    job = stub.SubmitJob(pb.SubmitJobRequest(spec_yaml=SHED), timeout=DEADLINE_S).job
-    for r in job.ranks:
-        stub.ReportRankStatus(
-            pb.ReportRankStatusRequest(
-                node_id=node, job_id=job.id, rank=r.rank, state=pb.RANK_STATE_RUNNING
-            ),
-            timeout=DEADLINE_S,
-        )
-    plan = stub.GetPlan(tpb.GetPlanRequest(job_id=job.id), timeout=DEADLINE_S)
-    _start_worker(served, job.id, plan.version)
+    job_id, _ = _running_job(stub, SHED, [cpu], "cpu")
+    plan = stub.GetPlan(tpb.GetPlanRequest(job_id=job_id), timeout=DEADLINE_S)
+    _start_worker(served, job_id, plan.version)
     epoch = capacity.due(served.clock())
     assert epoch is not None
     capacity.passed(epoch, served.clock())
@@ -393,11 +391,11 @@ def test_a_restart_the_worker_causes_tells_the_admission_pass(served: Served) ->
         step += 4
         # Rank 1 is 8x slower on a step with a fixed cost: the job is faster without it.
         compute = [(0.0002 * b + 0.004) * f for b, f in zip(plan.batches, (1, 8), strict=True)]
-        report = tpb.IntervalReport(job_id=job.id, end_step=step, plan_version=plan.version)
+        report = tpb.IntervalReport(job_id=job_id, end_step=step, plan_version=plan.version)
         for rank, (b, t) in enumerate(zip(plan.batches, compute, strict=True)):
             report.ranks.add(rank=rank, batch=b, steps=4, compute_s=t, step_s=max(compute) + 0.003)
         plan = stub.ReportIntervalStats(report, timeout=DEADLINE_S).plan
-        state = stub.GetJob(pb.GetJobRequest(job_id=job.id), timeout=DEADLINE_S).state
+        state = stub.GetJob(pb.GetJobRequest(job_id=job_id), timeout=DEADLINE_S).state
     assert state == pb.JOB_STATE_RESTARTING, "the worker never left the slow rank out"
     assert _worker(served).fallbacks == 0
     assert capacity.due(served.clock()) is not None, "the sweeper was not told"
