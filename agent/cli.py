@@ -22,7 +22,7 @@ from types import FrameType
 from typing import Any
 
 from hetero.agent.config import AgentConfig, load_config, with_flags
-from hetero.core import defaults
+from hetero.core import defaults, heap
 from hetero.core.errors import ConfigError, HeteroError
 from hetero.credentials import check_holder
 from hetero.logs import configure_logging
@@ -256,6 +256,7 @@ def _run(config: AgentConfig, refresh: bool) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
+    heap.settle()  # the profile's and start-up's objects out of full collections
     agent.run()
     return 0
 

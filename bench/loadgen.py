@@ -37,6 +37,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from hetero.core import heap
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 from hetero.v1 import types_pb2 as tpb
@@ -268,6 +269,9 @@ class Worker:
                 if all(t.done() for t in agents):
                     raise SystemExit(f"only {self.registered}/{c.agents} agents registered")
                 await asyncio.sleep(GO_POLL_S)
+            # A full collection of start-up's objects stalls this loop for up to 150 ms
+            # on a loaded 2-core box, and every call in flight would count it as latency.
+            heap.settle()
             (self.folder / "ready").write_text(str(self.registered))
             go_path = self.folder.parent / "go.json"
             while not go_path.exists():

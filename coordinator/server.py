@@ -48,7 +48,7 @@ from hetero.coordinator.retention import IntervalRetention, LogRetention
 from hetero.coordinator.service import CoordinatorService
 from hetero.coordinator.store import TelemetryPolicy
 from hetero.coordinator.views import HISTORY_FOR_REPORT
-from hetero.core import defaults
+from hetero.core import defaults, heap
 from hetero.transport import ServerSecurity, bind, describe, new_aio_server
 from hetero.v1 import coordinator_pb2
 
@@ -203,6 +203,7 @@ def serve(
     if metrics is not None:
         metrics.start()
         log.info("metrics on http://%s/metrics", metrics_listen)
+    heap.settle()  # start-up's objects out of every full collection (``heap``)
     stop = threading.Event()
 
     def _on_signal(signum: int, _frame: FrameType | None) -> None:

@@ -30,6 +30,8 @@ from concurrent import futures
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
+from hetero.core import heap
+
 log = logging.getLogger("hetero.coordinator")
 
 T = TypeVar("T")
@@ -52,10 +54,12 @@ def _initialize(
 ) -> None:
     """In the worker, first: exit with the ``coordinator`` process (its pid, given by the
     coordinator itself: one that died before this ran is seen at once), then
-    ``initializer(*initargs)``."""
+    ``initializer(*initargs)``, then start-up's objects are frozen out of full
+    collections (``heap``)."""
     _exit_with_parent(coordinator)
     if initializer is not None:
         initializer(*initargs)
+    heap.settle()
 
 
 def _exit_with_parent(parent: int) -> None:
