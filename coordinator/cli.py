@@ -97,6 +97,14 @@ def _parser() -> argparse.ArgumentParser:
         help="host:port to serve Prometheus /metrics on (default: off); beyond loopback "
         "scrapes must send the token (Authorization: Bearer)",
     )
+    serve.add_argument(
+        "--report-processes",
+        type=_processes,
+        metavar="N",
+        help="processes that interval reports (their writes and the balancer's fits) run in, "
+        "each job's always in the same one; on PostgreSQL or a SQLite file (default: one per "
+        "core, at most 4)",
+    )
     auth = serve.add_argument_group("authentication (see docs/reliability.md#security)")
     auth.add_argument(
         "--token-file",
@@ -294,6 +302,17 @@ def _db(args: argparse.Namespace) -> int:
 # ---- serve --------------------------------------------------------------------------
 
 
+def _processes(text: str) -> int:
+    """``--report-processes``: a whole number from 1 to 64."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if not 1 <= n <= 64:
+        raise argparse.ArgumentTypeError(f"must be from 1 to 64, got {n}")
+    return n
+
+
 def _serve(args: argparse.Namespace) -> int:
     from hetero.coordinator.server import serve
     from hetero.coordinator.store import TelemetryPolicy
@@ -316,6 +335,7 @@ def _serve(args: argparse.Namespace) -> int:
         interval_stats_raw_h=args.interval_stats_raw_h,
         interval_stats_thin=args.interval_stats_thin,
         interval_stats_keep_days=args.interval_stats_keep_days,
+        report_processes=args.report_processes,
     )
     set_daemon_umask()
     configure_logging(config.log_format)
@@ -359,6 +379,7 @@ def _serve(args: argparse.Namespace) -> int:
         log_retention=config.log_retention,
         limits=config.limits,
         certificates=certificates,
+        report_processes=config.report_processes,
     )
     return 0
 

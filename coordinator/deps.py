@@ -21,7 +21,7 @@ from hetero.coordinator.readcache import (
     PendingOrders,
 )
 from hetero.coordinator.replanner import Replanner
-from hetero.coordinator.reportworker import ReportWorker
+from hetero.coordinator.reportworker import ReportWorkers
 from hetero.coordinator.rpclatency import RpcLatency
 from hetero.core import defaults
 
@@ -53,7 +53,7 @@ class Deps:
     histories: IntervalHistories | None = None
     placements: JobPlacements | None = None
     replanner: Replanner | None = None
-    reports: ReportWorker | None = None
+    reports: ReportWorkers | None = None
     capacity: CapacityWatch | None = None
     clock: Callable[[], float] = time.time
     heartbeat_interval_s: float = defaults.HEARTBEAT_INTERVAL_S

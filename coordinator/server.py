@@ -43,7 +43,7 @@ from hetero.coordinator.readcache import (
 )
 from hetero.coordinator.recovery import Sweeper
 from hetero.coordinator.replanner import Replanner
-from hetero.coordinator.reportworker import ReportWorker
+from hetero.coordinator.reportworker import DEFAULT_PROCESSES, ReportWorkers
 from hetero.coordinator.retention import IntervalRetention, LogRetention
 from hetero.coordinator.service import CoordinatorService
 from hetero.coordinator.store import TelemetryPolicy
@@ -112,12 +112,13 @@ def serve(
     log_retention: LogRetention | None = None,
     limits: Limits | None = None,
     certificates: Mapping[str, Caller] | None = None,
+    report_processes: int | None = None,
 ) -> None:
     """Run the coordinator until SIGTERM or SIGINT; with ``metrics_listen`` (host:port)
     also serve Prometheus ``/metrics`` there. Heartbeats are written in batches
-    (``HeartbeatIngest``), reads take no write lock, interval reports are handled in a
-    process of their own (``reportworker``; not on an in-memory SQLite database, which
-    no other process can open) and the balancer's fits of the others in a worker
+    (``HeartbeatIngest``), reads take no write lock, interval reports are handled in
+    ``report_processes`` processes of their own (``reportworker``; None = one per core,
+    at most four; not on an in-memory SQLite database, which no other process can open) and the balancer's fits of the others in a worker
     process (``replanner``). A sweeper thread marks silent
     nodes down and restarts their jobs (``recovery``); what it changes drops the
     order and plan caches (``readcache``) so polls and ``GetPlan`` see it at once.
@@ -137,7 +138,11 @@ def serve(
             histories=IntervalHistories(HISTORY_FOR_REPORT),
             placements=JobPlacements(),
             replanner=Replanner(),
-            reports=(ReportWorker(db_url) if writers_take_turns_across_processes(engine) else None),
+            reports=(
+                ReportWorkers(db_url, report_processes or DEFAULT_PROCESSES)
+                if writers_take_turns_across_processes(engine)
+                else None
+            ),
             capacity=CapacityWatch(sessions),
             telemetry=policy,
             heartbeat_interval_s=heartbeat_interval_s,

@@ -126,6 +126,23 @@ def test_serve_refuses_bad_retention_flags_in_one_line(tmp_path: Path) -> None:
     assert not (tmp_path / "c.db").exists(), "refused before opening the database"
 
 
+def test_serve_refuses_a_bad_report_processes_in_one_line(tmp_path: Path) -> None:
+    db = ("--db", f"sqlite:///{tmp_path / 'c.db'}", "--listen", "127.0.0.1:0")
+    db += ("--state-dir", str(tmp_path / "state"))
+    config = tmp_path / "coordinator.yaml"
+    config.write_text("report_processes: 0\n")
+    cases = [
+        (("--report-processes", "0"), "argument --report-processes: must be from 1 to 64, got 0"),
+        (("--report-processes", "two"), "--report-processes: must be a whole number, got 'two'"),
+        (("--config", str(config)), "report_processes: must be >= 1, got 0"),
+    ]
+    for flags, message in cases:
+        result = _cli("serve", *db, *flags)
+        assert result.returncode == 2, (flags, result.stderr)
+        assert message in _one_error_line(result), result.stderr
+    assert not (tmp_path / "c.db").exists(), "refused before opening the database"
+
+
 def test_a_job_file_that_is_not_utf8_or_endless_is_one_line(coordinator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Issue 17: a non-UTF-8 file gave a 17-line traceback, ``/dev/zero`` a MemoryError
     (now at most the 1 MiB limit + 1 byte is read)."""

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from hetero.coordinator.capacity import CapacityWatch
 from hetero.coordinator.database import open_database, read_session_factory, session_factory
 from hetero.coordinator.models import IntervalStatRow
 from hetero.coordinator.readcache import IntervalHistories, LatestPlans
-from hetero.coordinator.reportworker import ReportWorker
+from hetero.coordinator.reportworker import ReportWorker, ReportWorkers
 from hetero.coordinator.server import create_server
 from hetero.coordinator.service import Deps
 from hetero.coordinator.views import HISTORY_FOR_REPORT
@@ -71,7 +72,7 @@ class Served:
     clock: Clock
 
 
-def _serve(db_url: str, worker: bool) -> Iterator[Served]:
+def _serve(db_url: str, worker: bool, processes: int = 1) -> Iterator[Served]:
     """``server.serve``'s wiring (plan and history caches, a report worker where
     ``worker``) with a hand-moved clock."""
     engine = open_database(db_url)
@@ -83,7 +84,7 @@ def _serve(db_url: str, worker: bool) -> Iterator[Served]:
         plans=LatestPlans(readers, ttl_s=60.0),
         histories=IntervalHistories(HISTORY_FOR_REPORT),
         # A generous limit: a loaded test box must not turn a slow report into a fallback.
-        reports=ReportWorker(db_url, timeout_s=60.0) if worker else None,
+        reports=ReportWorkers(db_url, processes, timeout_s=60.0) if worker else None,
         clock=clock,
     )
     server, port = create_server("127.0.0.1:0", deps)
@@ -173,8 +174,9 @@ def _rows_per_step(served: Served, job_id: str) -> list[tuple[int, int, float]]:
 
 
 def _worker(served: Served) -> ReportWorker:
-    worker = served.deps.reports
-    assert worker is not None
+    workers = served.deps.reports
+    assert workers is not None
+    (worker,) = workers.workers
     return worker
 
 
@@ -211,6 +213,41 @@ def test_reports_in_the_worker_are_stored_once_in_order_and_plan_as_here(
         replies[-1].version,
         list(replies[-1].batches),
     )
+
+
+def test_two_workers_take_two_jobs_side_by_side_each_in_its_order(tmp_path: Path) -> None:
+    serving = _serve(f"sqlite:///{tmp_path / 'two.db'}", worker=True, processes=2)
+    served = next(serving)
+    try:
+        workers = served.deps.reports
+        assert workers is not None and len(workers.workers) == 2
+        # Jobs until one lands on each worker (by its id's hash).
+        by_worker: dict[int, tuple[str, int]] = {}
+        for i in range(32):
+            job_id, version = _running_job(served.stub, name=f"gpu{i}")
+            by_worker.setdefault(workers.workers.index(workers.of(job_id)), (job_id, version))
+            if len(by_worker) == 2:
+                break
+        assert len(by_worker) == 2, "32 jobs' ids all hashed to one worker"
+        for job_id, version in by_worker.values():
+            assert workers.of(job_id) is workers.of(job_id)
+            served.stub.ReportIntervalStats(
+                _report(job_id, 0, version, (0.001, 0.001)), timeout=DEADLINE_S
+            )
+        assert all(w.wait_ready(60.0) for w in workers.workers), "a worker did not start"
+        pids = [w.pids() for w in workers.workers]
+        assert all(pids) and len({p for ps in pids for p in ps}) == 2, pids
+        with futures.ThreadPoolExecutor(2) as pool:
+            runs = [pool.submit(_run, served, j, v) for j, v in by_worker.values()]
+            for run in runs:
+                assert len(run.result()) == len(SPEEDS)
+        for worker in workers.workers:
+            assert worker.answered == len(SPEEDS) and worker.fallbacks == 0
+        for job_id, _ in by_worker.values():
+            steps = [(step, n) for step, n, _ in _rows_per_step(served, job_id)]
+            assert steps == [(10 * i, 2) for i in range(len(SPEEDS) + 1)]
+    finally:
+        serving.close()
 
 
 def test_a_report_the_worker_refuses_is_refused_as_here_and_stores_nothing(served: Served) -> None:
