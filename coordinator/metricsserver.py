@@ -27,6 +27,22 @@ the edges of its window without a snapshot's cost inside it. Any other filter ge
 the whole exposition: filtering the cluster's families would cost a pass over them
 at every such scrape, outside the bounds above.
 
+The HTTP side runs in a process of its own (``spawn``, started by ``start``): a
+scrape storm is sockets to accept, read, time out and close, hundreds a second,
+and in the coordinator's process every one of them took the interpreter lock
+the event loop answering heartbeats needs (under ``hetero-bench load --scrapers
+200`` on a 2-core box the coordinator's own GetPlan p99 went from 0.3 to 128 ms
+and the heartbeats' p99 seen by the agents rose eightfold). The coordinator binds
+the socket, so a wrong address fails at once and port 0 has its port, and hands
+it to the process; that process asks the coordinator for a body over a pipe
+(the caches above stay in the coordinator, where the snapshot is read) at most
+every :data:`REFRESH_S` for the whole exposition and at each filtered scrape,
+and serves it meanwhile from its copy. It runs at a lower CPU priority
+(:data:`NICE`): on a host with cores to spare that changes nothing, on a busy
+one the kernel gives the coordinator the CPU first. It checks tokens against
+their SHA-256 digests and never holds a token. It exits within a second of a
+``kill -9`` of the coordinator; one that dies is started again, logged.
+
 The listen rule is gRPC's (``hetero.transport.check_listen``): loopback by
 default, and a non-loopback address needs the coordinator's token, which every
 scrape must then carry (``Authorization: Bearer``, Prometheus'
@@ -36,7 +52,11 @@ need no token: the figures are read-only and carry no spec, command or log.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
+import multiprocessing
+import os
 import socket
 import threading
 import time
@@ -48,9 +68,11 @@ from typing import Any
 
 from prometheus_client.core import Metric
 
-from hetero.auth import METADATA_KEY, SCHEME, Secret
+from hetero.auth import METADATA_KEY, SCHEME
 from hetero.coordinator.metrics import CONTENT_TYPE, families, write
 from hetero.coordinator.rpclatency import SAMPLE_NAMES, RpcLatency
+from hetero.coordinator.workerprocess import exit_with_parent
+from hetero.core import heap
 from hetero.core.errors import ConfigError
 from hetero.transport import ServerSecurity, is_loopback
 from hetero.v1 import coordinator_pb2 as pb
@@ -74,6 +96,13 @@ BUILD_SHARE = 0.1
 LIVE_SHARE = 0.02
 #: Sets of ``?name[]=`` names whose answers are kept between builds.
 FILTERS = 16
+#: Seconds the HTTP process serves its copy of the whole exposition before it asks the
+#: coordinator again (a scrape finds it at most this much older than the caches').
+REFRESH_S = 0.25
+#: CPU niceness of the HTTP process over the coordinator's.
+NICE = 10
+#: Seconds between starts of an HTTP process that keeps dying.
+RESTART_S = 1.0
 
 
 def check_metrics_listen(address: str, security: ServerSecurity) -> None:
@@ -161,23 +190,24 @@ class CachedLatency(CachedFamilies):
 
 
 class _BoundedServer(HTTPServer):
-    """``HTTPServer`` whose connections run on a fixed pool; beyond ``WORKERS + QUEUED``
-    in flight, a new connection is closed without being read."""
+    """``HTTPServer`` on a socket bound already, whose connections run on a fixed pool;
+    beyond ``WORKERS + QUEUED`` in flight, a new connection is closed without being
+    read (counted in ``refused``)."""
 
-    request_queue_size = 64  # listen backlog
-
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
-        if ":" in address[0]:
-            self.address_family = socket.AF_INET6
+    def __init__(
+        self, sock: socket.socket, handler: type[BaseHTTPRequestHandler], refused: Any
+    ) -> None:
+        self.address_family = sock.family
         self._pool = futures.ThreadPoolExecutor(WORKERS, thread_name_prefix="metrics")
         self._slots = threading.BoundedSemaphore(WORKERS + QUEUED)
-        #: Connections closed unread because the pool and its queue were full.
-        self.refused = 0
-        super().__init__(address, handler)
+        self.refused = refused
+        super().__init__(sock.getsockname()[:2], handler, bind_and_activate=False)
+        self.socket.close()
+        self.socket = sock
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
-            self.refused += 1
+            self.refused.value += 1
             self.shutdown_request(request)
             return
         self._pool.submit(self._serve_one, request, client_address)
@@ -195,13 +225,9 @@ class _BoundedServer(HTTPServer):
         # A client that timed out or hung up is routine here, not a traceback on stderr.
         log.debug("metrics connection from %s failed", client_address, exc_info=True)
 
-    def server_close(self) -> None:
-        super().server_close()
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
 
 class MetricsServer:
-    """``/metrics`` over HTTP from a daemon thread, bounded as the module says.
+    """``/metrics`` over HTTP from a process of its own, bounded as the module says.
     ``security`` decides the listen rule and whether scrapes need the token;
     ``rpc_latency`` (the coordinator's ``Deps.rpc_latency``) follows the snapshot."""
 
@@ -222,18 +248,25 @@ class MetricsServer:
         # Beyond loopback a scrape sends the cluster token or the read role's.
         readers = [r.token for r in security.roles if r.role == "read"]
         tokens = [] if is_loopback(address) else [*filter(None, [security.token]), *readers]
+        self._digests = [_digest(t.reveal()) for t in tokens]
         self.exposition = CachedExposition(snapshot, ttl_s)
         self.latency = CachedLatency(rpc_latency) if rpc_latency is not None else None
+        host = host.strip("[]") or "0.0.0.0"
+        self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         try:
-            self._httpd = _BoundedServer(
-                (host.strip("[]") or "0.0.0.0", int(port)), _handler(self.body, tokens)
-            )
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._sock.bind((host, int(port)))
+            self._sock.listen(64)  # the backlog beyond the pool and its queue
         except OSError as exc:
+            self._sock.close()
             raise ConfigError(f"cannot listen for metrics on {address}: {exc.strerror}") from None
-        self.port: int = self._httpd.server_address[1]
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, name="metrics", daemon=True
-        )
+        self.port: int = self._sock.getsockname()[1]
+        self._context = multiprocessing.get_context("spawn")
+        self._refused = self._context.Value("q", 0, lock=False)
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._process: Any = None
+        self._thread = threading.Thread(target=self._run, name="metrics", daemon=True)
 
     def body(self, names: frozenset[str] | None = None) -> bytes:
         """What a scrape gets: the snapshot's families, then the latency histogram's; with
@@ -246,22 +279,116 @@ class MetricsServer:
     @property
     def refused(self) -> int:
         """Connections closed unread because every worker and queue slot was taken."""
-        return self._httpd.refused
+        return int(self._refused.value)
+
+    def pid(self) -> int | None:
+        """The HTTP process's id while one runs (for tests and logs)."""
+        with self._lock:
+            return None if self._process is None else self._process.pid
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        self._stopping.set()
+        with self._lock:
+            process = self._process
+        if process is not None:
+            process.terminate()
         self._thread.join(timeout=5.0)
+        self._sock.close()
+
+    def _run(self) -> None:
+        """Start the HTTP process and answer its requests for bodies; start another when
+        it dies, until ``stop``."""
+        while not self._stopping.is_set():
+            ours, theirs = self._context.Pipe()
+            process = self._context.Process(
+                target=_serve_http,
+                args=(self._sock, theirs, self._digests, self._refused, os.getpid()),
+                name="hetero-metrics",
+                daemon=True,
+            )
+            with self._lock:
+                if self._stopping.is_set():
+                    return
+                process.start()
+                self._process = process
+            theirs.close()
+            self._answer(ours)
+            process.join(timeout=5.0)
+            if process.is_alive():
+                process.kill()
+            if not self._stopping.is_set():
+                log.warning(
+                    "the /metrics process exited (code %s); starting another", process.exitcode
+                )
+                self._stopping.wait(RESTART_S)
+
+    def _answer(self, conn: Any) -> None:
+        """The bodies the HTTP process asks for, until it exits."""
+        while True:
+            try:
+                names = conn.recv()
+            except (EOFError, OSError):
+                return
+            try:
+                reply: tuple[bool, bytes] = (True, self.body(names))
+            except Exception:
+                log.exception("metrics scrape failed")
+                reply = (False, b"")
+            try:
+                conn.send(reply)
+            except OSError:
+                return
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8")).digest()
+
+
+def _serve_http(
+    sock: socket.socket, conn: Any, digests: list[bytes], refused: Any, coordinator: int
+) -> None:
+    """The HTTP process: serve ``sock`` until the coordinator (pid ``coordinator``) exits,
+    bodies from the coordinator over ``conn``."""
+    exit_with_parent(coordinator)
+    os.nice(NICE)
+    logging.basicConfig(level=logging.WARNING)
+    heap.settle()
+    bodies = _Bodies(conn)
+    server = _BoundedServer(sock, _handler(bodies.get, digests), refused)
+    server.serve_forever()
+
+
+class _Bodies:
+    """The HTTP process's side of the pipe: the whole exposition, asked for again after
+    ``REFRESH_S``; a filtered one asked for at each scrape. One question at a time."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+        self._lock = threading.Lock()
+        self._whole = b""
+        self._asked_at = -float("inf")
+
+    def get(self, names: frozenset[str] | None) -> bytes:
+        with self._lock:
+            if names is None and time.monotonic() - self._asked_at < REFRESH_S:
+                return self._whole
+            self._conn.send(names)
+            ok, body = self._conn.recv()
+            if not ok:
+                raise RuntimeError("the coordinator could not write the metrics")
+            if names is None:
+                self._whole, self._asked_at = body, time.monotonic()
+            return bytes(body)
 
 
 def _handler(
-    answer: Callable[[frozenset[str] | None], bytes], tokens: list[Secret]
+    answer: Callable[[frozenset[str] | None], bytes], digests: list[bytes]
 ) -> type[BaseHTTPRequestHandler]:
-    """Scrapes need one of ``tokens`` (none: open); ``answer`` writes the body for the
-    sample names of ``?name[]=`` (None: all)."""
+    """Scrapes need a token whose SHA-256 is one of ``digests`` (none: open); ``answer``
+    writes the body for the sample names of ``?name[]=`` (None: all)."""
 
     class Handler(BaseHTTPRequestHandler):
         timeout = READ_TIMEOUT_S  # per socket read: a half-open connection is dropped
@@ -271,21 +398,22 @@ def _handler(
             if path != "/metrics":
                 self._reply(404, "text/plain; charset=utf-8", b"not found: try /metrics\n")
                 return
-            if tokens and not self._authorized(tokens):
+            if digests and not self._authorized():
                 self._reply(401, "text/plain; charset=utf-8", b"unauthenticated: bearer token\n")
                 return
             asked = urllib.parse.parse_qs(query).get("name[]")
             try:
                 body = answer(frozenset(asked) if asked else None)
-            except Exception:
-                log.exception("metrics scrape failed")
+            except Exception as exc:  # the coordinator logged its side with the traceback
+                log.warning("metrics scrape failed: %s", exc)
                 self._reply(500, "text/plain; charset=utf-8", b"scrape failed, see the log\n")
                 return
             self._reply(200, CONTENT_TYPE, body)
 
-        def _authorized(self, expected: list[Secret]) -> bool:
+        def _authorized(self) -> bool:
             scheme, _, value = (self.headers.get(METADATA_KEY) or "").partition(" ")
-            matches = [t.matches(value.strip()) for t in expected]  # compare with all
+            presented = _digest(value.strip())
+            matches = [hmac.compare_digest(presented, d) for d in digests]  # compare with all
             return scheme.lower() == SCHEME.lower() and any(matches)
 
         def _reply(self, code: int, content_type: str, data: bytes) -> None:

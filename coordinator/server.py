@@ -205,9 +205,10 @@ def serve(
         logs.lines_per_job,
         logs.events_keep_s / 86400,
     )
-    if metrics is not None:
+    if metrics is not None and metrics_listen is not None:
         metrics.start()
-        log.info("metrics on http://%s/metrics", metrics_listen)
+        host = metrics_listen.rpartition(":")[0]
+        log.info("metrics on http://%s:%d/metrics", host, metrics.port)
     heap.settle()  # start-up's objects out of every full collection (``heap``)
     stop = threading.Event()
 

@@ -6,7 +6,7 @@ heartbeats.
 The worker is started with ``spawn``, never ``fork`` (the coordinator has threads
 and gRPC's). When the coordinator dies, even by ``kill -9``, the worker exits
 within :data:`PARENT_CHECK_S`: a thread of the worker watches its parent
-(``_exit_with_parent``). Its call pipe does not tell it (the worker holds both
+(``exit_with_parent``). Its call pipe does not tell it (the worker holds both
 ends of multiprocessing's queue), and ``PR_SET_PDEATHSIG`` follows the thread
 that started the child, which here is a short-lived one. It starts at the first call, in
 a thread of its own, and the calls made before it is ready are done in the
@@ -56,13 +56,13 @@ def _initialize(
     coordinator itself: one that died before this ran is seen at once), then
     ``initializer(*initargs)``, then start-up's objects are frozen out of full
     collections (``heap``)."""
-    _exit_with_parent(coordinator)
+    exit_with_parent(coordinator)
     if initializer is not None:
         initializer(*initargs)
     heap.settle()
 
 
-def _exit_with_parent(parent: int) -> None:
+def exit_with_parent(parent: int) -> None:
     """End this process once ``parent`` is no longer its parent (it died: the process
     was handed to init or a subreaper)."""
 

@@ -9,17 +9,31 @@ coordinator on port 0 (SQLite under tmp_path) with the real metrics server.
 
 from __future__ import annotations
 
+import logging
+import os
+import re
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
+import psutil
 import pytest
 
 from hetero.auth import new_token
-from hetero.coordinator.metricsserver import QUEUED, WORKERS, CachedExposition, MetricsServer
+from hetero.coordinator.metricsserver import (
+    NICE,
+    QUEUED,
+    WORKERS,
+    CachedExposition,
+    MetricsServer,
+)
 from hetero.coordinator.service import CoordinatorService
 from hetero.core.errors import ConfigError
 from hetero.transport import ServerSecurity
@@ -168,3 +182,73 @@ def test_a_non_loopback_metrics_listener_needs_the_token() -> None:
         _scrape(server.port, token.reveal())
     finally:
         server.stop()
+
+
+def test_scrapes_are_served_by_a_process_of_their_own_started_again_when_it_dies(
+    metrics: MetricsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Connections cost the coordinator's interpreter nothing: another process accepts,
+    reads and answers them, niced below the coordinator; killed, it is started again on
+    the same port with a log line."""
+    assert "hetero_node_up" in _scrape(metrics.port)
+    pid = metrics.pid()
+    assert pid is not None and pid != os.getpid()
+    assert os.getpriority(os.PRIO_PROCESS, pid) >= os.getpriority(os.PRIO_PROCESS, 0) + NICE
+    with caplog.at_level(logging.WARNING, logger="hetero.coordinator.metrics"):
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while metrics.pid() in (None, pid):
+            assert time.monotonic() < deadline, "no new /metrics process"
+            time.sleep(0.1)
+    assert "the /metrics process exited (code -9); starting another" in caplog.text
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            assert "hetero_node_up" in _scrape(metrics.port)
+            break
+        except (urllib.error.URLError, ConnectionError):
+            assert time.monotonic() < deadline, "the new process does not answer"
+            time.sleep(0.2)
+
+
+def test_the_metrics_process_of_hetero_coord_serve_exits_with_a_killed_coordinator(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "coordinator.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "hetero.coordinator.cli", "serve", "--insecure"),
+                *("--listen", "127.0.0.1:0", "--state-dir", str(tmp_path / "state")),
+                *("--metrics-listen", "127.0.0.1:0"),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    children: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 60
+        while (bound := re.search(r"metrics on http://127.0.0.1:(\d+)/", log.read_text())) is None:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        port = int(bound.group(1))
+        while True:  # the process is being started; an empty cluster has an empty exposition
+            try:
+                _scrape(port)
+                break
+            except (urllib.error.URLError, ConnectionError):
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.2)
+        children = psutil.Process(proc.pid).children()
+        assert children, "no /metrics process"
+        proc.kill()
+        proc.wait(timeout=30)
+        _, alive = psutil.wait_procs(children, timeout=30)
+        assert not alive, f"left behind by the coordinator: {alive}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for child in children:
+            if child.is_running():
+                child.kill()
