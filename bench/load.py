@@ -95,6 +95,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "heartbeat latency with and without them (default 0: none)",
     )
     p.add_argument(
+        "--scrapers-nice",
+        type=int,
+        default=d.scrapers_nice,
+        metavar="N",
+        help="CPU niceness of the scrapers' process, 0 to 19: they stand in for Prometheus "
+        "and attackers on other hosts, so by default they take only the CPU the coordinator "
+        f"and the generators leave (default {d.scrapers_nice}; 0: an equal share)",
+    )
+    p.add_argument(
         "--scrape-phase-s",
         type=float,
         default=d.scrape_phase_s,
@@ -129,6 +138,7 @@ def load_command(args: argparse.Namespace) -> int:
         queued=args.queued,
         scrapers=args.scrapers,
         scrape_phase_s=args.scrape_phase_s,
+        scrapers_nice=args.scrapers_nice,
     )
     out = args.out or Path(tempfile.mkdtemp(prefix="hetero-load-"))
     results = run_load(config, out)

@@ -48,6 +48,9 @@ class LoadConfig:
     #: phase of ``scrape_phase_s`` (``loadscrape``); 0 = no metrics listener.
     scrapers: int = 0
     scrape_phase_s: float = 10.0
+    #: CPU niceness of the scrapers' process: they stand in for clients on other hosts,
+    #: so on a shared box they take the CPU the coordinator and the generators leave.
+    scrapers_nice: int = 19
 
     def __post_init__(self) -> None:
         if self.agents < 1 or self.processes < 1 or self.world_size < 1:
@@ -67,6 +70,8 @@ class LoadConfig:
                 f"--queued: a queued job asks for every device, at most {MAX_RANKS:,} ranks; "
                 f"{self.agents} agents have {self.agents * self.devices_per_agent:,}"
             )
+        if not 0 <= self.scrapers_nice <= 19:
+            raise ConfigError(f"--scrapers-nice must be in [0, 19], got {self.scrapers_nice}")
         if self.scrapers and self.duration_s < 2 * self.scrape_phase_s:
             raise ConfigError("--scrapers needs --duration of at least 2 scrape phases")
         if self.poll_every_s < 0:

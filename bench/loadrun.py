@@ -124,7 +124,9 @@ def _spawn_scrapers(config: LoadConfig, port: int, out: Path) -> subprocess.Pope
 
     folder = out / "scrape"
     folder.mkdir(parents=True, exist_ok=True)
-    scrape = ScrapeConfig("127.0.0.1", port, config.scrapers, config.scrape_phase_s)
+    scrape = ScrapeConfig(
+        "127.0.0.1", port, config.scrapers, config.scrape_phase_s, config.scrapers_nice
+    )
     (folder / "config.json").write_text(json.dumps(asdict(scrape)))
     log = (folder / "scrape.log").open("wb")
     proc = subprocess.Popen(

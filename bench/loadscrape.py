@@ -12,6 +12,12 @@ connection; then again): the attack of issue 17, 200 half-open connections,
 beside an honest scraper's load. Each is a plain socket (``asyncio`` streams):
 an HTTP library would finish its requests.
 
+The process runs at ``nice`` 19 unless told otherwise (``--scrapers-nice``): the
+clients stand in for Prometheus and attackers on other hosts, whose CPU is not the
+coordinator's; on a 2-core box at an equal share they took a core of the two and
+slowed the heartbeats through the generators' and the coordinator's run queue, not
+through anything the coordinator did.
+
 Run by the orchestrator as ``python -m hetero.bench.loadscrape CONFIG.json``; waits for
 ``go.json`` beside the generators' folders and writes ``result.json``: scrapes
 answered and their latencies, connections the server refused or dropped, and
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 from collections import Counter
@@ -48,6 +55,8 @@ class ScrapeConfig:
     port: int
     scrapers: int
     phase_s: float
+    #: CPU niceness of this process (``LoadConfig.scrapers_nice``).
+    nice: int = 19
 
 
 @dataclass
@@ -115,6 +124,7 @@ class Scrapers:
 def main(argv: list[str]) -> int:
     config_path = Path(argv[0])
     config = ScrapeConfig(**json.loads(config_path.read_text()))
+    os.nice(config.nice)
     go_path = config_path.parent.parent / "go.json"
     while not go_path.exists():
         time.sleep(0.05)

@@ -65,3 +65,5 @@ def test_load_options_are_checked_at_once() -> None:
         LoadConfig(agents=2000, queued=1)
     with pytest.raises(ConfigError, match="2 scrape phases"):
         LoadConfig(scrapers=4, duration_s=15.0, scrape_phase_s=10.0)
+    with pytest.raises(ConfigError, match=r"--scrapers-nice must be in \[0, 19\], got 20"):
+        LoadConfig(scrapers=4, scrapers_nice=20)
