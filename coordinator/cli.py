@@ -103,7 +103,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="processes that interval reports (their writes and the balancer's fits) run in, "
         "each job's always in the same one; on PostgreSQL or a SQLite file (default: one per "
-        "core, at most 4)",
+        "two cores, 1 to 4)",
     )
     auth = serve.add_argument_group("authentication (see docs/reliability.md#security)")
     auth.add_argument(

@@ -69,7 +69,7 @@ class CoordinatorConfig:
     #: Admission (``admission.Limits``): the queue and the server's limits.
     limits: Limits = field(default_factory=Limits)
     #: Processes interval reports run in (``reportworker.ReportWorkers``); None = one per
-    #: core, at most four.
+    #: two cores, at least one, at most four.
     report_processes: int | None = None
 
     def __post_init__(self) -> None:

@@ -117,8 +117,8 @@ def serve(
     """Run the coordinator until SIGTERM or SIGINT; with ``metrics_listen`` (host:port)
     also serve Prometheus ``/metrics`` there. Heartbeats are written in batches
     (``HeartbeatIngest``), reads take no write lock, interval reports are handled in
-    ``report_processes`` processes of their own (``reportworker``; None = one per core,
-    at most four; not on an in-memory SQLite database, which no other process can open) and the balancer's fits of the others in a worker
+    ``report_processes`` processes of their own (``reportworker``; None = one per two
+    cores, one to four; not on an in-memory SQLite database, which no other process can open) and the balancer's fits of the others in a worker
     process (``replanner``). A sweeper thread marks silent
     nodes down and restarts their jobs (``recovery``); what it changes drops the
     order and plan caches (``readcache``) so polls and ``GetPlan`` see it at once.
