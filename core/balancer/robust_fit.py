@@ -46,11 +46,12 @@ over the last few points wrong in practice, and each has a remedy here:
   The per-sample cost ``a`` is then a recency-weighted Huber mean of
   ``(t − c)/b`` over the newest points, so the model always passes through
   where the rank runs now and follows drift. That mean is worth ``n_eff``
-  intervals if they are independent; how far the rank's residuals persist
-  from one interval to the next where it runs now (``noise.serial_correlation``
-  over the regime's newest points within ``SAME_BATCH`` of its batch, so that
-  a plan move, whose ``c`` may be off, is no wander) says how much less a
-  wandering level gives (``payback.level_sigma``).
+  intervals if they are independent; how far the residuals of the regime's
+  points about the model persist from one interval to the next
+  (``noise.serial_correlation``) says how much less a wandering level gives
+  (``payback.level_sigma``). Points at other batches that sit off the model
+  (a ``c`` that is off) read as correlated too, and rightly: the level where
+  the rank runs is then less certain too.
   A wrong ``c`` only mis-sizes the next move, never the fixed point: when the
   fitted times at the current plan are equal, the equal-time solve returns the
   current plan whatever the slopes.
@@ -64,7 +65,7 @@ from dataclasses import dataclass
 
 from hetero.core.balancer.changepoint import Point, Regime, find_regimes
 from hetero.core.balancer.model import StepModel
-from hetero.core.balancer.noise import SAME_BATCH, interval_noise, serial_correlation
+from hetero.core.balancer.noise import interval_noise, serial_correlation
 
 #: Huber's tuning constant: 95% efficiency under Gaussian noise.
 HUBER_DELTA = 1.345
@@ -111,14 +112,13 @@ class RankFit:
     (``None`` from fewer than three points) and ``n_eff`` their effective
     number under the recency weights, ``(Σw)²/Σw²``: together they say how
     well ``per_sample_s`` is known. ``serial_corr`` is the lag-1 correlation of
-    the residuals about the model of the regime's newest points at about the
-    current batch (``noise.serial_correlation``, 0 from fewer than
-    ``noise.SERIAL_POINTS``): how much of that number a wandering level takes
-    away. ``noise_cv`` is the relative noise of one interval's time:
-    ``noise.interval_noise`` over all the rank's points (noise is the host's, it
-    outlives a change of speed), else the larger of the caller's prior and
-    ``per_sample_cv``, else the previous regime's spread; ``None`` when nothing
-    measures it yet.
+    the current regime's residuals about the model (``noise.serial_correlation``,
+    0 from fewer than ``noise.SERIAL_POINTS``): how much of that number a
+    wandering level takes away. ``noise_cv`` is the relative noise of one
+    interval's time: ``noise.interval_noise`` over all the rank's points (noise
+    is the host's, it outlives a change of speed), else the larger of the
+    caller's prior and ``per_sample_cv``, else the previous regime's spread;
+    ``None`` when nothing measures it yet.
     ``seen`` is the smallest and largest batch among the current regime's
     points: where the model has evidence (the trust region grows from it).
     ``pending``: the newest point jumped, but this rank is too noisy to call one
@@ -287,23 +287,9 @@ def fit_rank(
         noise = _values_cv(points, regime.members(-2, n)[-window:], c)
     batches = [points[i][0] for i in current]
     seen = (min(batches), max(batches))
-    here = _same_batch_tail(points, current)
     model = StepModel(a, c)
-    rho = serial_correlation([points[i][1] / model.time(points[i][0]) - 1.0 for i in here])
+    rho = serial_correlation([points[i][1] / model.time(points[i][0]) - 1.0 for i in current])
     return RankFit(model, regime, n, fixed_from, cv, n_eff, noise, seen, pending, rho)
-
-
-def _same_batch_tail(points: Sequence[Point], members: Sequence[int]) -> list[int]:
-    """The newest of ``members`` whose batches lie within ``SAME_BATCH`` of the newest's,
-    back to the first that does not, oldest first."""
-    newest = points[members[-1]][0]
-    tail: list[int] = []
-    for i in reversed(members):
-        if abs(points[i][0] / newest - 1.0) > SAME_BATCH:
-            break
-        tail.append(i)
-    tail.reverse()
-    return tail
 
 
 def _straddled(regime: Regime, spreads: Sequence[float | None] | None, n: int) -> list[int]:
