@@ -23,14 +23,14 @@ differences hold ``1 − ρ`` of their variance and a mean of ``n`` of them has
 the variance of ``n·(1 − ρ)/(1 + ρ)`` independent ones; put in terms of the
 measured noise, ``m = n_eff·(1 − ρ)²/(1 + ρ)``, and at least one interval.
 ``ρ`` is ``RankFit.serial_corr``, read over the rank's current regime (0
-until it holds ``noise.SERIAL_POINTS`` intervals).
-Counting every interval as independent let the plan chase a wander: on a
-2-core CPU box running three ranks (global batch 96), the rank with the most
-samples went from 0.98-1.01 ms per sample at 59-62 samples to 1.20-1.35 ms at
-62-63 as the run went on, and back to about 1.0 ms each time the plan gave it
-59; with ``m = n_eff`` (5.7) the thresholds were 2.4-4.4% and the plan moved
-four times in the run's settled half. A true change of speed is not held
-back: it starts a new regime, whose first intervals are too few for ``ρ``.
+until it holds ``noise.SERIAL_POINTS`` intervals). Counting every interval as
+independent let the plan chase a wander: on a 2-core CPU box running three
+ranks (global batch 96), the rank with the most samples went from 0.98-1.01 ms
+per sample at 59-62 samples to 1.20-1.35 ms at 62-63 as the run went on, and
+back to about 1.0 ms each time the plan gave it 59; with ``m = n_eff`` (5.7)
+the thresholds were 2.4-4.4% and the plan moved four times in the run's
+settled half. A true change of speed is not held back: it starts a new
+regime, whose first intervals are too few for ``ρ``.
 
 **The gain pays for the switch.** Every rank whose batch changes spends its
 first steps at the new size on new shapes (``RankInterval.switch_s``, measured

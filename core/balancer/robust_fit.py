@@ -50,8 +50,8 @@ over the last few points wrong in practice, and each has a remedy here:
   points about the model persist from one interval to the next
   (``noise.serial_correlation``) says how much less a wandering level gives
   (``payback.level_sigma``). Points at other batches that sit off the model
-  (a ``c`` that is off) read as correlated too, and rightly: the level where
-  the rank runs is then less certain too.
+  (a ``c`` that is off) read as correlated as well, and rightly: the level
+  where the rank runs is then less certain.
   A wrong ``c`` only mis-sizes the next move, never the fixed point: when the
   fitted times at the current plan are equal, the equal-time solve returns the
   current plan whatever the slopes.
