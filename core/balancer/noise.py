@@ -18,6 +18,18 @@ ratio alike and is not noise), and their mean, divided by what that trimming lea
 ratios came out near zero by chance often enough on a loaded CPU box to make
 one noisy interval look like certain knowledge; the trimmed mean does not.
 Fewer than ``MIN_PAIRS`` pairs measure nothing.
+
+**Drift** is what that leaves out: a level that wanders over several intervals
+(a host whose load builds up for minutes; on a 2-core box running three ranks,
+the rank with the largest batch got less of a core as the run went on) moves
+consecutive intervals alike. Averaging intervals then buys less than their
+number says, and ``serial_correlation`` measures by how much: the lag-1
+correlation of a rank's residuals about its fitted level, oldest first.
+Negative values (noise that alternates) are taken as 0, so they never claim
+more than independent intervals, and from fewer than ``SERIAL_POINTS``
+residuals none is read (0). On independent noise the estimate from ``n``
+points averages about ``−1/n`` with a spread of about ``1/√n``: it is 0 in
+over half the draws and small otherwise.
 """
 
 from __future__ import annotations
@@ -38,6 +50,8 @@ KEEP = 0.6
 #: ``E[z² | z² <= q]`` for a standard normal ``z`` and ``q`` the 60% quantile of ``z²``:
 #: the trimmed mean of ``r²`` over this is the variance of ``r``.
 TRIMMED_SHARE = 0.2145
+#: Fewest residuals a serial correlation is read from.
+SERIAL_POINTS = 6
 
 
 def interval_noise(points: Sequence[Point]) -> float | None:
@@ -57,3 +71,17 @@ def interval_noise(points: Sequence[Point]) -> float | None:
     kept = squares[: max(2, round(KEEP * len(squares)))]
     variance_of_ratio = sum(kept) / len(kept) / TRIMMED_SHARE
     return math.sqrt(variance_of_ratio / 2.0)
+
+
+def serial_correlation(residuals: Sequence[float]) -> float:
+    """Lag-1 correlation of ``residuals`` (oldest first), at least 0; 0 from fewer than
+    ``SERIAL_POINTS`` or where they do not vary."""
+    if len(residuals) < SERIAL_POINTS:
+        return 0.0
+    mean = sum(residuals) / len(residuals)
+    centred = [r - mean for r in residuals]
+    total = sum(d * d for d in centred)
+    if total <= 0.0:
+        return 0.0
+    lagged = sum(d0 * d1 for d0, d1 in itertools.pairwise(centred))
+    return max(lagged / total, 0.0)

@@ -45,7 +45,13 @@ over the last few points wrong in practice, and each has a remedy here:
   (330 -> 338 -> 354 -> 370 at 3% noise, where 364 was right).
   The per-sample cost ``a`` is then a recency-weighted Huber mean of
   ``(t − c)/b`` over the newest points, so the model always passes through
-  where the rank runs now and follows drift.
+  where the rank runs now and follows drift. That mean is worth ``n_eff``
+  intervals if they are independent; how far the residuals of the regime's
+  points about the model persist from one interval to the next
+  (``noise.serial_correlation``) says how much less a wandering level gives
+  (``payback.level_sigma``). Points at other batches that sit off the model
+  (a ``c`` that is off) read as correlated as well, and rightly: the level
+  where the rank runs is then less certain.
   A wrong ``c`` only mis-sizes the next move, never the fixed point: when the
   fitted times at the current plan are equal, the equal-time solve returns the
   current plan whatever the slopes.
@@ -59,7 +65,7 @@ from dataclasses import dataclass
 
 from hetero.core.balancer.changepoint import Point, Regime, find_regimes
 from hetero.core.balancer.model import StepModel
-from hetero.core.balancer.noise import interval_noise
+from hetero.core.balancer.noise import interval_noise, serial_correlation
 
 #: Huber's tuning constant: 95% efficiency under Gaussian noise.
 HUBER_DELTA = 1.345
@@ -105,7 +111,10 @@ class RankFit:
     robust relative spread of the per-sample values behind ``per_sample_s``
     (``None`` from fewer than three points) and ``n_eff`` their effective
     number under the recency weights, ``(Σw)²/Σw²``: together they say how
-    well ``per_sample_s`` is known. ``noise_cv`` is the relative noise of one
+    well ``per_sample_s`` is known. ``serial_corr`` is the lag-1 correlation of
+    the current regime's residuals about the model (``noise.serial_correlation``,
+    0 from fewer than ``noise.SERIAL_POINTS``): how much of that number a
+    wandering level takes away. ``noise_cv`` is the relative noise of one
     interval's time: ``noise.interval_noise`` over all the rank's points (noise
     is the host's, it outlives a change of speed), else the larger of the
     caller's prior and ``per_sample_cv``, else the previous regime's spread;
@@ -125,6 +134,7 @@ class RankFit:
     noise_cv: float | None = None
     seen: tuple[int, int] = (0, 0)
     pending: bool = False
+    serial_corr: float = 0.0
 
     @property
     def changed_at_newest(self) -> bool:
@@ -277,7 +287,9 @@ def fit_rank(
         noise = _values_cv(points, regime.members(-2, n)[-window:], c)
     batches = [points[i][0] for i in current]
     seen = (min(batches), max(batches))
-    return RankFit(StepModel(a, c), regime, n, fixed_from, cv, n_eff, noise, seen, pending)
+    model = StepModel(a, c)
+    rho = serial_correlation([points[i][1] / model.time(points[i][0]) - 1.0 for i in current])
+    return RankFit(model, regime, n, fixed_from, cv, n_eff, noise, seen, pending, rho)
 
 
 def _straddled(regime: Regime, spreads: Sequence[float | None] | None, n: int) -> list[int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from collections.abc import Sequence
 
 import pytest
@@ -28,6 +29,7 @@ from hetero.core.balancer import (
 )
 from hetero.core.balancer.grid import grid_round
 from hetero.core.balancer.noise import interval_noise
+from hetero.core.balancer.payback import level_sigma
 
 QUIET = 0.01  # steps spread by 1%: a GPU to itself
 
@@ -350,6 +352,80 @@ def test_on_a_loud_host_a_balanced_plan_stays_put() -> None:
     # intervals: docs/balancer.md), and rarely more than one in five.
     assert sum(counts) / len(counts) <= 2.5, counts
     assert sum(c <= 4 for c in counts) >= 0.9 * len(counts), counts
+
+
+def _wandering(seed: int, wander: float, *, intervals: int = 16) -> list[tuple[int, float]]:
+    """One rank's intervals at 64 samples: independent noise of 3% and, if ``wander``,
+    a level that wanders by that much (AR(1), correlation 0.9 from one interval to the
+    next); the noise draws are the same for a seed whatever ``wander``."""
+    own, slow = random.Random(seed), random.Random(f"wander:{seed}")
+    level = slow.gauss(0.0, wander)
+    points = []
+    for _ in range(intervals):
+        level = 0.9 * level + math.sqrt(1.0 - 0.9**2) * slow.gauss(0.0, wander)
+        points.append((64, 0.064 * math.exp(own.gauss(0.0, 0.03) + level)))
+    return points
+
+
+def _independent_share(points: list[tuple[int, float]]) -> float:
+    """A rank's fitted level error over that of independent intervals of its measured
+    noise (``noise / √n_eff``): 1 where its intervals count as independent."""
+    fit = fit_rank(points)
+    assert fit.noise_cv is not None
+    return level_sigma(fit, 0.05) / (fit.noise_cv / math.sqrt(fit.n_eff))
+
+
+def test_a_level_that_wanders_is_known_less_well_than_independent_noise_of_its_size() -> None:
+    # The interval noise is read from consecutive intervals, which a slow wander moves
+    # alike: counting its intervals as independent made thresholds too small to hold
+    # the plan still (payback.py).
+    wandering = [_independent_share(_wandering(seed, 0.08)) for seed in range(100)]
+    assert statistics.median(wandering) >= 1.5, sorted(wandering)
+    assert statistics.mean(wandering) >= 1.5, sorted(wandering)
+    # Independent noise keeps its error in most draws, and gains little on average.
+    independent = [_independent_share(_wandering(seed, 0.0)) for seed in range(100)]
+    assert statistics.median(independent) == 1.0, sorted(independent)
+    assert statistics.mean(independent) <= 1.25, sorted(independent)
+
+
+def test_a_change_of_speed_is_not_held_back_by_the_wander_before_it() -> None:
+    # A level rising 2% an interval wanders; then the rank runs half again as slow (a
+    # neighbour arrived). The change starts a new regime, too short to read a wander
+    # from, so the first moves on the new speed need no more than independent noise.
+    def wobble(k: int) -> float:
+        return 1.02**k * (1.0 + 0.005 * (-1) ** k)
+
+    rising = [(64, 0.064 * wobble(k)) for k in range(10)]
+    assert fit_rank(rising).serial_corr > 0.3
+    slowed = fit_rank(rising + [(64, 0.096 * wobble(k)) for k in range(10, 13)])
+    assert slowed.regime.start == 10
+    assert slowed.serial_corr == 0.0
+
+
+def test_a_rank_whose_level_wanders_does_not_move_the_plan_back_and_forth() -> None:
+    # The fastest rank's level wanders by 10% (correlation 0.9 from one interval to the
+    # next) over 3% noise of its own: 30 seeded runs of 24 intervals. Counted as
+    # independent, its intervals moved the plan 1.3 times on average in the second
+    # half, up to 4 times (the noisy-host integration test allows 3 in 13 intervals).
+    counts = []
+    for seed in range(30):
+        rng = random.Random(seed)
+        speeds, plan = [0.002, 0.004, 0.006], (52, 26, 18)
+        constraints, policy = Constraints(96, 3), Dynamic()
+        history: list[tuple[RankInterval, ...]] = []
+        level = rng.gauss(0.0, 0.10)
+        changes = 0
+        for k in range(24):
+            level = 0.9 * level + math.sqrt(1.0 - 0.9**2) * rng.gauss(0.0, 0.10)
+            scale = [math.exp(rng.gauss(0.0, 0.03) + level)]
+            scale += [math.exp(rng.gauss(0.0, 0.03)) for _ in speeds[1:]]
+            history.append(ran(speeds, plan, scale=scale, busy_cv=0.1))
+            d = policy.next_plan(history, plan, constraints)
+            changes += d.changed and k >= 12
+            plan = d.batches
+        counts.append(changes)
+    assert sum(counts) / len(counts) <= 0.8, counts
+    assert max(counts) <= 3, counts
 
 
 def test_a_clear_gain_on_a_quiet_host_is_taken() -> None:
