@@ -71,9 +71,16 @@ def telemetry(s: Session, node_id: str, live: Live | None) -> dict[int | None, T
 
 
 def nodes(s: Session, *, now: float, timeout_s: float, live: Live | None = None) -> list[pb.Node]:
+    """Every node with its newest telemetry: from memory while its bucket is open, the
+    others' from the database in one query (``store.latest_telemetry_of``)."""
+    rows = store.list_nodes(s)
+    fresh = {node.id: (live(node.id) if live else None) for node in rows}
+    stored = store.latest_telemetry_of(s, [n for n, t in fresh.items() if not t])
     return [
-        wire.node_message(node, telemetry(s, node.id, live), store.is_healthy(node, now, timeout_s))
-        for node in store.list_nodes(s)
+        wire.node_message(
+            node, fresh[node.id] or stored.get(node.id, {}), store.is_healthy(node, now, timeout_s)
+        )
+        for node in rows
     ]
 
 

@@ -82,6 +82,7 @@ from hetero.coordinator.store.telemetry import (
     Beat,
     TelemetryPolicy,
     latest_telemetry,
+    latest_telemetry_of,
     record_heartbeats,
 )
 
@@ -125,6 +126,7 @@ __all__ = [
     "latest_plan",
     "latest_plans",
     "latest_telemetry",
+    "latest_telemetry_of",
     "list_jobs",
     "list_nodes",
     "lose_node",

@@ -7,7 +7,18 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import BindParameter, Float, bindparam, case, delete, func, insert, select, update
+from sqlalchemy import (
+    BindParameter,
+    Float,
+    and_,
+    bindparam,
+    case,
+    delete,
+    func,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
@@ -258,3 +269,30 @@ def latest_telemetry(s: Session, node_id: str) -> dict[int | None, TelemetryRow]
         select(TelemetryRow).where(TelemetryRow.node_id == node_id, TelemetryRow.bucket == newest)
     )
     return {row.device_index: row for row in rows}
+
+
+def latest_telemetry_of(
+    s: Session, node_ids: Sequence[str]
+) -> dict[str, dict[int | None, TelemetryRow]]:
+    """``latest_telemetry`` of each of ``node_ids`` (a node with none is left out), in one
+    query per ``_PARAMS_PER_STATEMENT`` nodes: a cluster snapshot of 1,000 nodes asked
+    two queries a node, a second of the coordinator's interpreter on a 2-core box."""
+    out: dict[str, dict[int | None, TelemetryRow]] = {}
+    for chunk in _chunks(sorted(set(node_ids)), _PARAMS_PER_STATEMENT):
+        newest = (
+            select(TelemetryRow.node_id, func.max(TelemetryRow.bucket).label("bucket"))
+            .where(TelemetryRow.node_id.in_(chunk))
+            .group_by(TelemetryRow.node_id)
+            .subquery()
+        )
+        rows = s.scalars(
+            select(TelemetryRow).join(
+                newest,
+                and_(
+                    TelemetryRow.node_id == newest.c.node_id, TelemetryRow.bucket == newest.c.bucket
+                ),
+            )
+        )
+        for row in rows:
+            out.setdefault(row.node_id, {})[row.device_index] = row
+    return out

@@ -526,5 +526,17 @@ def test_a_flush_of_a_thousand_nodes_writes_each_one_in_statements_of_many_rows(
                 text("SELECT count(*), count(DISTINCT node_id), count(device_index) FROM telemetry")
             ).one()
             assert tuple(per_node) == (4000, 1000, 3000)  # 4 rows a node, the host's index NULL
+        # Half the nodes report again in the next bucket, with two samples: the newest
+        # bucket of every node in one query, as one node's own read gives it.
+        later = [store.Beat(node, t0 + 25, samples[:2]) for node in ids[:500]]
+        with sessions.begin() as s:
+            store.record_heartbeats(s, later, policy=policy)
+        with sessions() as s:
+            many = store.latest_telemetry_of(s, [*ids, "gone-0"])
+            assert len(many) == 1000 and "gone-0" not in many
+            assert len(many[ids[0]]) == 2 and len(many[ids[999]]) == 4
+            for node in ids[::97]:
+                one = store.latest_telemetry(s, node)
+                assert {k: r.id for k, r in many[node].items()} == {k: r.id for k, r in one.items()}
     finally:
         engine.dispose()
