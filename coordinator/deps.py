@@ -23,6 +23,7 @@ from hetero.coordinator.readcache import (
 from hetero.coordinator.replanner import Replanner
 from hetero.coordinator.reportworker import ReportWorkers
 from hetero.coordinator.rpclatency import RpcLatency
+from hetero.coordinator.snapshots import Snapshots
 from hetero.core import defaults
 
 
@@ -43,6 +44,9 @@ class Deps:
     thread. ``capacity`` is the sweeper's watch of changes that may let a waiting job fit,
     told of the ones made outside this process's sessions; None = not told.
     ``rpc_latency`` times every call's handling for ``/metrics`` (``rpclatency``).
+    ``snapshots`` is the cluster snapshot ``WatchCluster`` and ``/metrics`` share, built
+    in a process of its own where there is one (``snapshots``); None = each call builds
+    its own on its thread.
     """
 
     sessions: sessionmaker[Session]
@@ -55,6 +59,7 @@ class Deps:
     replanner: Replanner | None = None
     reports: ReportWorkers | None = None
     capacity: CapacityWatch | None = None
+    snapshots: Snapshots | None = None
     clock: Callable[[], float] = time.time
     heartbeat_interval_s: float = defaults.HEARTBEAT_INTERVAL_S
     heartbeat_timeout_s: float = defaults.HEARTBEAT_TIMEOUT_S

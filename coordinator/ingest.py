@@ -59,6 +59,22 @@ class _Parked:
     due: float
 
 
+#: Each node's newest sample not yet written: (its bucket, its time, its rows' values).
+LiveTelemetry = dict[str, tuple[int, float, tuple[dict[str, object], ...]]]
+
+
+def telemetry_rows(
+    node_id: str, bucket: int, at: float, samples: tuple[dict[str, object], ...]
+) -> dict[int | None, TelemetryRow] | None:
+    """A sample's values as unsaved rows keyed by device (None = host); None if empty."""
+    return {
+        cast(int | None, values.get("device_index")): TelemetryRow(
+            node_id=node_id, bucket=bucket, time_unix_s=at, **values
+        )
+        for values in samples
+    } or None
+
+
 def _phase(node_id: str) -> float:
     """The node's turn, as a fraction of a period after its bucket closes: buckets close
     on the same clock for every node, and writing every node's at once (5,000 rows
@@ -162,15 +178,20 @@ class HeartbeatIngest:
         with self._lock:
             bucket = self._newest_bucket.get(node_id)
             parked = None if bucket is None else self._samples.get((node_id, bucket))
-        if parked is None:
+        if parked is None or bucket is None:
             return None
-        at = parked.beat.sample_time
+        return telemetry_rows(node_id, bucket, parked.beat.sample_time, parked.samples())
+
+    def live(self) -> LiveTelemetry:
+        """``current`` of every node whose newest sample is not written yet, as plain
+        values (for a snapshot built in another process)."""
+        with self._lock:
+            newest = [(n, b, self._samples.get((n, b))) for n, b in self._newest_bucket.items()]
         return {
-            cast(int | None, values.get("device_index")): TelemetryRow(
-                node_id=node_id, bucket=bucket, time_unix_s=at, **values
-            )
-            for values in parked.samples()
-        } or None
+            node: (bucket, parked.beat.sample_time, parked.samples())
+            for node, bucket, parked in newest
+            if parked is not None
+        }
 
     # ---- the writer side -------------------------------------------------------------
 

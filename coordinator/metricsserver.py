@@ -1,5 +1,5 @@
-"""The HTTP side of ``/metrics``: a bounded server, a cached snapshot, the RPC latency
-histogram beside it, the listen rule.
+"""The HTTP side of ``/metrics``: a bounded server, the shared cluster snapshot, the RPC
+latency histogram beside it, the listen rule.
 
 Why not ``prometheus_client.start_http_server``: it starts a thread per
 connection with no limit and no read timeout, which is what let 200 half-open
@@ -8,10 +8,9 @@ coordinator's database pool (issue 17). Here :data:`WORKERS` threads serve
 connections, at most :data:`QUEUED` more wait, and any beyond are closed at
 once; a connection that sends no complete request within
 :data:`READ_TIMEOUT_S` is dropped. Whatever the scrape rate, the cluster
-snapshot is built at most once per :data:`SNAPSHOT_TTL_S` and at most
-:data:`BUILD_SHARE` of the time (one builder at a time; other scrapes get the
-cached text), so scrapers cost the database at most one read a second and the
-interpreter lock the heartbeats need at most a tenth of it.
+snapshot is the coordinator's shared one (``snapshots.Snapshots``: built at most
+once a second and at most a tenth of the time, in a worker process of its own
+where there is one), so scrapers cost the database at most one read a second.
 
 The RPC latency histogram (``rpclatency``) follows the snapshot's families in
 every answer, but is cached apart, whatever the snapshot's cache holds: it is
@@ -34,14 +33,17 @@ the event loop answering heartbeats needs (under ``hetero-bench load --scrapers
 200`` on a 2-core box the coordinator's own GetPlan p99 went from 0.3 to 128 ms
 and the heartbeats' p99 seen by the agents rose eightfold). The coordinator binds
 the socket, so a wrong address fails at once and port 0 has its port, and hands
-it to the process; that process asks the coordinator for a body over a pipe
-(the caches above stay in the coordinator, where the snapshot is read) at most
-every :data:`REFRESH_S` for the whole exposition and at each filtered scrape,
-and serves it meanwhile from its copy. It runs at a lower CPU priority
-(:data:`NICE`): on a host with cores to spare that changes nothing, on a busy
-one the kernel gives the coordinator the CPU first. It checks tokens against
-their SHA-256 digests and never holds a token. It exits within a second of a
-``kill -9`` of the coordinator; one that dies is started again, logged.
+it to the process; that process asks the coordinator over a pipe at most every
+:data:`REFRESH_S` for the snapshot (serialized, sent only when it is a new one)
+and the histogram's text, and for the histogram alone at each scrape filtered to
+it. It writes the snapshot's Prometheus families itself, once per snapshot
+(about 0.3 s of Python for 1,000 nodes and 1,000 jobs, which in the coordinator's
+process stalled the heartbeats), and serves the text meanwhile from its copy. It
+runs at a lower CPU priority (:data:`NICE`): on a host with cores to spare that
+changes nothing, on a busy one the kernel gives the coordinator the CPU first. It
+checks tokens against their SHA-256 digests and never holds a token. It exits
+within a second of a ``kill -9`` of the coordinator; one that dies is started
+again, logged.
 
 The listen rule is gRPC's (``hetero.transport.check_listen``): loopback by
 default, and a non-loopback address needs the coordinator's token, which every
@@ -63,6 +65,7 @@ import time
 import urllib.parse
 from collections.abc import Callable
 from concurrent import futures
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
@@ -71,6 +74,7 @@ from prometheus_client.core import Metric
 from hetero.auth import METADATA_KEY, SCHEME
 from hetero.coordinator.metrics import CONTENT_TYPE, families, write
 from hetero.coordinator.rpclatency import SAMPLE_NAMES, RpcLatency
+from hetero.coordinator.snapshots import TTL_S, Snapshots
 from hetero.coordinator.workerprocess import exit_with_parent
 from hetero.core import heap
 from hetero.core.errors import ConfigError
@@ -85,13 +89,6 @@ WORKERS = 4
 QUEUED = 8
 #: Seconds a connection may take to send its request (and to read the answer).
 READ_TIMEOUT_S = 2.0
-#: Seconds a built exposition is served before the snapshot is read again, at least.
-SNAPSHOT_TTL_S = 1.0
-#: Most of the time the snapshot's builds may take: a build that took B seconds is
-#: served for at least B / BUILD_SHARE. With 1,000 nodes and 1,000 jobs (a long
-#: queue) one build took seconds of CPU on a 2-core box, all of it on the interpreter
-#: lock that answers heartbeats; rebuilt every second it would never let go.
-BUILD_SHARE = 0.1
 #: Most of the time writing the RPC latency histogram may take (see the module's text).
 LIVE_SHARE = 0.02
 #: Sets of ``?name[]=`` names whose answers are kept between builds.
@@ -168,19 +165,6 @@ class CachedFamilies:
             return body
 
 
-class CachedExposition(CachedFamilies):
-    """The families of ``snapshot()``, rebuilt at most once per ``ttl_s`` and at most
-    ``BUILD_SHARE`` of the time (a slow build is served for longer)."""
-
-    def __init__(
-        self,
-        snapshot: Callable[[], pb.ClusterSnapshot],
-        ttl_s: float = SNAPSHOT_TTL_S,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        super().__init__(lambda: families(snapshot()), ttl_s, BUILD_SHARE, clock)
-
-
 class CachedLatency(CachedFamilies):
     """The RPC latency histogram of ``latency``, written again at a scrape unless its last
     writing is younger than its duration over ``LIVE_SHARE``."""
@@ -227,17 +211,18 @@ class _BoundedServer(HTTPServer):
 
 
 class MetricsServer:
-    """``/metrics`` over HTTP from a process of its own, bounded as the module says.
-    ``security`` decides the listen rule and whether scrapes need the token;
-    ``rpc_latency`` (the coordinator's ``Deps.rpc_latency``) follows the snapshot."""
+    """``/metrics`` over HTTP from a process of its own, bounded as the module says, of
+    ``snapshots`` (the coordinator's shared ones, or a function building a snapshot,
+    kept ``ttl_s``). ``security`` decides the listen rule and whether scrapes need the
+    token; ``rpc_latency`` (the coordinator's ``Deps.rpc_latency``) follows the snapshot."""
 
     def __init__(
         self,
         address: str,
-        snapshot: Callable[[], pb.ClusterSnapshot],
+        snapshots: Snapshots | Callable[[], pb.ClusterSnapshot],
         security: ServerSecurity | None = None,
         *,
-        ttl_s: float = SNAPSHOT_TTL_S,
+        ttl_s: float = TTL_S,
         rpc_latency: RpcLatency | None = None,
     ) -> None:
         host, sep, port = address.rpartition(":")
@@ -249,7 +234,9 @@ class MetricsServer:
         readers = [r.token for r in security.roles if r.role == "read"]
         tokens = [] if is_loopback(address) else [*filter(None, [security.token]), *readers]
         self._digests = [_digest(t.reveal()) for t in tokens]
-        self.exposition = CachedExposition(snapshot, ttl_s)
+        if not isinstance(snapshots, Snapshots):
+            snapshots = Snapshots.of(snapshots, ttl_s)
+        self.snapshots = snapshots
         self.latency = CachedLatency(rpc_latency) if rpc_latency is not None else None
         host = host.strip("[]") or "0.0.0.0"
         self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
@@ -268,13 +255,16 @@ class MetricsServer:
         self._process: Any = None
         self._thread = threading.Thread(target=self._run, name="metrics", daemon=True)
 
-    def body(self, names: frozenset[str] | None = None) -> bytes:
-        """What a scrape gets: the snapshot's families, then the latency histogram's; with
-        ``names`` all of the histogram's samples, only those samples (see the module)."""
+    def answer(self, asked: tuple[frozenset[str] | None, int]) -> _Answer:
+        """What the HTTP process asked for: ``(names, build)``. Names all of the latency
+        histogram's samples: those samples alone. Else the current snapshot's number, its
+        data unless it is ``build`` (the HTTP process has it), and the histogram."""
+        names, have = asked
         if names is not None and names <= SAMPLE_NAMES:
-            return self.latency.body(names) if self.latency is not None else b""
+            return _Answer(latency=self.latency.body(names) if self.latency is not None else b"")
+        number, data = self.snapshots.latest()
         latency = self.latency.body() if self.latency is not None else b""
-        return self.exposition.body() + latency
+        return _Answer(number, None if number == have else data, latency)
 
     @property
     def refused(self) -> int:
@@ -329,18 +319,30 @@ class MetricsServer:
         """The bodies the HTTP process asks for, until it exits."""
         while True:
             try:
-                names = conn.recv()
+                asked = conn.recv()
             except (EOFError, OSError):
                 return
             try:
-                reply: tuple[bool, bytes] = (True, self.body(names))
+                reply = self.answer(asked)
             except Exception:
                 log.exception("metrics scrape failed")
-                reply = (False, b"")
+                reply = _Answer(ok=False)
             try:
                 conn.send(reply)
             except OSError:
                 return
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """The coordinator's answer to the HTTP process (pickled): the snapshot's build number
+    and data (None: the one the HTTP process has), the latency histogram's text, or
+    ``ok`` False: it could not write them (logged there with the traceback)."""
+
+    build: int = 0
+    snapshot: bytes | None = None
+    latency: bytes = b""
+    ok: bool = True
 
 
 def _digest(token: str) -> bytes:
@@ -363,25 +365,37 @@ def _serve_http(
 
 class _Bodies:
     """The HTTP process's side of the pipe: the whole exposition, asked for again after
-    ``REFRESH_S``; a filtered one asked for at each scrape. One question at a time."""
+    ``REFRESH_S`` (the snapshot's families written here once per snapshot); the latency
+    histogram's samples alone asked for at each such scrape. One question at a time."""
 
     def __init__(self, conn: Any) -> None:
         self._conn = conn
         self._lock = threading.Lock()
+        self._build = 0
+        self._families = b""
         self._whole = b""
         self._asked_at = -float("inf")
 
     def get(self, names: frozenset[str] | None) -> bytes:
         with self._lock:
-            if names is None and time.monotonic() - self._asked_at < REFRESH_S:
+            if names is not None and names <= SAMPLE_NAMES:
+                return self._ask(names).latency
+            if time.monotonic() - self._asked_at < REFRESH_S:
                 return self._whole
-            self._conn.send(names)
-            ok, body = self._conn.recv()
-            if not ok:
-                raise RuntimeError("the coordinator could not write the metrics")
-            if names is None:
-                self._whole, self._asked_at = body, time.monotonic()
-            return bytes(body)
+            answer = self._ask(None)
+            if answer.snapshot is not None:
+                self._families = write(families(pb.ClusterSnapshot.FromString(answer.snapshot)))
+                self._build = answer.build
+            self._whole = self._families + answer.latency
+            self._asked_at = time.monotonic()
+            return self._whole
+
+    def _ask(self, names: frozenset[str] | None) -> _Answer:
+        self._conn.send((names, self._build))
+        answer: _Answer = self._conn.recv()
+        if not answer.ok:
+            raise RuntimeError("the coordinator could not write the metrics")
+        return answer
 
 
 def _handler(

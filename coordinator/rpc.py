@@ -101,7 +101,10 @@ class Handlers:
         )
 
     def snapshot(self) -> pb.ClusterSnapshot:
-        """The cluster now: what WatchCluster streams and the metrics endpoint exports."""
+        """The cluster now: what WatchCluster streams and the metrics endpoint exports
+        (``deps.snapshots``' shared one where there is one)."""
+        if self.deps.snapshots is not None:
+            return self.deps.snapshots.message()
         with self._read() as s:
             return views.cluster_snapshot(
                 s,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from collections.abc import Mapping
 from concurrent import futures
 from types import FrameType
@@ -46,6 +47,7 @@ from hetero.coordinator.replanner import Replanner
 from hetero.coordinator.reportworker import DEFAULT_PROCESSES, ReportWorkers
 from hetero.coordinator.retention import IntervalRetention, LogRetention
 from hetero.coordinator.service import CoordinatorService
+from hetero.coordinator.snapshots import Snapshots, SnapshotWorker, builder
 from hetero.coordinator.store import TelemetryPolicy
 from hetero.coordinator.views import HISTORY_FOR_REPORT
 from hetero.core import defaults, heap
@@ -126,22 +128,34 @@ def serve(
     within ``interval_retention`` (``pruning``) and log lines and events within
     ``log_retention`` (``logpruning``). Defaults: each policy's own."""
     engine = open_database(db_url)
+    snapshot_worker: SnapshotWorker | None = None
     if deps is None:
         sessions, readers = session_factory(engine), read_session_factory(engine)
         policy = telemetry or TelemetryPolicy()
+        ingest = HeartbeatIngest(sessions, readers, policy)
+        elsewhere = writers_take_turns_across_processes(engine)
+        snapshot_worker = SnapshotWorker(db_url) if elsewhere else None
+        snapshots = Snapshots(
+            builder(
+                readers,
+                ingest=ingest,
+                clock=time.time,
+                heartbeat_timeout_s=heartbeat_timeout_s,
+                worker=snapshot_worker,
+            )
+        )
         deps = Deps(
             sessions=sessions,
             readers=readers,
-            ingest=HeartbeatIngest(sessions, readers, policy),
+            ingest=ingest,
+            snapshots=snapshots,
             orders=PendingOrders(readers),
             plans=LatestPlans(readers),
             histories=IntervalHistories(HISTORY_FOR_REPORT),
             placements=JobPlacements(),
             replanner=Replanner(),
             reports=(
-                ReportWorkers(db_url, report_processes or DEFAULT_PROCESSES)
-                if writers_take_turns_across_processes(engine)
-                else None
+                ReportWorkers(db_url, report_processes or DEFAULT_PROCESSES) if elsewhere else None
             ),
             capacity=CapacityWatch(sessions),
             telemetry=policy,
@@ -166,7 +180,7 @@ def serve(
     metrics = (
         MetricsServer(
             metrics_listen,
-            CoordinatorService(deps).snapshot,
+            deps.snapshots or Snapshots.of(CoordinatorService(deps).snapshot),
             security,
             rpc_latency=deps.rpc_latency,
         )
@@ -232,6 +246,8 @@ def serve(
             deps.reports.close()
         if deps.replanner is not None:
             deps.replanner.close()
+        if snapshot_worker is not None:
+            snapshot_worker.close()
         engine.dispose()
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -31,10 +31,10 @@ from hetero.coordinator.metricsserver import (
     NICE,
     QUEUED,
     WORKERS,
-    CachedExposition,
     MetricsServer,
 )
 from hetero.coordinator.service import CoordinatorService
+from hetero.coordinator.snapshots import Snapshots
 from hetero.core.errors import ConfigError
 from hetero.transport import ServerSecurity
 from hetero.v1 import coordinator_pb2 as pb
@@ -95,7 +95,7 @@ def test_200_half_open_connections_hold_few_threads_and_heartbeats_still_answer(
                     pb.HeartbeatRequest(node_id=node_id), timeout=HEARTBEAT_DEADLINE_S
                 )
         assert metrics.refused >= least_refused, "the rest closed unread"
-        assert metrics.exposition.builds <= 2, "held connections build no snapshots"
+        assert metrics.snapshots.builds <= 2, "held connections build no snapshots"
     finally:
         for s in held:
             s.close()
@@ -130,37 +130,38 @@ def test_a_scrape_storm_reads_the_cluster_at_most_once_per_second(metrics: Metri
         t.join()
     elapsed = time.monotonic() - t0
     assert not errors, errors
-    assert metrics.exposition.builds <= 1 + int(elapsed / 1.0) + 1, (elapsed, "80 scrapes")
+    assert metrics.snapshots.builds <= 1 + int(elapsed / 1.0) + 1, (elapsed, "80 scrapes")
 
 
-def test_the_cached_exposition_is_rebuilt_only_after_its_ttl(coordinator, sim) -> None:  # type: ignore[no-untyped-def]
+def test_the_snapshot_is_built_again_only_after_its_ttl(coordinator, sim) -> None:  # type: ignore[no-untyped-def]
     sim.register()
     now = [0.0]
-    cached = CachedExposition(CoordinatorService(coordinator.deps).snapshot, 1.0, lambda: now[0])
-    first = cached.body()
+    build = CoordinatorService(coordinator.deps).snapshot
+    cached = Snapshots(lambda: build().SerializeToString(), 1.0, clock=lambda: now[0])
+    first = cached.latest()
     sim.heartbeat()
     for step in (0.1, 0.5, 0.99):
         now[0] = step
-        assert cached.body() is first
+        assert cached.latest() == first and cached.latest()[1] is first[1]
     now[0] = 1.0
-    assert cached.body() is not first and cached.builds == 2
+    assert cached.latest()[0] == 2 and cached.builds == 2
 
 
 def test_a_slow_snapshot_is_served_for_ten_times_its_build_time() -> None:
     now = [0.0]
 
-    def slow_snapshot() -> pb.ClusterSnapshot:
+    def slow_snapshot() -> bytes:
         now[0] += 2.0  # a build of 2 s: 1,000 nodes and 1,000 jobs on a busy host
-        return pb.ClusterSnapshot()
+        return b""
 
-    cached = CachedExposition(slow_snapshot, 1.0, lambda: now[0])
-    cached.body()
+    cached = Snapshots(slow_snapshot, 1.0, clock=lambda: now[0])
+    cached.latest()
     assert now[0] == 2.0 and cached.builds == 1
     now[0] = 2.0 + 19.9  # past the 1 s TTL, not yet 10x the build
-    cached.body()
+    cached.latest()
     assert cached.builds == 1
     now[0] = 2.0 + 20.0
-    cached.body()
+    cached.latest()
     assert cached.builds == 2
 
 

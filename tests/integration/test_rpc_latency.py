@@ -138,15 +138,15 @@ def test_the_histogram_follows_the_snapshot_in_every_scrape(coordinator, sim) ->
         while (seen := _heartbeats_in(_scrape(server.port))) != 15:
             assert seen == 3 and time.monotonic() < deadline, seen
             time.sleep(0.1)
-        assert server.exposition.builds == 1
+        assert server.snapshots.builds == 1
         # ?name[]= of the histogram's samples only: the snapshot is not read.
-        server.exposition.builds = 0
+        server.snapshots.builds = 0
         count = f"?name[]={NAME}_count&name%5B%5D={NAME}_sum"
         only = _scrape(server.port, count)
         assert _heartbeats_in(only) == 15
         assert f"{NAME}_sum{{" in only
         assert "_bucket" not in only and "hetero_node_up" not in only
-        assert server.exposition.builds == 0
+        assert server.snapshots.builds == 0
         # A name beyond the histogram gets the whole exposition.
         whole = _scrape(server.port, f"{count}&name[]=hetero_node_up")
         assert 'hetero_node_up{node="gpu-a"} 1.0' in whole and _heartbeats_in(whole) == 15
