@@ -220,6 +220,8 @@ def serve(
         logs.events_keep_s / 86400,
     )
     if metrics is not None and metrics_listen is not None:
+        if snapshot_worker is not None:
+            snapshot_worker.start()  # it will be scraped: import it before the first scrape
         metrics.start()
         host = metrics_listen.rpartition(":")[0]
         log.info("metrics on http://%s:%d/metrics", host, metrics.port)

@@ -50,13 +50,18 @@ def _ready() -> bool:
 
 
 def _initialize(
-    coordinator: int, initializer: Callable[..., None] | None, initargs: tuple[Any, ...]
+    coordinator: int,
+    initializer: Callable[..., None] | None,
+    initargs: tuple[Any, ...],
+    nice: int = 0,
 ) -> None:
     """In the worker, first: exit with the ``coordinator`` process (its pid, given by the
-    coordinator itself: one that died before this ran is seen at once), then
-    ``initializer(*initargs)``, then start-up's objects are frozen out of full
-    collections (``heap``)."""
+    coordinator itself: one that died before this ran is seen at once), lower its CPU
+    priority by ``nice``, then ``initializer(*initargs)``, then start-up's objects are
+    frozen out of full collections (``heap``)."""
     exit_with_parent(coordinator)
+    if nice:
+        os.nice(nice)
     if initializer is not None:
         initializer(*initargs)
     heap.settle()
@@ -78,17 +83,21 @@ class WorkerProcess:
     """One ``spawn`` worker, started at the first :meth:`call`; ``close`` ends it.
 
     ``initializer(*initargs)`` runs in the worker before its first call (what it
-    opens there: a database); ``what`` names it in log lines."""
+    opens there: a database); ``what`` names it in log lines. ``nice`` lowers the
+    worker's CPU priority below the coordinator's (work nobody waits on in a hurry:
+    on a busy host the kernel gives the coordinator the CPU first)."""
 
     def __init__(
         self,
         what: str,
         initializer: Callable[..., None] | None = None,
         initargs: tuple[Any, ...] = (),
+        nice: int = 0,
     ) -> None:
         self.what = what
         self._initializer = initializer
         self._initargs = initargs
+        self._nice = nice
         self._lock = threading.Lock()
         #: Calls the worker answered, and calls done here because it failed or overran
         #: (for logs and tests).
@@ -100,16 +109,23 @@ class WorkerProcess:
         self._state = "idle"
         self._settled = threading.Event()  # set when a start ends, either way
 
+    def start(self) -> None:
+        """Start the worker now, in the background, rather than at the first call (a
+        coordinator that knows it will need it: the first call then finds it ready)."""
+        with self._lock:
+            self._start_if_idle()
+
+    def _start_if_idle(self) -> None:
+        if self._state == "idle":
+            self._state = "starting"
+            self._settled.clear()
+            threading.Thread(target=self._start, name=f"hetero-{self.what}", daemon=True).start()
+
     def call(self, fn: Callable[..., T], *args: Any, timeout_s: float) -> T | None:
         """``fn(*args)`` in the worker; None = do it here: no worker yet (one is being
         started), or it stopped or overran ``timeout_s`` (replaced, logged)."""
         with self._lock:
-            if self._state == "idle":
-                self._state = "starting"
-                self._settled.clear()
-                threading.Thread(
-                    target=self._start, name=f"hetero-{self.what}", daemon=True
-                ).start()
+            self._start_if_idle()
             pool = self._pool
         if pool is None:
             return None
@@ -152,7 +168,7 @@ class WorkerProcess:
                 1,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=_initialize,
-                initargs=(os.getpid(), self._initializer, self._initargs),
+                initargs=(os.getpid(), self._initializer, self._initargs, self._nice),
             )
             pool.submit(_ready).result(START_TIMEOUT_S)
         except (OSError, RuntimeError, BrokenProcessPool, futures.TimeoutError) as exc:

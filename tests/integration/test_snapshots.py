@@ -19,7 +19,7 @@ from hetero.coordinator.database import open_database, read_session_factory, ses
 from hetero.coordinator.ingest import HeartbeatIngest
 from hetero.coordinator.server import create_server
 from hetero.coordinator.service import Deps
-from hetero.coordinator.snapshots import Snapshots, SnapshotWorker, builder
+from hetero.coordinator.snapshots import NICE, Snapshots, SnapshotWorker, builder
 from hetero.coordinator.store import TelemetryPolicy
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
@@ -83,7 +83,10 @@ def test_a_snapshot_built_in_the_worker_is_the_one_built_here_unwritten_telemetr
     _register_and_beat(served.stub, ["n1", "n2"])
     there = served.snapshots.message()
     assert served.worker.answered == 1
-    assert served.worker.pids() and os.getpid() not in served.worker.pids()
+    (pid,) = served.worker.pids()
+    assert pid != os.getpid()
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    assert os.getpriority(os.PRIO_PROCESS, pid) == min(ours + NICE, 19), "niced"
     # Nothing was flushed: the devices' telemetry came over from the ingest's memory.
     assert {n.name: [t.device_index for t in n.telemetry] for n in there.nodes} == {
         "n1": [0, 1],
@@ -121,3 +124,11 @@ def test_a_killed_worker_is_replaced_and_that_build_done_here(served: Served) ->
     # The one after starts another worker and is built there.
     assert served.build(served.worker) and served.worker.answered == 2
     assert served.worker.pids() and served.worker.pids() != [pid]
+
+
+def test_a_worker_started_ahead_is_ready_before_the_first_build(served: Served) -> None:
+    served.worker.start()
+    assert served.worker.wait_ready(60.0) and served.worker.pids()
+    assert served.worker.answered == 0 and served.worker.fallbacks == 0
+    served.build(served.worker)
+    assert served.worker.answered == 1 and served.worker.fallbacks == 0
