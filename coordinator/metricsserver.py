@@ -302,8 +302,19 @@ class MetricsServer:
             with self._lock:
                 if self._stopping.is_set():
                     return
-                process.start()
-                self._process = process
+                failed: OSError | None = None
+                try:
+                    process.start()
+                except OSError as exc:  # out of processes or memory: the host's, for now
+                    failed = exc
+                else:
+                    self._process = process
+            if failed is not None:
+                ours.close()
+                theirs.close()
+                log.warning("cannot start the /metrics process (%s); trying again", failed)
+                self._stopping.wait(RESTART_S)
+                continue
             theirs.close()
             self._answer(ours)
             process.join(timeout=5.0)

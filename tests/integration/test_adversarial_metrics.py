@@ -10,6 +10,7 @@ coordinator on port 0 (SQLite under tmp_path) with the real metrics server.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import re
 import signal
@@ -210,6 +211,56 @@ def test_scrapes_are_served_by_a_process_of_their_own_started_again_when_it_dies
         except (urllib.error.URLError, ConnectionError):
             assert time.monotonic() < deadline, "the new process does not answer"
             time.sleep(0.2)
+
+
+class _NoProcessesOnce:
+    """multiprocessing's spawn context whose first process cannot start, as on a host out
+    of processes (root is not held to RLIMIT_NPROC, so a test cannot make one)."""
+
+    def __init__(self) -> None:
+        self._real = multiprocessing.get_context("spawn")
+        self.refused = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._real, name)
+
+    def Process(self, *args: object, **kwargs: object) -> object:
+        process = self._real.Process(*args, **kwargs)  # type: ignore[arg-type]
+        if self.refused == 0:
+            self.refused += 1
+
+            def start() -> None:
+                raise OSError(11, "Resource temporarily unavailable")
+
+            process.start = start  # type: ignore[method-assign]
+        return process
+
+
+def test_a_metrics_process_that_cannot_start_is_logged_in_one_line_and_tried_again(
+    coordinator, sim, caplog: pytest.LogCaptureFixture
+) -> None:  # type: ignore[no-untyped-def]
+    sim.register()
+    sim.heartbeat()
+    server = MetricsServer("127.0.0.1:0", CoordinatorService(coordinator.deps).snapshot)
+    context = _NoProcessesOnce()
+    server._context = context  # type: ignore[assignment]
+    with caplog.at_level(logging.WARNING, logger="hetero.coordinator.metrics"):
+        server.start()
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    assert "hetero_node_up" in _scrape(server.port)
+                    break
+                except (urllib.error.URLError, ConnectionError):
+                    assert time.monotonic() < deadline, "no /metrics process after the failure"
+                    time.sleep(0.2)
+        finally:
+            server.stop()
+    assert context.refused == 1
+    failures = [r for r in caplog.records if "cannot start the /metrics process" in r.message]
+    assert len(failures) == 1 and failures[0].exc_info is None
+    assert "Resource temporarily unavailable); trying again" in failures[0].getMessage()
 
 
 def test_the_metrics_process_of_hetero_coord_serve_exits_with_a_killed_coordinator(
