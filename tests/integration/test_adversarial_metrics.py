@@ -12,11 +12,8 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-import re
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -26,6 +23,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from servedprocess import START_S, serve, wait_for_line
 
 from hetero.auth import new_token
 from hetero.coordinator.metricsserver import (
@@ -266,24 +264,11 @@ def test_a_metrics_process_that_cannot_start_is_logged_in_one_line_and_tried_aga
 def test_the_metrics_process_of_hetero_coord_serve_exits_with_a_killed_coordinator(
     tmp_path: Path,
 ) -> None:
-    log = tmp_path / "coordinator.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "hetero.coordinator.cli", "serve", "--insecure"),
-                *("--listen", "127.0.0.1:0", "--state-dir", str(tmp_path / "state")),
-                *("--metrics-listen", "127.0.0.1:0"),
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    proc, log = serve(tmp_path, "--insecure", "--metrics-listen", "127.0.0.1:0")
     children: list[psutil.Process] = []
     try:
-        deadline = time.monotonic() + 60
-        while (bound := re.search(r"metrics on http://127.0.0.1:(\d+)/", log.read_text())) is None:
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
-        port = int(bound.group(1))
+        deadline = time.monotonic() + START_S
+        port = int(wait_for_line(proc, log, r"metrics on http://127.0.0.1:(\d+)/").group(1))
         while True:  # the process is being started; an empty cluster has an empty exposition
             try:
                 _scrape(port)

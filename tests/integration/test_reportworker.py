@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from concurrent import futures
@@ -23,6 +20,7 @@ from pathlib import Path
 import grpc
 import psutil
 import pytest
+from servedprocess import START_S, serve, wait_for_line
 from sqlalchemy import func, select
 
 from hetero.bench.loadgen import device_profiles
@@ -309,25 +307,13 @@ def test_hetero_coord_serve_starts_its_report_worker_at_the_first_report_and_end
     sees its parent gone and exits (``workerprocess._exit_with_parent``). On PostgreSQL
     the URL has a password (the test server ignores it), which neither the log nor a
     child's command line or environment shows."""
-    log = tmp_path / "coordinator.log"
     on_sqlite = both_stores_url.startswith("sqlite")
     db = () if on_sqlite else ("--db", both_stores_url.replace("postgres@", f"postgres:{SECRET}@"))
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "hetero.coordinator.cli", "serve"),
-                *("--listen", "127.0.0.1:0", "--state-dir", str(tmp_path / "state"), *db),
-                "--insecure",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    proc, log = serve(tmp_path, *db, "--insecure")
     children: list[psutil.Process] = []
     try:
-        deadline = time.monotonic() + 60
-        while (bound := re.search(r"listening on \S+ \(port (\d+)", log.read_text())) is None:
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
+        deadline = time.monotonic() + START_S
+        bound = wait_for_line(proc, log, r"listening on \S+ \(port (\d+)")
         coordinator = psutil.Process(proc.pid)
         with grpc.insecure_channel(f"127.0.0.1:{bound.group(1)}") as channel:
             stub = pb_grpc.CoordinatorStub(channel)
