@@ -28,7 +28,9 @@ IMMEDIATE``, on PostgreSQL both take ``database.WRITERS_LOCK_KEY`` first; an
 in-memory SQLite database cannot be opened by a second process, and there the
 flush stays on the coordinator's thread (``server.serve`` starts no worker). The
 database URL reaches the worker as an argument of its initializer, as the
-report workers' does (``reportworker``).
+report workers' does (``reportworker``). The worker keeps the coordinator's CPU
+priority, unlike the snapshot worker (``snapshots``): while it writes it holds
+the write lock the reports wait for.
 
 A flush of fewer than :data:`MIN_BEATS` beats (a small cluster, every
 coordinator a test starts) is written in the coordinator: it costs a fraction
