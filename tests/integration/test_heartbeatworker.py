@@ -4,8 +4,9 @@ the worker writes what the coordinator's thread would (liveness, a closed bucket
 newest sample, a down node marked up and the admission pass told, a deleted node
 dropped), the sweeper's flush first still keeps a live node up, a killed worker
 degrades to the coordinator's thread with a log line and is replaced, ``stop``'s
-last flush lands in the worker, and ``hetero-coord serve`` starts the worker for a
-cluster's flushes and ends it after writing everything when it stops."""
+last flush lands in the worker, a small flush starts no worker, and ``hetero-coord
+serve`` starts the worker for a cluster's flushes and ends it after writing
+everything when it stops."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from hetero.bench.loadgen import device_profiles, heartbeat_request
 from hetero.coordinator import store
 from hetero.coordinator.capacity import CapacityWatch
 from hetero.coordinator.database import open_database, read_session_factory, session_factory
-from hetero.coordinator.heartbeatworker import HeartbeatWorker
+from hetero.coordinator.heartbeatworker import MIN_BEATS, HeartbeatWorker
 from hetero.coordinator.ingest import HeartbeatIngest
 from hetero.coordinator.models import NodeRow
 from hetero.coordinator.recovery import Sweeper
@@ -287,6 +288,43 @@ def test_the_last_flush_at_stop_is_written_by_the_worker_open_buckets_included(
     assert served.worker.answered == answered + 1 and served.worker.fallbacks == 0
     assert _heard(served, node)[0] == clock.now
     assert (int(clock.now // 10), None, 42.0) in _telemetry(served, node)
+
+
+def test_a_flush_of_fewer_than_min_beats_is_written_here_and_starts_no_worker(
+    tmp_path: Path,
+) -> None:
+    """A small cluster (every coordinator a test starts) never pays for a second
+    interpreter: its flushes are written on the coordinator's thread."""
+    url = f"sqlite:///{tmp_path / 'small.db'}"
+    engine = open_database(url)
+    sessions, readers = session_factory(engine), read_session_factory(engine)
+    worker = HeartbeatWorker(url)
+    ingest = HeartbeatIngest(sessions, readers, TelemetryPolicy(), worker=worker)
+    t0 = 1_700_000_000.0
+    try:
+        with sessions.begin() as s:
+            nodes = [
+                store.register_node(
+                    s,
+                    name=f"n{i}",
+                    address="x",
+                    agent_endpoint="",
+                    agent_version="t",
+                    devices=[],
+                    now=t0,
+                ).id
+                for i in range(MIN_BEATS - 1)
+            ]
+        for node in nodes:
+            ingest.offer(store.Beat(node, t0 + 1, ()))
+        assert ingest.flush() == MIN_BEATS - 1
+        assert worker.state == "idle" and worker.pids() == []
+        assert (worker.answered, worker.fallbacks) == (0, 0)
+        with sessions() as s:
+            assert {store.get_node(s, n).last_heartbeat_unix_s for n in nodes} == {t0 + 1}
+    finally:
+        worker.close()
+        engine.dispose()
 
 
 def test_hetero_coord_serve_writes_a_clusters_flushes_in_its_worker_and_everything_at_stop(
