@@ -17,7 +17,8 @@ ORM change to ``NodeRow``, ``DeviceRow``, ``JobRow.state`` or ``RankRow.state``,
 so a flush listener on the coordinator's sessions sees every path, today's and
 those added later, without a hook in each. The sweeper compares a counter that
 committed changes advance. Writers outside this process (a second process on the
-same database) are not seen: for them, and to refresh the reasons of the jobs
+same database) are not seen: those of hetero's worker processes tell the coordinator
+what they changed (``changed``); for any other, and to refresh the reasons of the jobs
 still waiting, a pass also runs every :data:`REFRESH_S`.
 
 The passes run by a submission, a cancel or a job's end in their own transactions
@@ -80,6 +81,13 @@ class CapacityWatch:
         """A pass that saw every change up to ``epoch`` (from :meth:`due`) committed."""
         with self._lock:
             self._passed = (epoch, now)
+
+    @property
+    def epoch(self) -> int:
+        """The counter committed changes advance (a worker process compares it before and
+        after a write of its own, ``heartbeatworker``)."""
+        with self._lock:
+            return self._epoch
 
     def changed(self) -> None:
         """A change this process's sessions did not make (the report worker's restart of

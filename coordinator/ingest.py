@@ -8,7 +8,13 @@ each, more than this 2-core machine has), and queued behind the others for the
 lock. Here a heartbeat is checked against the known nodes (an unknown node is
 still refused with NOT_FOUND at once, so its agent registers again) and parked
 in memory; a flusher thread writes everything parked every ``flush_s`` seconds
-in one transaction (``store.record_heartbeats``).
+in one transaction (``store.record_heartbeats``). That transaction runs in a
+process of its own where the database lets a second process write it
+(``heartbeatworker``: a SQLite file, PostgreSQL), so its Python work does not
+take the interpreter lock from the event loop that answers heartbeats; the
+flusher waits for it holding none. It runs on the flusher's thread for an
+in-memory database, a flush of a few beats, and while the worker is starting or
+after it failed; either way a flush returns once its write is committed.
 
 Liveness and telemetry are parked apart. Each flush writes every node's newest
 arrival. Telemetry is stored downsampled, one row per device per bucket of
@@ -27,24 +33,28 @@ row per device; the next heartbeat restores liveness). ``stop`` writes
 everything, open buckets included. The sweeper flushes before it looks for
 silent nodes, so the lag never makes a live node look silent; a node marked
 down that is heard again is marked up (``node_up``) by the flush that writes its
-heartbeat. A node deleted while its heartbeats are parked is dropped at the
-flush, never written against a missing row.
+heartbeat (written by the worker, the coordinator's admission pass is told:
+``HeartbeatWorker.on_change``). A node deleted while its heartbeats are parked is
+dropped at the flush, never written against a missing row. These hold wherever
+the flush is written; the worker is closed only after ``stop``'s last flush.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
 import threading
 import zlib
-from collections.abc import Callable
 from typing import cast
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from hetero.coordinator import store
+from hetero.coordinator import heartbeatworker, store, wire
+from hetero.coordinator.heartbeatworker import HeartbeatWorker
 from hetero.coordinator.models import NodeRow, TelemetryRow
 from hetero.coordinator.periodic import Periodic
+from hetero.v1 import coordinator_pb2 as pb
 
 #: Seconds between flushes of parked heartbeats.
 DEFAULT_FLUSH_S = 0.25
@@ -52,11 +62,18 @@ DEFAULT_FLUSH_S = 0.25
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Parked:
-    """A beat's telemetry waiting for its bucket to be written, at ``due`` (Unix s)."""
+    """A beat's telemetry waiting for its bucket to be written: still its ``request``'s
+    (None: the beat's own ``telemetry``)."""
 
     beat: store.Beat
-    samples: Callable[[], tuple[dict[str, object], ...]]
-    due: float
+    request: pb.HeartbeatRequest | None
+
+
+def _values(parked: _Parked) -> tuple[dict[str, object], ...]:
+    """A parked beat's samples as ``TelemetryRow`` column values."""
+    if parked.request is None:
+        return parked.beat.telemetry
+    return wire.telemetry_values(parked.request)
 
 
 #: Each node's newest sample not yet written: (its bucket, its time, its rows' values).
@@ -86,6 +103,8 @@ class HeartbeatIngest:
     """Parks heartbeats and flushes them in batches; ``start``/``stop`` run the flusher.
 
     Without ``start`` nothing is written until ``flush()`` is called (tests call it).
+    ``worker`` writes the flushes in a process of its own (None: all on the calling
+    thread); its owner closes it after ``stop``.
     """
 
     def __init__(
@@ -95,8 +114,11 @@ class HeartbeatIngest:
         policy: store.TelemetryPolicy,
         *,
         flush_s: float = DEFAULT_FLUSH_S,
+        worker: HeartbeatWorker | None = None,
     ) -> None:
         self.sessions = sessions
+        #: Writes the flushes in a process of its own (``heartbeatworker``); None = here.
+        self.worker = worker
         self.readers = readers
         self.policy = policy
         self.flush_s = flush_s
@@ -106,6 +128,11 @@ class HeartbeatIngest:
         #: Newest sample per (node, telemetry bucket of its sample time) not yet written:
         #: the store keeps only the newest of a bucket anyway (see ``offer``).
         self._samples: dict[tuple[str, int], _Parked] = {}
+        #: (due, key) of each parked sample, soonest first: a flush takes the due ones
+        #: without looking at the others (1,000 nodes park about 1,000 samples, and
+        #: scanning them all was most of what a flush left in the coordinator once its
+        #: write had moved to the worker). An entry whose sample is gone is skipped.
+        self._due: list[tuple[float, tuple[str, int]]] = []
         #: Each node's newest bucket: where ``current`` finds its freshest sample.
         self._newest_bucket: dict[str, int] = {}
         #: The newest arrival of any node: buckets that ended before it are closed. The
@@ -135,14 +162,14 @@ class HeartbeatIngest:
         with self._lock:
             return node_id in self._known
 
-    def offer(
-        self, beat: store.Beat, samples: Callable[[], tuple[dict[str, object], ...]] | None = None
-    ) -> None:
+    def offer(self, beat: store.Beat, request: pb.HeartbeatRequest | None = None) -> None:
         """Park ``beat``; raises ``store.NotFoundError`` if its node is not registered.
 
-        ``samples`` makes the beat's telemetry when it is needed, in place of
-        ``beat.telemetry``: nine of ten samples are replaced by a newer one of their
-        bucket before they are written, so turning each into rows on arrival was wasted."""
+        ``request`` holds the beat's telemetry, in place of ``beat.telemetry``: it is
+        turned into column values (``wire.telemetry_values``) only when needed, and for
+        a write in the process that writes it (``heartbeatworker``). Nine of ten samples
+        are replaced by a newer one of their bucket before they are written, so turning
+        each into rows on arrival was wasted."""
         with self._lock:
             known = beat.node_id in self._known
         if not known:
@@ -160,13 +187,15 @@ class HeartbeatIngest:
         period = self.policy.period_s
         bucket = int(at // period)
         key = (beat.node_id, bucket)
-        due = (bucket + 1 + _phase(beat.node_id)) * period
-        parked = _Parked(beat, samples or (lambda: beat.telemetry), due)
+        due = (bucket + 1 + _phase(beat.node_id)) * period  # Unix s
+        parked = _Parked(beat, request)
         with self._lock:
             node = beat.node_id
             self._alive[node] = max(beat.time_unix_s, self._alive.get(node, -math.inf))
             self._now = max(self._now, beat.time_unix_s)
             old = self._samples.get(key)
+            if old is None:
+                heapq.heappush(self._due, (due, key))
             if old is None or at >= old.beat.sample_time:
                 self._samples[key] = parked
             if bucket >= self._newest_bucket.get(node, bucket):
@@ -180,7 +209,7 @@ class HeartbeatIngest:
             parked = None if bucket is None else self._samples.get((node_id, bucket))
         if parked is None or bucket is None:
             return None
-        return telemetry_rows(node_id, bucket, parked.beat.sample_time, parked.samples())
+        return telemetry_rows(node_id, bucket, parked.beat.sample_time, _values(parked))
 
     def live(self) -> LiveTelemetry:
         """``current`` of every node whose newest sample is not written yet, as plain
@@ -188,7 +217,7 @@ class HeartbeatIngest:
         with self._lock:
             newest = [(n, b, self._samples.get((n, b))) for n, b in self._newest_bucket.items()]
         return {
-            node: (bucket, parked.beat.sample_time, parked.samples())
+            node: (bucket, parked.beat.sample_time, _values(parked))
             for node, bucket, parked in newest
             if parked is not None
         }
@@ -203,16 +232,23 @@ class HeartbeatIngest:
         with self._lock:
             alive, self._alive = self._alive, {}
             now = self._now
-            due = [k for k, p in self._samples.items() if everything or p.due <= now]
-            parked = [self._samples.pop(key) for key in due]
-        beats = [store.Beat(n, t, ()) for n, t in alive.items()]
-        # Samples only: a node's liveness is its newest arrival, written above; a closed
-        # bucket's sample arrived earlier and must not mark a node up that went down since.
-        beats += [dataclasses.replace(p.beat, telemetry=p.samples(), alive=False) for p in parked]
-        if not beats:
+            if everything:
+                parked = list(self._samples.values())
+                self._samples.clear()
+                self._due.clear()
+            else:
+                parked = []
+                while self._due and self._due[0][0] <= now:
+                    sample = self._samples.pop(heapq.heappop(self._due)[1], None)
+                    if sample is not None:
+                        parked.append(sample)
+        samples = [(p.beat, p.request) for p in parked]
+        if not alive and not samples:
             return 0
-        with self.sessions.begin() as s:
-            gone = store.record_heartbeats(s, beats, policy=self.policy)
+        gone = None if self.worker is None else self.worker.record(alive, samples, self.policy)
+        if gone is None:
+            with self.sessions.begin() as s:
+                gone = heartbeatworker.write(s, alive, samples, self.policy)
         if gone:
             with self._lock:
                 self._known -= gone
@@ -221,8 +257,13 @@ class HeartbeatIngest:
                 for node in gone:
                     self._newest_bucket.pop(node, None)
         self.flushes += 1
-        self.written += len(beats) - sum(b.node_id in gone for b in beats)
-        return len(beats)
+        beats = len(alive) + len(samples)
+        self.written += beats
+        if gone:
+            self.written -= sum(n in gone for n in alive) + sum(
+                b.node_id in gone for b, _ in samples
+            )
+        return beats
 
     def start(self) -> None:
         self._flusher.start()

@@ -88,7 +88,7 @@ class NodeHandlers(Handlers):
             raise invalid(f"sampled_at_unix_s must be a finite time, got {sampled_at}")
         if self.deps.ingest is not None:
             beat = store.Beat(req.node_id, self.deps.clock(), (), sampled_at=sampled_at)
-            self.deps.ingest.offer(beat, lambda: wire.telemetry_values(req))
+            self.deps.ingest.offer(beat, req)
         else:
             beat = store.Beat(
                 req.node_id, self.deps.clock(), wire.telemetry_values(req), sampled_at=sampled_at

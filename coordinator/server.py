@@ -32,6 +32,7 @@ from hetero.coordinator.database import (
 )
 from hetero.coordinator.dburl import masked
 from hetero.coordinator.deps import Deps
+from hetero.coordinator.heartbeatworker import HeartbeatWorker
 from hetero.coordinator.identity import Caller, Identities
 from hetero.coordinator.ingest import HeartbeatIngest
 from hetero.coordinator.metricsserver import MetricsServer
@@ -118,7 +119,8 @@ def serve(
 ) -> None:
     """Run the coordinator until SIGTERM or SIGINT; with ``metrics_listen`` (host:port)
     also serve Prometheus ``/metrics`` there. Heartbeats are written in batches
-    (``HeartbeatIngest``), reads take no write lock, interval reports are handled in
+    (``HeartbeatIngest``), in a process of their own (``heartbeatworker``; not on an
+    in-memory SQLite database), reads take no write lock, interval reports are handled in
     ``report_processes`` processes of their own (``reportworker``; None = one per two
     cores, one to four; not on an in-memory SQLite database, which no other process can open) and the balancer's fits of the others in a worker
     process (``replanner``). A sweeper thread marks silent
@@ -129,11 +131,15 @@ def serve(
     ``log_retention`` (``logpruning``). Defaults: each policy's own."""
     engine = open_database(db_url)
     snapshot_worker: SnapshotWorker | None = None
+    heartbeats: HeartbeatWorker | None = None
     if deps is None:
         sessions, readers = session_factory(engine), read_session_factory(engine)
         policy = telemetry or TelemetryPolicy()
-        ingest = HeartbeatIngest(sessions, readers, policy)
+        capacity = CapacityWatch(sessions)
         elsewhere = writers_take_turns_across_processes(engine)
+        if elsewhere:
+            heartbeats = HeartbeatWorker(db_url, on_change=capacity.changed)
+        ingest = HeartbeatIngest(sessions, readers, policy, worker=heartbeats)
         snapshot_worker = SnapshotWorker(db_url) if elsewhere else None
         snapshots = Snapshots(
             builder(
@@ -157,7 +163,7 @@ def serve(
             reports=(
                 ReportWorkers(db_url, report_processes or DEFAULT_PROCESSES) if elsewhere else None
             ),
-            capacity=CapacityWatch(sessions),
+            capacity=capacity,
             telemetry=policy,
             heartbeat_interval_s=heartbeat_interval_s,
             heartbeat_timeout_s=heartbeat_timeout_s,
@@ -243,7 +249,9 @@ def serve(
             metrics.stop()
         server.stop(grace_s).wait()
         if deps.ingest is not None:
-            deps.ingest.stop()
+            deps.ingest.stop()  # its last flush, in the worker or here
+        if heartbeats is not None:
+            heartbeats.close()
         if deps.reports is not None:
             deps.reports.close()
         if deps.replanner is not None:

@@ -151,6 +151,13 @@ class WorkerProcess:
         with self._lock:
             return self._state == "ready"
 
+    @property
+    def state(self) -> str:
+        """``idle`` (none started, or the last one failed), ``starting``, ``ready``,
+        ``unavailable`` or ``closed`` (for tests and logs)."""
+        with self._lock:
+            return self._state
+
     def pids(self) -> list[int]:
         """The worker's process id, if one runs (for tests and logs)."""
         with self._lock:
