@@ -34,7 +34,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from hetero.bench.loadconfig import POLL_MODES, LoadConfig
+from hetero.bench.loadconfig import POLL_MODES, LoadConfig, parse_cpus
 from hetero.bench.loadreport import render
 from hetero.bench.loadrun import run_load
 
@@ -104,6 +104,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         f"and the generators leave (default {d.scrapers_nice}; 0: an equal share)",
     )
     p.add_argument(
+        "--coordinator-cpus",
+        metavar="LIST",
+        help="run the coordinator and its worker processes on these CPUs only (e.g. 0-1) "
+        "and the load generators and scrapers on the others: on a host with cores to "
+        "spare, a coordinator of that many cores with its clients off its cores "
+        "(default: no pinning, all share every CPU)",
+    )
+    p.add_argument(
         "--scrape-phase-s",
         type=float,
         default=d.scrape_phase_s,
@@ -139,6 +147,7 @@ def load_command(args: argparse.Namespace) -> int:
         scrapers=args.scrapers,
         scrape_phase_s=args.scrape_phase_s,
         scrapers_nice=args.scrapers_nice,
+        coordinator_cpus=parse_cpus(args.coordinator_cpus) if args.coordinator_cpus else (),
     )
     out = args.out or Path(tempfile.mkdtemp(prefix="hetero-load-"))
     results = run_load(config, out)

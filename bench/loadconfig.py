@@ -4,6 +4,7 @@ complete."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from hetero.core.catalogue.limits import MAX_RANKS
@@ -51,6 +52,11 @@ class LoadConfig:
     #: CPU niceness of the scrapers' process: they stand in for clients on other hosts,
     #: so on a shared box they take the CPU the coordinator and the generators leave.
     scrapers_nice: int = 19
+    #: CPUs the coordinator and its worker processes run on; the generators and the
+    #: scrapers then run on the others (empty = no pinning: all share every CPU). On a
+    #: host with cores to spare this stands in for a coordinator of N cores with its
+    #: clients on other hosts.
+    coordinator_cpus: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.agents < 1 or self.processes < 1 or self.world_size < 1:
@@ -74,6 +80,19 @@ class LoadConfig:
             raise ConfigError(f"--scrapers-nice must be in [0, 19], got {self.scrapers_nice}")
         if self.scrapers and self.duration_s < 2 * self.scrape_phase_s:
             raise ConfigError("--scrapers needs --duration of at least 2 scrape phases")
+        if self.coordinator_cpus:
+            usable = available_cpus()
+            if not set(self.coordinator_cpus) <= usable:
+                outside = sorted(set(self.coordinator_cpus) - usable)
+                raise ConfigError(
+                    f"--coordinator-cpus: CPU {outside[0]} is not one this process may use "
+                    f"({format_cpus(usable)})"
+                )
+            if not usable - set(self.coordinator_cpus):
+                raise ConfigError(
+                    "--coordinator-cpus leaves no CPU for the load generators "
+                    f"({format_cpus(usable)} usable)"
+                )
         if self.poll_every_s < 0:
             raise ConfigError(f"--poll-every must be >= 0 seconds, got {self.poll_every_s:g}")
         if self.poll not in POLL_MODES:
@@ -82,3 +101,36 @@ class LoadConfig:
     @property
     def jobs(self) -> int:
         return self.ranks // self.world_size
+
+
+def available_cpus() -> set[int]:
+    """The CPUs this process may run on."""
+    return set(os.sched_getaffinity(0))
+
+
+def parse_cpus(text: str) -> tuple[int, ...]:
+    """``0,1`` or ``0-3,8`` as sorted CPU numbers; a one-line ``ConfigError`` otherwise."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        first, dash, last = part.strip().partition("-")
+        try:
+            lo, hi = int(first), int(last if dash else first)
+        except ValueError:
+            raise ConfigError(
+                f"--coordinator-cpus: {part.strip()!r} is not a CPU number or range like 0-1"
+            ) from None
+        if lo < 0 or hi < lo:
+            raise ConfigError(f"--coordinator-cpus: bad range {part.strip()!r}")
+        cpus.update(range(lo, hi + 1))
+    return tuple(sorted(cpus))
+
+
+def format_cpus(cpus: set[int] | tuple[int, ...]) -> str:
+    """CPU numbers as ranges: ``0-1,4``."""
+    ranges: list[str] = []
+    for cpu in sorted(cpus):
+        if ranges and cpu == int(ranges[-1].split("-")[-1]) + 1:
+            ranges[-1] = f"{ranges[-1].split('-')[0]}-{cpu}"
+        else:
+            ranges.append(str(cpu))
+    return ",".join(ranges)

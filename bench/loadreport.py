@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hetero.bench.loadconfig import LoadConfig
+from hetero.bench.loadconfig import LoadConfig, available_cpus, format_cpus
 from hetero.bench.loaddb import LoadDatabase
 from hetero.bench.loadlatency import by_scrape_phase, histogram, percentile
 from hetero.bench.loadserver import Buckets, figures
@@ -159,7 +159,12 @@ def summarize(
     return {
         "config": {**asdict(config), "db": db.shown_url()},
         "machine": {"cpu_cores": cores, "python": sys.version.split()[0]},
-        "note": "load generators and coordinator share this machine's cores",
+        "note": (
+            f"coordinator on CPUs {format_cpus(config.coordinator_cpus)}, load generators "
+            f"and scrapers on CPUs {format_cpus(available_cpus() - set(config.coordinator_cpus))}"
+            if config.coordinator_cpus
+            else "load generators and coordinator share this machine's cores"
+        ),
         "register_s": register_s,
         "methods": methods,
         "errors_total": sum(errors.values()),
@@ -279,7 +284,7 @@ def render(r: dict[str, Any]) -> str:
         f"coordinator CPU {r['coordinator_cpu_cores']:.2f} cores (max 1 s: "
         f"{r['coordinator_cpu_cores_max_1s']:.2f}); load generators "
         f"{r['generators_cpu_cores']:.2f} cores; machine has {r['machine']['cpu_cores']} "
-        "(shared)",
+        + (f"({r['note']})" if r["config"].get("coordinator_cpus") else "(shared)"),
         f"database ({db.get('store', 'sqlite')}) {db['bytes_end'] / 1e6:.1f} MB"
         f"{' (with WAL)' if db.get('store', 'sqlite') == 'sqlite' else ''}, growing "
         f"{db['growth_bytes_per_h'] / 1e6:.0f} MB/h; by rows: "

@@ -7,6 +7,7 @@ coordinator's own latency histogram among the samples (``loadserver``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -14,11 +15,12 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from hetero.bench.loadconfig import LoadConfig, LoadError
+from hetero.bench.loadconfig import LoadConfig, LoadError, available_cpus
 from hetero.bench.loaddb import LoadDatabase
 from hetero.bench.loadreport import sample, summarize
 
@@ -50,8 +52,23 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@contextlib.contextmanager
+def _on_cpus(cpus: set[int]) -> Iterator[None]:
+    """Processes started inside run on ``cpus`` (empty: unchanged): the calling thread's
+    CPU mask, which a child inherits, is set for the while."""
+    if not cpus:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
 def _start_coordinator(
-    out: Path, db_url: str | None, metrics_port: int
+    out: Path, db_url: str | None, metrics_port: int, cpus: set[int]
 ) -> tuple[subprocess.Popen[bytes], str]:
     import grpc
 
@@ -61,18 +78,19 @@ def _start_coordinator(
     # latency there (``loadserver``), and ``--scrapers`` scrape it.
     metrics = ("--metrics-listen", f"127.0.0.1:{metrics_port}")
     log = (out / "coordinator.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "hetero.coordinator.cli", "serve"),
-            *("--listen", address, "--state-dir", str(out / "state"), *db, *metrics),
-            # The simulated agents present no token: the figures are the server's own
-            # paths, comparable with those measured before the default token.
-            "--insecure",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    with _on_cpus(cpus):  # its worker processes inherit the mask
+        proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "hetero.coordinator.cli", "serve"),
+                *("--listen", address, "--state-dir", str(out / "state"), *db, *metrics),
+                # The simulated agents present no token: the figures are the server's own
+                # paths, comparable with those measured before the default token.
+                "--insecure",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     log.close()
     with grpc.insecure_channel(address) as channel:
         try:
@@ -204,11 +222,14 @@ def _run(config: LoadConfig, out: Path, db: LoadDatabase) -> dict[str, Any]:
     from hetero.coordinator.database import sqlite_url
 
     metrics_port = _free_port()
-    coord, address = _start_coordinator(out, config.db, metrics_port)
+    ours = set(config.coordinator_cpus)
+    theirs = available_cpus() - ours if ours else set()
+    coord, address = _start_coordinator(out, config.db, metrics_port, ours)
     gens: list[subprocess.Popen[bytes]] = []
     scrapers: list[subprocess.Popen[bytes]] = []
     try:
-        gens = _spawn_workers(config, address, out)
+        with _on_cpus(theirs):
+            gens = _spawn_workers(config, address, out)
         t_register = time.perf_counter()
         _wait_ready(gens, out, config.agents)
         register_s = time.perf_counter() - t_register
@@ -217,7 +238,8 @@ def _run(config: LoadConfig, out: Path, db: LoadDatabase) -> dict[str, Any]:
             queue_jobs(config.db or sqlite_url(out / "state"), address, config)
         if config.scrapers:
             # Not sampled with the generators: their CPU is the simulated agents'.
-            scrapers.append(_spawn_scrapers(config, metrics_port, out))
+            with _on_cpus(theirs):
+                scrapers.append(_spawn_scrapers(config, metrics_port, out))
         start = time.time() + config.warmup_s
         end = start + config.duration_s
         go = {"jobs": jobs, "world_size": config.world_size, "start_unix_s": start}
@@ -226,6 +248,12 @@ def _run(config: LoadConfig, out: Path, db: LoadDatabase) -> dict[str, Any]:
         (out / "go.json.tmp").rename(out / "go.json")
         cproc = psutil.Process(coord.pid)
         gprocs = [psutil.Process(g.pid) for g in gens]
+        # The CPUs each side ran on, as the kernel has them (``--coordinator-cpus``).
+        cpus = {
+            "coordinator": sorted(cproc.cpu_affinity()),
+            "coordinator_workers": sorted({c for p in cproc.children() for c in p.cpu_affinity()}),
+            "generators": sorted({c for p in gprocs for c in p.cpu_affinity()}),
+        }
         time.sleep(max(0.0, start - time.time()))
         # The coordinator's histogram first: its edges are the nearest to the window's.
         server_first = loadserver.read(metrics_port)
@@ -258,5 +286,6 @@ def _run(config: LoadConfig, out: Path, db: LoadDatabase) -> dict[str, Any]:
             coord.wait()
     server = loadserver.between(server_first, server_last)
     results = summarize(config, out, first, last, cpu_series, register_s, db, server)
+    results["cpus"] = cpus
     (out / "load.json").write_text(json.dumps(results, indent=2))
     return results

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import threading
@@ -380,12 +381,18 @@ def test_hetero_bench_load_runs_a_small_cluster_without_errors(
     # On SQLite every agent also polls each second (``--poll-every``); on PostgreSQL only
     # when a heartbeat's reply asks, as hetero-agent does.
     polls = ("--poll-every", "1") if on_sqlite else ()
+    # On SQLite the coordinator (and its workers) on the first CPU, the generators on the
+    # others, where there are two or more.
+    usable = sorted(os.sched_getaffinity(0))
+    pinned = on_sqlite and len(usable) >= 2
+    pin = ("--coordinator-cpus", str(usable[0])) if pinned else ()
     done = subprocess.run(
         [
             *(sys.executable, "-m", "hetero.bench.cli", "load", "--agents", "50", "--ranks", "16"),
             *("--processes", "2", "--duration", "4", "--warmup", "1", "--out", str(out), "--json"),
             *db,
             *polls,
+            *pin,
         ],
         capture_output=True,
         text=True,
@@ -394,6 +401,13 @@ def test_hetero_bench_load_runs_a_small_cluster_without_errors(
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result == json.loads((out / "load.json").read_text())
+    if pinned:
+        assert result["cpus"]["coordinator"] == [usable[0]]
+        assert set(result["cpus"]["coordinator_workers"]) <= {usable[0]}
+        assert result["cpus"]["generators"] == usable[1:]
+        assert f"coordinator on CPUs {usable[0]}, load generators" in render(result)
+    else:
+        assert result["cpus"]["coordinator"] == result["cpus"]["generators"] == usable
     assert result["errors_total"] == 0, result["error_samples"]
     measured = ["Heartbeat", "ReportIntervalStats", "GetPlan"]
     for method in measured:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from hetero.bench.loadconfig import LoadConfig
+from hetero.bench.loadconfig import LoadConfig, format_cpus, parse_cpus
 from hetero.core.errors import ConfigError
 
 
@@ -25,3 +26,32 @@ def test_a_negative_poll_period_is_refused_in_one_line(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert done.stderr.strip() == "error: --poll-every must be >= 0 seconds, got -1"
     assert not any(tmp_path.iterdir())  # nothing started, nothing written
+
+
+def test_coordinator_cpus_are_read_as_lists_and_ranges_and_checked() -> None:
+    assert parse_cpus("0-1") == (0, 1) and parse_cpus("3, 0-1,8") == (0, 1, 3, 8)
+    assert format_cpus((0, 1, 3, 8, 9, 10)) == "0-1,3,8-10"
+    with pytest.raises(ConfigError, match=r"--coordinator-cpus: 'a' is not a CPU number"):
+        parse_cpus("0,a")
+    with pytest.raises(ConfigError, match=r"--coordinator-cpus: bad range '3-1'"):
+        parse_cpus("3-1")
+    usable = sorted(os.sched_getaffinity(0))
+    with pytest.raises(ConfigError, match=r"leaves no CPU for the load generators"):
+        LoadConfig(coordinator_cpus=tuple(usable))
+    beyond = max(usable) + 1
+    with pytest.raises(ConfigError, match=rf"CPU {beyond} is not one this process may use"):
+        LoadConfig(coordinator_cpus=(beyond,))
+
+
+def test_a_bad_cpu_list_is_refused_in_one_line(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "hetero.bench.cli", "load", "--coordinator-cpus", "0-x"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "error: --coordinator-cpus: '0-x' is not a CPU number or range like 0-1"
+    )
