@@ -11,7 +11,6 @@ with the shipper for the coordinator.
 from __future__ import annotations
 
 import logging
-import os
 from collections import defaultdict
 
 from hetero.agent.config import AgentConfig
@@ -20,6 +19,7 @@ from hetero.agent.orders import rank_command, rank_environment
 from hetero.agent.shipper import Shipper
 from hetero.agent.supervisor import Supervisor
 from hetero.auth import JobTokens
+from hetero.core import cpus
 from hetero.core.errors import ConfigError
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
@@ -63,11 +63,11 @@ class Reconciler:
 
     def _threads(self, order: pb.RankLaunch) -> int:
         if order.device_kind == tpb.DEVICE_KIND_CUDA:
-            return max(1, (os.cpu_count() or 1) // 8)
+            return max(1, cpus.usable() // 8)
         if self.config.cpu_threads:
             return self.config.cpu_threads
         cpu_ranks = 1 + len(self.supervisor.workers)
-        return max(1, (os.cpu_count() or 1) // cpu_ranks)
+        return max(1, cpus.usable() // cpu_ranks)
 
     def launch(self, order: pb.RankLaunch, local_world_size: int) -> None:
         older = self.supervisor.attempt_of(order.job_id, order.rank)

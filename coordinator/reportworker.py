@@ -51,7 +51,6 @@ an interval win: ``readcache.with_interval``, ``store.interval_steps``).
 from __future__ import annotations
 
 import logging
-import os
 import zlib
 from dataclasses import dataclass
 
@@ -62,7 +61,7 @@ from hetero.coordinator.database import connect, session_factory
 from hetero.coordinator.readcache import IntervalHistories
 from hetero.coordinator.views import HISTORY_FOR_REPORT
 from hetero.coordinator.workerprocess import WorkerProcess
-from hetero.core import replan
+from hetero.core import cpus, replan
 from hetero.core.errors import HeteroError
 from hetero.v1 import types_pb2 as tpb
 
@@ -73,7 +72,7 @@ log = logging.getLogger("hetero.coordinator")
 #: The coordinator's event loop keeps a core busy: on a 2-core box two workers gave
 #: reports no shorter tail under ``hetero-bench load`` (p99 113 and 233 ms against 129
 #: and 120 with one) and the heartbeats a longer one in one run of two.
-DEFAULT_PROCESSES = max(1, min(4, (os.cpu_count() or 1) // 2))
+DEFAULT_PROCESSES = max(1, min(4, cpus.usable() // 2))
 
 #: Seconds a report may take in the worker, queue included, before it is handled in
 #: the coordinator's process instead (an agent's call deadline is 5 s; a report takes

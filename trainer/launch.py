@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
+from hetero.core import cpus
 from hetero.core.rankenv import RankEnv
 
 #: A rank that stopped on SIGTERM with its state checkpointed (``trainer.drain``).
@@ -84,7 +85,7 @@ def launch_local(
     failure is reported on standard error as one line naming the rank.
     """
     port = free_port()
-    threads = max(1, (os.cpu_count() or 1) // nproc)
+    threads = max(1, cpus.usable() // nproc)
     procs: list[subprocess.Popen[bytes]] = []
     logs = []
 
