@@ -24,7 +24,9 @@ from hetero.coordinator.store import TelemetryPolicy
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 
-DEADLINE_S = 10.0
+#: Generous: the first build waits for the worker to start (a spawn imports hetero; seconds
+#: on a loaded 2-core runner).
+DEADLINE_S = 60.0
 
 
 @dataclass
