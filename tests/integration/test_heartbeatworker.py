@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +21,7 @@ from pathlib import Path
 import grpc
 import psutil
 import pytest
+from servedprocess import START_S, serve, wait_for_line
 from sqlalchemy import create_engine, text
 
 from hetero.bench.loadgen import device_profiles, heartbeat_request
@@ -333,25 +331,13 @@ def test_hetero_coord_serve_writes_a_clusters_flushes_in_its_worker_and_everythi
     """More nodes than ``MIN_BEATS`` heartbeat until a child of the coordinator has
     the database open (its engine connects at its first flush); at SIGTERM the
     parked heartbeats and open telemetry buckets are written and the worker ends."""
-    log = tmp_path / "coordinator.log"
     on_sqlite = both_stores_url.startswith("sqlite")
     db = () if on_sqlite else ("--db", both_stores_url)
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "hetero.coordinator.cli", "serve"),
-                *("--listen", "127.0.0.1:0", "--state-dir", str(tmp_path / "state"), *db),
-                "--insecure",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    proc, log = serve(tmp_path, *db, "--insecure")
     children: list[psutil.Process] = []
     try:
-        deadline = time.monotonic() + 60
-        while (bound := re.search(r"listening on \S+ \(port (\d+)", log.read_text())) is None:
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
+        deadline = time.monotonic() + START_S
+        bound = wait_for_line(proc, log, r"listening on \S+ \(port (\d+)")
         coordinator = psutil.Process(proc.pid)
         with grpc.insecure_channel(f"127.0.0.1:{bound.group(1)}") as channel:
             stub = pb_grpc.CoordinatorStub(channel)
