@@ -22,6 +22,7 @@ from hetero.v1 import coordinator_pb2_grpc
 
 # simcluster.py sits beside this file; --import-mode=importlib does not put it on sys.path.
 sys.path.insert(0, str(Path(__file__).parent))
+from handclock import Clock
 from pgserver import PgServer, Unavailable
 from simcluster import SimCluster
 from sqlalchemy import Engine
@@ -56,16 +57,6 @@ def both_stores_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"sqlite:///{tmp_path / 'coordinator.db'}"
     server: PgServer = request.getfixturevalue("pg_server")
     return server.new_database()
-
-
-class Clock:
-    """Wall-clock seconds the test moves by hand (node health depends on it)."""
-
-    def __init__(self, start: float = 1_700_000_000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from handclock import Clock
 from sqlalchemy import create_engine, select, text
 from sqlalchemy.exc import DBAPIError
 
@@ -48,14 +49,6 @@ resources:
   ranks: 2
   device: cuda
 """
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass

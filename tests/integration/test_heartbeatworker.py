@@ -21,6 +21,7 @@ from pathlib import Path
 import grpc
 import psutil
 import pytest
+from handclock import Clock
 from servedprocess import START_S, serve, wait_for_line
 from sqlalchemy import create_engine, text
 
@@ -40,14 +41,6 @@ from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 from hetero.v1 import types_pb2 as tpb
 
 DEADLINE_S = 10.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass

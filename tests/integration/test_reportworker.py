@@ -20,6 +20,7 @@ from pathlib import Path
 import grpc
 import psutil
 import pytest
+from handclock import Clock
 from servedprocess import START_S, serve, wait_for_line
 from sqlalchemy import func, select
 
@@ -53,14 +54,6 @@ resources:
 #: Per-sample seconds of (rank 0, rank 1) in successive intervals: rank 1 slows down,
 #: then recovers, so the balancer changes the plan more than once.
 SPEEDS = [(0.001, 0.003)] * 4 + [(0.001, 0.006)] * 4 + [(0.001, 0.001)] * 4
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass
