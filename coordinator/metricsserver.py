@@ -4,10 +4,10 @@ latency histogram beside it, the listen rule.
 Why not ``prometheus_client.start_http_server``: it starts a thread per
 connection with no limit and no read timeout, which is what let 200 half-open
 connections pile up threads and, with a snapshot per scrape, exhaust the
-coordinator's database pool (issue 17). Here :data:`WORKERS` threads serve
-connections, at most :data:`QUEUED` more wait, and any beyond are closed at
+coordinator's database pool (issue 17). Here ``metricshttp.WORKERS`` threads serve
+connections, at most ``QUEUED`` more wait, and any beyond are closed at
 once; a connection that sends no complete request within
-:data:`READ_TIMEOUT_S` is dropped. Whatever the scrape rate, the cluster
+``metricshttp.READ_TIMEOUT_S`` is dropped. Whatever the scrape rate, the cluster
 snapshot is the coordinator's shared one (``snapshots.Snapshots``: built at most
 once a second and at most a tenth of the time, in a worker process of its own
 where there is one), so scrapers cost the database at most one read a second.
@@ -34,12 +34,12 @@ the event loop answering heartbeats needs (under ``hetero-bench load --scrapers
 and the heartbeats' p99 seen by the agents rose eightfold). The coordinator binds
 the socket, so a wrong address fails at once and port 0 has its port, and hands
 it to the process; that process asks the coordinator over a pipe at most every
-:data:`REFRESH_S` for the snapshot (serialized, sent only when it is a new one)
+``metricshttp.REFRESH_S`` for the snapshot (serialized, sent only when it is a new one)
 and the histogram's text, and for the histogram alone at each scrape filtered to
 it. It writes the snapshot's Prometheus families itself, once per snapshot
 (about 0.3 s of Python for 1,000 nodes and 1,000 jobs, which in the coordinator's
 process stalled the heartbeats), and serves the text meanwhile from its copy. It
-runs at a lower CPU priority (:data:`NICE`): on a host with cores to spare that
+runs at a lower CPU priority (``metricshttp.NICE``): on a host with cores to spare that
 changes nothing, on a busy one the kernel gives the coordinator the CPU first. It
 checks tokens against their SHA-256 digests and never holds a token. It exits
 within a second of a ``kill -9`` of the coordinator; one that dies is started
@@ -54,50 +54,31 @@ need no token: the figures are read-only and carry no spec, command or log.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
 import multiprocessing
 import os
 import socket
 import threading
 import time
-import urllib.parse
 from collections.abc import Callable
-from concurrent import futures
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
 from prometheus_client.core import Metric
 
-from hetero.auth import METADATA_KEY, SCHEME
-from hetero.coordinator.metrics import CONTENT_TYPE, families, write
+from hetero.coordinator.metrics import write
+from hetero.coordinator.metricshttp import Answer, digest, serve_http
 from hetero.coordinator.rpclatency import SAMPLE_NAMES, RpcLatency
 from hetero.coordinator.snapshots import TTL_S, Snapshots
-from hetero.coordinator.workerprocess import exit_with_parent
-from hetero.core import heap
 from hetero.core.errors import ConfigError
 from hetero.transport import ServerSecurity, is_loopback
 from hetero.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger("hetero.coordinator.metrics")
 
-#: Threads serving scrapes; a scrape is a cached text write, so a few suffice.
-WORKERS = 4
-#: Accepted connections that may wait for a worker; more are closed at once.
-QUEUED = 8
-#: Seconds a connection may take to send its request (and to read the answer).
-READ_TIMEOUT_S = 2.0
 #: Most of the time writing the RPC latency histogram may take (see the module's text).
 LIVE_SHARE = 0.02
 #: Sets of ``?name[]=`` names whose answers are kept between builds.
 FILTERS = 16
-#: Seconds the HTTP process serves its copy of the whole exposition before it asks the
-#: coordinator again (a scrape finds it at most this much older than the caches').
-REFRESH_S = 0.25
-#: CPU niceness of the HTTP process over the coordinator's.
-NICE = 10
 #: Seconds between starts of an HTTP process that keeps dying.
 RESTART_S = 1.0
 
@@ -173,43 +154,6 @@ class CachedLatency(CachedFamilies):
         super().__init__(lambda: list(latency.registry.collect()), 0.0, LIVE_SHARE, clock)
 
 
-class _BoundedServer(HTTPServer):
-    """``HTTPServer`` on a socket bound already, whose connections run on a fixed pool;
-    beyond ``WORKERS + QUEUED`` in flight, a new connection is closed without being
-    read (counted in ``refused``)."""
-
-    def __init__(
-        self, sock: socket.socket, handler: type[BaseHTTPRequestHandler], refused: Any
-    ) -> None:
-        self.address_family = sock.family
-        self._pool = futures.ThreadPoolExecutor(WORKERS, thread_name_prefix="metrics")
-        self._slots = threading.BoundedSemaphore(WORKERS + QUEUED)
-        self.refused = refused
-        super().__init__(sock.getsockname()[:2], handler, bind_and_activate=False)
-        self.socket.close()
-        self.socket = sock
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.refused.value += 1
-            self.shutdown_request(request)
-            return
-        self._pool.submit(self._serve_one, request, client_address)
-
-    def _serve_one(self, request: Any, client_address: Any) -> None:
-        try:
-            self.finish_request(request, client_address)
-        except Exception:
-            self.handle_error(request, client_address)
-        finally:
-            self.shutdown_request(request)
-            self._slots.release()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # A client that timed out or hung up is routine here, not a traceback on stderr.
-        log.debug("metrics connection from %s failed", client_address, exc_info=True)
-
-
 class MetricsServer:
     """``/metrics`` over HTTP from a process of its own, bounded as the module says, of
     ``snapshots`` (the coordinator's shared ones, or a function building a snapshot,
@@ -233,7 +177,7 @@ class MetricsServer:
         # Beyond loopback a scrape sends the cluster token or the read role's.
         readers = [r.token for r in security.roles if r.role == "read"]
         tokens = [] if is_loopback(address) else [*filter(None, [security.token]), *readers]
-        self._digests = [_digest(t.reveal()) for t in tokens]
+        self._digests = [digest(t.reveal()) for t in tokens]
         if not isinstance(snapshots, Snapshots):
             snapshots = Snapshots.of(snapshots, ttl_s)
         self.snapshots = snapshots
@@ -255,16 +199,16 @@ class MetricsServer:
         self._process: Any = None
         self._thread = threading.Thread(target=self._run, name="metrics", daemon=True)
 
-    def answer(self, asked: tuple[frozenset[str] | None, int]) -> _Answer:
+    def answer(self, asked: tuple[frozenset[str] | None, int]) -> Answer:
         """What the HTTP process asked for: ``(names, build)``. Names all of the latency
         histogram's samples: those samples alone. Else the current snapshot's number, its
         data unless it is ``build`` (the HTTP process has it), and the histogram."""
         names, have = asked
         if names is not None and names <= SAMPLE_NAMES:
-            return _Answer(latency=self.latency.body(names) if self.latency is not None else b"")
+            return Answer(latency=self.latency.body(names) if self.latency is not None else b"")
         number, data = self.snapshots.latest()
         latency = self.latency.body() if self.latency is not None else b""
-        return _Answer(number, None if number == have else data, latency)
+        return Answer(number, None if number == have else data, latency)
 
     @property
     def refused(self) -> int:
@@ -294,7 +238,7 @@ class MetricsServer:
         while not self._stopping.is_set():
             ours, theirs = self._context.Pipe()
             process = self._context.Process(
-                target=_serve_http,
+                target=serve_http,
                 args=(self._sock, theirs, self._digests, self._refused, os.getpid()),
                 name="hetero-metrics",
                 daemon=True,
@@ -337,121 +281,8 @@ class MetricsServer:
                 reply = self.answer(asked)
             except Exception:
                 log.exception("metrics scrape failed")
-                reply = _Answer(ok=False)
+                reply = Answer(ok=False)
             try:
                 conn.send(reply)
             except OSError:
                 return
-
-
-@dataclass(frozen=True)
-class _Answer:
-    """The coordinator's answer to the HTTP process (pickled): the snapshot's build number
-    and data (None: the one the HTTP process has), the latency histogram's text, or
-    ``ok`` False: it could not write them (logged there with the traceback)."""
-
-    build: int = 0
-    snapshot: bytes | None = None
-    latency: bytes = b""
-    ok: bool = True
-
-
-def _digest(token: str) -> bytes:
-    return hashlib.sha256(token.encode("utf-8")).digest()
-
-
-def _serve_http(
-    sock: socket.socket, conn: Any, digests: list[bytes], refused: Any, coordinator: int
-) -> None:
-    """The HTTP process: serve ``sock`` until the coordinator (pid ``coordinator``) exits,
-    bodies from the coordinator over ``conn``."""
-    exit_with_parent(coordinator)
-    os.nice(NICE)
-    logging.basicConfig(level=logging.WARNING)
-    heap.settle()
-    bodies = _Bodies(conn)
-    server = _BoundedServer(sock, _handler(bodies.get, digests), refused)
-    server.serve_forever()
-
-
-class _Bodies:
-    """The HTTP process's side of the pipe: the whole exposition, asked for again after
-    ``REFRESH_S`` (the snapshot's families written here once per snapshot); the latency
-    histogram's samples alone asked for at each such scrape. One question at a time."""
-
-    def __init__(self, conn: Any) -> None:
-        self._conn = conn
-        self._lock = threading.Lock()
-        self._build = 0
-        self._families = b""
-        self._whole = b""
-        self._asked_at = -float("inf")
-
-    def get(self, names: frozenset[str] | None) -> bytes:
-        with self._lock:
-            if names is not None and names <= SAMPLE_NAMES:
-                return self._ask(names).latency
-            if time.monotonic() - self._asked_at < REFRESH_S:
-                return self._whole
-            answer = self._ask(None)
-            if answer.snapshot is not None:
-                self._families = write(families(pb.ClusterSnapshot.FromString(answer.snapshot)))
-                self._build = answer.build
-            self._whole = self._families + answer.latency
-            self._asked_at = time.monotonic()
-            return self._whole
-
-    def _ask(self, names: frozenset[str] | None) -> _Answer:
-        self._conn.send((names, self._build))
-        answer: _Answer = self._conn.recv()
-        if not answer.ok:
-            raise RuntimeError("the coordinator could not write the metrics")
-        return answer
-
-
-def _handler(
-    answer: Callable[[frozenset[str] | None], bytes], digests: list[bytes]
-) -> type[BaseHTTPRequestHandler]:
-    """Scrapes need a token whose SHA-256 is one of ``digests`` (none: open); ``answer``
-    writes the body for the sample names of ``?name[]=`` (None: all)."""
-
-    class Handler(BaseHTTPRequestHandler):
-        timeout = READ_TIMEOUT_S  # per socket read: a half-open connection is dropped
-
-        def do_GET(self) -> None:
-            path, _, query = self.path.partition("?")
-            if path != "/metrics":
-                self._reply(404, "text/plain; charset=utf-8", b"not found: try /metrics\n")
-                return
-            if digests and not self._authorized():
-                self._reply(401, "text/plain; charset=utf-8", b"unauthenticated: bearer token\n")
-                return
-            asked = urllib.parse.parse_qs(query).get("name[]")
-            try:
-                body = answer(frozenset(asked) if asked else None)
-            except Exception as exc:  # the coordinator logged its side with the traceback
-                log.warning("metrics scrape failed: %s", exc)
-                self._reply(500, "text/plain; charset=utf-8", b"scrape failed, see the log\n")
-                return
-            self._reply(200, CONTENT_TYPE, body)
-
-        def _authorized(self) -> bool:
-            scheme, _, value = (self.headers.get(METADATA_KEY) or "").partition(" ")
-            presented = _digest(value.strip())
-            matches = [hmac.compare_digest(presented, d) for d in digests]  # compare with all
-            return scheme.lower() == SCHEME.lower() and any(matches)
-
-        def _reply(self, code: int, content_type: str, data: bytes) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(data)))
-            if code == 401:
-                self.send_header("WWW-Authenticate", SCHEME)
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, format: str, *args: object) -> None:
-            # Scrapes every few seconds would flood journald at INFO.
-            log.debug("%s " + format, self.address_string(), *args)
-
-    return Handler

@@ -26,12 +26,8 @@ import pytest
 from servedprocess import START_S, serve, wait_for_line
 
 from hetero.auth import new_token
-from hetero.coordinator.metricsserver import (
-    NICE,
-    QUEUED,
-    WORKERS,
-    MetricsServer,
-)
+from hetero.coordinator.metricshttp import NICE, QUEUED, WORKERS
+from hetero.coordinator.metricsserver import MetricsServer
 from hetero.coordinator.service import CoordinatorService
 from hetero.coordinator.snapshots import Snapshots
 from hetero.core.errors import ConfigError

@@ -1,0 +1,191 @@
+"""The ``/metrics`` process's side (``metricsserver`` has the why): a bounded HTTP server
+on the socket the coordinator bound, bodies asked of the coordinator over a pipe,
+the snapshot's Prometheus text written here once per snapshot, tokens checked by
+their SHA-256 digests."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import socket
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import Any
+
+from hetero.auth import METADATA_KEY, SCHEME
+from hetero.coordinator.metrics import CONTENT_TYPE, families, write
+from hetero.coordinator.rpclatency import SAMPLE_NAMES
+from hetero.coordinator.workerprocess import exit_with_parent
+from hetero.core import heap
+from hetero.v1 import coordinator_pb2 as pb
+
+log = logging.getLogger("hetero.coordinator.metrics")
+
+#: Threads serving scrapes; a scrape is a cached text write, so a few suffice.
+WORKERS = 4
+#: Accepted connections that may wait for a worker; more are closed at once.
+QUEUED = 8
+#: Seconds a connection may take to send its request (and to read the answer).
+READ_TIMEOUT_S = 2.0
+#: Seconds the HTTP process serves its copy of the whole exposition before it asks the
+#: coordinator again (a scrape finds it at most this much older than the caches').
+REFRESH_S = 0.25
+#: CPU niceness of the HTTP process over the coordinator's.
+NICE = 10
+
+
+class _BoundedServer(HTTPServer):
+    """``HTTPServer`` on a socket bound already, whose connections run on a fixed pool;
+    beyond ``WORKERS + QUEUED`` in flight, a new connection is closed without being
+    read (counted in ``refused``)."""
+
+    def __init__(
+        self, sock: socket.socket, handler: type[BaseHTTPRequestHandler], refused: Any
+    ) -> None:
+        self.address_family = sock.family
+        self._pool = futures.ThreadPoolExecutor(WORKERS, thread_name_prefix="metrics")
+        self._slots = threading.BoundedSemaphore(WORKERS + QUEUED)
+        self.refused = refused
+        super().__init__(sock.getsockname()[:2], handler, bind_and_activate=False)
+        self.socket.close()
+        self.socket = sock
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.refused.value += 1
+            self.shutdown_request(request)
+            return
+        self._pool.submit(self._serve_one, request, client_address)
+
+    def _serve_one(self, request: Any, client_address: Any) -> None:
+        try:
+            self.finish_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
+        finally:
+            self.shutdown_request(request)
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that timed out or hung up is routine here, not a traceback on stderr.
+        log.debug("metrics connection from %s failed", client_address, exc_info=True)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The coordinator's answer to the HTTP process (pickled): the snapshot's build number
+    and data (None: the one the HTTP process has), the latency histogram's text, or
+    ``ok`` False: it could not write them (logged there with the traceback)."""
+
+    build: int = 0
+    snapshot: bytes | None = None
+    latency: bytes = b""
+    ok: bool = True
+
+
+def digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8")).digest()
+
+
+def serve_http(
+    sock: socket.socket, conn: Any, digests: list[bytes], refused: Any, coordinator: int
+) -> None:
+    """The HTTP process: serve ``sock`` until the coordinator (pid ``coordinator``) exits,
+    bodies from the coordinator over ``conn``."""
+    exit_with_parent(coordinator)
+    os.nice(NICE)
+    logging.basicConfig(level=logging.WARNING)
+    heap.settle()
+    bodies = _Bodies(conn)
+    server = _BoundedServer(sock, _handler(bodies.get, digests), refused)
+    server.serve_forever()
+
+
+class _Bodies:
+    """The HTTP process's side of the pipe: the whole exposition, asked for again after
+    ``REFRESH_S`` (the snapshot's families written here once per snapshot); the latency
+    histogram's samples alone asked for at each such scrape. One question at a time."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+        self._lock = threading.Lock()
+        self._build = 0
+        self._families = b""
+        self._whole = b""
+        self._asked_at = -float("inf")
+
+    def get(self, names: frozenset[str] | None) -> bytes:
+        with self._lock:
+            if names is not None and names <= SAMPLE_NAMES:
+                return self._ask(names).latency
+            if time.monotonic() - self._asked_at < REFRESH_S:
+                return self._whole
+            answer = self._ask(None)
+            if answer.snapshot is not None:
+                self._families = write(families(pb.ClusterSnapshot.FromString(answer.snapshot)))
+                self._build = answer.build
+            self._whole = self._families + answer.latency
+            self._asked_at = time.monotonic()
+            return self._whole
+
+    def _ask(self, names: frozenset[str] | None) -> Answer:
+        self._conn.send((names, self._build))
+        answer: Answer = self._conn.recv()
+        if not answer.ok:
+            raise RuntimeError("the coordinator could not write the metrics")
+        return answer
+
+
+def _handler(
+    answer: Callable[[frozenset[str] | None], bytes], digests: list[bytes]
+) -> type[BaseHTTPRequestHandler]:
+    """Scrapes need a token whose SHA-256 is one of ``digests`` (none: open); ``answer``
+    writes the body for the sample names of ``?name[]=`` (None: all)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        timeout = READ_TIMEOUT_S  # per socket read: a half-open connection is dropped
+
+        def do_GET(self) -> None:
+            path, _, query = self.path.partition("?")
+            if path != "/metrics":
+                self._reply(404, "text/plain; charset=utf-8", b"not found: try /metrics\n")
+                return
+            if digests and not self._authorized():
+                self._reply(401, "text/plain; charset=utf-8", b"unauthenticated: bearer token\n")
+                return
+            asked = urllib.parse.parse_qs(query).get("name[]")
+            try:
+                body = answer(frozenset(asked) if asked else None)
+            except Exception as exc:  # the coordinator logged its side with the traceback
+                log.warning("metrics scrape failed: %s", exc)
+                self._reply(500, "text/plain; charset=utf-8", b"scrape failed, see the log\n")
+                return
+            self._reply(200, CONTENT_TYPE, body)
+
+        def _authorized(self) -> bool:
+            scheme, _, value = (self.headers.get(METADATA_KEY) or "").partition(" ")
+            presented = digest(value.strip())
+            matches = [hmac.compare_digest(presented, d) for d in digests]  # compare with all
+            return scheme.lower() == SCHEME.lower() and any(matches)
+
+        def _reply(self, code: int, content_type: str, data: bytes) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            if code == 401:
+                self.send_header("WWW-Authenticate", SCHEME)
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: object) -> None:
+            # Scrapes every few seconds would flood journald at INFO.
+            log.debug("%s " + format, self.address_string(), *args)
+
+    return Handler
