@@ -13,7 +13,7 @@ from hetero.bench.cli import main
 
 def test_hetero_bench_is_installed_as_a_console_script() -> None:
     (ep,) = [e for e in entry_points(group="console_scripts") if e.name == "hetero-bench"]
-    assert ep.value == "hetero.bench.cli:main"
+    assert ep.value == "hetero.entry:bench"
 
 
 def test_sim_prints_a_table_marked_simulated_and_writes_json_rows(

@@ -1,0 +1,51 @@
+"""The console scripts: each command's ``main``, imported only when the command runs,
+so a Python package missing from the environment is one ``error:`` line, not a
+traceback.
+
+A command's module imports its libraries (SQLAlchemy, gRPC, Textual, torch) at
+import time, before its ``main`` could catch anything: installed with
+``--no-deps``, or run by an interpreter other than the one hetero was installed
+into, ``hetero-coord`` used to die with a ``ModuleNotFoundError`` traceback. Here
+the import and the run are inside one ``try``; a module missing while a command
+runs (one it imports lazily, like ``hetero-bench``'s torch) gets the same line.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+
+
+def _run(command: str, module: str) -> int:
+    try:
+        main: Callable[[], int] = importlib.import_module(module).main
+        return main()
+    except ModuleNotFoundError as exc:
+        missing = exc.name or str(exc)
+        print(
+            f"error: {command} needs the Python module {missing!r}, which {sys.executable} "
+            "cannot import: install hetero with its dependencies into this interpreter",
+            file=sys.stderr,
+        )
+        return 1
+
+
+def coord() -> int:
+    return _run("hetero-coord", "hetero.coordinator.cli")
+
+
+def agent() -> int:
+    return _run("hetero-agent", "hetero.agent.cli")
+
+
+def train() -> int:
+    return _run("hetero-train", "hetero.trainer.cli")
+
+
+def bench() -> int:
+    return _run("hetero-bench", "hetero.bench.cli")
+
+
+def top() -> int:
+    return _run("hetero-top", "hetero.tui.cli")
