@@ -1,6 +1,7 @@
 """``hetero-coord serve`` in a process of its own, for tests that need the real daemon
 (its worker processes, its signals, its log): started with its output in a file,
-waited on until a log line appears."""
+waited on until a log line appears; its worker processes found, waited for and
+killed if a test leaves them."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import psutil
 
 #: Seconds a loaded 2-core runner may take to start the daemon and print a line.
 START_S = 60.0
@@ -41,3 +44,48 @@ def wait_for_line(
         assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
         time.sleep(0.1)
     return found
+
+
+def has_database_open(process: psutil.Process, on_sqlite: bool) -> bool:
+    """Whether ``process`` (a worker of the coordinator) has its database open: the
+    SQLite file, or a connection to the PostgreSQL server's Unix socket (the /metrics
+    process and multiprocessing's resource tracker have pipes only). A worker's engine
+    connects at its first piece of work."""
+    try:
+        if on_sqlite:
+            return any(f.path.endswith("coordinator.db") for f in process.open_files())
+        return bool(process.net_connections(kind="unix"))
+    except psutil.Error:
+        return False
+
+
+def still_running(processes: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Those of ``processes`` still running after up to ``timeout_s``. An exited process
+    whose parent died is reaped by init, when init gets to it: until then it is a
+    zombie, which has exited all the same (``psutil.wait_procs`` would wait for it)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = []
+        for p in processes:
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.2)
+
+
+def kill_left(proc: subprocess.Popen[bytes], children: list[psutil.Process]) -> None:
+    """A test's last word: the coordinator and those of its ``children`` still running
+    killed, whatever the test's assertions said."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    for child in children:
+        try:
+            if child.is_running():
+                child.kill()
+        except psutil.NoSuchProcess:
+            pass

@@ -22,7 +22,7 @@ import grpc
 import psutil
 import pytest
 from handclock import Clock
-from servedprocess import START_S, serve, wait_for_line
+from servedprocess import START_S, has_database_open, kill_left, serve, still_running, wait_for_line
 from sqlalchemy import create_engine, text
 
 from hetero.bench.loadgen import device_profiles, heartbeat_request
@@ -341,7 +341,7 @@ def test_hetero_coord_serve_writes_a_clusters_flushes_in_its_worker_and_everythi
                 for node in nodes:
                     stub.Heartbeat(heartbeat_request(node, 2, tick=1), timeout=DEADLINE_S)
                 children = coordinator.children()
-                writing = any(_has_database_open(c, on_sqlite) for c in children)
+                writing = any(has_database_open(c, on_sqlite) for c in children)
             last_round = time.time()
             for node in nodes:
                 stub.Heartbeat(heartbeat_request(node, 2, tick=2), timeout=DEADLINE_S)
@@ -349,8 +349,8 @@ def test_hetero_coord_serve_writes_a_clusters_flushes_in_its_worker_and_everythi
         assert proc.wait(timeout=30) == 0, log.read_text()[-4000:]
         assert "coordinator stopped" in log.read_text()
         assert "Traceback" not in log.read_text()
-        gone = psutil.wait_procs([c for c in children if c.is_running()], timeout=30)[1]
-        assert not gone, f"left behind by the coordinator: {gone}"
+        alive = still_running(children, timeout_s=30)
+        assert not alive, f"left behind by the coordinator: {alive}"
         url = f"sqlite:///{tmp_path / 'state' / 'coordinator.db'}" if on_sqlite else both_stores_url
         engine = create_engine(url)
         try:
@@ -367,21 +367,4 @@ def test_hetero_coord_serve_writes_a_clusters_flushes_in_its_worker_and_everythi
         assert oldest >= last_round
         assert written == len(nodes)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for child in children:
-            if child.is_running():
-                child.kill()
-
-
-def _has_database_open(process: psutil.Process, on_sqlite: bool) -> bool:
-    """Whether ``process`` has the coordinator's database open: the SQLite file, or a
-    connection to the PostgreSQL server's Unix socket (multiprocessing's resource
-    tracker has pipes only)."""
-    try:
-        if on_sqlite:
-            return any(f.path.endswith("coordinator.db") for f in process.open_files())
-        return bool(process.net_connections(kind="unix"))
-    except psutil.Error:
-        return False
+        kill_left(proc, children)

@@ -21,7 +21,7 @@ import grpc
 import psutil
 import pytest
 from handclock import Clock
-from servedprocess import START_S, serve, wait_for_line
+from servedprocess import START_S, has_database_open, kill_left, serve, still_running, wait_for_line
 from sqlalchemy import func, select
 
 from hetero.bench.loadgen import device_profiles
@@ -321,14 +321,14 @@ def test_hetero_coord_serve_starts_its_report_worker_at_the_first_report_and_end
                 )
                 # The worker (and multiprocessing's resource tracker, where it runs one).
                 children = coordinator.children()
-                answered = any(_in_worker(c, on_sqlite) for c in children)
+                answered = any(has_database_open(c, on_sqlite) for c in children)
                 time.sleep(0.2)
         for child in children:
             assert SECRET not in " ".join(child.cmdline())
             assert SECRET not in str(child.environ())
         proc.send_signal(stop)
         code = proc.wait(timeout=30)
-        alive = _still_running(children, timeout_s=30)
+        alive = still_running(children, timeout_s=30)
         assert not alive, f"left behind by the coordinator: {alive}"
         if stop == signal.SIGTERM:
             assert code == 0, log.read_text()[-4000:]
@@ -336,43 +336,7 @@ def test_hetero_coord_serve_starts_its_report_worker_at_the_first_report_and_end
             assert "Traceback" not in log.read_text()
         assert SECRET not in log.read_text()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for child in children:
-            if child.is_running():
-                child.kill()
-
-
-def _still_running(processes: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
-    """Those of ``processes`` still running after up to ``timeout_s``. An exited process
-    whose parent died is reaped by init, when init gets to it: until then it is a
-    zombie, which has exited all the same (``psutil.wait_procs`` would wait for it)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        alive = []
-        for p in processes:
-            try:
-                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(p)
-            except psutil.NoSuchProcess:
-                pass
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.2)
-
-
-def _in_worker(process: psutil.Process, on_sqlite: bool) -> bool:
-    """Whether ``process`` is a worker that has handled a report: it has the
-    coordinator's database open (its engine connects at its first report): the SQLite
-    file, or a connection to the PostgreSQL server's Unix socket (the balancer's worker
-    and multiprocessing's resource tracker have pipes only)."""
-    try:
-        if on_sqlite:
-            return any(f.path.endswith("coordinator.db") for f in process.open_files())
-        return bool(process.net_connections(kind="unix"))
-    except psutil.Error:
-        return False
+        kill_left(proc, children)
 
 
 SHED = """\
