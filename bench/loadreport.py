@@ -50,7 +50,9 @@ class Sample:
     """What the run looked like at one instant: process CPU seconds and database size."""
 
     time_s: float
-    coordinator_cpu_s: float
+    #: CPU seconds of the coordinator's processes, summed by name: ``coordinator`` (its
+    #: main process) and its workers' (``hetero-report``, ``hetero-metrics``, ...).
+    coordinator_cpu_s: dict[str, float]
     generators_cpu_s: float
     db_bytes: int
     rows: dict[str, int]
@@ -66,14 +68,44 @@ def _cpu_s(proc: psutil.Process) -> float:
     return float(t.user + t.system + t.children_user + t.children_system)
 
 
+def _tree_cpu_s(coord: psutil.Process) -> dict[str, float]:
+    """The coordinator's CPU seconds and its worker processes', by process name. A worker
+    is a live child (its CPU is not in the coordinator's until it has exited): one that
+    ended between two samples loses what it used since the first."""
+    import psutil
+
+    by_name = {"coordinator": _cpu_s(coord)}
+    try:
+        children = coord.children(recursive=True)
+    except psutil.Error:
+        children = []
+    for child in children:
+        try:
+            name = child.name()
+        except psutil.Error:
+            continue
+        by_name[name] = by_name.get(name, 0.0) + _cpu_s(child)
+    return by_name
+
+
 def sample(coord: psutil.Process, gens: list[psutil.Process], db: LoadDatabase) -> Sample:
     return Sample(
         time_s=time.perf_counter(),
-        coordinator_cpu_s=_cpu_s(coord),
+        coordinator_cpu_s=_tree_cpu_s(coord),
         generators_cpu_s=sum(_cpu_s(g) for g in gens),
         db_bytes=db.size_bytes(),
         rows=db.rows(),
     )
+
+
+def _cores_by_process(first: Sample, last: Sample) -> dict[str, float]:
+    """Cores each of the coordinator's processes used between the two samples (a worker
+    started between them: all it used)."""
+    elapsed_s = last.time_s - first.time_s
+    return {
+        name: (cpu_s - first.coordinator_cpu_s.get(name, 0.0)) / elapsed_s
+        for name, cpu_s in sorted(last.coordinator_cpu_s.items())
+    }
 
 
 def summarize(
@@ -171,7 +203,10 @@ def summarize(
         "deadline_errors": sum(n for k, n in errors.items() if k.endswith(":DEADLINE_EXCEEDED")),
         "errors": errors,
         "error_samples": samples[:20],
-        "coordinator_cpu_cores": (last.coordinator_cpu_s - first.coordinator_cpu_s) / elapsed_s,
+        # The coordinator's processes together, then each (``coordinator``: its main one).
+        "coordinator_cpu_cores": sum(_cores_by_process(first, last).values()),
+        "coordinator_cpu_cores_by_process": _cores_by_process(first, last),
+        # Its main process's busiest second.
         "coordinator_cpu_cores_max_1s": max(cpu_series, default=math.nan),
         "generators_cpu_cores": (last.generators_cpu_s - first.generators_cpu_s) / elapsed_s,
         "database": {
@@ -281,8 +316,12 @@ def render(r: dict[str, Any]) -> str:
         )
     db = r["database"]
     lines += [
-        f"coordinator CPU {r['coordinator_cpu_cores']:.2f} cores (max 1 s: "
-        f"{r['coordinator_cpu_cores_max_1s']:.2f}); load generators "
+        f"coordinator CPU {r['coordinator_cpu_cores']:.2f} cores ("
+        + ", ".join(
+            f"{name} {cores:.2f}"
+            for name, cores in r.get("coordinator_cpu_cores_by_process", {}).items()
+        )
+        + f"; main process's busiest second {r['coordinator_cpu_cores_max_1s']:.2f}); load generators "
         f"{r['generators_cpu_cores']:.2f} cores; machine has {r['machine']['cpu_cores']} "
         + (f"({r['note']})" if r["config"].get("coordinator_cpus") else "(shared)"),
         f"database ({db.get('store', 'sqlite')}) {db['bytes_end'] / 1e6:.1f} MB"

@@ -23,7 +23,7 @@ from hetero.auth import METADATA_KEY, SCHEME
 from hetero.coordinator.metrics import CONTENT_TYPE, families, write
 from hetero.coordinator.rpclatency import SAMPLE_NAMES
 from hetero.coordinator.workerprocess import exit_with_parent
-from hetero.core import heap
+from hetero.core import heap, procname
 from hetero.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger("hetero.coordinator.metrics")
@@ -100,6 +100,7 @@ def serve_http(
     """The HTTP process: serve ``sock`` until the coordinator (pid ``coordinator``) exits,
     bodies from the coordinator over ``conn``."""
     exit_with_parent(coordinator)
+    procname.set_name("hetero-metrics")
     os.nice(NICE)
     logging.basicConfig(level=logging.WARNING)
     heap.settle()

@@ -30,7 +30,7 @@ from concurrent import futures
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
-from hetero.core import heap
+from hetero.core import heap, procname
 
 log = logging.getLogger("hetero.coordinator")
 
@@ -54,12 +54,16 @@ def _initialize(
     initializer: Callable[..., None] | None,
     initargs: tuple[Any, ...],
     nice: int = 0,
+    name: str = "",
 ) -> None:
     """In the worker, first: exit with the ``coordinator`` process (its pid, given by the
-    coordinator itself: one that died before this ran is seen at once), lower its CPU
-    priority by ``nice``, then ``initializer(*initargs)``, then start-up's objects are
-    frozen out of full collections (``heap``)."""
+    coordinator itself: one that died before this ran is seen at once), take the name
+    ``name`` (``procname``), lower its CPU priority by ``nice``, then
+    ``initializer(*initargs)``, then start-up's objects are frozen out of full
+    collections (``heap``)."""
     exit_with_parent(coordinator)
+    if name:
+        procname.set_name(name)
     if nice:
         os.nice(nice)
     if initializer is not None:
@@ -175,7 +179,13 @@ class WorkerProcess:
                 1,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=_initialize,
-                initargs=(os.getpid(), self._initializer, self._initargs, self._nice),
+                initargs=(
+                    os.getpid(),
+                    self._initializer,
+                    self._initargs,
+                    self._nice,
+                    f"hetero-{self.what}",
+                ),
             )
             pool.submit(_ready).result(START_TIMEOUT_S)
         except (OSError, RuntimeError, BrokenProcessPool, futures.TimeoutError) as exc:

@@ -441,7 +441,14 @@ def test_hetero_bench_load_runs_a_small_cluster_without_errors(
     finally:
         engine.dispose()
     assert nodes == 50
-    assert result["coordinator_cpu_cores"] > 0
+    # The coordinator's CPU is its processes' together, each named (its worker processes
+    # were started before the window: the /metrics process with the coordinator, the
+    # report worker at the first report).
+    by_process = result["coordinator_cpu_cores_by_process"]
+    assert {"coordinator", "hetero-metrics", "hetero-report"} <= set(by_process), by_process
+    assert by_process["coordinator"] > 0 and by_process["hetero-report"] > 0, by_process
+    assert result["coordinator_cpu_cores"] == pytest.approx(sum(by_process.values()))
+    assert f"hetero-report {by_process['hetero-report']:.2f}" in table
     # A database that already holds tables is refused: its figures would not be the run's.
     if not on_sqlite:
         again = subprocess.run(
