@@ -30,7 +30,10 @@ log = logging.getLogger("hetero.coordinator.metrics")
 
 #: Threads serving scrapes; a scrape is a cached text write, so a few suffice.
 WORKERS = 4
-#: Accepted connections that may wait for a worker; more are closed at once.
+#: Accepted connections that may wait for a worker. With every worker busy and this
+#: many waiting, the process accepts nothing more until one is done: further clients
+#: wait in the listening socket's backlog, then the kernel drops their connection
+#: attempts (they retry on TCP's own back-off). No CPU of this process goes to them.
 QUEUED = 8
 #: Seconds a connection may take to send its request (and to read the answer).
 READ_TIMEOUT_S = 2.0
@@ -42,26 +45,36 @@ NICE = 10
 
 
 class _BoundedServer(HTTPServer):
-    """``HTTPServer`` on a socket bound already, whose connections run on a fixed pool;
-    beyond ``WORKERS + QUEUED`` in flight, a new connection is closed without being
-    read (counted in ``refused``)."""
+    """``HTTPServer`` on a socket bound already, whose connections run on a fixed pool.
+    With ``WORKERS + QUEUED`` connections in hand it stops accepting until one is done
+    (``full`` counts the times), so a flood of connections waits in the kernel.
+
+    Closing the surplus unread, as this server did first, cost a Python ``accept`` and
+    ``close`` per connection: 200 clients that reconnect at once made 1,000 to 2,500
+    a second, a tenth of a core or more of the coordinator's own cores."""
 
     def __init__(
-        self, sock: socket.socket, handler: type[BaseHTTPRequestHandler], refused: Any
+        self, sock: socket.socket, handler: type[BaseHTTPRequestHandler], full: Any
     ) -> None:
         self.address_family = sock.family
         self._pool = futures.ThreadPoolExecutor(WORKERS, thread_name_prefix="metrics")
         self._slots = threading.BoundedSemaphore(WORKERS + QUEUED)
-        self.refused = refused
+        self.full = full
         super().__init__(sock.getsockname()[:2], handler, bind_and_activate=False)
         self.socket.close()
         self.socket = sock
 
-    def process_request(self, request: Any, client_address: Any) -> None:
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        # Called after each accept: hold this connection's slot, and do not return (so
+        # ``serve_forever`` accepts nothing more) until there is one for the next.
+        self._slots.acquire()
         if not self._slots.acquire(blocking=False):
-            self.refused.value += 1
-            self.shutdown_request(request)
-            return
+            self.full.value += 1
+            self._slots.acquire()
+        self._slots.release()
+        return True
+
+    def process_request(self, request: Any, client_address: Any) -> None:
         self._pool.submit(self._serve_one, request, client_address)
 
     def _serve_one(self, request: Any, client_address: Any) -> None:
@@ -95,7 +108,7 @@ def digest(token: str) -> bytes:
 
 
 def serve_http(
-    sock: socket.socket, conn: Any, digests: list[bytes], refused: Any, coordinator: int
+    sock: socket.socket, conn: Any, digests: list[bytes], full: Any, coordinator: int
 ) -> None:
     """The HTTP process: serve ``sock`` until the coordinator (pid ``coordinator``) exits,
     bodies from the coordinator over ``conn``."""
@@ -105,7 +118,7 @@ def serve_http(
     logging.basicConfig(level=logging.WARNING)
     heap.settle()
     bodies = _Bodies(conn)
-    server = _BoundedServer(sock, _handler(bodies.get, digests), refused)
+    server = _BoundedServer(sock, _handler(bodies.get, digests), full)
     server.serve_forever()
 
 

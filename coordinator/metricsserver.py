@@ -193,7 +193,7 @@ class MetricsServer:
             raise ConfigError(f"cannot listen for metrics on {address}: {exc.strerror}") from None
         self.port: int = self._sock.getsockname()[1]
         self._context = multiprocessing.get_context("spawn")
-        self._refused = self._context.Value("q", 0, lock=False)
+        self._full = self._context.Value("q", 0, lock=False)
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._process: Any = None
@@ -211,9 +211,10 @@ class MetricsServer:
         return Answer(number, None if number == have else data, latency)
 
     @property
-    def refused(self) -> int:
-        """Connections closed unread because every worker and queue slot was taken."""
-        return int(self._refused.value)
+    def full(self) -> int:
+        """Times the HTTP process stopped accepting connections because every worker and
+        queue slot was taken (until one was free)."""
+        return int(self._full.value)
 
     def pid(self) -> int | None:
         """The HTTP process's id while one runs (for tests and logs)."""
@@ -239,7 +240,7 @@ class MetricsServer:
             ours, theirs = self._context.Pipe()
             process = self._context.Process(
                 target=serve_http,
-                args=(self._sock, theirs, self._digests, self._refused, os.getpid()),
+                args=(self._sock, theirs, self._digests, self._full, os.getpid()),
                 name="hetero-metrics",
                 daemon=True,
             )
