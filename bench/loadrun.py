@@ -151,6 +151,9 @@ def _spawn_scrapers(config: LoadConfig, port: int, out: Path) -> subprocess.Pope
         [sys.executable, "-m", "hetero.bench.loadscrape", str(folder / "config.json")],
         stdout=log,
         stderr=subprocess.STDOUT,
+        # A session of its own: where the kernel groups sessions for CPU time
+        # (autogroup), its niceness is its own group's (``loadscrape``).
+        start_new_session=True,
     )
     log.close()
     return proc

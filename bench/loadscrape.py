@@ -16,7 +16,12 @@ The process runs at ``nice`` 19 unless told otherwise (``--scrapers-nice``): the
 clients stand in for Prometheus and attackers on other hosts, whose CPU is not the
 coordinator's; on a 2-core box at an equal share they took a core of the two and
 slowed the heartbeats through the generators' and the coordinator's run queue, not
-through anything the coordinator did.
+through anything the coordinator did. Where Linux groups each session's processes
+for CPU time (autogroup, ``/proc/sys/kernel/sched_autogroup_enabled``), a process's
+niceness only orders it within its session's group, and the groups share the CPU
+equally: the coordinator, in a session of its own, got one core of two whenever the
+scrapers' session was busy, whatever their niceness. So the scrapers run in a
+session of their own and give its group the same niceness.
 
 Run by the orchestrator as ``python -m hetero.bench.loadscrape CONFIG.json``; waits for
 ``go.json`` beside the generators' folders and writes ``result.json``: scrapes
@@ -121,10 +126,31 @@ class Scrapers:
         await asyncio.gather(*tasks)
 
 
+#: Tries at setting the autogroup's niceness: the kernel lets an unprivileged process
+#: change one group's at most every 100 ms, machine-wide (EAGAIN otherwise).
+AUTOGROUP_TRIES = 20
+
+
+def lower_priority(nice: int) -> None:
+    """``nice`` for this process and, where the kernel groups sessions, for its session's
+    group (this process leads a session of its own: ``loadrun``). No autogroup: the
+    process's niceness alone."""
+    os.nice(nice)
+    group = Path("/proc/self/autogroup")
+    for _ in range(AUTOGROUP_TRIES):
+        try:
+            group.write_text(str(nice))
+            return
+        except BlockingIOError:
+            time.sleep(0.1)
+        except OSError:  # no autogroup in this kernel, or not allowed
+            return
+
+
 def main(argv: list[str]) -> int:
     config_path = Path(argv[0])
     config = ScrapeConfig(**json.loads(config_path.read_text()))
-    os.nice(config.nice)
+    lower_priority(config.nice)
     go_path = config_path.parent.parent / "go.json"
     while not go_path.exists():
         time.sleep(0.05)

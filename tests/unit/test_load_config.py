@@ -55,3 +55,28 @@ def test_a_bad_cpu_list_is_refused_in_one_line(tmp_path: Path) -> None:
     assert done.stderr.strip() == (
         "error: --coordinator-cpus: '0-x' is not a CPU number or range like 0-1"
     )
+
+
+def test_the_scrapers_lower_their_session_group_where_the_kernel_has_one(tmp_path: Path) -> None:
+    """``loadscrape.lower_priority`` in a process leading a session of its own (as
+    ``loadrun`` starts the scrapers): its niceness, and its autogroup's where the kernel
+    groups sessions (else a niceness within a group the coordinator's outweighs)."""
+    code = (
+        "import os\n"
+        "from pathlib import Path\n"
+        "from hetero.bench.loadscrape import lower_priority\n"
+        "lower_priority(7)\n"
+        "group = Path('/proc/self/autogroup')\n"
+        "print(os.nice(0), group.read_text().split()[-1] if group.exists() else 'none')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        start_new_session=True,
+        check=True,
+    )
+    nice, group = done.stdout.split()
+    assert int(nice) == min(19, os.nice(0) + 7)
+    assert group in ("7", "none")
