@@ -78,6 +78,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "steady load makes none); default 0: no extra polls",
     )
     p.add_argument(
+        "--get-plan-per-rank",
+        action="store_true",
+        default=d.get_plan_per_rank,
+        help="every rank also calls GetPlan after its job's report (the load of this "
+        "benchmark before 2026-11-28, 8 more calls a report); the trainer does not: rank 0 "
+        "reports and broadcasts the plan to the other ranks itself",
+    )
+    p.add_argument(
         "--queued",
         type=int,
         default=d.queued,
@@ -142,6 +150,7 @@ def load_command(args: argparse.Namespace) -> int:
         devices_per_agent=args.devices_per_agent,
         poll=args.poll,
         poll_every_s=args.poll_every_s,
+        get_plan_per_rank=args.get_plan_per_rank,
         db=args.db,
         queued=args.queued,
         scrapers=args.scrapers,

@@ -39,6 +39,11 @@ class LoadConfig:
     #: none): hetero-agent polls only when told, so a steady load makes no
     #: ``PollAssignments`` at all; these measure the call under that load.
     poll_every_s: float = 0.0
+    #: Every rank calls ``GetPlan`` after its job's report, as this benchmark's load did
+    #: before 2026-11-28. The trainer does not: rank 0 alone reports (through its agent)
+    #: and gives the ranks the plan by a broadcast of its own, so by default only the
+    #: reports reach the coordinator. Kept to compare with the figures of that load.
+    get_plan_per_rank: bool = False
     seed: int = 0
     #: The coordinator's database: an empty PostgreSQL database's URL; None = a new
     #: SQLite file in the run directory.

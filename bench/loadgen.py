@@ -5,9 +5,11 @@ process) doing what ``hetero-agent`` does: ``RegisterNode`` once, then every
 ``heartbeat_s`` a ``Heartbeat`` with telemetry for its host and devices,
 followed by a ``PollAssignments`` when the reply says orders are pending (the
 real agent's contact; ``poll`` = ``always`` polls after every heartbeat). Every simulated
-job plays its ranks through the real trainer API: each ``interval_s`` rank 0
-sends one ``ReportIntervalStats`` carrying every rank's statistics (as the
-trainer does after its all-gather) and then each rank calls ``GetPlan``.
+job does what the trainer's rank 0 does: each ``interval_s`` one
+``ReportIntervalStats`` carrying every rank's statistics (as the trainer sends after
+its all-gather; the reply's plan reaches the other ranks by the trainer's own
+broadcast, not through the coordinator). With ``get_plan_per_rank`` each rank then
+also calls ``GetPlan`` (the load of this benchmark before 2026-11-28).
 
 The schedule is open-loop without catch-up: a call starts at its slot, or at
 once if the previous call of the same client ran past the slot; a saturated
@@ -67,6 +69,8 @@ class WorkerConfig:
     poll_every_s: float
     job_indexes: tuple[int, ...]
     seed: int
+    #: ``LoadConfig.get_plan_per_rank``.
+    get_plan_per_rank: bool = False
 
     @staticmethod
     def load(path: Path) -> WorkerConfig:
@@ -212,7 +216,8 @@ class Worker:
             next_at = self._slots("Heartbeat", c.heartbeat_s, next_at)
 
     async def job(self, stub: pb_grpc.CoordinatorStub, job_id: str, world_size: int) -> None:
-        """Rank 0's report each interval, then every rank's GetPlan; batches follow the plan."""
+        """Rank 0's report each interval (and every rank's GetPlan after it where asked);
+        batches follow the plan."""
         c = self.config
         speeds = [0.001 * (1 + r % 3) for r in range(world_size)]  # seconds per sample
         plan = await self.rec.call(
@@ -247,15 +252,16 @@ class Worker:
             )
             if resp is not None and len(resp.plan.batches) == world_size:
                 batches, version = list(resp.plan.batches), resp.plan.version
-            await asyncio.gather(
-                *(
-                    self.rec.call(
-                        "GetPlan",
-                        stub.GetPlan(tpb.GetPlanRequest(job_id=job_id), timeout=CALL_TIMEOUT_S),
+            if c.get_plan_per_rank:
+                await asyncio.gather(
+                    *(
+                        self.rec.call(
+                            "GetPlan",
+                            stub.GetPlan(tpb.GetPlanRequest(job_id=job_id), timeout=CALL_TIMEOUT_S),
+                        )
+                        for _ in range(world_size)
                     )
-                    for _ in range(world_size)
                 )
-            )
             next_at = self._slots("ReportIntervalStats", c.interval_s, next_at)
 
     async def run(self) -> None:

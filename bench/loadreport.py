@@ -141,7 +141,7 @@ def summarize(
         "Heartbeat": config.agents / config.heartbeat_s,
         "PollAssignments": _polls_offered(config),
         "ReportIntervalStats": config.jobs / config.interval_s,
-        "GetPlan": config.ranks / config.interval_s,
+        "GetPlan": config.ranks / config.interval_s if config.get_plan_per_rank else 0.0,
     }
     methods = {}
     for method, rate in offered.items():
@@ -233,7 +233,11 @@ def summarize(
         "targets_p99_ms": TARGETS_P99_MS,
         "target_met": _targets_met(methods, errors),
         # A method with no call in the window has no p99: it is not slow, nor measured.
-        "not_measured": [m for m in TARGETS_P99_MS if not methods[m]["calls"]],
+        # Offered and not made: polls no reply asked for. GetPlan is offered only with
+        # ``--get-plan-per-rank``.
+        "not_measured": [
+            m for m in TARGETS_P99_MS if not methods[m]["calls"] and methods[m]["offered_per_s"]
+        ],
         "scrapers": scrape,
         "out": str(out),
     }
@@ -283,7 +287,13 @@ def render(r: dict[str, Any]) -> str:
     lines = [
         f"hetero-bench load: {c['agents']} agents ({c['devices_per_agent']} devices each, "
         f"heartbeat every {c['heartbeat_s']:g} s), {c['ranks']} ranks in "
-        f"{c['ranks'] // c['world_size']} jobs (interval {c['interval_s']:g} s), "
+        f"{c['ranks'] // c['world_size']} jobs (interval {c['interval_s']:g} s; "
+        + (
+            "every rank calls GetPlan after each report"
+            if c.get("get_plan_per_rank", True)
+            else "rank 0 reports, as the trainer does"
+        )
+        + "), "
         f"{c['processes']} generator processes, {c['duration_s']:g} s measured",
         f"{'method':<20} {'offered/s':>10} {'achieved/s':>11} {'p50 ms':>8} {'p99 ms':>8} "
         f"{'max ms':>8} {'srv p50':>8} {'srv p99':>8} {'errors':>7} {'late':>6}",

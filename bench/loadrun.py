@@ -121,6 +121,7 @@ def _spawn_workers(config: LoadConfig, address: str, out: Path) -> list[subproce
             interval_s=config.interval_s,
             poll=config.poll,
             poll_every_s=config.poll_every_s,
+            get_plan_per_rank=config.get_plan_per_rank,
             job_indexes=tuple(range(w, config.jobs, config.processes)),
             seed=config.seed * 1000 + w,
         )

@@ -379,6 +379,9 @@ def test_hetero_bench_load_runs_a_small_cluster_without_errors(
     usable = sorted(os.sched_getaffinity(0))
     pinned = on_sqlite and len(usable) >= 2
     pin = ("--coordinator-cpus", str(usable[0])) if pinned else ()
+    # On PostgreSQL every rank also calls GetPlan after its job's report (the load this
+    # benchmark had first); on SQLite rank 0 alone reports, as the trainer does.
+    plans = () if on_sqlite else ("--get-plan-per-rank",)
     done = subprocess.run(
         [
             *(sys.executable, "-m", "hetero.bench.cli", "load", "--agents", "50", "--ranks", "16"),
@@ -386,6 +389,7 @@ def test_hetero_bench_load_runs_a_small_cluster_without_errors(
             *db,
             *polls,
             *pin,
+            *plans,
         ],
         capture_output=True,
         text=True,
@@ -402,7 +406,15 @@ def test_hetero_bench_load_runs_a_small_cluster_without_errors(
     else:
         assert result["cpus"]["coordinator"] == result["cpus"]["generators"] == usable
     assert result["errors_total"] == 0, result["error_samples"]
-    measured = ["Heartbeat", "ReportIntervalStats", "GetPlan"]
+    measured = ["Heartbeat", "ReportIntervalStats"]
+    if plans:
+        measured.append("GetPlan")
+        assert "every rank calls GetPlan after each report" in render(result)
+    else:  # not part of the load: neither made nor missing
+        assert result["methods"]["GetPlan"]["calls"] == 0
+        assert result["methods"]["GetPlan"]["offered_per_s"] == 0
+        assert "GetPlan" not in result["not_measured"]
+        assert "rank 0 reports, as the trainer does" in render(result)
     for method in measured:
         assert result["methods"][method]["calls"] > 0, method
     if on_sqlite:  # 50 agents polling about once a second for 4 s
