@@ -1,28 +1,21 @@
 """The coordinator's high-rate paths, as ``hetero-coord serve`` wires them, over real gRPC
 and SQLite, then PostgreSQL: batched heartbeats, cached polls and plans, read-only sessions, queued
-writers; and ``hetero-bench load`` end to end at a CI size."""
+writers (``hetero-bench load`` end to end: ``test_load_bench.py``)."""
 
 from __future__ import annotations
 
-import json
-import math
-import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 import pytest
 from handclock import Clock
-from sqlalchemy import create_engine, select, text
+from sqlalchemy import select, text
 from sqlalchemy.exc import DBAPIError
 
 from hetero.bench.loadgen import device_profiles, heartbeat_request
-from hetero.bench.loadreport import render
 from hetero.coordinator import store
 from hetero.coordinator.database import open_database, read_session_factory, session_factory
 from hetero.coordinator.ingest import HeartbeatIngest
@@ -361,119 +354,6 @@ def test_read_sessions_cannot_write_and_writers_from_many_threads_all_commit(
     with readers() as s:
         assert s.execute(text("SELECT n FROM counter")).scalar_one() == 8 * 25
     engine.dispose()
-
-
-@pytest.mark.slow
-def test_hetero_bench_load_runs_a_small_cluster_without_errors(
-    tmp_path: Path, both_stores_url: str
-) -> None:
-    out = tmp_path / "load"
-    on_sqlite = both_stores_url.startswith("sqlite")
-    # On SQLite the run makes its own file under --out; on PostgreSQL it gets an empty database.
-    db = () if on_sqlite else ("--db", both_stores_url)
-    # On SQLite every agent also polls each second (``--poll-every``); on PostgreSQL only
-    # when a heartbeat's reply asks, as hetero-agent does.
-    polls = ("--poll-every", "1") if on_sqlite else ()
-    # On SQLite the coordinator (and its workers) on the first CPU, the generators on the
-    # others, where there are two or more.
-    usable = sorted(os.sched_getaffinity(0))
-    pinned = on_sqlite and len(usable) >= 2
-    pin = ("--coordinator-cpus", str(usable[0])) if pinned else ()
-    # On PostgreSQL every rank also calls GetPlan after its job's report (the load this
-    # benchmark had first); on SQLite rank 0 alone reports, as the trainer does.
-    plans = () if on_sqlite else ("--get-plan-per-rank",)
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "hetero.bench.cli", "load", "--agents", "50", "--ranks", "16"),
-            *("--processes", "2", "--duration", "4", "--warmup", "1", "--out", str(out), "--json"),
-            *db,
-            *polls,
-            *pin,
-            *plans,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout)
-    assert result == json.loads((out / "load.json").read_text())
-    if pinned:
-        assert result["cpus"]["coordinator"] == [usable[0]]
-        assert set(result["cpus"]["coordinator_workers"]) <= {usable[0]}
-        assert result["cpus"]["generators"] == usable[1:]
-        assert f"coordinator on CPUs {usable[0]}, load generators" in render(result)
-    else:
-        assert result["cpus"]["coordinator"] == result["cpus"]["generators"] == usable
-    assert result["errors_total"] == 0, result["error_samples"]
-    measured = ["Heartbeat", "ReportIntervalStats"]
-    if plans:
-        measured.append("GetPlan")
-        assert "every rank calls GetPlan after each report" in render(result)
-    else:  # not part of the load: neither made nor missing
-        assert result["methods"]["GetPlan"]["calls"] == 0
-        assert result["methods"]["GetPlan"]["offered_per_s"] == 0
-        assert "GetPlan" not in result["not_measured"]
-        assert "rank 0 reports, as the trainer does" in render(result)
-    for method in measured:
-        assert result["methods"][method]["calls"] > 0, method
-    if on_sqlite:  # 50 agents polling about once a second for 4 s
-        assert result["methods"]["PollAssignments"]["calls"] >= 50
-        assert result["not_measured"] == []
-        measured.append("PollAssignments")
-    else:  # the ranks were started before the window: no heartbeat asked for a poll
-        assert result["methods"]["PollAssignments"]["calls"] == 0
-        assert result["not_measured"] == ["PollAssignments"]
-        assert "not measured: PollAssignments" in render(result)
-    # The coordinator's own figures of the same calls, from its /metrics histogram read at
-    # the window's edges: the calls it finished between the reads, against those the
-    # generators started in the window (the calls in flight at either edge differ).
-    table = render(result)
-    assert "srv p50" in table and "srv p99" in table
-    for method in measured:
-        m = result["methods"][method]
-        assert m["server_errors"] == 0, method
-        assert abs(m["server_calls"] - m["calls"]) <= 0.25 * m["calls"] + 5, (method, m)
-        assert math.isfinite(m["server_p50_ms"]) and math.isfinite(m["server_p99_ms"]), method
-        assert 0 < m["server_p50_ms"] <= m["server_p99_ms"], method
-        row = next(line.split() for line in table.splitlines() if line.startswith(method))
-        assert row[6:8] == [f"{m['server_p50_ms']:.2f}", f"{m['server_p99_ms']:.2f}"], row
-    database = result["database"]
-    assert database["store"] == ("sqlite" if on_sqlite else "postgresql")
-    rows = database["rows_end"]
-    assert rows["nodes"] == 50
-    assert rows["interval_stats"] > 0
-    assert database["table_bytes"]["interval_stats"] > 0
-    # Telemetry is written as buckets close, and all of it at the coordinator's stop.
-    url = f"sqlite:///{out / 'state' / 'coordinator.db'}" if on_sqlite else both_stores_url
-    engine = create_engine(url)
-    try:
-        with engine.connect() as conn:
-            nodes = conn.scalar(text("SELECT count(DISTINCT node_id) FROM telemetry"))
-    finally:
-        engine.dispose()
-    assert nodes == 50
-    # The coordinator's CPU is its processes' together, each named (its worker processes
-    # were started before the window: the /metrics process with the coordinator, the
-    # report worker at the first report).
-    by_process = result["coordinator_cpu_cores_by_process"]
-    assert {"coordinator", "hetero-metrics", "hetero-report"} <= set(by_process), by_process
-    assert by_process["coordinator"] > 0 and by_process["hetero-report"] > 0, by_process
-    assert result["coordinator_cpu_cores"] == pytest.approx(sum(by_process.values()))
-    assert f"hetero-report {by_process['hetero-report']:.2f}" in table
-    # A database that already holds tables is refused: its figures would not be the run's.
-    if not on_sqlite:
-        again = subprocess.run(
-            [
-                *(sys.executable, "-m", "hetero.bench.cli", "load", "--agents", "2"),
-                *("--ranks", "0", "--out", str(tmp_path / "again"), *db),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert again.returncode != 0
-        assert "must be an empty database, it has tables" in again.stderr
 
 
 def test_the_sweeper_flushes_parked_heartbeats_first_and_drops_the_caches_on_a_change(
