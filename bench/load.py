@@ -56,7 +56,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--processes", type=int, default=d.processes, help="load-generator processes")
     p.add_argument("--duration", type=float, default=d.duration_s, dest="duration_s", metavar="S")
     p.add_argument("--warmup", type=float, default=d.warmup_s, dest="warmup_s", metavar="S")
-    p.add_argument("--heartbeat-s", type=float, default=d.heartbeat_s, metavar="S")
+    p.add_argument(
+        "--heartbeat-s",
+        type=float,
+        default=d.heartbeat_s,
+        metavar="S",
+        help="seconds between one agent's heartbeats (default: the interval the coordinator "
+        "gives at registration, as hetero-agent uses: 2 s unless configured; this "
+        "benchmark's figures before 2026-11-28 used 1)",
+    )
     p.add_argument("--interval-s", type=float, default=d.interval_s, metavar="S")
     p.add_argument("--devices-per-agent", type=int, default=d.devices_per_agent)
     p.add_argument(

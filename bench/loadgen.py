@@ -1,8 +1,9 @@
 """One load-generator process of ``hetero-bench load``: many simulated agents and ranks.
 
 Every simulated agent is a real gRPC client (``grpc.aio``, one channel per
-process) doing what ``hetero-agent`` does: ``RegisterNode`` once, then every
-``heartbeat_s`` a ``Heartbeat`` with telemetry for its host and devices,
+process) doing what ``hetero-agent`` does: ``RegisterNode`` once, then at the
+interval the registration's reply gives (or ``heartbeat_s``, where set) a
+``Heartbeat`` with telemetry for its host and devices,
 followed by a ``PollAssignments`` when the reply says orders are pending (the
 real agent's contact; ``poll`` = ``always`` polls after every heartbeat). Every simulated
 job does what the trainer's rank 0 does: each ``interval_s`` one
@@ -63,7 +64,8 @@ class WorkerConfig:
     first_agent: int
     agents: int
     devices_per_agent: int
-    heartbeat_s: float
+    #: ``LoadConfig.heartbeat_s``: None = the interval the coordinator gives.
+    heartbeat_s: float | None
     interval_s: float
     poll: str
     poll_every_s: float
@@ -161,6 +163,8 @@ class Worker:
         self.rng = random.Random(config.seed)
         self.stop_at = math.inf
         self.registered = 0
+        #: Seconds between one agent's heartbeats, as registration set them.
+        self.heartbeat_s = math.nan
 
     def _slots(self, method: str, period_s: float, next_at: float) -> float:
         """The next slot after ``next_at``; counts a late start inside the window."""
@@ -190,7 +194,10 @@ class Worker:
         if resp is None:
             return
         self.registered += 1
-        next_at = time.time() + self.rng.uniform(0, c.heartbeat_s)
+        # As hetero-agent: the coordinator's interval unless one is imposed.
+        period_s = c.heartbeat_s or resp.heartbeat_interval_s or 1.0
+        self.heartbeat_s = period_s
+        next_at = time.time() + self.rng.uniform(0, period_s)
         # Extra polls (``--poll-every``), spread over the period like the heartbeats.
         poll_at = time.time() + self.rng.uniform(0, c.poll_every_s) if c.poll_every_s else math.inf
         tick = 0
@@ -213,7 +220,7 @@ class Worker:
                 await self.rec.call(
                     "PollAssignments", stub.PollAssignments(poll, timeout=CALL_TIMEOUT_S)
                 )
-            next_at = self._slots("Heartbeat", c.heartbeat_s, next_at)
+            next_at = self._slots("Heartbeat", period_s, next_at)
 
     async def job(self, stub: pb_grpc.CoordinatorStub, job_id: str, world_size: int) -> None:
         """Rank 0's report each interval (and every rank's GetPlan after it where asked);
@@ -297,6 +304,7 @@ class Worker:
             "error_samples": self.rec.error_samples,
             "late": dict(self.rec.late),
             "agents": c.agents,
+            "heartbeat_s": self.heartbeat_s,
             "jobs": len(c.job_indexes),
         }
         tmp = self.folder / "result.json.tmp"

@@ -127,8 +127,10 @@ def summarize(
     errors: dict[str, int] = {}
     late: dict[str, int] = {}
     samples: list[str] = []
+    periods: set[float] = set()
     for folder in sorted(out.glob("gen*")):
         r = json.loads((folder / "result.json").read_text())
+        periods.add(r["heartbeat_s"])
         for method, values in r["latencies_s"].items():
             latencies.setdefault(method, []).extend(values)
             starts.setdefault(method, []).extend(r["starts_s"][method])
@@ -137,9 +139,11 @@ def summarize(
         for key, n in r["late"].items():
             late[key] = late.get(key, 0) + n
         samples += r["error_samples"]
+    # Every agent heartbeats at one period: the one imposed, else the coordinator's.
+    heartbeat_s = max(periods, default=math.nan)
     offered = {
-        "Heartbeat": config.agents / config.heartbeat_s,
-        "PollAssignments": _polls_offered(config),
+        "Heartbeat": config.agents / heartbeat_s,
+        "PollAssignments": _polls_offered(config, heartbeat_s),
         "ReportIntervalStats": config.jobs / config.interval_s,
         "GetPlan": config.ranks / config.interval_s if config.get_plan_per_rank else 0.0,
     }
@@ -197,6 +201,9 @@ def summarize(
             if config.coordinator_cpus
             else "load generators and coordinator share this machine's cores"
         ),
+        # Seconds between one agent's heartbeats as they ran (``config.heartbeat_s``: None
+        # = the coordinator's interval, given at registration).
+        "heartbeat_s": heartbeat_s,
         "register_s": register_s,
         "methods": methods,
         "errors_total": sum(errors.values()),
@@ -249,11 +256,11 @@ def _ms(value: float | None) -> str:
     return f"{'-':>8}" if value is None or math.isnan(value) else f"{value:>8.2f}"
 
 
-def _polls_offered(config: LoadConfig) -> float:
+def _polls_offered(config: LoadConfig, heartbeat_s: float) -> float:
     """Polls a second the agents were set to make; NaN where only the replies decide
     (``asked``, the default): those have no schedule."""
     if config.poll == "always":
-        return config.agents / config.heartbeat_s
+        return config.agents / heartbeat_s
     extra = config.agents / config.poll_every_s if config.poll_every_s else 0.0
     return math.nan if config.poll == "asked" and not extra else extra
 
@@ -286,7 +293,9 @@ def render(r: dict[str, Any]) -> str:
     c = r["config"]
     lines = [
         f"hetero-bench load: {c['agents']} agents ({c['devices_per_agent']} devices each, "
-        f"heartbeat every {c['heartbeat_s']:g} s), {c['ranks']} ranks in "
+        f"heartbeat every {r.get('heartbeat_s', c['heartbeat_s']):g} s"
+        + (", the coordinator's" if c["heartbeat_s"] is None else "")
+        + f"), {c['ranks']} ranks in "
         f"{c['ranks'] // c['world_size']} jobs (interval {c['interval_s']:g} s; "
         + (
             "every rank calls GetPlan after each report"

@@ -80,3 +80,10 @@ def test_the_scrapers_lower_their_session_group_where_the_kernel_has_one(tmp_pat
     nice, group = done.stdout.split()
     assert int(nice) == min(19, os.nice(0) + 7)
     assert group in ("7", "none")
+
+
+def test_agents_heartbeat_at_the_coordinators_interval_unless_one_is_given() -> None:
+    assert LoadConfig().heartbeat_s is None
+    assert LoadConfig(heartbeat_s=1.0).heartbeat_s == 1.0
+    with pytest.raises(ConfigError, match="durations and periods must be > 0"):
+        LoadConfig(heartbeat_s=0.0)
