@@ -139,8 +139,9 @@ def summarize(
         for key, n in r["late"].items():
             late[key] = late.get(key, 0) + n
         samples += r["error_samples"]
-    # Every agent heartbeats at one period: the one imposed, else the coordinator's.
-    heartbeat_s = max(periods, default=math.nan)
+    # Every agent heartbeats at one period: the one imposed, else the coordinator's (NaN
+    # from a generator none of whose agents registered).
+    heartbeat_s = max((p for p in periods if not math.isnan(p)), default=math.nan)
     offered = {
         "Heartbeat": config.agents / heartbeat_s,
         "PollAssignments": _polls_offered(config, heartbeat_s),
@@ -167,6 +168,7 @@ def summarize(
         if config.scrapers:
             methods[method] |= by_scrape_phase(raw, starts.get(method, []), config.scrape_phase_s)
     scrape = _scrape_summary(out, config)
+    by_process = _cores_by_process(first, last)
     elapsed_s = last.time_s - first.time_s
     policy = TelemetryPolicy()
     per_hour = 3600.0 / elapsed_s
@@ -211,8 +213,8 @@ def summarize(
         "errors": errors,
         "error_samples": samples[:20],
         # The coordinator's processes together, then each (``coordinator``: its main one).
-        "coordinator_cpu_cores": sum(_cores_by_process(first, last).values()),
-        "coordinator_cpu_cores_by_process": _cores_by_process(first, last),
+        "coordinator_cpu_cores": sum(by_process.values()),
+        "coordinator_cpu_cores_by_process": by_process,
         # Its main process's busiest second.
         "coordinator_cpu_cores_max_1s": max(cpu_series, default=math.nan),
         "generators_cpu_cores": (last.generators_cpu_s - first.generators_cpu_s) / elapsed_s,
