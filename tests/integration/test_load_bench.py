@@ -1,8 +1,9 @@
 """``hetero-bench load`` end to end at a CI size, on SQLite and PostgreSQL: a real
 coordinator and its worker processes, load generators of real gRPC clients, and the
 report's figures (client and server latency, the coordinator's CPU by process, the
-database's growth). No timing is asserted: the speed targets are the benchmark's
-figures."""
+database's growth); with ``--queued`` jobs waiting in the coordinator's database and
+``--scrapers`` reaching ``/metrics``, the heartbeat latency split by scrape phase. No
+timing is asserted: the speed targets are the benchmark's figures."""
 
 from __future__ import annotations
 
@@ -12,12 +13,15 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
 
+from hetero.bench.loadconfig import LoadConfig
 from hetero.bench.loadreport import render
 from hetero.core import defaults
+from hetero.core.errors import ConfigError
 
 
 @pytest.mark.slow
@@ -42,23 +46,7 @@ def test_hetero_bench_load_runs_a_small_cluster_without_errors(
     # On SQLite the agents heartbeat at the interval the coordinator gives them (as
     # hetero-agent does); on PostgreSQL at one imposed, as this benchmark did first.
     period = () if on_sqlite else ("--heartbeat-s", "1")
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "hetero.bench.cli", "load", "--agents", "50", "--ranks", "16"),
-            *("--processes", "2", "--duration", "4", "--warmup", "1", "--out", str(out), "--json"),
-            *db,
-            *polls,
-            *pin,
-            *plans,
-            *period,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout)
-    assert result == json.loads((out / "load.json").read_text())
+    result = _load(out, *("--agents", "50", "--ranks", "16"), *db, *polls, *pin, *plans, *period)
     if pinned:
         assert result["cpus"]["coordinator"] == [usable[0]]
         assert set(result["cpus"]["coordinator_workers"]) <= {usable[0]}
@@ -140,3 +128,65 @@ def test_hetero_bench_load_runs_a_small_cluster_without_errors(
         )
         assert again.returncode != 0
         assert "must be an empty database, it has tables" in again.stderr
+
+
+def _load(out: Path, *args: str) -> dict[str, Any]:
+    """``hetero-bench load ARGS --out OUT --json`` at a CI size (2 generator processes, 4 s
+    measured after 1 s of warm-up): its JSON, checked against the ``load.json`` it wrote."""
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "hetero.bench.cli", "load", *args, "--processes", "2"),
+            *("--duration", "4", "--warmup", "1", "--out", str(out), "--json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout)
+    assert result == json.loads((out / "load.json").read_text())
+    return result
+
+
+@pytest.mark.slow
+def test_queued_jobs_wait_and_scrapers_reach_metrics_during_the_run(tmp_path: Path) -> None:
+    out = tmp_path / "load"
+    result = _load(
+        out,
+        *("--agents", "12", "--ranks", "16", "--queued", "30"),
+        *("--scrapers", "6", "--scrape-phase-s", "1"),
+    )
+    assert result["errors_total"] == 0, result["error_samples"]
+    assert result["deadline_errors"] == 0
+    heartbeat = result["methods"]["Heartbeat"]
+    # Every call of the window falls in one phase or the other, and both phases had calls.
+    quiet, scraped = heartbeat["without_scrapers"], heartbeat["with_scrapers"]
+    assert quiet["calls"] > 0 and scraped["calls"] > 0
+    assert quiet["calls"] + scraped["calls"] == heartbeat["calls"]
+    assert sum(heartbeat["histogram"]["counts"]) == heartbeat["calls"]
+    scrapers = result["scrapers"]
+    assert scrapers["scrapes"] > 0 and scrapers["half_open"] > 0
+    # The 30 queued jobs are still waiting, each asking for all 48 devices, behind the 2
+    # running jobs; the admission pass gave the head of the queue its reason.
+    engine = create_engine(f"sqlite:///{out / 'state' / 'coordinator.db'}")
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text("SELECT state, world_size, message FROM jobs WHERE name LIKE 'queued-%'")
+            ).all()
+    finally:
+        engine.dispose()
+    assert len(rows) == 30
+    assert {(state, world) for state, world, _ in rows} == {("QUEUED", 48)}
+    assert any(message.startswith("waiting for 48 CUDA devices") for _, _, message in rows)
+
+
+def test_load_options_are_checked_at_once() -> None:
+    with pytest.raises(ConfigError, match="--queued"):
+        LoadConfig(queued=-1)
+    with pytest.raises(ConfigError, match="at most 4,096 ranks"):
+        LoadConfig(agents=2000, queued=1)
+    with pytest.raises(ConfigError, match="2 scrape phases"):
+        LoadConfig(scrapers=4, duration_s=15.0, scrape_phase_s=10.0)
+    with pytest.raises(ConfigError, match=r"--scrapers-nice must be in \[0, 19\], got 20"):
+        LoadConfig(scrapers=4, scrapers_nice=20)
