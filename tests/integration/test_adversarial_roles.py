@@ -148,7 +148,11 @@ def test_a_ranks_token_is_good_for_its_own_job_only(served: Served) -> None:
     )
     assert served.tokens["cluster"].reveal() not in env.values(), "never the cluster's token"
     rank_token = Secret(env[AGENT_TOKEN_ENV])
-    service = AgentLocalService(served.stub("agent"), PlanCache(), job_tokens=tokens)
+    # The forward deadline is the test's, not the agent's 0.4 s: on a loaded two-core runner the
+    # first forward can take longer, and the agent then answers UNAVAILABLE by design.
+    service = AgentLocalService(
+        served.stub("agent"), PlanCache(), forward_timeout_s=DEADLINE_S, job_tokens=tokens
+    )
     server, port = create_local_server("127.0.0.1:0", service)
     server.start()
     try:

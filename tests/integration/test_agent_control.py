@@ -74,7 +74,9 @@ def _summary(rank: int, batch: int, per_sample_s: float) -> RankSummary:
 def agent_local(coordinator) -> Iterator[tuple[str, grpc.Server, PlanCache]]:  # type: ignore[no-untyped-def]
     plans = PlanCache()
     stub = coordinator_pb2_grpc.CoordinatorStub(coordinator.channel)
-    server, port = create_local_server("127.0.0.1:0", AgentLocalService(stub, plans))
+    # The test's deadline for forwards, not the agent's 0.4 s: a loaded runner forwards slowly.
+    service = AgentLocalService(stub, plans, forward_timeout_s=DEADLINE_S)
+    server, port = create_local_server("127.0.0.1:0", service)
     server.start()
     try:
         yield f"127.0.0.1:{port}", server, plans

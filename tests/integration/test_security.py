@@ -158,7 +158,10 @@ def test_agent_endpoint_takes_only_the_jobs_own_token(serve) -> None:  # type: i
     tokens = JobTokens(Secret("agent-local-0123456789abcdef0123"))
     with client_channel(s.address, ClientSecurity(Secret(TOKEN))) as upstream:
         service = AgentLocalService(
-            coordinator_pb2_grpc.CoordinatorStub(upstream), PlanCache(), job_tokens=tokens
+            coordinator_pb2_grpc.CoordinatorStub(upstream),
+            PlanCache(),
+            forward_timeout_s=DEADLINE_S,  # the test's deadline: a loaded runner forwards slowly
+            job_tokens=tokens,
         )
         server, port = create_local_server("127.0.0.1:0", service)
         server.start()
