@@ -5,8 +5,9 @@ Starts ``hetero-coord serve`` as a subprocess on a fresh SQLite file (or, with
 ``--processes`` load-generator processes (``hetero.bench.loadgen``) that play
 ``--agents`` node agents (register, then heartbeat with telemetry every
 ``--heartbeat-s`` and poll for orders when the reply says some are pending) and ``--ranks`` training ranks in jobs of
-``--world-size`` (each interval rank 0 reports every rank's statistics, then
-every rank asks for the plan). After ``--warmup-s`` it measures for
+``--world-size`` (each interval rank 0 reports every rank's statistics, their
+times varying by up to 3% as a real interval's do, as the trainer's rank 0 does;
+``--get-plan-per-rank``: every rank then asks for the plan). After ``--warmup-s`` it measures for
 ``--duration-s``: achieved vs offered calls per second, p50/p99/max latency per
 method as the generators saw it (and a histogram of each in ``load.json``), the
 coordinator's own p50/p99 of the same methods beside them (its ``/metrics`` histogram

@@ -240,7 +240,12 @@ class Worker:
                 return
             step += 10
             report = tpb.IntervalReport(job_id=job_id, end_step=step, plan_version=version)
-            compute = [a * b + 0.002 for a, b in zip(speeds, batches, strict=True)]
+            # A real interval's times vary (3% here): identical reports would let the
+            # coordinator reuse fits (``balancer.dynamic``) that it never can in use.
+            compute = [
+                (a * b + 0.002) * self.rng.uniform(0.97, 1.03)
+                for a, b in zip(speeds, batches, strict=True)
+            ]
             for rank, (b, t) in enumerate(zip(batches, compute, strict=True)):
                 report.ranks.add(
                     rank=rank,

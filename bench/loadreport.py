@@ -302,7 +302,7 @@ def render(r: dict[str, Any]) -> str:
         + (
             "every rank calls GetPlan after each report"
             if c.get("get_plan_per_rank", True)
-            else "rank 0 reports, as the trainer does"
+            else "rank 0 reports, as the trainer does, times varying up to 3%"
         )
         + "), "
         f"{c['processes']} generator processes, {c['duration_s']:g} s measured",

@@ -23,6 +23,7 @@ from hetero.coordinator.models import JobRow, PlanRow
 from hetero.coordinator.readcache import IntervalHistories, with_interval
 from hetero.core import replan
 from hetero.core.balancer import Constraints, DeviceProfile, Horizon, RankInterval
+from hetero.core.balancer.straggler import new_stragglers
 from hetero.core.errors import ConfigError
 from hetero.core.states import JobState
 from hetero.v1 import types_pb2 as tpb
@@ -65,7 +66,7 @@ def handle(
         if steps is None:
             steps = store.interval_steps(s, job, views.HISTORY_FOR_REPORT)
         history = [ranks for _, ranks in steps]
-        for flag in views.new_stragglers(history):
+        for flag in new_stragglers(history):
             store.add_event(s, "straggler", flag.message, job_id=job.id, now=now)
         plan = store.latest_plan(s, job.id)
         fit = _fit_arguments(req, job, plan, history)

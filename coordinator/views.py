@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from hetero.coordinator import lifecycle, store, wire
 from hetero.coordinator.models import JobRow, PlanRow, TelemetryRow
 from hetero.core import replan
-from hetero.core.balancer import RankInterval, StragglerEvidence, detect_stragglers
+from hetero.core.balancer import StragglerEvidence, detect_stragglers
 from hetero.core.balancer.straggler import LOOKBACK
 from hetero.v1 import coordinator_pb2 as pb
 
@@ -126,14 +126,6 @@ def job_detail(s: Session, job_id: str, max_intervals: int, after_step: int | No
     )
 
 
-#: Intervals a stats report reads: enough for :func:`new_stragglers` and the balancer.
-HISTORY_FOR_REPORT = max(LOOKBACK + 1, replan.HISTORY_WINDOW)
-
-
-def new_stragglers(history: Sequence[Sequence[RankInterval]]) -> Sequence[StragglerEvidence]:
-    """Ranks flagged at the newest interval of ``history`` (oldest first, at least
-    ``LOOKBACK + 1`` intervals when there are that many) that were not flagged one
-    interval before: the servicer records an event for each, once per episode."""
-    now_flagged = detect_stragglers(history)
-    before = {e.rank for e in detect_stragglers(history[:-1])}
-    return [e for e in now_flagged if e.rank not in before]
+#: Intervals a stats report reads: enough for straggler events (``LOOKBACK`` and the
+#: interval before) and the balancer (``replan``).
+HISTORY_FOR_REPORT = max(LOOKBACK + 1, replan.HISTORY_WINDOW + 1)

@@ -21,6 +21,7 @@ result; the trainer keeps them in memory.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -37,7 +38,9 @@ from hetero.core.balancer import (
 from hetero.core.errors import PlanError
 from hetero.core.states import JobState
 
-#: Intervals of history the coordinator hands the policy for a report.
+#: Intervals of history a policy fits for a report on the coordinator: it is handed
+#: one more, so that what it knew before the newest interval is fitted on as many
+#: (the previous report's fit, kept: ``balancer.dynamic``).
 HISTORY_WINDOW = 16
 
 
@@ -116,7 +119,10 @@ def replan(
     plan_horizon: Horizon | None = None,
 ) -> Replan:
     """The coordinator's answer to a report ending at ``end_step``: policy ``policy``
-    over the newest :data:`HISTORY_WINDOW` intervals of ``history``."""
-    window = tuple(history)[-HISTORY_WINDOW:]
-    decision = next_plan(make_policy(policy), window, current, constraints, profiles, plan_horizon)
+    fitting the newest :data:`HISTORY_WINDOW` intervals of ``history``."""
+    chosen = make_policy(policy)
+    if getattr(chosen, "history_window", 0) > HISTORY_WINDOW:  # the policies that fit
+        chosen = dataclasses.replace(chosen, history_window=HISTORY_WINDOW)  # type: ignore[type-var]
+    window = tuple(history)[-(HISTORY_WINDOW + 1) :]
+    decision = next_plan(chosen, window, current, constraints, profiles, plan_horizon)
     return Replan(decision, apply_at_step=end_step)

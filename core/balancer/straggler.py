@@ -66,16 +66,37 @@ class StragglerDetector:
         A run is counted back at most ``LOOKBACK`` intervals (the event then
         says "at least"), so detection costs the same at any history length.
         """
+        return self._flagged(history, {})
+
+    def newly_flagged(self, history: History) -> tuple[StragglerEvidence, ...]:
+        """``detect``'s evidence for the ranks that were not flagged one interval
+        before (an event once per episode); each interval's ratios computed once."""
+        ratios: dict[int, list[float | None]] = {}
+        before = {e.rank for e in self._flagged(history[:-1], ratios)}
+        return tuple(e for e in self._flagged(history, ratios) if e.rank not in before)
+
+    def _flagged(
+        self, history: History, ratios_by_id: dict[int, list[float | None]]
+    ) -> tuple[StragglerEvidence, ...]:
+        """``detect``, with the ratios of the intervals seen so far by ``id`` (the
+        intervals outlive the call)."""
+
+        def ratios_of(iv: Interval) -> list[float | None]:
+            known = ratios_by_id.get(id(iv))
+            if known is None:
+                known = ratios_by_id[id(iv)] = per_sample_ratios(iv)
+            return known
+
         if not history or len(history[-1]) < 2:
             return ()
         world = len(history[-1])
-        newest = per_sample_ratios(history[-1])
+        newest = ratios_of(history[-1])
         runs = [0] * world
         open_runs = set(range(world))
         for iv in list(history[-LOOKBACK:])[::-1]:
             if len(iv) != world or not open_runs:
                 break
-            ratios = per_sample_ratios(iv)
+            ratios = ratios_of(iv)
             for rank in list(open_runs):
                 ratio = ratios[rank]
                 if ratio is not None and ratio > self.threshold:
@@ -105,6 +126,13 @@ def detect_stragglers(
 ) -> tuple[StragglerEvidence, ...]:
     """``StragglerDetector(threshold, consecutive).detect(history)``."""
     return StragglerDetector(threshold, consecutive).detect(history)
+
+
+def new_stragglers(history: History) -> tuple[StragglerEvidence, ...]:
+    """Ranks flagged at the newest interval of ``history`` that were not flagged one
+    interval before (``StragglerDetector().newly_flagged``): the coordinator records
+    an event for each, once per episode."""
+    return StragglerDetector().newly_flagged(history)
 
 
 def per_sample_ratios(interval: Interval) -> list[float | None]:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import random
+
 from hetero.core.balancer import Constraints, RankInterval
+from hetero.core.balancer.dynamic import _kept_fit
 from hetero.core.replan import HISTORY_WINDOW, is_boundary, replan, running_plan, should_replan
 from hetero.core.states import JobState
 
@@ -43,3 +46,28 @@ def test_the_coordinator_replans_from_the_reported_boundary() -> None:
     )
     assert result.apply_at_step == 50
     assert result.decision.changed and result.decision.batches[0] > result.decision.batches[1]
+
+
+def test_a_report_in_steady_state_fits_the_balancer_once() -> None:
+    """What was known before the newest interval is the previous report's fit, kept:
+    the fit is most of a report's cost on the coordinator."""
+    rng = random.Random(3)
+    history = [
+        tuple(
+            RankInterval(r, 32, 10, 32 * 0.001 * (1 + r) * rng.uniform(0.97, 1.03))
+            for r in range(4)
+        )
+        for _ in range(HISTORY_WINDOW + 12)
+    ]
+    c = Constraints(128, 4)
+    args = ((32,) * 4, c, [], 0)
+    first = replan("dynamic", history[: HISTORY_WINDOW + 1], *args)
+    fits = _kept_fit.cache_info().misses
+    for n in range(HISTORY_WINDOW + 2, len(history) + 1):
+        kept = replan("dynamic", history[:n], *args)
+        assert _kept_fit.cache_info().misses == fits + 1, f"report {n} fitted more than once"
+        fits += 1
+        _kept_fit.cache_clear()  # the same decision with nothing kept
+        assert replan("dynamic", history[:n], *args) == kept
+        fits = _kept_fit.cache_info().misses
+    assert first.decision.changed

@@ -14,6 +14,7 @@ from hetero.core.balancer import (
     detect_stragglers,
     predict_exclusion,
 )
+from hetero.core.balancer.straggler import new_stragglers
 from hetero.core.errors import ConfigError, PlanError
 
 
@@ -127,3 +128,17 @@ def test_the_all_reduce_of_a_smaller_ring_is_scaled_and_a_backend_change_is_name
     assert "all-reduce 200.0 -> 150.0 ms, an upper bound: the job would run on nccl" in (
         forecast.message
     )
+
+
+def test_new_stragglers_are_the_ranks_flagged_now_and_not_one_interval_before() -> None:
+    rng = random.Random(5)
+    history: list[tuple[RankInterval, ...]] = []
+    new = 0
+    for _ in range(200):
+        slow = rng.random() < 0.3  # rank 2 comes and goes as a straggler
+        history.append(per_sample_interval([1e-3, 1e-3, 1.6e-3 if slow else 1e-3, 1.1e-3]))
+        before = {e.rank for e in detect_stragglers(history[:-1])}
+        expected = tuple(e for e in detect_stragglers(history) if e.rank not in before)
+        assert new_stragglers(history) == expected
+        new += len(expected)
+    assert new > 5, "the history never raised a new straggler"
