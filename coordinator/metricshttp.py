@@ -1,7 +1,7 @@
 """The ``/metrics`` process's side (``metricsserver`` has the why): a bounded HTTP server
 on the socket the coordinator bound, bodies asked of the coordinator over a pipe,
-the snapshot's Prometheus text written here once per snapshot, tokens checked by
-their SHA-256 digests."""
+the snapshot's Prometheus text written here once per snapshot and the latency
+histogram's from its counts, tokens checked by their SHA-256 digests."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from typing import Any
 
 from hetero.auth import METADATA_KEY, SCHEME
 from hetero.coordinator.metrics import CONTENT_TYPE, families, write
-from hetero.coordinator.rpclatency import SAMPLE_NAMES
+from hetero.coordinator.rpclatency import SAMPLE_NAMES, LatencyCounts
+from hetero.coordinator.rpclatency import families as latency_families
 from hetero.coordinator.workerprocess import exit_with_parent
 from hetero.core import heap, procname
 from hetero.v1 import coordinator_pb2 as pb
@@ -94,13 +95,18 @@ class _BoundedServer(HTTPServer):
 @dataclass(frozen=True)
 class Answer:
     """The coordinator's answer to the HTTP process (pickled): the snapshot's build number
-    and data (None: the one the HTTP process has), the latency histogram's text, or
-    ``ok`` False: it could not write them (logged there with the traceback)."""
+    and data (None: the one the HTTP process has), the latency histogram's counts (None:
+    the coordinator keeps none), or ``ok`` False: it could not give them (logged there
+    with the traceback)."""
 
     build: int = 0
     snapshot: bytes | None = None
-    latency: bytes = b""
+    latency: LatencyCounts | None = None
     ok: bool = True
+
+    def latency_text(self, names: frozenset[str] | None = None) -> bytes:
+        """The histogram's exposition text (of the samples ``names`` where given)."""
+        return b"" if self.latency is None else write(latency_families(self.latency), names)
 
 
 def digest(token: str) -> bytes:
@@ -124,8 +130,9 @@ def serve_http(
 
 class _Bodies:
     """The HTTP process's side of the pipe: the whole exposition, asked for again after
-    ``REFRESH_S`` (the snapshot's families written here once per snapshot); the latency
-    histogram's samples alone asked for at each such scrape. One question at a time."""
+    ``REFRESH_S`` (the snapshot's families written here once per snapshot, the latency
+    histogram at each refresh); the histogram's counts alone asked for at each scrape
+    filtered to its samples. One question at a time."""
 
     def __init__(self, conn: Any) -> None:
         self._conn = conn
@@ -138,14 +145,14 @@ class _Bodies:
     def get(self, names: frozenset[str] | None) -> bytes:
         with self._lock:
             if names is not None and names <= SAMPLE_NAMES:
-                return self._ask(names).latency
+                return self._ask(names).latency_text(names)
             if time.monotonic() - self._asked_at < REFRESH_S:
                 return self._whole
             answer = self._ask(None)
             if answer.snapshot is not None:
                 self._families = write(families(pb.ClusterSnapshot.FromString(answer.snapshot)))
                 self._build = answer.build
-            self._whole = self._families + answer.latency
+            self._whole = self._families + answer.latency_text()
             self._asked_at = time.monotonic()
             return self._whole
 

@@ -13,13 +13,11 @@ once a second and at most a tenth of the time, in a worker process of its own
 where there is one), so scrapers cost the database at most one read a second.
 
 The RPC latency histogram (``rpclatency``) follows the snapshot's families in
-every answer, but is cached apart, whatever the snapshot's cache holds: it is
-written again at a scrape unless its last writing is younger than that writing's
-duration over :data:`LIVE_SHARE`. Writing it takes about 5 ms with two dozen
-method and status pairs (on a 2-core box), so under a scrape storm it is at most a
-quarter second old and takes at most 2% of the interpreter; scraped every few
-seconds it is written at each scrape. ``?name[]=NAME&name[]=...`` (prometheus-client's
-own filter) naming only the histogram's samples (``hetero_rpc_duration_seconds_bucket``,
+every answer. The coordinator copies its counts (about 20 µs) and the HTTP
+process writes them as text, at each of its refreshes: writing them in the
+coordinator's process took 6.5 ms of its interpreter every quarter second under
+a scrape storm. ``?name[]=NAME&name[]=...`` (prometheus-client's own filter)
+naming only the histogram's samples (``hetero_rpc_duration_seconds_bucket``,
 ``_count``, ``_sum``, ``_created``) answers those alone and does not read the
 snapshot: that is how ``hetero-bench load`` reads the coordinator's own latency at
 the edges of its window without a snapshot's cost inside it. Any other filter gets
@@ -35,8 +33,8 @@ and the heartbeats' p99 seen by the agents rose eightfold). The coordinator bind
 the socket, so a wrong address fails at once and port 0 has its port, and hands
 it to the process; that process asks the coordinator over a pipe at most every
 ``metricshttp.REFRESH_S`` for the snapshot (serialized, sent only when it is a new one)
-and the histogram's text, and for the histogram alone at each scrape filtered to
-it. It writes the snapshot's Prometheus families itself, once per snapshot
+and the histogram's counts, and for the counts alone at each scrape filtered to
+them. It writes the snapshot's Prometheus families itself, once per snapshot
 (about 0.3 s of Python for 1,000 nodes and 1,000 jobs, which in the coordinator's
 process stalled the heartbeats), and serves the text meanwhile from its copy. It
 runs at a lower CPU priority (``metricshttp.NICE``): on a host with cores to spare that
@@ -59,13 +57,9 @@ import multiprocessing
 import os
 import socket
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client.core import Metric
-
-from hetero.coordinator.metrics import write
 from hetero.coordinator.metricshttp import Answer, digest, serve_http
 from hetero.coordinator.rpclatency import SAMPLE_NAMES, RpcLatency
 from hetero.coordinator.snapshots import TTL_S, Snapshots
@@ -75,10 +69,6 @@ from hetero.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger("hetero.coordinator.metrics")
 
-#: Most of the time writing the RPC latency histogram may take (see the module's text).
-LIVE_SHARE = 0.02
-#: Sets of ``?name[]=`` names whose answers are kept between builds.
-FILTERS = 16
 #: Seconds between starts of an HTTP process that keeps dying.
 RESTART_S = 1.0
 
@@ -97,61 +87,6 @@ def check_metrics_listen(address: str, security: ServerSecurity) -> None:
             "bind it to loopback, or --insecure on a trusted network"
         )
     log.warning("/metrics on %s is readable by anyone who can reach it (--insecure)", address)
-
-
-class CachedFamilies:
-    """The metric families ``collect()`` returns, and their text, built again at most once
-    per ``ttl_s`` and at most ``share`` of the time (a build that took B seconds is
-    served for at least B / ``share``)."""
-
-    def __init__(
-        self,
-        collect: Callable[[], list[Metric]],
-        ttl_s: float,
-        share: float,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._collect = collect
-        self._ttl_s = ttl_s
-        self._share = share
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._families: list[Metric] = []
-        self._body = b""
-        self._filtered: dict[frozenset[str], bytes] = {}
-        self._built_at = -float("inf")
-        self._build_s = 0.0
-        #: Builds so far (for the snapshot: what the scrape rate costs the database).
-        self.builds = 0
-
-    def body(self, names: frozenset[str] | None = None) -> bytes:
-        """The text of every family, or with ``names`` of the samples so named (kept
-        until the next build, for up to ``FILTERS`` sets of names)."""
-        with self._lock:  # one builder; concurrent scrapes wait for it, then share it
-            if self._clock() - self._built_at >= max(self._ttl_s, self._build_s / self._share):
-                started = self._clock()
-                self._families = self._collect()
-                self._body = write(self._families)
-                self._filtered = {}
-                self._built_at = self._clock()
-                self._build_s = self._built_at - started
-                self.builds += 1
-            if names is None:
-                return self._body
-            body = self._filtered.get(names)
-            if body is None:
-                body = write(self._families, names)
-                if len(self._filtered) < FILTERS:
-                    self._filtered[names] = body
-            return body
-
-
-class CachedLatency(CachedFamilies):
-    """The RPC latency histogram of ``latency``, written again at a scrape unless its last
-    writing is younger than its duration over ``LIVE_SHARE``."""
-
-    def __init__(self, latency: RpcLatency, clock: Callable[[], float] = time.monotonic) -> None:
-        super().__init__(lambda: list(latency.registry.collect()), 0.0, LIVE_SHARE, clock)
 
 
 class MetricsServer:
@@ -181,7 +116,7 @@ class MetricsServer:
         if not isinstance(snapshots, Snapshots):
             snapshots = Snapshots.of(snapshots, ttl_s)
         self.snapshots = snapshots
-        self.latency = CachedLatency(rpc_latency) if rpc_latency is not None else None
+        self.latency = rpc_latency
         host = host.strip("[]") or "0.0.0.0"
         self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         try:
@@ -201,13 +136,13 @@ class MetricsServer:
 
     def answer(self, asked: tuple[frozenset[str] | None, int]) -> Answer:
         """What the HTTP process asked for: ``(names, build)``. Names all of the latency
-        histogram's samples: those samples alone. Else the current snapshot's number, its
-        data unless it is ``build`` (the HTTP process has it), and the histogram."""
+        histogram's samples: its counts alone. Else the current snapshot's number, its
+        data unless it is ``build`` (the HTTP process has it), and the counts."""
         names, have = asked
+        latency = self.latency.counts() if self.latency is not None else None
         if names is not None and names <= SAMPLE_NAMES:
-            return Answer(latency=self.latency.body(names) if self.latency is not None else b"")
+            return Answer(latency=latency)
         number, data = self.snapshots.latest()
-        latency = self.latency.body() if self.latency is not None else b""
         return Answer(number, None if number == have else data, latency)
 
     @property

@@ -133,7 +133,7 @@ def test_the_histogram_follows_the_snapshot_in_every_scrape(coordinator, sim) ->
         )
         for _ in range(4):
             sim.heartbeat()
-        # Written again at a scrape unless a scrape just wrote it (LIVE_SHARE).
+        # The HTTP process asks for the counts again at most every REFRESH_S.
         deadline = time.monotonic() + 10.0
         while (seen := _heartbeats_in(_scrape(server.port))) != 15:
             assert seen == 3 and time.monotonic() < deadline, seen

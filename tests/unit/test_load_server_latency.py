@@ -14,12 +14,12 @@ from hypothesis import strategies as st
 from hetero.bench import loadserver
 from hetero.bench.loadconfig import LoadError
 from hetero.bench.loadserver import between, figures, parse, quantile
-from hetero.coordinator.metricsserver import CachedLatency
-from hetero.coordinator.rpclatency import BUCKETS_S, RpcLatency
+from hetero.coordinator.metrics import write
+from hetero.coordinator.rpclatency import BUCKETS_S, RpcLatency, families
 
 
 def _read(latency: RpcLatency) -> dict[tuple[str, str], dict[float, float]]:
-    return parse(CachedLatency(latency).body().decode())
+    return parse(write(families(latency.counts())).decode())
 
 
 def test_a_quantile_is_interpolated_inside_its_bucket() -> None:
