@@ -331,7 +331,8 @@ def render(r: dict[str, Any]) -> str:
             f"/metrics: {c['scrapers']} clients (half scraping, half half-open; nice "
             f"{c.get('scrapers_nice', 0)}) in every other "
             f"{c['scrape_phase_s']:g} s: {sc['scrapes']} scrapes (p99 {sc['scrape_p99_ms']:.1f} "
-            f"ms), {sc['half_open']} half-open connections; Heartbeat p99 {quiet:.2f} ms "
+            f"ms), {sc['half_open']} half-open connections, {sc.get('cut', 0)} cut at their "
+            f"phase's end; Heartbeat p99 {quiet:.2f} ms "
             f"without, {busy:.2f} ms with ({busy / quiet:.2f}x, target <= "
             f"{TARGET_SCRAPE_RATIO:g}x)"
         )
