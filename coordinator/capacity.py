@@ -22,7 +22,11 @@ what they changed (``changed``); for any other, and to refresh the reasons of th
 still waiting, a pass also runs every :data:`REFRESH_S`.
 
 The passes run by a submission, a cancel or a job's end in their own transactions
-are unchanged: this decides only the sweeper's.
+are unchanged: this decides only the sweeper's. Where a report worker runs
+(``reportworker``), the sweeper's pass runs there, off the coordinator's interpreter:
+the refresh every ``REFRESH_S`` with 10,000 jobs queued was a 0.1 s stall of the event
+loop answering heartbeats twice a minute (a second of heartbeats at p99 60 to 100 ms
+on the 2-core box, in every run of ``hetero-bench load --queued 10000``).
 """
 
 from __future__ import annotations

@@ -244,7 +244,9 @@ class Sweeper:
     (the coordinator drops its read caches, so the launches and the new plan of
     a restart are served at once). The queue's pass runs when ``capacity`` says
     the devices may have changed since the last one (``coordinator.capacity``; default:
-    one on ``sessions``, which ``stop`` closes either way)."""
+    one on ``sessions``, which ``stop`` closes either way). ``admit_elsewhere`` runs that
+    pass in another process (``ReportWorkers.admit``: off the interpreter lock the event
+    loop needs) and answers whether it placed a job, or None: run it here."""
 
     def __init__(
         self,
@@ -256,6 +258,7 @@ class Sweeper:
         before: Callable[[], object] | None = None,
         on_change: Callable[[], None] | None = None,
         capacity: CapacityWatch | None = None,
+        admit_elsewhere: Callable[[store.QueueConfig, float], bool | None] | None = None,
     ) -> None:
         self.sessions = sessions
         self.cfg = cfg
@@ -264,6 +267,7 @@ class Sweeper:
         self.before = before
         self.on_change = on_change
         self.capacity = capacity or CapacityWatch(sessions)
+        self.admit_elsewhere = admit_elsewhere
         self._loop = Periodic("sweeper", period_s, self.sweep_once, failure="sweep failed")
 
     def start(self) -> None:
@@ -278,8 +282,16 @@ class Sweeper:
             self.before()
         now = self.clock()
         epoch = self.capacity.due(now)
+        elsewhere = epoch is not None and self.admit_elsewhere is not None
         with self.sessions.begin() as s:
-            changed = sweep(s, self.cfg, now=now, admit=epoch is not None)
+            changed = sweep(s, self.cfg, now=now, admit=epoch is not None and not elsewhere)
+        if elsewhere:
+            assert self.admit_elsewhere is not None
+            placed = self.admit_elsewhere(self.cfg.queue, now)
+            if placed is None:
+                with self.sessions.begin() as s:
+                    placed = bool(store.admit_queued(s, self.cfg.queue, now=now))
+            changed = changed or placed
         if epoch is not None:
             self.capacity.passed(epoch, now)
         if changed and self.on_change is not None:

@@ -178,6 +178,7 @@ def serve(
         before=deps.ingest.flush if deps.ingest is not None else None,
         on_change=deps.invalidate_caches,
         capacity=deps.capacity,
+        admit_elsewhere=deps.reports.admit if deps.reports is not None else None,
     )
     kept = interval_retention or IntervalRetention()
     logs = log_retention or LogRetention()
