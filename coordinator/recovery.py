@@ -282,12 +282,11 @@ class Sweeper:
             self.before()
         now = self.clock()
         epoch = self.capacity.due(now)
-        elsewhere = epoch is not None and self.admit_elsewhere is not None
+        elsewhere = self.admit_elsewhere if epoch is not None else None
         with self.sessions.begin() as s:
-            changed = sweep(s, self.cfg, now=now, admit=epoch is not None and not elsewhere)
-        if elsewhere:
-            assert self.admit_elsewhere is not None
-            placed = self.admit_elsewhere(self.cfg.queue, now)
+            changed = sweep(s, self.cfg, now=now, admit=epoch is not None and elsewhere is None)
+        if elsewhere is not None:
+            placed = elsewhere(self.cfg.queue, now)
             if placed is None:
                 with self.sessions.begin() as s:
                     placed = bool(store.admit_queued(s, self.cfg.queue, now=now))
