@@ -218,7 +218,7 @@ def first_move_bound(
     out = []
     for m, f, b in zip(models, fits, current, strict=True):
         if f.changed_at_newest and b > 0 and m.fixed_s > 0:
-            m = StepModel(m.time(b) / b, 0.0)
+            m = StepModel(m.work(b) / b, 0.0, m.input_per_sample_s)
         out.append(m)
     return tuple(out)
 
