@@ -101,7 +101,14 @@ def _replan(
     """The plan the balancer chooses, stored if it changes the plan and the job is
     as the report found it (the same newest plan and attempt, not ended: a
     restart, a cancel or an overlapping report of the job came first otherwise;
-    then the newest plan is the answer); None = the plan the report found stands."""
+    then the newest plan is the answer); None = the plan the report found stands.
+
+    "Changes the plan" is against the newest stored plan, not the batches the
+    interval ran: a trainer applies a plan after its loader's prefetch, so the
+    interval reported with the newest version may still have run the batches of
+    the one before, and the balancer, asked from those, chooses the newest plan
+    again; stored, it was a new version without a change ("plan v3: 181,75" after
+    "plan v2: 181,75")."""
     result = fit_with(*fit)
     if not result.decision.changed:
         return None
@@ -113,6 +120,8 @@ def _replan(
         moved = (newest.version, job.attempt_first_plan) != (based_on, attempt)
         if moved or JobState[job.state].is_terminal:
             return wire.plan_message(newest)
+        if tuple(result.decision.batches) == store.plan_batches(newest):
+            return None
         plan = store.add_plan(
             s,
             job.id,
