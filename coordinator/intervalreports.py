@@ -110,6 +110,8 @@ def _replan(
     again; stored, it was a new version without a change ("plan v3: 181,75" after
     "plan v2: 181,75")."""
     result = fit_with(*fit)
+    if result.decision.not_helping:
+        _say_not_helping(sessions, req.job_id, result.decision.not_helping, now)
     if not result.decision.changed:
         return None
     with sessions.begin() as s:
@@ -140,6 +142,18 @@ def _replan(
             now=now,
         )
         return wire.plan_message(plan)
+
+
+#: The event kind that says why balancing does not beat equal batches for a job.
+NOT_HELPING = "not-helping"
+
+
+def _say_not_helping(sessions: sessionmaker[Session], job_id: str, why: str, now: float) -> None:
+    """An event, once each time the reason changes: "hetero is not helping here: ..."."""
+    message = f"hetero is not helping here: {why}"
+    with sessions.begin() as s:
+        if store.last_event_message(s, job_id, NOT_HELPING) != message:
+            store.add_event(s, NOT_HELPING, message, job_id=job_id, now=now)
 
 
 def _history(

@@ -364,3 +364,18 @@ def test_text_longer_than_its_column_is_refused_or_cut_on_every_store(coordinato
     s.AppendJobLogs(pb.AppendJobLogsRequest(job_id=job_id, lines=[line]), timeout=DEADLINE_S)
     (got,) = s.GetJobLogs(pb.GetJobLogsRequest(job_id=job_id), timeout=DEADLINE_S).lines
     assert got.stream == "stderr-a"
+
+
+def test_alike_ranks_get_one_event_saying_hetero_is_not_helping(coordinator) -> None:  # type: ignore[no-untyped-def]
+    _register(coordinator, "n1")
+    _register(coordinator, "n2")
+    spec = DEMO.replace("ranks: 3", "ranks: 2").replace("emulate_slowdown: [1, 2, 3]", "")
+    job_id = coordinator.stub.SubmitJob(
+        pb.SubmitJobRequest(spec_yaml=spec), timeout=DEADLINE_S
+    ).job_id
+    for end in (10, 20, 30):
+        plan = _report(coordinator, job_id, end, [48, 48], [0.001, 0.001])
+        assert plan.version == 1
+    job = coordinator.stub.GetJob(pb.GetJobRequest(job_id=job_id), timeout=DEADLINE_S)
+    said = [e.message for e in job.events if e.kind == "not-helping"]
+    assert len(said) == 1 and said[0].startswith("hetero is not helping here: devices alike")
