@@ -101,8 +101,17 @@ def _replan(
     """The plan the balancer chooses, stored if it changes the plan and the job is
     as the report found it (the same newest plan and attempt, not ended: a
     restart, a cancel or an overlapping report of the job came first otherwise;
-    then the newest plan is the answer); None = the plan the report found stands."""
+    then the newest plan is the answer); None = the plan the report found stands.
+
+    "Changes the plan" is against the newest stored plan, not the batches the
+    interval ran: a trainer applies a plan after its loader's prefetch, so the
+    interval reported with the newest version may still have run the batches of
+    the one before, and the balancer, asked from those, chooses the newest plan
+    again; stored, it was a new version without a change ("plan v3: 181,75" after
+    "plan v2: 181,75")."""
     result = fit_with(*fit)
+    if result.decision.not_helping:
+        _say_not_helping(sessions, req.job_id, result.decision.not_helping, now)
     if not result.decision.changed:
         return None
     with sessions.begin() as s:
@@ -113,6 +122,8 @@ def _replan(
         moved = (newest.version, job.attempt_first_plan) != (based_on, attempt)
         if moved or JobState[job.state].is_terminal:
             return wire.plan_message(newest)
+        if tuple(result.decision.batches) == store.plan_batches(newest):
+            return None
         plan = store.add_plan(
             s,
             job.id,
@@ -131,6 +142,18 @@ def _replan(
             now=now,
         )
         return wire.plan_message(plan)
+
+
+#: The event kind that says why balancing does not beat equal batches for a job.
+NOT_HELPING = "not-helping"
+
+
+def _say_not_helping(sessions: sessionmaker[Session], job_id: str, why: str, now: float) -> None:
+    """An event, once each time the reason changes: "hetero is not helping here: ..."."""
+    message = f"hetero is not helping here: {why}"
+    with sessions.begin() as s:
+        if store.last_event_message(s, job_id, NOT_HELPING) != message:
+            store.add_event(s, NOT_HELPING, message, job_id=job_id, now=now)
 
 
 def _history(

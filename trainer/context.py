@@ -111,6 +111,9 @@ class Context:
             maxlen=config.history_intervals
         )
         self.plans: list[PlanRecord] = []
+        #: Rank 0: why balancing does not beat equal batches here, as the planner last
+        #: said it ("" while it helps or cannot tell; ``Decision.not_helping``).
+        self.not_helping = ""
         self.summaries: list[list[RankSummary]] = []
         self.interval_walls: list[float] = []
         self.global_step = 0

@@ -128,6 +128,8 @@ def interval_record(
         "next_plan": list(plan) if changed else None,
         "apply_at_step": apply_at if changed else None,
         "reason": reason if ctx.rank == 0 else None,
+        # Why balancing does not beat equal batches here (rank 0; "" while it helps).
+        "not_helping": ctx.not_helping if ctx.rank == 0 else None,
         "emulated": ctx.emulated,
         "slowdown": me.slowdown,
         "injected_s": me.injected_s,

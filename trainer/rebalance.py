@@ -282,6 +282,9 @@ def decide(ctx: Context, current: tuple[int, ...], depth: int) -> tuple[PlanDeci
     except Exception as exc:  # the control plane must never stop training
         log.warning("planner failed at step %d, keeping the plan: %s", ctx.global_step, exc)
         return (False, version, ctx.global_step, current, 0), f"planner failed: {exc}", True
+    if d.not_helping != ctx.not_helping and d.not_helping:
+        log.warning("step %d: hetero is not helping here: %s", ctx.global_step, d.not_helping)
+    ctx.not_helping = d.not_helping
     if not d.changed or tuple(d.batches) == current:
         return (False, version, ctx.global_step, current, 0), d.reason, d.settled
     apply_at = ctx.global_step + depth

@@ -113,6 +113,7 @@ def summarize(
         "final_plan": list(final_plan),
         "plan_changes": len(ctx.plans) - 1,
         "plans": [asdict(p) | {"batches": list(p.batches)} for p in ctx.plans],
+        "not_helping": ctx.not_helping,
         "per_rank_compute_s": [r.compute_s for r in last],
         "per_rank_per_sample_ms": [r.compute_s / r.batch * 1e3 if r.batch else None for r in last],
         "channels_last": cfg.channels_last,
@@ -211,6 +212,8 @@ def print_summary(summary: dict[str, Any]) -> None:
     if summary.get("simulated_nodes"):
         t.add_row("simulation", f"SIMULATED {summary['simulated_nodes']} nodes on one device")
     t.add_row("plan changes", str(summary["plan_changes"]))
+    if summary.get("not_helping"):
+        t.add_row("hetero is not helping here", summary["not_helping"])
     t.add_row(
         "loss first -> last",
         f"{summary['loss_first']:.4f} -> {summary['loss_last']:.4f}"

@@ -97,6 +97,8 @@ def api_summary(ctx: Context) -> dict[str, Any]:
         "final_plan": list(ctx.plan),
         "plan_changes": len(ctx.plans) - 1,
         "plans": [asdict(p) | {"batches": list(p.batches)} for p in ctx.plans],
+        # Rank 0's: why balancing did not beat equal batches at the end ("" if it did).
+        "not_helping": ctx.not_helping,
         "per_rank_compute_s": [r.compute_s for r in ctx.summaries[-1]] if ctx.summaries else [],
         "standalone_samples_per_s": standalone,
         "ideal_samples_per_s": ideal,
@@ -126,6 +128,8 @@ def print_report(summary: dict[str, Any], file: TextIO | None = None) -> None:
         + f"; final plan {summary['final_plan']}, {summary['plan_changes']} plan changes",
         file=out,
     )
+    if summary.get("not_helping"):
+        print(f"  hetero is not helping here: {summary['not_helping']}", file=out)
     if any(summary.get("recompute", {}).get("ranks", [])):
         from hetero.trainer.activations import RecomputeChoice
 

@@ -2,7 +2,10 @@
 
 Times are seconds of compute-only work per step (forward + backward until the
 last gradient bucket is ready), as the trainer measures them. The all-reduce
-cost is the scenario's ``comm_s`` and is added by the engine, not here.
+cost is the scenario's ``comm_s`` and is added by the engine, not here. A
+worker with an input pipeline (``Worker.input_per_sample_s``) also has the
+seconds its pipeline needs for a batch (``input_s``); a step lasts the larger of
+the two (``step_s``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ class SimWorker:
         self.rank = rank
         self._rng = random.Random(f"hetero-sim:{seed}:{rank}")
         self._interval_rng = random.Random(f"hetero-sim-interval:{seed}:{rank}")
+        self._input_rng = random.Random(f"hetero-sim-input:{seed}:{rank}")
         self._default_cv = default_cv if worker.noise_cv is None else worker.noise_cv
         self._change_steps = [c.at_step for c in worker.changes]
         self._curve_b = [p.batch for p in worker.curve]
@@ -58,6 +62,18 @@ class SimWorker:
             return max(_interpolate(self._curve_b, self._curve_t, batch), 1e-9) * per_sample
         seconds: float = w.per_sample_s * per_sample * batch + w.fixed_s * fixed
         return seconds
+
+    def expected_step_s(self, step: int, batch: int) -> float:
+        """Noise-free seconds of one step: compute, or the input pipeline where slower."""
+        return max(self.expected_s(step, batch), self.worker.input_per_sample_s * batch)
+
+    def input_s(self, batch: int) -> float | None:
+        """One batch's noisy input seconds (None without a pipeline): mean-1 log-normal
+        jitter on ``input_per_sample_s · batch``, from the worker's own stream."""
+        w = self.worker
+        if w.input_per_sample_s <= 0:
+            return None
+        return w.input_per_sample_s * batch * lognormal_factor(self._input_rng, w.input_jitter_cv)
 
     def cv(self, batch: int) -> float:
         """Coefficient of variation of one step's time at ``batch``."""
@@ -126,7 +142,7 @@ def best_plan(workers: Sequence[SimWorker], step: int, constraints: Constraints)
     """
     plan = [constraints.min_batch] * len(workers)
     heap = [
-        (w.expected_s(step, plan[r] + 1), r)
+        (w.expected_step_s(step, plan[r] + 1), r)
         for r, w in enumerate(workers)
         if plan[r] < constraints.upper(r)
     ]
@@ -135,7 +151,7 @@ def best_plan(workers: Sequence[SimWorker], step: int, constraints: Constraints)
         _, r = heapq.heappop(heap)
         plan[r] += 1
         if plan[r] < constraints.upper(r):
-            heapq.heappush(heap, (workers[r].expected_s(step, plan[r] + 1), r))
+            heapq.heappush(heap, (workers[r].expected_step_s(step, plan[r] + 1), r))
     return tuple(plan)
 
 

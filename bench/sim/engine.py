@@ -283,7 +283,7 @@ ORDER_MARGIN = 0.10
 
 def _ordered(workers: list[SimWorker], plan: Batches, step: int, mean_batch: int) -> bool:
     """Whether ``plan`` gives every truly slower rank fewer samples than a faster one."""
-    times = [w.expected_s(step, mean_batch) for w in workers]
+    times = [w.expected_step_s(step, mean_batch) for w in workers]
     return all(
         plan[j] < plan[i]
         for i, ti in enumerate(times)
@@ -314,22 +314,36 @@ def _run_interval(
     world = len(workers)
     compute = [0.0] * world
     samples: list[list[float]] = [[] for _ in range(world)]
+    waits: list[list[float]] = [[] for _ in range(world)]
+    inputs: list[list[float]] = [[] for _ in range(world)]
     expected = [0.0] * world
     wall = plan_s = ideal_s = best_s = 0.0
+    walls: list[float] = []
     oracle = best_plan(workers, start + steps // 2, constraints_for(scenario))
     for s in range(start, start + steps):
         noisy = [w.sample_s(s, b) * f for w, b, f in zip(workers, plan, factors, strict=True)]
-        exact = [w.expected_s(s, b) for w, b in zip(workers, plan, strict=True)]
+        exact = [w.expected_step_s(s, b) for w, b in zip(workers, plan, strict=True)]
+        busy = list(noisy)
+        for r, (w, b) in enumerate(zip(workers, plan, strict=True)):
+            made = w.input_s(b)
+            if made is not None:
+                # A batch its pipeline made more slowly than the rank computed is waited
+                # for (no prefetch depth to absorb it: jitter shows in full).
+                inputs[r].append(made)
+                waits[r].append(max(made - noisy[r], 0.0))
+                busy[r] = max(noisy[r], made)
         for r in range(world):
             compute[r] += noisy[r]
             samples[r].append(noisy[r])
             expected[r] += exact[r]
-        wall += max(noisy) + comm
+        walls.append(max(busy) + comm)
+        wall += walls[-1]
         plan_s += max(exact) + comm
         ideal_s += total_b / sum(b / (t + comm) for b, t in zip(plan, exact, strict=True))
-        best_s += max(w.expected_s(s, b) for w, b in zip(workers, oracle, strict=True)) + comm
+        best_s += max(w.expected_step_s(s, b) for w, b in zip(workers, oracle, strict=True)) + comm
     # The warm-up is paid once, in the first step, and left out of the rank's
-    # per-step times (the trainer's settle_steps); the job waits for the slowest.
+    # per-step times, its step time included (the trainer's settle_steps: medians of
+    # the settled steps); the job waits for the slowest.
     warmup = max((s for s in switches if s is not None), default=0.0)
     wall += warmup
     plan_s += warmup
@@ -339,9 +353,11 @@ def _run_interval(
             plan[r],
             steps,
             statistics.median(samples[r]),
-            wall / steps,
+            statistics.median(walls),
+            data_s=statistics.fmean(waits[r]) if waits[r] else None,
             switch_s=switches[r],
             busy_cv=_spread(samples[r]),
+            input_s=statistics.median(inputs[r]) if inputs[r] else None,
         )
         for r in range(world)
     )

@@ -67,6 +67,12 @@ class Worker:
     ``max_batch`` is the memory cap in samples. ``switch_s`` is what the first
     step at a batch size the worker never ran costs on top (allocator growth,
     kernel selection), ``warm_switch_s`` what a size it ran before costs.
+
+    ``input_per_sample_s`` (0: none) gives the rank a background input pipeline
+    (DataLoader workers) that needs that many seconds per sample to make a batch;
+    its step is the larger of its compute and its input. ``input_jitter_cv`` is
+    the log-normal spread of one batch's input time (disk, network storage,
+    images of varying size); a batch that comes late is waited for.
     """
 
     name: str
@@ -80,6 +86,8 @@ class Worker:
     changes: tuple[Change, ...] = ()
     switch_s: float = 0.0
     warm_switch_s: float = 0.0
+    input_per_sample_s: float = 0.0
+    input_jitter_cv: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -173,6 +181,8 @@ _SCENARIO_KEYS = (
     "shared_noise_cv",
 )
 _WORKER_KEYS = (
+    "input_per_sample_s",
+    "input_jitter_cv",
     "name",
     "count",
     "per_sample_s",
@@ -240,6 +250,8 @@ def _workers(doc: Mapping[str, Any], where: str) -> list[Worker]:
         changes=tuple(changes),
         switch_s=_float(doc, "switch_s", where, default=0.0, low=0.0),
         warm_switch_s=_float(doc, "warm_switch_s", where, default=0.0, low=0.0),
+        input_per_sample_s=_float(doc, "input_per_sample_s", where, default=0.0, low=0.0),
+        input_jitter_cv=_float(doc, "input_jitter_cv", where, default=0.0, low=0.0),
     )
     if count == 1:
         return [base]

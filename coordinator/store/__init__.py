@@ -18,7 +18,7 @@ which names every public function:
 - ``events`` and ``logs``: the event journal and the ranks' log lines.
 """
 
-from hetero.coordinator.store.events import add_event, job_events
+from hetero.coordinator.store.events import add_event, job_events, last_event_message
 from hetero.coordinator.store.intervals import (
     add_interval,
     attempt_start_up_s,
@@ -122,6 +122,7 @@ __all__ = [
     "job_logs",
     "job_plans",
     "jobs_of",
+    "last_event_message",
     "latest_interval",
     "latest_plan",
     "latest_plans",

@@ -26,3 +26,13 @@ def job_events(s: Session, job_id: str, limit: int = 20) -> list[EventRow]:
         select(EventRow).where(EventRow.job_id == job_id).order_by(EventRow.id.desc()).limit(limit)
     )
     return list(reversed(list(rows)))
+
+
+def last_event_message(s: Session, job_id: str, kind: str) -> str | None:
+    """The message of the job's newest event of ``kind``; None if it has none."""
+    return s.scalars(
+        select(EventRow.message)
+        .where(EventRow.job_id == job_id, EventRow.kind == kind)
+        .order_by(EventRow.id.desc())
+        .limit(1)
+    ).first()

@@ -32,6 +32,10 @@ class Decision:
     once, so the second move, which those two levels size, lands in the same
     interval instead of costing the next one its warm-up. A caller that cannot
     re-plan inside an interval ignores it.
+
+    ``not_helping`` (empty: balancing helps, or nothing is known yet) says why the
+    plan is, or goes back to, the equal plan while the policy measures: the user's
+    answer to "why is hetero not faster than plain DDP here?" (``guard``).
     """
 
     batches: Batches
@@ -41,6 +45,7 @@ class Decision:
     models: tuple[StepModel, ...] = field(default=(), compare=False)
     settled: bool = field(default=True, compare=False)
     recheck_steps: int = field(default=0, compare=False)
+    not_helping: str = field(default="", compare=False)
 
 
 class Policy(Protocol):

@@ -1,14 +1,23 @@
 """Measurement-driven policies: ``dynamic`` (measurements only) and ``hybrid`` (with a prior).
 
-Both fit ``t_i(b) = a_i·b + c_i`` per rank on its *busy time* per step
-(``RankInterval.busy_s``: exposed input wait + compute + optimizer, the work a
-rank does between two gradient synchronisations; ``robust_fit.fit_rank``:
-Huber fit, sudden-change detection, fixed cost carried across changes) and
-solve for equal busy time. The optimizer step lands in ``c_i``; input wait
-that grows with the batch lands in ``a_i``, so an input-bound rank gets fewer
-samples. Compute-only time alone would miss both: an AdamW step of an 86 M
-parameter model took 7.4 ms on a GPU shared with a neighbour against 2.7 ms on
-a free one, imbalance no compute-only fit can see.
+Both fit ``t_i(b) = a_i·b + c_i`` per rank on its *work time* per step
+(``RankInterval.work_s``: compute + optimizer, and the input wait where batches
+are made on the training thread: the work a rank does between two gradient
+synchronisations; ``robust_fit.fit_rank``: Huber fit, sudden-change detection,
+fixed cost carried across changes) and solve for equal time. The optimizer step
+lands in ``c_i``. Compute-only time alone would miss it: an AdamW step of an
+86 M parameter model took 7.4 ms on a GPU shared with a neighbour against
+2.7 ms on a free one, imbalance no compute-only fit can see.
+
+A rank whose batches come from background workers (``RankInterval.input_s``)
+also gets its pipeline's rate, the median seconds per sample of its newest
+``window`` intervals (``model.StepModel.input_per_sample_s``): its time is the
+larger of its work and its input, so an input-bound rank gets no more samples
+than its workers make, and moving samples cannot buy a speed its input lacks.
+The wait such a rank exposes stays out of the work fit: it is the pipeline's
+rate showing, or its jitter, and neither says how fast the rank computes (fitted
+as work, a pipeline that jittered made alike GPUs look 20% apart and the plan
+wandered between [146, 110] and [112, 144]).
 
 What to do with the fits (trust region, grid, order, warm shapes, confidence
 test and pay-back) is ``moves.py``'s.
@@ -26,19 +35,21 @@ from __future__ import annotations
 
 import functools
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from hetero.core.balancer import guard
 from hetero.core.balancer.changepoint import Point
 from hetero.core.balancer.decision import Decision
-from hetero.core.balancer.model import StepModel
+from hetero.core.balancer.model import StepModel, predict_step_s
 from hetero.core.balancer.moves import MoveRules, decide
 from hetero.core.balancer.order import SpeedOrder, Speeds
-from hetero.core.balancer.payback import Horizon
+from hetero.core.balancer.payback import Horizon, gain_threshold
 from hetero.core.balancer.plan import Batches, Constraints, equal_batches, round_to_plan
-from hetero.core.balancer.robust_fit import RankFit, fit_rank
+from hetero.core.balancer.robust_fit import RankFit, fit_rank, robust_scale
 from hetero.core.balancer.shared_load import MIN_SHARED_RANKS, divide_load, load_factors
-from hetero.core.balancer.stats import DeviceProfile, History, Interval
+from hetero.core.balancer.stats import DeviceProfile, History, Interval, RankInterval
 from hetero.core.errors import ConfigError, PlanError
 
 #: Fits kept (the newest used): one per job a process decides for suffices to fit
@@ -155,26 +166,48 @@ class Dynamic:
 
     def _fit_ranks(self, recent: tuple[Interval, ...]) -> tuple[RankFit, ...]:
         world = len(recent[-1])
-        grid = [
-            [
-                (ri.batch, ri.busy_s) if ri.steps > 0 and ri.batch > 0 and ri.busy_s > 0 else None
-                for ri in iv
-            ]
-            for iv in recent
-        ]
+        grid = [[(ri.batch, ri.work_s) if _fitted(ri) else None for ri in iv] for iv in recent]
         first = self._fit_grid(grid, recent)
         if world < MIN_SHARED_RANKS:
-            return first
+            return self._with_input(first, recent)
         factors = load_factors(grid, [f.model for f in first])
         raw_noise = [f.noise_cv for f in first]
         fits = self._fit_grid(divide_load(grid, factors), recent, raw_noise)
         # Dividing by the median rank's times smooths that rank's series most: no rank's
         # relative noise counts as less than the ranks' typical one.
         noises = sorted(f.noise_cv for f in fits if f.noise_cv is not None)
-        if not noises:
-            return fits
-        typical = noises[len(noises) // 2]
-        return tuple(replace(f, noise_cv=max(f.noise_cv or 0.0, typical)) for f in fits)
+        if noises:
+            typical = noises[len(noises) // 2]
+            fits = tuple(replace(f, noise_cv=max(f.noise_cv or 0.0, typical)) for f in fits)
+        return self._with_input(fits, recent)
+
+    def _with_input(
+        self, fits: tuple[RankFit, ...], recent: tuple[Interval, ...]
+    ) -> tuple[RankFit, ...]:
+        """Each fit with its rank's input pipeline rate (module doc): the median seconds
+        per sample of its newest ``window`` measured intervals, and that median's
+        relative standard error (``default_cv`` until three intervals give a spread).
+        None while the newest interval has no pipeline."""
+        out = []
+        for rank, fit in enumerate(fits):
+            if recent[-1][rank].input_per_sample_s is None:
+                out.append(fit)
+                continue
+            values = [
+                v
+                for iv in recent
+                if iv[rank].steps > 0 and (v := iv[rank].input_per_sample_s) is not None
+            ][-self.window :]
+            rate = statistics.median(values)
+            if rate <= 0:
+                out.append(fit)
+                continue
+            cv = robust_scale([v / rate - 1.0 for v in values]) if len(values) >= 3 else None
+            spread = self.default_cv if cv is None else cv
+            sigma = 1.2533 * spread / math.sqrt(len(values))
+            model = replace(fit.model, input_per_sample_s=rate)
+            out.append(replace(fit, model=model, input_sigma=sigma))
+        return tuple(out)
 
     def _fit_grid(
         self,
@@ -269,9 +302,58 @@ class Dynamic:
         order = self.order(history, profiles, Speeds.of(models, fits, self.default_cv))
         if order.before is not None and len(history[-2]) != len(history[-1]):
             order = SpeedOrder(order.now, None, order.z)  # a restart: the old ranks are others
-        return decide(
+        decision = decide(
             history, tuple(current), constraints, models, fits, order, self.rules, horizon
         )
+        return self._guarded(decision, history, tuple(current), constraints, models, fits)
+
+    def _guarded(
+        self,
+        decision: Decision,
+        history: History,
+        current: Batches,
+        constraints: Constraints,
+        models: tuple[StepModel, ...],
+        fits: tuple[RankFit, ...],
+    ) -> Decision:
+        """``decision`` checked against what the equal plan measured in the current speed
+        regime (``guard``: do no harm), and, where the plan is or goes back to the equal
+        plan, why balancing does not help (``Decision.not_helping``)."""
+        equal = equal_batches(constraints)
+        recent = _same_world_tail(history, self.history_window)
+        verdict = guard.judge(
+            recent[_regime_start(recent, fits) :], current, equal, dead_band=self.dead_band
+        )
+        if verdict.action == "keep" and (decision.changed or current != equal):
+            return decision
+        alike = max(
+            self.dead_band,
+            gain_threshold(
+                models, fits, equal, equal, z=self.confidence_z, default_cv=self.default_cv
+            ),
+        )
+        why = guard.why_not(models, equal, constraints.comm_s, alike_within=alike)
+        t_equal = predict_step_s(models, equal, comm_s=constraints.comm_s)
+        if verdict.action == "revert":
+            return Decision(
+                equal,
+                True,
+                f"do no harm: {verdict.reason}; back to equal batches",
+                t_equal,
+                models,
+                settled=False,
+                not_helping=why or "the predicted gain did not show in the measured step time",
+            )
+        if verdict.action == "hold" and decision.changed:
+            return Decision(
+                current,
+                False,
+                f"holding equal batches until a rank's speed changes: {verdict.reason}",
+                t_equal,
+                models,
+                not_helping=why or "the predicted gain did not show in the measured step time",
+            )
+        return replace(decision, not_helping=why)
 
 
 @dataclass(frozen=True)
@@ -325,7 +407,7 @@ class Hybrid(Dynamic):
             measured_var = max(cv, 1e-4) ** 2 / f.n_eff
             w = prior_var / (prior_var + measured_var)
             log_a = w * math.log(f.model.per_sample_s) + (1.0 - w) * (scale - math.log(s))
-            blended.append(StepModel(math.exp(log_a), f.model.fixed_s))
+            blended.append(StepModel(math.exp(log_a), f.model.fixed_s, f.model.input_per_sample_s))
         return tuple(blended), fits
 
 
@@ -342,6 +424,22 @@ def _speeds(profiles: Sequence[DeviceProfile] | None, world: int) -> list[float]
 @functools.lru_cache(maxsize=KEPT_FITS)
 def _kept_fit(policy: Dynamic, recent: tuple[Interval, ...]) -> tuple[RankFit, ...]:
     return policy._fit_ranks(recent)
+
+
+def _regime_start(recent: Sequence[Interval], fits: Sequence[RankFit]) -> int:
+    """Index in ``recent`` of the first interval of the job's current speed regime: the
+    newest interval at which any rank's fitted regime began (``changepoint``)."""
+    start = 0
+    for rank, fit in enumerate(fits):
+        measured = [k for k, iv in enumerate(recent) if _fitted(iv[rank])]
+        if 0 <= fit.regime.start < len(measured):
+            start = max(start, measured[fit.regime.start])
+    return start
+
+
+def _fitted(ri: RankInterval) -> bool:
+    """Whether an interval is one of its rank's fitted points (``Dynamic._fit_ranks``)."""
+    return ri.steps > 0 and ri.batch > 0 and ri.work_s > 0
 
 
 def _same_world_tail(history: History, limit: int) -> list[Interval]:

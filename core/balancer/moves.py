@@ -17,8 +17,9 @@ decide here, in this order:
 4. **Warm shapes** (``grid.snap_to_warm``): the same plan moved onto sizes
    the ranks ran recently, as a second candidate.
 5. **Pay-back** (``payback.py``): a candidate is adopted only if its
-   predicted gain beats the noise of the fits and the dead-band, and the gain
-   over the coming intervals beats the cost of switching shapes; of those
+   predicted gain beats the noise of the fits and the dead-band, and the part
+   of the gain beyond that threshold (what the job is confident to win) over
+   the coming intervals beats the measured cost of switching shapes; of those
    that qualify, the largest net gain wins. Otherwise the plan is kept.
 
 A current plan that breaks the constraints or the confident order is
@@ -70,7 +71,7 @@ class _Candidate:
     gain: float  # relative to the current plan's predicted step
     threshold: float  # relative gain needed to count as real
     cost_s: float  # switching cost, seconds
-    net_s: float  # gain over the horizon minus the cost, seconds
+    net_s: float  # the confident gain over the horizon minus the cost, seconds
 
 
 def propose(
@@ -152,7 +153,8 @@ def decide(
             ),
         )
         cost = costs.of(current, batches, shapes)
-        net = (t_now - step_s) * steps - cost
+        # The gain it is sure of, beyond its noise threshold, pays for the switch.
+        net = (gain - threshold) * t_now * steps - cost
         candidates.append(_Candidate(batches, step_s, gain, threshold, cost, net))
     if not candidates:
         return Decision(
@@ -190,8 +192,8 @@ def decide(
     else:
         top = max(real, key=lambda c: c.net_s)
         reason = (
-            f"does not pay back ({(t_now - top.step_s) * 1e3:.2f} ms/step x {steps} steps "
-            f"< {top.cost_s * 1e3:.0f} ms switch){note}"
+            f"does not pay back ({(top.gain - top.threshold) * t_now * 1e3:.2f} ms/step "
+            f"beyond the noise x {steps} steps < {top.cost_s * 1e3:.0f} ms switch){note}"
         )
     return Decision(tuple(current), False, reason, t_now, models, settled=settled)
 
@@ -218,7 +220,7 @@ def first_move_bound(
     out = []
     for m, f, b in zip(models, fits, current, strict=True):
         if f.changed_at_newest and b > 0 and m.fixed_s > 0:
-            m = StepModel(m.time(b) / b, 0.0)
+            m = StepModel(m.work(b) / b, 0.0, m.input_per_sample_s)
         out.append(m)
     return tuple(out)
 

@@ -49,7 +49,11 @@ class Speeds:
 
     @classmethod
     def of(cls, models: Sequence[StepModel], fits: Sequence[RankFit], default_cv: float) -> Speeds:
-        return cls(tuple(models), tuple(level_sigma(f, default_cv) for f in fits))
+        """The fits' errors; a rank with an input pipeline counts its rate's error too
+        (wherever the pipeline may set its time, the order rests on that rate)."""
+        return cls(
+            tuple(models), tuple(max(level_sigma(f, default_cv), f.input_sigma) for f in fits)
+        )
 
     def slower(self, i: int, j: int, batch: float, z: float) -> bool:
         """Whether rank ``j`` is confidently slower than rank ``i`` at ``batch``."""

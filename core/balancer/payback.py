@@ -56,6 +56,9 @@ from hetero.core.balancer.stats import History
 
 #: A warm shape's switching cost over a new shape's, where no warm switch was measured.
 WARM_SHARE = 0.2
+#: Share of a rank's work time from which its input pipeline's time counts as (nearly)
+#: setting its step, and its rate's error as its prediction's (``sigma_at``).
+INPUT_NEAR = 0.8
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,16 @@ def level_sigma(fit: RankFit, default_cv: float) -> float:
     return max(noise, 0.0) / math.sqrt(max(independent, 1.0))
 
 
+def sigma_at(fit: RankFit, model: StepModel, batch: float, default_cv: float) -> float:
+    """Relative standard error of a rank's predicted time at ``batch``: its fit's
+    (``level_sigma``), or its input rate's where the input pipeline sets (or within
+    ``INPUT_NEAR`` of setting) the step there, whichever is larger."""
+    sigma = level_sigma(fit, default_cv)
+    if model.input_per_sample_s * batch >= INPUT_NEAR * model.work(batch):
+        sigma = max(sigma, fit.input_sigma)
+    return sigma
+
+
 def gain_threshold(
     models: Sequence[StepModel],
     fits: Sequence[RankFit],
@@ -147,12 +160,19 @@ def gain_threshold(
     ``σ_new`` is the largest of their errors (weighted by how close each comes to
     the step): a rank whose one new interval says it got faster is believed only
     as far as that one interval's noise allows."""
-    sigma = [level_sigma(f, default_cv) for f in fits]
     slow_now = max(range(len(models)), key=lambda i: models[i].time(current[i]))
+    s_now = sigma_at(fits[slow_now], models[slow_now], current[slow_now], default_cv)
     times = [m.time(b) for m, b in zip(models, proposed, strict=True)]
     step = max(times)
-    s_new = max(s * t / step for s, t in zip(sigma, times, strict=True)) if step > 0 else 0.0
-    return z * math.hypot(sigma[slow_now], s_new)
+    s_new = (
+        max(
+            sigma_at(f, m, b, default_cv) * t / step
+            for f, m, b, t in zip(fits, models, proposed, times, strict=True)
+        )
+        if step > 0
+        else 0.0
+    )
+    return z * math.hypot(s_now, s_new)
 
 
 def _first(*values: float | None) -> float:

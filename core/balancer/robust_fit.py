@@ -123,6 +123,9 @@ class RankFit:
     points: where the model has evidence (the trust region grows from it).
     ``pending``: the newest point jumped, but this rank is too noisy to call one
     interval a change: it waits for the next (and is left out meanwhile).
+    ``input_sigma``: the relative standard error of the model's input rate
+    (``StepModel.input_per_sample_s``; 0 without one), set by the policy that
+    measured it (``dynamic``), not by this fit.
     """
 
     model: StepModel
@@ -135,6 +138,7 @@ class RankFit:
     seen: tuple[int, int] = (0, 0)
     pending: bool = False
     serial_corr: float = 0.0
+    input_sigma: float = 0.0
 
     @property
     def changed_at_newest(self) -> bool:

@@ -28,6 +28,13 @@ class RankInterval:
     ``busy_cv`` is the relative spread (robust, one standard deviation) of the
     settled steps' busy times within the interval: from the first interval on,
     it says how well the interval's median is known (``noise_floor``).
+
+    ``input_s`` is the seconds per step this rank's background input pipeline
+    (DataLoader workers, running side by side) needs to make one batch of
+    ``batch`` samples, measured in the workers; ``None`` when batches are made
+    on the training thread, whose time is then in ``data_s``. With a background
+    pipeline the rank's step can be no shorter than ``input_s`` however fast it
+    computes, and ``data_s`` is only the part of it that was exposed.
     """
 
     rank: int
@@ -40,6 +47,7 @@ class RankInterval:
     optimizer_s: float | None = None
     switch_s: float | None = None
     busy_cv: float | None = None
+    input_s: float | None = None
 
     @property
     def noise_floor(self) -> float | None:
@@ -55,6 +63,24 @@ class RankInterval:
         """Seconds per step the rank is busy between two synchronisations: exposed input
         wait + compute + optimizer (compute alone where the phases were not measured)."""
         return self.compute_s + (self.data_s or 0.0) + (self.optimizer_s or 0.0)
+
+    @property
+    def work_s(self) -> float:
+        """Seconds per step of the rank's own work, the part a batch size sets on the
+        training thread: compute + optimizer, and the input wait where batches are made
+        on that thread (no background pipeline: ``input_s`` is None). Where a pipeline
+        makes them, the wait it exposes is its own rate showing (``input_s`` models it)
+        or its jitter, not the rank's work."""
+        data = (self.data_s or 0.0) if self.input_s is None else 0.0
+        return self.compute_s + data + (self.optimizer_s or 0.0)
+
+    @property
+    def input_per_sample_s(self) -> float | None:
+        """Seconds per sample of the rank's background input pipeline (``input_s`` over
+        the batch); None without one."""
+        if self.input_s is None or self.batch <= 0 or not math.isfinite(self.input_s):
+            return None
+        return max(self.input_s, 0.0) / self.batch
 
     @property
     def per_sample_s(self) -> float:

@@ -160,6 +160,28 @@ def test_reported_stats_move_the_plan_toward_the_slower_rank(coordinator) -> Non
     assert job.last_step == 10 and any(e.kind == "replanned" for e in job.events)
 
 
+def test_a_report_that_ran_the_old_batches_makes_no_plan_version_without_a_change(
+    coordinator,
+) -> None:  # type: ignore[no-untyped-def]
+    # A trainer applies plan v2 after its loader's prefetch: the interval it reports with
+    # version 2 still ran v1's batches, and the balancer chooses v2's batches again.
+    _register(coordinator, "n1")
+    _register(coordinator, "n2")
+    spec = DEMO.replace("ranks: 3", "ranks: 2").replace("emulate_slowdown: [1, 2, 3]", "")
+    job_id = coordinator.stub.SubmitJob(
+        pb.SubmitJobRequest(spec_yaml=spec), timeout=DEADLINE_S
+    ).job_id
+    v2 = _report(coordinator, job_id, 10, [48, 48], [0.001, 0.003])
+    assert v2.version == 2 and list(v2.batches) == [72, 24]
+    again = tpb.IntervalReport(job_id=job_id, end_step=20, plan_version=2)
+    for rank, (b, a) in enumerate(zip([48, 48], [0.001, 0.003], strict=True)):
+        again.ranks.add(rank=rank, batch=b, steps=10, compute_s=a * b + 0.001, step_s=0.5)
+    plan = coordinator.stub.ReportIntervalStats(again, timeout=DEADLINE_S).plan
+    assert plan.version == 2 and list(plan.batches) == [72, 24]
+    job = coordinator.stub.GetJob(pb.GetJobRequest(job_id=job_id), timeout=DEADLINE_S)
+    assert [e.message.split(":")[0] for e in job.events if e.kind == "replanned"] == ["plan v2"]
+
+
 def test_the_coordinator_plans_busy_time_from_the_reported_phases(coordinator) -> None:  # type: ignore[no-untyped-def]
     """Equal compute, but rank 1 waits for its input and steps a slower optimizer: the
     re-plan moves samples off it. A report with a negative phase is refused."""
@@ -342,3 +364,18 @@ def test_text_longer_than_its_column_is_refused_or_cut_on_every_store(coordinato
     s.AppendJobLogs(pb.AppendJobLogsRequest(job_id=job_id, lines=[line]), timeout=DEADLINE_S)
     (got,) = s.GetJobLogs(pb.GetJobLogsRequest(job_id=job_id), timeout=DEADLINE_S).lines
     assert got.stream == "stderr-a"
+
+
+def test_alike_ranks_get_one_event_saying_hetero_is_not_helping(coordinator) -> None:  # type: ignore[no-untyped-def]
+    _register(coordinator, "n1")
+    _register(coordinator, "n2")
+    spec = DEMO.replace("ranks: 3", "ranks: 2").replace("emulate_slowdown: [1, 2, 3]", "")
+    job_id = coordinator.stub.SubmitJob(
+        pb.SubmitJobRequest(spec_yaml=spec), timeout=DEADLINE_S
+    ).job_id
+    for end in (10, 20, 30):
+        plan = _report(coordinator, job_id, end, [48, 48], [0.001, 0.001])
+        assert plan.version == 1
+    job = coordinator.stub.GetJob(pb.GetJobRequest(job_id=job_id), timeout=DEADLINE_S)
+    said = [e.message for e in job.events if e.kind == "not-helping"]
+    assert len(said) == 1 and said[0].startswith("hetero is not helping here: devices alike")

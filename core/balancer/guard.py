@@ -1,0 +1,132 @@
+"""Do no harm: a plan that does not beat ``equal`` in measured step time goes back to it.
+
+The planner moves on fitted models, and a model can be wrong in ways its own
+error bars do not show: an input pipeline that slows as its rank takes more
+samples, an all-reduce that overlaps less, a neighbour whose share of a GPU
+depends on the batch. What plain DDP would do is known better than any model:
+``equal`` is the plan every measurement-driven policy starts from, so within a
+speed regime (no rank's speed changed since, ``changepoint``) the job has
+measured it. This module compares what was measured, step time per plan, and
+nothing else:
+
+- a plan that is not the equal plan, measured for at least ``MIN_INTERVALS``
+  intervals of the regime and not at least ``dead_band`` faster per step than
+  the equal plan measured in the same regime, is reverted (``revert``); a plan
+  slower by more than ``CLEAR_LOSS`` goes back after one interval;
+- back at the equal plan, the planner holds it (``hold``) for as long as the
+  regime lasts: the models that proposed the failed plan have seen nothing new,
+  so they would propose it again. A change of any rank's speed starts a new
+  regime, and the planner may try again; so may one whose failed try has left
+  the history it is handed (a longer wait where a coordinator keeps fewer
+  intervals than the trainer).
+
+The step time of an interval is its slowest rank's median settled step
+(``RankInterval.step_s``: input wait, compute, communication and optimizer, all
+of it). Steps at a new batch size are not in it; what a switch costs is the
+pay-back rule's (``payback``). Pure: intervals in, a verdict out.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from hetero.core.balancer.model import StepModel
+from hetero.core.balancer.plan import Batches
+from hetero.core.balancer.stats import Interval
+
+#: Intervals a plan must be measured for before it is judged against the equal plan.
+MIN_INTERVALS = 2
+#: A plan measured this much slower per step than the equal plan goes back at once.
+CLEAR_LOSS = 0.10
+
+
+@dataclass(frozen=True)
+class Guard:
+    """The verdict: ``keep`` (nothing measured says otherwise), ``revert`` (the current
+    plan does not beat the equal plan) or ``hold`` (at the equal plan after a plan that
+    did not beat it, in this regime). ``reason`` says what was measured."""
+
+    action: Literal["keep", "revert", "hold"]
+    reason: str = ""
+
+
+def step_s(interval: Interval) -> float | None:
+    """The interval's step time, seconds: its slowest rank's median settled step; None
+    where a rank measured no step."""
+    if not interval or any(ri.steps <= 0 or ri.step_s <= 0 for ri in interval):
+        return None
+    return max(ri.step_s for ri in interval)
+
+
+def judge(
+    regime: Sequence[Interval], current: Batches, equal: Batches, *, dead_band: float
+) -> Guard:
+    """The verdict on ``current`` from the intervals of the current speed regime,
+    oldest first (module doc); ``equal`` is the equal plan."""
+    by_plan: dict[Batches, list[float]] = {}
+    for iv in regime:
+        t = step_s(iv)
+        if t is not None:
+            by_plan.setdefault(tuple(ri.batch for ri in iv), []).append(t)
+    base = by_plan.get(tuple(equal))
+    if not base:
+        return Guard("keep")
+    equal_s = statistics.median(base)
+    if tuple(current) != tuple(equal):
+        mine = by_plan.get(tuple(current), [])
+        if _fails(mine, equal_s, dead_band):
+            return Guard("revert", _compare(current, mine, equal_s))
+        return Guard("keep")
+    failed = [
+        p for p, ts in by_plan.items() if p != tuple(equal) and _fails(ts, equal_s, dead_band)
+    ]
+    if failed:
+        return Guard("hold", _compare(failed[-1], by_plan[failed[-1]], equal_s))
+    return Guard("keep")
+
+
+def _fails(times: Sequence[float], equal_s: float, dead_band: float) -> bool:
+    if not times:
+        return False
+    mine = statistics.median(times)
+    if len(times) >= MIN_INTERVALS:
+        return mine >= equal_s * (1.0 - dead_band)
+    return mine > equal_s * (1.0 + CLEAR_LOSS)
+
+
+def _compare(plan: Sequence[int], times: Sequence[float], equal_s: float) -> str:
+    mine = statistics.median(times)
+    return (
+        f"plan {list(plan)} measured {mine * 1e3:.1f} ms/step over {len(times)} interval(s) "
+        f"against {equal_s * 1e3:.1f} ms/step for equal batches"
+    )
+
+
+def why_not(
+    models: Sequence[StepModel], equal: Batches, comm_s: float, *, alike_within: float
+) -> str:
+    """Why balancing cannot beat the equal plan under ``models``, in a user's words
+    ("devices alike", "input-bound ...", "communication-bound ..."); "" where the
+    models name no cause. ``alike_within``: the relative spread of the ranks' times
+    at the equal plan under which they count as alike (the gain a move would need)."""
+    times = [m.time(b) for m, b in zip(models, equal, strict=True)]
+    works = [m.work(b) for m, b in zip(models, equal, strict=True)]
+    slow = max(range(len(times)), key=lambda i: times[i])
+    step = times[slow]
+    causes = []
+    if step > 0 and min(works) >= max(works) * (1.0 - alike_within):
+        causes.append("devices alike")
+    if models[slow].input_bound(equal[slow]):
+        causes.append(
+            f"input-bound (rank {slow}'s loader needs {step * 1e3:.1f} ms per batch, "
+            f"it computes one in {works[slow] * 1e3:.1f} ms)"
+        )
+    if comm_s > step:
+        causes.append(
+            f"communication-bound ({comm_s * 1e3:.1f} ms/step of exposed communication "
+            f"against {step * 1e3:.1f} ms of the slowest rank's work)"
+        )
+    return ", ".join(causes)
