@@ -28,6 +28,13 @@ class RankInterval:
     ``busy_cv`` is the relative spread (robust, one standard deviation) of the
     settled steps' busy times within the interval: from the first interval on,
     it says how well the interval's median is known (``noise_floor``).
+
+    ``input_s`` is the seconds per step this rank's background input pipeline
+    (its DataLoader workers) needs to make one batch of ``batch`` samples:
+    the workers' median seconds per sample, times ``batch``, over the number
+    of workers. A rank cannot step faster than that, whatever its device does.
+    ``None`` when batches are made on the training thread (no workers, or a
+    dataset already on the device), whose time is then in ``data_s``.
     """
 
     rank: int
@@ -40,6 +47,7 @@ class RankInterval:
     optimizer_s: float | None = None
     switch_s: float | None = None
     busy_cv: float | None = None
+    input_s: float | None = None
 
     @property
     def noise_floor(self) -> float | None:
