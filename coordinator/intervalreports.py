@@ -218,6 +218,10 @@ def _fit_arguments(
     )
 
 
+#: The optional measurements of ``RankIntervalStats`` the balancer reads.
+_MEASURED = ("data_s", "optimizer_s", "switch_s", "busy_cv", "input_s")
+
+
 def _check_report(req: tpb.IntervalReport, job: JobRow) -> None:
     """Reject reports the balancer cannot use: wrong rank set, negative or NaN times."""
     ranks = sorted(r.rank for r in req.ranks)
@@ -226,8 +230,9 @@ def _check_report(req: tpb.IntervalReport, job: JobRow) -> None:
     if req.end_step < 0:
         raise ConfigError(f"job {job.id}: end_step must be >= 0, got {req.end_step}")
     for r in req.ranks:
-        # Input wait and the optimizer are part of the busy time the balancer fits.
-        phases = [getattr(r, f) for f in ("data_s", "optimizer_s") if r.HasField(f)]
+        # Input wait and the optimizer are part of the busy time the balancer fits; it
+        # reads a plan change's cost, the steps' spread and the input rate too.
+        phases = [getattr(r, f) for f in _MEASURED if r.HasField(f)]
         values = (r.compute_s, r.step_s, *phases)
         if r.batch < 0 or r.steps < 0 or not all(math.isfinite(v) and v >= 0 for v in values):
             raise ConfigError(f"job {job.id} rank {r.rank}: batch, steps and times must be >= 0")

@@ -30,7 +30,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 #: 0003). From 3 on, ``migrations/`` holds every change and ``schema`` applies it.
 #: 6: jobs.priority and jobs.owner (the queue; revision 0004).
 #: 7: jobs.excluded and jobs.exclusion_restarts (ranks left out; revision 0005).
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 #: A 64-bit integer: PostgreSQL's INTEGER is 32-bit, and a GPU's memory in bytes (or
 #: the telemetry table's ids after a month of 1,000 nodes) overflows it. SQLite's
@@ -222,6 +222,11 @@ class IntervalStatRow(Base):
     loss_sum: Mapped[float | None] = mapped_column(Float)
     samples: Mapped[int | None] = mapped_column(Integer)
     received_at_unix_s: Mapped[float] = mapped_column(Float)
+    #: What a plan change cost the rank, the spread of its steps and its input
+    #: pipeline's seconds per batch (``RankIntervalStats``); None where not measured.
+    switch_s: Mapped[float | None] = mapped_column(Float)
+    busy_cv: Mapped[float | None] = mapped_column(Float)
+    input_s: Mapped[float | None] = mapped_column(Float)
 
 
 class EventRow(Base):

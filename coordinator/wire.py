@@ -236,6 +236,9 @@ _PHASE_FIELDS = (
     "optimizer_s",
     "loss_sum",
     "samples",
+    "switch_s",
+    "busy_cv",
+    "input_s",
 )
 
 
@@ -374,6 +377,9 @@ def interval_rows(report: tpb.IntervalReport) -> list[dict[str, Any]]:
             "optimizer_s": _opt(r, "optimizer_s"),
             "loss_sum": _opt(r, "loss_sum"),
             "samples": _opt(r, "samples"),
+            "switch_s": _opt(r, "switch_s"),
+            "busy_cv": _opt(r, "busy_cv"),
+            "input_s": _opt(r, "input_s"),
         }
         for r in report.ranks
     ]

@@ -1,14 +1,12 @@
 """What ``ht.init`` does before training: the validated ``TrainerConfig``, and from this
 rank's environment (``hetero.core.rankenv.RankEnv``) its device, its emulated
-slowdown, the backend every rank agrees on, the process group, and which ranks
-share its host.
+slowdown, the backend every rank agrees on, and the process group.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import socket
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -151,27 +149,3 @@ def join_process_group(
             )
         except (RuntimeError, ValueError) as exc:
             raise DistributedError(f"joining the process group failed: {exc}") from None
-
-
-def node_identity() -> str:
-    """This host, as ranks compare it: the hostname and, where Linux has one, the boot
-    id (two machines that share a hostname differ in it)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
-            boot = fh.read().strip()
-    except OSError:
-        boot = ""
-    return f"{socket.gethostname()}/{boot}"
-
-
-def local_peers(rank: int, world_size: int) -> tuple[int, ...]:
-    """The ranks on this rank's host, ascending, itself included: one all-gather of host
-    identities at init (launchers number ranks per node in different ways)."""
-    if world_size == 1 or not dist.is_initialized():
-        return (rank,)
-    identities: list[object] = [None] * world_size
-    try:
-        dist.all_gather_object(identities, node_identity())
-    except RuntimeError as exc:
-        raise DistributedError(f"exchanging host names failed: {exc}") from None
-    return tuple(r for r, who in enumerate(identities) if who == identities[rank])

@@ -52,7 +52,6 @@ from hetero.trainer.bootstrap import (
     default_backend,
     emulated_slowdowns,
     join_process_group,
-    local_peers,
     pick_device,
 )
 from hetero.trainer.commsched import CommRecord, comm_policy
@@ -67,7 +66,6 @@ from hetero.trainer.progress import ProgressFile
 from hetero.trainer.rebalance import IntervalTotals, PlanRecord, rebalance, recheck
 from hetero.trainer.sampler import UnevenBatchSampler
 from hetero.trainer.timing import PhaseHooks, StepClock, StepTimes
-from hetero.trainer.workerscale import WorkerShare
 
 __all__ = ["Context", "HeteroLoader", "PlanRecord", "TrainerConfig"]
 
@@ -91,8 +89,6 @@ class Context:
         join_process_group(
             self.backend, self.rank, self.world_size, self.device, config.collective_timeout_s
         )
-        #: The ranks on this rank's host, itself included (DataLoader worker budget).
-        self.local_peers = local_peers(self.rank, self.world_size)
         self.progress = ProgressFile(env.progress_file)
         self.progress.beat()
         self.clock = StepClock(self.device)
@@ -223,15 +219,13 @@ class Context:
         prefetch_factor: int = 2,
         drop_last: bool = False,
         pin_memory: bool | None = None,
-        scale_workers: bool = True,
     ) -> HeteroLoader:
         """This rank's share of each global batch of ``global_batch`` samples.
 
         Plans start from the policy's initial plan and change only at steps the
-        exchange schedules, the same on every rank. ``num_workers`` is the
-        DataLoader workers per rank at an equal share; with ``scale_workers``
-        each rank gets its node's ``num_workers × local ranks`` in proportion to
-        its batch (``trainer.workerscale``), else ``num_workers`` always.
+        exchange schedules, the same on every rank. ``num_workers`` DataLoader
+        workers per rank, for the whole run: a plan change moves only the cut of
+        each batch (``trainer.loader``).
         """
         constraints = Constraints(
             global_batch, self.world_size, self.config.min_batch, self.max_batch
@@ -263,9 +257,6 @@ class Context:
             num_workers=num_workers,
             prefetch_factor=prefetch_factor,
             pin_memory=self.device.type == "cuda" if pin_memory is None else pin_memory,
-            share=WorkerShare(num_workers, self.local_peers, self.rank)
-            if scale_workers and num_workers > 0
-            else None,
         )
         return self._loader
 

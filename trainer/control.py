@@ -288,6 +288,7 @@ class AgentPlanner:
 
 
 def _rank_stats(s: RankSummary) -> tpb.RankIntervalStats:
+    # The optional measurements travel only where measured (unset = None).
     return tpb.RankIntervalStats(
         rank=s.rank,
         batch=s.batch,
@@ -302,6 +303,9 @@ def _rank_stats(s: RankSummary) -> tpb.RankIntervalStats:
         optimizer_s=s.optimizer_s,
         loss_sum=s.loss_sum,
         samples=s.samples,
+        switch_s=s.switch_s,
+        busy_cv=s.busy_cv,
+        input_s=s.input_s,
     )
 
 

@@ -50,6 +50,7 @@ SUMMARY_FIELDS = (
     "lookahead",
     "switch_s",
     "busy_cv",
+    "input_s",
 )
 
 
@@ -80,6 +81,9 @@ class RankSummary:
     switch_s: float | None = None
     #: Relative spread of the settled steps' busy times (robust); None if too few steps.
     busy_cv: float | None = None
+    #: Seconds per step this rank's DataLoader workers need to make a batch of ``batch``
+    #: (``trainer.inputrate``); None without workers.
+    input_s: float | None = None
 
     def to_interval(self) -> RankInterval:
         """What the balancer reads: busy time is ``data_s + compute_s + optimizer_s``."""
@@ -94,6 +98,7 @@ class RankSummary:
             optimizer_s=self.optimizer_s,
             switch_s=self.switch_s,
             busy_cv=self.busy_cv,
+            input_s=self.input_s,
         )
 
     def vector(self) -> list[float]:
@@ -122,6 +127,7 @@ class RankSummary:
             lookahead=int(d["lookahead"]),
             switch_s=d["switch_s"] if d["switch_s"] >= 0 else None,
             busy_cv=d["busy_cv"] if d["busy_cv"] >= 0 else None,
+            input_s=d["input_s"] if d["input_s"] >= 0 else None,
         )
 
 

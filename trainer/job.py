@@ -194,13 +194,7 @@ def _setup(ctx: Context, cfg: JobConfig) -> tuple[_Run, float | None, Any]:
     model = ctx.wrap(built.model, sync_batchnorm=cfg.sync_batchnorm, param_dtype=param_dtype)
     optimizer = make_optimizer(cfg, model, ctx.world_size)
     global_batch = cfg.global_batch_for(ctx.world_size)
-    loader = ctx.loader(
-        built.dataset,
-        global_batch,
-        seed=cfg.seed,
-        num_workers=cfg.num_workers,
-        scale_workers=cfg.scale_workers,
-    )
+    loader = ctx.loader(built.dataset, global_batch, seed=cfg.seed, num_workers=cfg.num_workers)
     if cfg.resume:
         _resume(ctx, cfg, model, optimizer)
     monitor = MemoryMonitor(

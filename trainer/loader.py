@@ -4,25 +4,30 @@ The uneven sampler (``trainer.sampler``) cuts each global batch by the plan in
 force at that step; the loader tells the context each step's sizes (the
 gradient weighting) and keeps its position for checkpoints.
 
-Through a ``DataLoader`` it also copies the next batch to a CUDA device while
-this one computes (``trainer.prefetch``) and gives the rank DataLoader workers
-in proportion to its share of its node (``trainer.workerscale``): when a new
-plan moves the rounded count, the DataLoader's iterator is rebuilt with the
-new count at the step that plan applies from. The sampler is a pure function
-of (epoch, step, plans), so the rebuilt iterator continues the same order:
-no sample is dropped or repeated.
+Through a ``DataLoader`` it copies the next batch to a CUDA device while this one
+computes (``trainer.prefetch``) and times its workers (``trainer.inputrate``). A
+rank runs the ``num_workers`` its user asked for, as plain DDP does, from one
+``DataLoader`` iterator for the whole run: a new plan changes only what the batch
+sampler cuts from the step it applies at, and the workers, already loading ahead,
+make the new plan's batches before that step, so a plan change restarts, drains
+and refills nothing. The count stays fixed because a stock ``DataLoader`` can only
+change it with new worker processes (their start and first batches cost seconds
+per change on input-bound GPU ranks), because moving workers between a host's
+ranks helps only where the host has idle cores, where raising ``num_workers``
+helps every rank more, and because a fixed layout keeps the processes and memory
+exactly plain DDP's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DataLoader, Dataset, default_collate
 
+from hetero.trainer.inputrate import InputTimes, TimedCollate, TimedDataset
 from hetero.trainer.prefetch import device_batches, to_device
 from hetero.trainer.sampler import UnevenBatchSampler
-from hetero.trainer.workerscale import WorkerShare
 
 if TYPE_CHECKING:
     from hetero.trainer.context import Context
@@ -39,8 +44,8 @@ class HeteroLoader:
     the steps the loaders have already drawn (``lookahead``, gathered from every
     rank at each boundary).
 
-    ``share`` (None: a fixed ``num_workers``) sets the worker count per plan;
-    ``worker_counts`` lists ``(global step, count)`` from the first step on.
+    With ``num_workers`` > 0 the workers' seconds per batch are kept by step
+    (``input_s``).
     """
 
     def __init__(
@@ -52,7 +57,6 @@ class HeteroLoader:
         num_workers: int,
         prefetch_factor: int,
         pin_memory: bool,
-        share: WorkerShare | None = None,
     ) -> None:
         self.ctx = ctx
         self.dataset = dataset
@@ -60,11 +64,10 @@ class HeteroLoader:
         self.num_workers = num_workers
         self.prefetch_factor = prefetch_factor
         self.pin_memory = pin_memory
-        self.share = share
         self.fast = hasattr(dataset, "get_batch") and num_workers == 0
-        #: Worker processes of the DataLoader now (0 on the ``get_batch`` path).
-        self.workers = share.initial(sampler.current_batches()) if share else num_workers
-        self.worker_counts: list[tuple[int, int]] = [(sampler.global_step, self.workers)]
+        #: The workers' seconds per batch drawn; None without workers (batches are made
+        #: on the training thread, their time is in ``data_s``).
+        self.input_times = InputTimes(num_workers) if num_workers > 0 else None
         self._consumed = (sampler.epoch, sampler.step_in_epoch, sampler.global_step)
         #: The DataLoader path's batches on the device, from the next step to hand out on
         #: (one stream for the whole run: ``_host_batches``); None until first iterated.
@@ -126,58 +129,32 @@ class HeteroLoader:
             yield batch
 
     def _host_batches(self) -> Iterator[Any]:
-        """Every later batch from one ``DataLoader`` iterator, across epochs, so its
-        workers keep loading through an epoch's end instead of starting cold and
-        leaving the first steps of each epoch waiting (a user's loop that rebuilds its
-        iterator every epoch pays that). The iterator is rebuilt only when the plan of
-        the next step to draw asks for another worker count."""
-        s = self.sampler
-        epoch, step_in_epoch, gstep = s.epoch, s.step_in_epoch, s.global_step
-        it: Iterator[Any] | None = None
-        while True:
-            if step_in_epoch >= s.steps_per_epoch:
-                epoch, step_in_epoch = epoch + 1, 0
-            want = self._workers_for(gstep, fresh=it is None)
-            if it is None or want != self.workers:
-                # Dropping the old iterator shuts its workers down; the sampler restarts
-                # at the next step to hand out, so their prefetched batches are drawn again.
-                it = None
-                self._set_workers(gstep, want)
-                s.epoch, s.step_in_epoch, s.global_step = epoch, step_in_epoch, gstep
-                it = iter(self._dataloader_with(want))
-            try:
-                batch = next(it)
-            except StopIteration:
-                return
-            step_in_epoch += 1
-            gstep += 1
-            yield batch
-
-    def _workers_for(self, step: int, fresh: bool) -> int:
-        """Workers for drawing ``step``: with a ``share``, the plan's rounded share when
-        workers start anyway (``fresh``: an epoch's first iterator), else with hysteresis."""
-        if self.share is None:
-            return self.workers
-        plan = self.sampler.schedule.at(step)
-        return self.share.initial(plan) if fresh else self.share.next_count(plan, self.workers)
-
-    def _set_workers(self, step: int, count: int) -> None:
-        if count == self.workers:
-            return
-        self.workers = count
-        if self.worker_counts[-1][0] == step:
-            self.worker_counts[-1] = (step, count)
-        else:
-            self.worker_counts.append((step, count))
-
-    def _dataloader_with(self, workers: int) -> DataLoader[Any]:
-        return DataLoader(
-            self.dataset,
+        """Every later batch from one ``DataLoader`` iterator, across epochs and plan
+        changes, so its workers keep loading through both instead of starting cold and
+        leaving the next steps waiting (a user's loop that rebuilds its iterator every
+        epoch pays that). With workers, each batch's worker seconds are kept by step."""
+        step = self.sampler.global_step
+        timed = self.input_times
+        loader = DataLoader(
+            TimedDataset(self.dataset) if timed is not None else self.dataset,
             batch_sampler=_Epochs(self.sampler),
-            num_workers=workers,
-            prefetch_factor=self.prefetch_factor if workers > 0 else None,
+            num_workers=self.num_workers,
+            collate_fn=TimedCollate() if timed is not None else None,
+            prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None,
             pin_memory=self.pin_memory,
         )
+        for item in loader:
+            if timed is not None:
+                item, samples, seconds = item
+                timed.add(step, samples, seconds)
+            step += 1
+            yield item
+
+    def input_s(self, steps: Iterable[int], batch: int) -> float | None:
+        """Seconds per step this rank's workers need to make a batch of ``batch`` samples,
+        from the batches of global steps ``steps`` (``trainer.inputrate``); None without
+        workers or timed batches."""
+        return self.input_times.input_s(steps, batch) if self.input_times is not None else None
 
     def redraw(self, plan: Sequence[int]) -> Any:
         """This rank's share of the step last yielded, cut again by ``plan``.
@@ -211,6 +188,8 @@ class HeteroLoader:
         if self._stream is not None:
             self._stream.close()
             self._stream = None
+        if self.input_times is not None:
+            self.input_times.clear()
 
 
 class _Epochs:

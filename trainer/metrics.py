@@ -116,10 +116,16 @@ def interval_record(
         },
         "step_s": me.step_s,
         # What the balancer fits (input wait + compute + optimizer), how much its
-        # steps spread, and what this rank's last change of batch size cost it.
+        # steps spread, and what this rank's last change of batch size cost it, in
+        # seconds and in its settled steps (wall time).
         "busy_s": me.data_s + me.compute_s + me.optimizer_s,
         "busy_cv": me.busy_cv,
         "switch_s": me.switch_s,
+        "switch_steps": me.switch_s / me.step_s
+        if me.switch_s is not None and me.step_s > 0
+        else None,
+        # What the DataLoader's workers need per batch of ``batch`` (null without them).
+        "input_s": me.input_s,
         "peak_memory_bytes": me.peak_memory_bytes,
         "gpu_util_percent": gpu.util_percent if gpu is not None else None,
         "gpu_memory_percent": gpu.memory_percent if gpu is not None else None,
@@ -147,6 +153,7 @@ def run_info(ctx: Context) -> dict[str, Any]:
         "backend": ctx.backend,
         "device": ctx.device.type,
         "global_batch": loader.sampler.global_batch,
+        "num_workers": loader.num_workers,
         "rebalance_interval": ctx.config.rebalance_interval,
         "total_steps": ctx.total_steps,
         "emulated": ctx.emulated,

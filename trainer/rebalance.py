@@ -72,6 +72,8 @@ def rebalance(ctx: Context) -> None:
         for t in times:
             print(f"rank {ctx.rank} step timing {t}", file=sys.stderr, flush=True)
     mine = summarize(ctx, times)
+    if loader.input_times is not None:
+        loader.input_times.forget_before(ctx.global_step)
     try:
         summaries = all_gather_summaries(mine, ctx.world_size, ctx.device)
     except RuntimeError as exc:
@@ -110,11 +112,7 @@ def rebalance(ctx: Context) -> None:
     ctx.interval_comm.append(ran)
     gpu = ctx.gpu.take() if ctx.gpu is not None else None
     record = interval_record(ctx, summaries, wall_s, changed, plan, apply_at, reason, gpu)
-    record.update(
-        comm=ran,
-        comm_reason=comm_reason if ctx.rank == 0 else None,
-        loader_workers=loader.workers,
-    )
+    record.update(comm=ran, comm_reason=comm_reason if ctx.rank == 0 else None)
     ctx.metrics.write(record)
     if len(ctx.summaries) == 1:
         ctx.metrics.write_run(run_info(ctx))
@@ -176,10 +174,14 @@ def summarize(ctx: Context, times: list[StepTimes], *, reset_peak: bool = True) 
     made every rank look ~15% slower for the interval right after each plan
     change. What they cost beyond the settled steps is the rank's switching
     cost (``switch_s``), which the balancer weighs against a plan change's
-    gain. Compute and step time are medians, robust to a stray slow step
-    (a page fault, a collector pause); phases are means. ``reset_peak``: start the
-    next peak-memory measurement (not at a re-check, whose steps the boundary's
-    summary counts again).
+    gain. It is busy time, input wait included, so on the DataLoader path a
+    first batch at the new size that waits for the workers is in it. Compute and
+    step time are medians, robust to a stray slow step (a page fault, a
+    collector pause); phases are means. ``input_s`` is what the DataLoader's
+    workers need per batch of the current size, from the same steps' batches
+    (``trainer.inputrate``). ``reset_peak``: start the next peak-memory
+    measurement (not at a re-check, whose steps the boundary's summary counts
+    again).
     """
     valid = [t for t in times if t.step >= ctx.stats_from_step]
     current = ctx._step_sizes[ctx.rank]
@@ -189,6 +191,7 @@ def summarize(ctx: Context, times: list[StepTimes], *, reset_peak: bool = True) 
     switch_s = _switch_s(ctx, [t for t in sel if t.step < settle_end], settled)
     sel = settled or sel
     n = len(sel)
+    loader = ctx._require_loader()
 
     def mean(attr: str) -> float:
         return sum(getattr(t, attr) for t in sel) / n if n else 0.0
@@ -221,7 +224,8 @@ def summarize(ctx: Context, times: list[StepTimes], *, reset_peak: bool = True) 
         slowdown=ctx.slowdown_at(ctx.global_step - 1),
         switch_s=switch_s,
         busy_cv=_spread([_busy_s(t) for t in sel]),
-        lookahead=ctx._require_loader().lookahead,
+        lookahead=loader.lookahead,
+        input_s=loader.input_s([t.step for t in sel], current),
     )
 
 

@@ -122,7 +122,6 @@ def summarize(
         "comm_final": ctx.comm_mode,
         "comm_changes": [asdict(c) for c in ctx.comm_changes],
         "interval_comm": list(ctx.interval_comm),
-        "loader_worker_counts": [list(c) for c in ctx._require_loader().worker_counts],
         "control_plane": ctx.planner.stats() if isinstance(ctx.planner, AgentPlanner) else None,
         "emulated": ctx.emulated,
         "emulated_slowdown": format_slowdowns(ctx.slowdowns) or None,

@@ -48,6 +48,9 @@ def rank_interval(row: dict[str, Any]) -> RankInterval:
         row["peak_memory_bytes"],
         data_s=row.get("data_s"),
         optimizer_s=row.get("optimizer_s"),
+        switch_s=row.get("switch_s"),
+        busy_cv=row.get("busy_cv"),
+        input_s=row.get("input_s"),
     )
 
 
@@ -112,16 +115,19 @@ def interval_steps(s: Session, job: JobRow, window: int) -> list[tuple[int, list
             t.peak_memory_bytes,
             t.data_s,
             t.optimizer_s,
+            t.switch_s,
+            t.busy_cv,
+            t.input_s,
         )
         .where(*_this_attempt(job), t.end_step.in_(steps))
         .order_by(t.end_step, t.rank, t.id.desc())
     )
     by_step: dict[int, dict[int, RankInterval]] = {}
-    for end_step, rank, batch, n, compute_s, step_s, peak, data_s, optimizer_s in rows:
+    for row in rows:
         # A re-sent report leaves duplicates: the newest row (highest id) wins.
-        by_step.setdefault(end_step, {}).setdefault(
-            rank, RankInterval(rank, batch, n, compute_s, step_s, peak, data_s, optimizer_s)
-        )
+        ranks = by_step.setdefault(row.end_step, {})
+        if row.rank not in ranks:
+            ranks[row.rank] = rank_interval(row._asdict())
     return [
         (step, [by_step[step][rank] for rank in sorted(by_step[step])]) for step in sorted(by_step)
     ]

@@ -30,11 +30,12 @@ class RankInterval:
     it says how well the interval's median is known (``noise_floor``).
 
     ``input_s`` is the seconds per step this rank's background input pipeline
-    (DataLoader workers, running side by side) needs to make one batch of
-    ``batch`` samples, measured in the workers; ``None`` when batches are made
-    on the training thread, whose time is then in ``data_s``. With a background
-    pipeline the rank's step can be no shorter than ``input_s`` however fast it
-    computes, and ``data_s`` is only the part of it that was exposed.
+    (its DataLoader workers) needs to make one batch of ``batch`` samples:
+    the workers' median seconds per sample, times ``batch``, over the number
+    of workers, measured in the workers. A rank cannot step faster than that,
+    whatever its device does, and ``data_s`` is only the part of it that was
+    exposed. ``None`` when batches are made on the training thread (no workers,
+    or a dataset already on the device), whose time is then in ``data_s``.
     """
 
     rank: int

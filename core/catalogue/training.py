@@ -107,15 +107,10 @@ class TrainingOptions(Resolved):
     num_workers: int = opt(
         0,
         Int(0, 256),
-        "DataLoader worker processes per rank at an equal share: a host's ranks share "
-        f"{ref('num_workers')} x their number in proportion to their batches (see "
-        f"{ref('scale_workers')})",
+        "DataLoader worker processes per rank, as plain DDP runs them: the same count for "
+        "the whole run, whatever the plan",
         "job",
     )
-    scale_workers: bool = opt(
-        True, Bool(), "give each rank DataLoader workers in proportion to its batch; off: "
-        f"{ref('num_workers')} on every rank", "job",
-    )  # fmt: skip
     eval_samples: int = opt(
         512, Int(0, 10**9), "samples rank 0 scores after training (CIFAR: its test split); 0: none",
         "job",

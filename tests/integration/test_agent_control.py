@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -24,9 +25,12 @@ import pytest
 
 from hetero.agent.local import AgentLocalService, PlanCache, create_local_server
 from hetero.agent.supervisor import Supervisor
+from hetero.coordinator import store
 from hetero.coordinator.database import open_database, session_factory
+from hetero.coordinator.readcache import IntervalHistories
 from hetero.coordinator.server import create_server
 from hetero.coordinator.service import Deps
+from hetero.coordinator.views import HISTORY_FOR_REPORT
 from hetero.core.balancer import Constraints, RankInterval, make_policy
 from hetero.trainer.control import AgentPlanner
 from hetero.trainer.exchange import EmbeddedPlanner, RankSummary
@@ -153,6 +157,64 @@ def test_planner_reports_in_the_background_and_adopts_the_answer_one_boundary_la
     )
     stats = planner.stats()
     assert stats["calls"] == 3 and stats["failures"] == 0 and stats["skipped"] == 0
+
+
+def test_what_a_trainer_measures_reaches_the_history_the_coordinator_plans_from(
+    tmp_path: Path,
+) -> None:
+    """A plan change's cost, the steps' spread and the input rate go trainer -> agent ->
+    coordinator, are stored, and are in the balancer's history: read back from the
+    database (a report's first history) and kept from the report itself (the next)."""
+    engine = open_database(f"sqlite:///{tmp_path / 'c.db'}")
+    deps = Deps(sessions=session_factory(engine), histories=IntervalHistories(HISTORY_FOR_REPORT))
+    server, port = create_server("127.0.0.1:0", deps)
+    server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+    service = AgentLocalService(stub, PlanCache(), forward_timeout_s=DEADLINE_S)
+    local_server, local_port = create_local_server("127.0.0.1:0", service)
+    local_server.start()
+    measured = [
+        replace(_summary(0, 24, 0.001), switch_s=0.02, busy_cv=0.05, input_s=0.011),
+        replace(_summary(1, 24, 0.003), busy_cv=0.04),  # nothing to switch, no workers
+    ]
+    want = [(0.02, 0.05, 0.011), (None, 0.04, None)]
+    step = [10]
+    cons = Constraints(48, 2, 1)
+    job_id = _submit(SimpleNamespace(stub=stub))
+    planner = AgentPlanner(
+        f"127.0.0.1:{local_port}",
+        job_id,
+        EmbeddedPlanner(make_policy("dynamic"), cons),
+        cons,
+        lambda: (step[0], measured),
+        plan_version=1,
+        deadline_s=DEADLINE_S,
+    )
+    try:
+        for step[0] in (10, 20):
+            planner.decide((tuple(s.to_interval() for s in measured),), (24, 24))
+            assert planner.flush()
+        assert deps.histories is not None
+        cached = deps.histories.get(job_id, 1)
+        assert cached is not None
+        assert [[(r.switch_s, r.busy_cv, r.input_s) for r in iv] for _, iv in cached] == [want] * 2
+        with deps.sessions() as s:
+            stored = store.interval_history(s, store.get_job(s, job_id), HISTORY_FOR_REPORT)
+        assert [[(r.switch_s, r.busy_cv, r.input_s) for r in iv] for iv in stored] == [want] * 2
+        detail = stub.GetJobDetail(pb.GetJobDetailRequest(job_id=job_id), timeout=DEADLINE_S)
+        fields = ("switch_s", "busy_cv", "input_s")
+        shown = [
+            [tuple(getattr(r, f) if r.HasField(f) else None for f in fields) for r in iv.ranks]
+            for iv in detail.intervals
+        ]
+        assert shown == [want] * 2
+    finally:
+        planner.close()
+        local_server.stop(0).wait()
+        channel.close()
+        server.stop(0).wait()
+        engine.dispose()
 
 
 def test_agent_answers_from_its_cache_when_the_coordinator_is_down(tmp_path: Path) -> None:

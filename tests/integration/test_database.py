@@ -177,16 +177,22 @@ def test_a_pre_alembic_database_is_upgraded_on_open_and_loses_no_row(
         assert _dump(engine, columns) == before
         added = {(t, c) for t, now in _columns(engine).items() for c in now if c not in columns[t]}
         # Revisions 0004's and 0005's columns, with the values of a job submitted before
-        # the queue and before exclusions.
-        queue = {("jobs", "priority"), ("jobs", "owner")}
-        queue |= {("jobs", "excluded"), ("jobs", "exclusion_restarts")}
+        # the queue and before exclusions...
+        revised = {("jobs", "priority"), ("jobs", "owner")}
+        revised |= {("jobs", "excluded"), ("jobs", "exclusion_restarts")}
         with engine.connect() as conn:
             got = conn.execute(
                 text("SELECT priority, owner, excluded, exclusion_restarts FROM jobs")
             ).all()
         assert [tuple(r) for r in got] == [(0, "", "", 0)] * ROWS
+        # Revision 0006's, none measured in an interval stored before.
+        measured = ("switch_s", "busy_cv", "input_s")
+        revised |= {("interval_stats", c) for c in measured}
+        with engine.connect() as conn:
+            got = conn.execute(text(f"SELECT {', '.join(measured)} FROM interval_stats")).all()
+        assert [tuple(r) for r in got] == [(None, None, None)] * ROWS
         if version == 3:  # revision 0002's columns, with the values of a device without them
-            assert added == queue | {
+            assert added == revised | {
                 ("devices", "suspect"),
                 ("devices", "shared_while_profiled"),
                 ("devices", "foreign_utilization_percent"),
@@ -200,7 +206,7 @@ def test_a_pre_alembic_database_is_upgraded_on_open_and_loses_no_row(
                 ).all()
             assert [tuple(r) for r in got] == [("", False, None)] * ROWS
         else:
-            assert added == queue
+            assert added == revised
         with engine.connect() as conn:
             assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
         # 64-bit now on every store: an 80 GiB device, and ids past 2^31.

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hetero.trainer.metrics import read_metrics
 from hetero.trainer.sampler import epoch_permutation
 
 _spec = importlib.util.spec_from_file_location(
@@ -37,10 +38,9 @@ EXACT = [
 def three_ranks(ranks_in_turn, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The 3-rank jobs of this module, one after another on one launch (each a job of
     its own: ``workers/in_turn.py``): ``MODE.pt`` from equivalence.py for every exact
-    mode and ``bn``, ``loader-SCALE`` from loader_workers.py for scale 1 and 0."""
+    mode and ``bn``."""
     out = tmp_path_factory.mktemp("three-ranks")
     jobs = [["equivalence.py", str(out / f"{mode}.pt"), mode] for mode in [*EXACT, "bn"]]
-    jobs += [["loader_workers.py", str(out / f"loader-{scale}"), scale] for scale in "10"]
     ranks_in_turn(out, 3, jobs)
     return out
 
@@ -48,11 +48,10 @@ def three_ranks(ranks_in_turn, tmp_path_factory: pytest.TempPathFactory) -> Path
 @pytest.fixture(scope="module")
 def two_ranks(ranks_in_turn, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The 2-rank jobs of this module on one launch: ``timing-WHERE`` from timing.py, rank 1
-    slowed in backward and in its input."""
+    slowed in backward and in its input; ``loader`` from loader_plans.py."""
     out = tmp_path_factory.mktemp("two-ranks")
-    ranks_in_turn(
-        out, 2, [["timing.py", str(out / f"timing-{w}"), w] for w in ("backward", "input")]
-    )
+    jobs = [["timing.py", str(out / f"timing-{w}"), w] for w in ("backward", "input")]
+    ranks_in_turn(out, 2, [*jobs, ["loader_plans.py", str(out / "loader")]])
     return out
 
 
@@ -127,6 +126,8 @@ def test_compute_only_time_finds_a_rank_slowed_inside_backward(two_ranks: Path):
     assert fast["compute_s"] < 0.5 * slow["compute_s"]
     # The fast rank spends the difference waiting for communication.
     assert fast["comm_s"] > 0.03
+    # Batches gathered on the device: no input pipeline to time.
+    assert fast["input_s"] is None and slow["input_s"] is None
 
 
 @pytest.mark.timeout(600)
@@ -138,36 +139,44 @@ def test_a_rank_waiting_for_its_input_shows_it_as_data_time_not_compute(two_rank
     assert slow["data_s"] > 0.035, (fast, slow)
     assert fast["data_s"] < 0.5 * slow["data_s"], (fast, slow)
     assert slow["compute_s"] < 0.5 * slow["data_s"], (fast, slow)
+    # Loaded on the training thread (no workers): the wait is data time, not input_s.
+    assert slow["input_s"] is None
     # The fast rank waits for it in the all-reduce.
     assert fast["comm_s"] > 0.03, (fast, slow)
 
 
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("scale", [True, False])
-def test_loader_workers_follow_the_plan_and_every_sample_is_still_seen_once(
-    three_ranks: Path, scale: bool
-):
-    prefix = three_ranks / f"loader-{'1' if scale else '0'}"
-    got = [torch.load(f"{prefix}.rank{r}") for r in range(3)]
-    assert all(g["peers"] == (0, 1, 2) for g in got)  # one host: one budget of 3 workers
-    plans = {0: (14, 7, 3), 5: (2, 5, 17), 9: (1, 22, 1)}
-    # round(3 x b_i / 24), at least 1; mid-epoch only past the hysteresis (0.5 + 0.25).
-    expected = [[(0, 2), (5, 1)], [(0, 1), (9, 3)], [(0, 1), (5, 2), (9, 1)]]
+@pytest.mark.timeout(600)
+def test_plan_changes_keep_the_loader_workers_and_every_sample_is_seen_once(two_ranks: Path):
+    got = [torch.load(two_ranks / f"loader.rank{r}") for r in range(2)]
+    cycle = ((12, 4), (4, 12), (10, 6), (6, 10))
     for rank, g in enumerate(got):
-        counts = dict(g["worker_counts"]) if scale else {0: 1}
-        assert g["worker_counts"] == (expected[rank] if scale else [(0, 1)])
-        for step, indices, workers in g["steps"]:
-            # Every sample of a step came from a DataLoader with the count in force there.
-            in_force = counts[max(s for s in counts if s <= step)]
-            assert set(workers) == {in_force}, (rank, step, workers)
-            # ...and is exactly the sampler's cut of the epoch's order: rebuilding the
-            # DataLoader changed neither which samples a rank gets nor their order.
-            plan = plans[max(s for s in plans if s <= step)]
-            epoch, k = divmod(step, 4)
-            start = k * 24 + sum(plan[:rank])
+        ran = [plan for _, plan, _, _ in g["steps"]]
+        changes = [p for k, p in enumerate(ran) if k == 0 or p != ran[k - 1]]
+        assert changes == [(8, 8), *cycle], changes  # four plan changes...
+        # ...and one pair of worker processes loaded every sample of the run, ten epochs.
+        pids = {p for _, _, _, step_pids in g["steps"] for p in step_pids}
+        assert len(pids) == 2 and g["pid"] not in pids, (rank, pids)
+        for step, plan, indices, _ in g["steps"]:
+            # The sampler's cut of the epoch's order under the plan that ran.
+            epoch, k = divmod(step, 6)
+            start = k * 16 + sum(plan[:rank])
             assert indices == epoch_permutation(96, 3, epoch)[start : start + plan[rank]]
-    for epoch in (0, 1):  # the complete epochs: every sample exactly once over the ranks
+    for epoch in range(10):  # every sample exactly once per epoch over the ranks
         seen = sorted(
-            i for g in got for step, idx, _ in g["steps"] if step // 4 == epoch for i in idx
+            i for g in got for step, _, idx, _ in g["steps"] if step // 6 == epoch for i in idx
         )
-        assert seen == list(range(96))
+        assert seen == list(range(96)), epoch
+    # Every interval timed both ranks' workers: 1 ms a sample over 2 workers.
+    for interval in got[0]["summaries"]:
+        for s in interval:
+            assert 0.5e-3 < s["input_s"] / s["batch"] < 2e-3, s
+    # What each change cost each rank, in its metrics: under one step on the average.
+    costs = []
+    for rank in range(2):
+        records = read_metrics(two_ranks / "loader.out" / "metrics" / f"rank{rank}.jsonl")
+        changed = [r for r in records if r["switch_s"] is not None]
+        assert len(changed) == 4, [(r["step"], r["batch"], r["switch_s"]) for r in records]
+        for r in changed:
+            assert r["switch_steps"] == pytest.approx(r["switch_s"] / r["step_s"])
+        costs += [r["switch_steps"] for r in changed]
+    assert sum(costs) / len(costs) < 1.0, costs

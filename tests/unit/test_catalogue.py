@@ -38,7 +38,6 @@ SAMPLES: dict[str, tuple[Any, dict[str, Any]]] = {
     "image_size": (64, {}),
     "seq_len": (32, {"model": "gpt2-tiny"}),
     "num_workers": (2, {}),
-    "scale_workers": (False, {}),
     "eval_samples": (0, {}),
     "eval_every": (50, {}),
     "top": (True, {"output_dir": "/tmp/run"}),
