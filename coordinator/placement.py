@@ -13,8 +13,11 @@ store, calls ``place``, and stores the result. Rules:
 - ranks are numbered node by node, so ``LOCAL_RANK`` counts within a node and
   rank 0 sits on the first node, whose address becomes ``MASTER_ADDR``;
 - the backend is NCCL only if every rank is on CUDA, else Gloo;
-- the initial plan is the balancer's proportional policy over effective compute
-  scores (hardware score divided by any emulated slowdown);
+- the initial plan is the job's policy's own over effective compute scores
+  (hardware score divided by any emulated slowdown): equal for ``equal`` and
+  ``dynamic``, from the scores for ``proportional`` and ``hybrid``
+  (``initial_plan``); the proportional split is kept as ``Placement.plan`` for
+  predictions;
 - a sharded built-in job (``shard``) is refused when a CUDA device of known memory
   cannot hold its rank's share of the training state with ``memory_margin`` left
   free (``hetero.core.memfit.state_bytes_of``; activations come on top, measured).
@@ -253,11 +256,17 @@ class InitialPlan:
 
 
 def initial_plan(spec: JobSpec, placement: Placement) -> InitialPlan:
-    """The job's first plan: the proportional split from hardware profiles, except that
-    an ``equal`` job starts (and stays) equal, so it remains the plain-DDP baseline."""
-    if spec.policy == "equal":
-        return InitialPlan("equal", equal_batches(constraints(spec)), "equal split (plain DDP)")
-    return InitialPlan("proportional", placement.plan, "initial plan from hardware profiles")
+    """The job's first plan: its policy's own (``Policy.initial``), as the trainer's
+    embedded planner starts. ``equal`` and ``dynamic`` start equal: ``equal`` remains
+    the plain-DDP baseline, and ``dynamic`` moves on measurements only, from a plan
+    it has measured (its do-no-harm guard compares every move with it); a split
+    from hardware profiles taken on a loaded host put a job at 31:1 where 24:8 was
+    right. ``proportional`` and ``hybrid`` start from the profiles
+    (``placement.plan``)."""
+    batches = make_policy(spec.policy).initial(constraints(spec), profiles(placement.ranks))
+    if batches == equal_batches(constraints(spec)):
+        return InitialPlan(spec.policy, batches, "equal split (plain DDP)")
+    return InitialPlan(spec.policy, batches, "initial plan from hardware profiles")
 
 
 def constraints(spec: JobSpec) -> Constraints:

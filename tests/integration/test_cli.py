@@ -66,7 +66,7 @@ def test_submit_dry_run_then_submit_and_read_back_as_json(coordinator) -> None: 
     jobs = json.loads(_cli("jobs", "--json", "--coordinator", coordinator.address).stdout)
     assert [j["id"] for j in jobs["jobs"]] == [job_id]
     job = json.loads(_cli("job", job_id, "--json", "--coordinator", coordinator.address).stdout)
-    assert job["state"] == "JOB_STATE_PENDING" and job["plan"]["batches"] == [52, 26, 18]
+    assert job["state"] == "JOB_STATE_PENDING" and job["plan"]["batches"] == [32, 32, 32]
     cancel = _cli("cancel", job_id, "--coordinator", coordinator.address)
     assert cancel.returncode == 0 and "cancelled" in cancel.stdout
 

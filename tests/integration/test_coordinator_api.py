@@ -85,7 +85,16 @@ def test_submit_places_ranks_and_agents_receive_launch_orders(coordinator) -> No
     resp = coordinator.stub.SubmitJob(pb.SubmitJobRequest(spec_yaml=DEMO), timeout=DEADLINE_S)
     job = resp.job
     assert job.state == pb.JOB_STATE_PENDING and job.world_size == 3
-    assert list(job.plan.batches) == [52, 26, 18] and job.plan.version == 1
+    # dynamic starts equal and moves on measurements; proportional starts from the
+    # profiles (the emulated slowdowns 1, 2, 3 on equal scores).
+    assert list(job.plan.batches) == [32, 32, 32] and job.plan.version == 1
+    by_profile = coordinator.stub.SubmitJob(
+        pb.SubmitJobRequest(
+            spec_yaml=DEMO.replace("policy: dynamic", "policy: proportional"), dry_run=True
+        ),
+        timeout=DEADLINE_S,
+    )
+    assert list(by_profile.job.plan.batches) == [52, 26, 18]
 
     orders = coordinator.stub.PollAssignments(
         pb.PollAssignmentsRequest(node_id=node_id), timeout=DEADLINE_S

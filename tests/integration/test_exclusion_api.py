@@ -155,12 +155,16 @@ def test_two_slow_ranks_leave_one_per_restart_each_on_its_attempts_own_measureme
     coordinator,
 ) -> None:  # type: ignore[no-untyped-def]
     """A fast device beside two slow ones (a GPU beside two CPU ranks): the first
-    restart leaves one slow rank out; the second attempt, measured without it, still
+    restart leaves the slowest rank out; the second attempt, measured without it, still
     forecasts a faster job without the other, so the next restart leaves that one out
-    too. The job never loses its last rank and keeps its global batch."""
+    too. The job never loses its last rank and keeps its global batch.
+
+    The two are 8x and 4x slow. Two ranks alike in slowness, each at ``min_batch``, hold
+    the job back equally, so leaving one out gains nothing, and the job measures that
+    once its intervals spread their batches (it starts at equal batches)."""
     node = _register(coordinator)
     spec = (
-        BUILTIN.format(factor=8).replace("{1: 8}", "{1: 8, 2: 8}").replace("ranks: 2", "ranks: 3")
+        BUILTIN.format(factor=8).replace("{1: 8}", "{1: 8, 2: 4}").replace("ranks: 2", "ranks: 3")
     )
     job = _submit(coordinator, spec + CHECKPOINT).job
     assert job.world_size == 3
@@ -170,7 +174,7 @@ def test_two_slow_ranks_leave_one_per_restart_each_on_its_attempts_own_measureme
     _sweep(coordinator)
     job = _job(coordinator, job.id)
     assert (job.state, job.world_size) == (pb.JOB_STATE_PENDING, 2)
-    assert sorted(r.emulated_slowdown for r in job.ranks) == [1.0, 8.0]
+    assert sorted(r.emulated_slowdown for r in job.ranks) == [1.0, 4.0]
 
     job = _run(coordinator, node, job, intervals=20, attempt=1)
     assert job.state == pb.JOB_STATE_RESTARTING, job.message
