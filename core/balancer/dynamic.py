@@ -321,8 +321,18 @@ class Dynamic:
         plan, why balancing does not help (``Decision.not_helping``)."""
         equal = equal_batches(constraints)
         recent = _same_world_tail(history, self.history_window)
+        t_equal = predict_step_s(models, equal, comm_s=constraints.comm_s)
+
+        def predicted_gain(plan: Batches) -> float:
+            return 1.0 - predict_step_s(models, plan, comm_s=constraints.comm_s) / t_equal
+
         verdict = guard.judge(
-            recent[_regime_start(recent, fits) :], current, equal, dead_band=self.dead_band
+            recent[_regime_start(recent, fits) :],
+            current,
+            equal,
+            dead_band=self.dead_band,
+            z=self.confidence_z,
+            predicted_gain=predicted_gain,
         )
         if verdict.action == "keep" and (decision.changed or current != equal):
             return decision
@@ -333,7 +343,6 @@ class Dynamic:
             ),
         )
         why = guard.why_not(models, equal, constraints.comm_s, alike_within=alike)
-        t_equal = predict_step_s(models, equal, comm_s=constraints.comm_s)
         if verdict.action == "revert":
             return Decision(
                 equal,

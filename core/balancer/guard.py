@@ -10,9 +10,15 @@ measured it. This module compares what was measured, step time per plan, and
 nothing else:
 
 - a plan that is not the equal plan, measured for at least ``MIN_INTERVALS``
-  intervals of the regime and not at least ``dead_band`` faster per step than
-  the equal plan measured in the same regime, is reverted (``revert``); a plan
-  slower by more than ``CLEAR_LOSS`` goes back after one interval;
+  intervals of the regime, is reverted (``revert``) when its measured gain over
+  the equal plan measured in the same regime is under ``dead_band`` and short of
+  the gain its models predicted by more than ``z`` standard errors of the
+  measured difference: what was predicted did not show. The standard error comes
+  from how much the regime's step times spread about their plans' medians, so on
+  a quiet GPU a missing 3% shows within two intervals, while on a loaded CPU box,
+  whose intervals swing by 20%, two intervals cannot refute a predicted 20% and
+  the move is kept until they can. A plan slower than the equal plan by more
+  than ``CLEAR_LOSS`` and that error goes back after one interval;
 - back at the equal plan, the planner holds it (``hold``) for as long as the
   regime lasts: the models that proposed the failed plan have seen nothing new,
   so they would propose it again. A change of any rank's speed starts a new
@@ -28,8 +34,9 @@ pay-back rule's (``payback``). Pure: intervals in, a verdict out.
 
 from __future__ import annotations
 
+import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -41,6 +48,10 @@ from hetero.core.balancer.stats import Interval
 MIN_INTERVALS = 2
 #: A plan measured this much slower per step than the equal plan goes back at once.
 CLEAR_LOSS = 0.10
+#: Relative noise of one interval's step time assumed until the regime measures it.
+DEFAULT_NOISE = 0.05
+#: The variance of a median over a mean's, for Gaussian noise (π/2).
+MEDIAN_VARIANCE = math.pi / 2
 
 
 @dataclass(frozen=True)
@@ -62,10 +73,17 @@ def step_s(interval: Interval) -> float | None:
 
 
 def judge(
-    regime: Sequence[Interval], current: Batches, equal: Batches, *, dead_band: float
+    regime: Sequence[Interval],
+    current: Batches,
+    equal: Batches,
+    *,
+    dead_band: float,
+    z: float,
+    predicted_gain: Callable[[Batches], float],
 ) -> Guard:
     """The verdict on ``current`` from the intervals of the current speed regime,
-    oldest first (module doc); ``equal`` is the equal plan."""
+    oldest first (module doc); ``equal`` is the equal plan, ``predicted_gain(plan)``
+    the relative gain over it that the models predict for ``plan``."""
     by_plan: dict[Batches, list[float]] = {}
     for iv in regime:
         t = step_s(iv)
@@ -74,31 +92,42 @@ def judge(
     base = by_plan.get(tuple(equal))
     if not base:
         return Guard("keep")
-    equal_s = statistics.median(base)
+    noise = _noise(by_plan)
+
+    def fails(plan: Batches) -> bool:
+        times = by_plan.get(plan, [])
+        if not times:
+            return False
+        gain = 1.0 - statistics.median(times) / statistics.median(base)
+        se = noise * math.sqrt(MEDIAN_VARIANCE * (1.0 / len(base) + 1.0 / len(times)))
+        if len(times) < MIN_INTERVALS:
+            return gain < -max(CLEAR_LOSS, z * se)
+        return gain < dead_band and predicted_gain(plan) - gain > z * se
+
     if tuple(current) != tuple(equal):
-        mine = by_plan.get(tuple(current), [])
-        if _fails(mine, equal_s, dead_band):
-            return Guard("revert", _compare(current, mine, equal_s))
+        if fails(tuple(current)):
+            return Guard("revert", _compare(current, by_plan[tuple(current)], base))
         return Guard("keep")
-    failed = [
-        p for p, ts in by_plan.items() if p != tuple(equal) and _fails(ts, equal_s, dead_band)
-    ]
+    failed = [p for p in by_plan if p != tuple(equal) and fails(p)]
     if failed:
-        return Guard("hold", _compare(failed[-1], by_plan[failed[-1]], equal_s))
+        return Guard("hold", _compare(failed[-1], by_plan[failed[-1]], base))
     return Guard("keep")
 
 
-def _fails(times: Sequence[float], equal_s: float, dead_band: float) -> bool:
-    if not times:
-        return False
-    mine = statistics.median(times)
-    if len(times) >= MIN_INTERVALS:
-        return mine >= equal_s * (1.0 - dead_band)
-    return mine > equal_s * (1.0 + CLEAR_LOSS)
+def _noise(by_plan: dict[Batches, list[float]]) -> float:
+    """Relative noise of one interval's step time: the robust spread of the regime's
+    intervals about their plans' medians (``DEFAULT_NOISE`` from fewer than three)."""
+    deviations = [
+        t / statistics.median(ts) - 1.0 for ts in by_plan.values() if len(ts) >= 2 for t in ts
+    ]
+    if len(deviations) < 3:
+        return DEFAULT_NOISE
+    mid = statistics.median(deviations)
+    return max(1.4826 * statistics.median(abs(d - mid) for d in deviations), 1e-3)
 
 
-def _compare(plan: Sequence[int], times: Sequence[float], equal_s: float) -> str:
-    mine = statistics.median(times)
+def _compare(plan: Sequence[int], times: Sequence[float], base: Sequence[float]) -> str:
+    mine, equal_s = statistics.median(times), statistics.median(base)
     return (
         f"plan {list(plan)} measured {mine * 1e3:.1f} ms/step over {len(times)} interval(s) "
         f"against {equal_s * 1e3:.1f} ms/step for equal batches"
