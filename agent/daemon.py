@@ -33,8 +33,8 @@ from hetero.agent.sharing import worth_reregistering
 from hetero.agent.shipper import Shipper
 from hetero.agent.supervisor import Supervisor
 from hetero.agent.telemetry import TelemetrySampler
-from hetero.auth import JobTokens, new_token
-from hetero.transport import ClientSecurity, warn_unverified_coordinator
+from hetero.security.auth import JobTokens, new_token
+from hetero.security.transport import ClientSecurity, warn_unverified_coordinator
 from hetero.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger("hetero.agent")

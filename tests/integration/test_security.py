@@ -20,12 +20,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pki import Pki, make_pki
 
 from hetero.agent.local import AgentLocalService, PlanCache, create_local_server
-from hetero.auth import JobTokens, Secret
 from hetero.coordinator.database import open_database, session_factory
 from hetero.coordinator.server import create_server
 from hetero.coordinator.service import Deps
 from hetero.core.errors import ConfigError
-from hetero.transport import ClientSecurity, ServerSecurity, TLSFiles, client_channel
+from hetero.security.auth import JobTokens, Secret
+from hetero.security.transport import ClientSecurity, ServerSecurity, TLSFiles, client_channel
 from hetero.v1 import agent_pb2_grpc, coordinator_pb2_grpc
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
