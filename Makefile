@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)  ## create .venv and install hetero in editable mode
 
 demo: $(STAMP)  ## coordinator + 3 agents on this machine run equal vs dynamic (CPU, emulated slowdown)
-	@$(BIN)/python -m hetero.demo
+	@$(BIN)/python -m hetero.bench.demo
 
 demo-embedded: $(STAMP)  ## the same comparison with hetero-train alone (no control plane)
 	@$(BIN)/python -m hetero.trainer.demo

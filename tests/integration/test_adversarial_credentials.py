@@ -380,8 +380,8 @@ def test_agents_with_their_node_credentials_run_a_job_to_success(tmp_path: Path)
     credential from ``hetero-coord node-token``: registration, heartbeats, orders,
     rank states, logs and rank 0's reports all pass the node checks, the job
     succeeds, and one agent's credential still cannot heartbeat as the other node."""
-    from hetero.agent.localcluster import AgentSpec, LocalCluster
-    from hetero.demo import summary_from_logs
+    from hetero.bench.demo import summary_from_logs
+    from hetero.bench.localcluster import AgentSpec, LocalCluster
     from hetero.security.auth import read_token_file
 
     root = tmp_path / "cluster"

@@ -348,8 +348,8 @@ def test_a_job_runs_with_tokens_end_to_end_and_the_token_is_nowhere_on_disk(tmp_
     coordinator's token is in no database file, no daemon or rank log, no argv."""
     import psutil
 
-    from hetero.agent.localcluster import AgentSpec, LocalCluster
-    from hetero.demo import summary_from_logs
+    from hetero.bench.demo import summary_from_logs
+    from hetero.bench.localcluster import AgentSpec, LocalCluster
 
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")

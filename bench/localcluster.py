@@ -1,9 +1,10 @@
 """A whole hetero cluster on this machine: a coordinator and agents as real processes.
 
-For ``make demo`` and the end-to-end tests. Each daemon is started exactly as
-an operator would start it (``hetero-coord serve``, ``hetero-agent run``) on
-loopback ports, with its own state directory; ``stop()`` sends SIGTERM, waits,
-then SIGKILLs whatever is left, so nothing outlives the cluster.
+For ``make demo``, the control-plane benchmark and the end-to-end tests. Each
+daemon is started exactly as an operator would start it (``hetero-coord serve``,
+``hetero-agent run``) on loopback ports, with its own state directory; ``stop()``
+sends SIGTERM, waits, then SIGKILLs whatever is left, so nothing outlives the
+cluster.
 """
 
 from __future__ import annotations
