@@ -150,8 +150,8 @@ def device_notes(suspect: list[str], shared: bool, foreign_percent: float | None
 
 
 def _profile(config: AgentConfig, refresh: bool) -> Any:
-    from hetero.agent.nvml import Nvml
     from hetero.agent.profile import load_or_measure
+    from hetero.core.nvml import Nvml
 
     state = config.resolved_state_dir
     try:
