@@ -3,10 +3,13 @@
 Two checks. What each entry point really loads at start (a fresh interpreter
 per entry point, the modules it must not load absent from ``sys.modules``), and
 import-linter's contracts in pyproject.toml over every import in the code,
-those inside functions too. The agent never trains, so it loads no torch; it
-keeps no database, so no SQLAlchemy; ``hetero.core`` is what every package
-shares, so it needs only the standard library and PyYAML; the balancer runs
-inside every training process, so it is pure.
+those inside functions too: every package in one layers contract (bench over the
+coordinator, agent, trainer and TUI, which never import one another, over the
+security layer and the gRPC contract, over core), and forbidden contracts for
+the heavy libraries. The agent never trains, so it loads no torch; it keeps no
+database, so no SQLAlchemy; ``hetero.core`` is what every package shares, so it
+needs only the standard library and PyYAML; the balancer runs inside every
+training process, so it is pure.
 """
 
 from __future__ import annotations
@@ -22,13 +25,65 @@ HEAVY = ("torch", "sqlalchemy", "grpc", "google.protobuf", "textual", "rich", "y
 
 ENTRY_POINTS = {
     # hetero-agent: its CLI, and the daemon it starts.
-    "hetero.agent.cli": ("torch", "sqlalchemy", "hetero.trainer", "hetero.coordinator"),
-    "hetero.agent.daemon": ("torch", "sqlalchemy", "hetero.trainer", "hetero.coordinator"),
+    "hetero.agent.cli": (
+        "torch",
+        "sqlalchemy",
+        "hetero.trainer",
+        "hetero.coordinator",
+        "hetero.tui",
+        "hetero.bench",
+    ),
+    "hetero.agent.daemon": (
+        "torch",
+        "sqlalchemy",
+        "hetero.trainer",
+        "hetero.coordinator",
+        "hetero.tui",
+        "hetero.bench",
+    ),
     # hetero-top.
     "hetero.tui.app": ("torch", "sqlalchemy", "hetero.trainer", "hetero.coordinator"),
     "hetero.tui.cli": ("torch", "sqlalchemy", "hetero.trainer", "hetero.coordinator"),
     # hetero-top --run: a run's files only, no coordinator client either.
     "hetero.tui.runapp": ("torch", "sqlalchemy", "grpc", "hetero.trainer", "hetero.coordinator"),
+    # hetero-coord: no torch, no UI, nothing of the programs it serves.
+    "hetero.coordinator.cli": (
+        "torch",
+        "textual",
+        "pynvml",
+        "hetero.trainer",
+        "hetero.agent",
+        "hetero.tui",
+        "hetero.bench",
+    ),
+    # hetero-train: the training library, never the TUI (--top runs hetero-top as a
+    # program) nor a database.
+    "hetero.trainer.cli": ("sqlalchemy", "textual", "hetero.tui", "hetero.bench"),
+    # The console scripts' module: each command's module only once it runs.
+    "hetero.entry": (
+        *HEAVY,
+        "hetero.coordinator",
+        "hetero.agent",
+        "hetero.trainer",
+        "hetero.tui",
+        "hetero.bench",
+        "hetero.security",
+    ),
+    # The security layer: gRPC and core, nothing of the daemons that use it.
+    "hetero.security.transport": (
+        "torch",
+        "sqlalchemy",
+        "textual",
+        "rich",
+        "yaml",
+        "hetero.v1",
+        "hetero.coordinator",
+        "hetero.agent",
+        "hetero.trainer",
+        "hetero.tui",
+    ),
+    # NVML, shared by the agent and the ranks: nvidia-ml-py only on first use.
+    "hetero.core.nvml": (*HEAVY, "pynvml", "hetero.v1"),
     # The shared agreements: standard library and PyYAML only.
     "hetero.core.errors": (*HEAVY[:-1], "hetero.v1"),
     "hetero.core.states": (*HEAVY[:-1], "hetero.v1"),
