@@ -91,7 +91,7 @@ image: $(STAMP)  ## build the container image offline with podman (Debian base, 
 	    --implementation cp --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
 	    --platform manylinux_2_28_x86_64 --platform any $(IMAGE_TORCH) 2>&1 | grep -v '^WARNING: Location' || true
 	$(PODMAN) build -q --format docker -t $(IMAGE) --build-arg PYTHON_IMAGE=$(IMAGE_BASE) \
-	    --build-arg PIP_ARGS="--no-index --find-links /src/wheelhouse/py$(IMAGE_PY)" --build-arg HETERO_SPEC=hetero .
+	    --build-arg PIP_ARGS="--no-index --find-links /src/wheelhouse/py$(IMAGE_PY)" --build-arg HETERO_SPEC='hetero[train]' .
 	@echo ">> $(IMAGE): $$($(PODMAN) image inspect --format '{{.Size}}' $(IMAGE)) bytes"
 
 test-container: $(STAMP)  ## build the image (make image) and run compose.yaml's coordinator and two agents through the demo job
@@ -134,9 +134,9 @@ wheelhouse: $(STAMP)  ## offline wheels for an air-gapped cluster: make wheelhou
 	$(BIN)/python -m pip download -d wheelhouse/py$(PY) --only-binary=:all: --python-version $(PY) \
 	    --implementation cp --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
 	    --platform manylinux_2_28_x86_64 --platform any \
-	    $$($(BIN)/python -c 'import tomllib;d=tomllib.load(open("pyproject.toml","rb"));print(" ".join(x for x in d["project"]["dependencies"] if not x.startswith(("torch","torchvision"))))') \
+	    $$($(BIN)/python -c 'import tomllib;print(" ".join(tomllib.load(open("pyproject.toml","rb"))["project"]["dependencies"]))') \
 	    'pytest>=8'
-	@echo ">> wheels in wheelhouse/py$(PY) (torch not included: install the CUDA build your cluster uses; pytest is, for make test-gpu)"
+	@echo ">> wheels in wheelhouse/py$(PY) (torch, the train extra, not included: add the CUDA build your cluster uses; pytest is, for make test-gpu)"
 
 # The generator is pinned OLD on purpose: stubs from a newer grpcio-tools refuse to import
 # under an older grpcio, and GPU machines may run any grpcio >= 1.66. grpcio-tools 1.66.0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.metadata
+import importlib.util
 import json
 import os
 import signal
@@ -50,6 +51,10 @@ an injected wait proportional to the rank's measured compute, not real hardware.
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser("hetero-train", DESCRIPTION, EPILOG).parse_args(argv)
+    if importlib.util.find_spec("torch") is None:
+        # Here, not in each rank once --nproc started them: hetero.entry turns this into
+        # one line naming the extra that brings torch (hetero[train]).
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")
     raw_argv = argv if argv is not None else sys.argv[1:]
     try:
         cfg = options_from_args(args)
