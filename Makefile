@@ -123,7 +123,7 @@ typecheck: $(STAMP)  ## mypy --strict on the packages, under their installed nam
 # scripts written against its tree (build/pyroot/hetero, one link to hetero/).
 PYROOT := build/pyroot
 pyroot:  ## hetero importable without installing: export PYTHONPATH=$PWD (or $PWD/build/pyroot)
-	@mkdir -p $(PYROOT) && ln -sfn ../../hetero $(PYROOT)/hetero
+	@rm -rf $(PYROOT) && mkdir -p $(PYROOT) && ln -s ../../hetero $(PYROOT)/hetero
 	@echo "export PYTHONPATH=$(CURDIR)"
 
 check: lint typecheck test  ## everything CI should care about
