@@ -12,13 +12,14 @@
 # Offline (no registry, no index), as `make image` does: a Debian base made with debootstrap
 # and `podman import`, and every wheel from a wheelhouse of the base's Python:
 #   --build-arg PYTHON_IMAGE=localhost/hetero-base:bookworm \
-#   --build-arg PIP_ARGS="--no-index --find-links /src/wheelhouse/py3.11" --build-arg HETERO_SPEC=hetero
+#   --build-arg PIP_ARGS="--no-index --find-links /src/wheelhouse/py3.11" --build-arg HETERO_SPEC='hetero[train]'
+# Both daemons in one image: the agent's ranks train, so torch comes too (the train extra).
 ARG PYTHON_IMAGE=python:3.12-slim
 
 FROM ${PYTHON_IMAGE} AS build
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG PIP_ARGS=""
-ARG HETERO_SPEC=/src
+ARG HETERO_SPEC=/src[train]
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
 COPY . /src

@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)  ## create .venv and install hetero in editable mode
 
 demo: $(STAMP)  ## coordinator + 3 agents on this machine run equal vs dynamic (CPU, emulated slowdown)
-	@$(BIN)/python -m hetero.demo
+	@$(BIN)/python -m hetero.bench.demo
 
 demo-embedded: $(STAMP)  ## the same comparison with hetero-train alone (no control plane)
 	@$(BIN)/python -m hetero.trainer.demo
@@ -51,7 +51,7 @@ test-fast: $(STAMP)  ## run the tests not marked slow
 	@$(BIN)/python -m pytest -q $(XDIST) -m 'not slow and not postgres and not browser and not container'
 
 # The GPU tier runs where hetero may not be installed (a GPU host with Python, torch,
-# grpcio, protobuf, nvidia-ml-py and pyyaml): hetero comes from the pyroot tree, the
+# grpcio, protobuf, nvidia-ml-py and pyyaml): hetero comes from this checkout, the
 # rest (pytest, SQLAlchemy, psutil, rich, ...) from `make wheelhouse PY=3.12` carried
 # there and installed with pip --no-index. NVLink multicast stays off (NCCL_NVLS_ENABLE=0):
 # some virtualised hosts cannot map it.
@@ -63,10 +63,9 @@ test-gpu:  ## the GPU tier (tests/gpu: 2+ CUDA devices, else skipped); its summa
 	    || { echo "test-gpu: $(GPU_PYTHON) lacks pytest or a dependency of hetero; carry wheelhouse/py3.12 (make wheelhouse PY=3.12) and run: $(GPU_PYTHON) -m pip install --no-index --find-links wheelhouse/py3.12 $(GPU_DEPS)"; exit 2; }
 	@$(GPU_PYTHON) -c 'import torch; n = torch.cuda.device_count() if torch.cuda.is_available() else 0; raise SystemExit(0 if n >= 2 else 3)' \
 	    || { echo "test-gpu: skipped: needs 2 or more CUDA devices"; exit 0; }; \
-	$(MAKE) -s pyroot >/dev/null && \
 	NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
-	    HETERO_GPU_SUMMARY=$(CURDIR)/$(GPU_SUMMARY) PYTHONPATH=$(CURDIR)/$(PYROOT)$${PYTHONPATH:+:$$PYTHONPATH} \
-	    PYTHONSAFEPATH=1 $(GPU_PYTHON) -m pytest -q -rs -p no:cacheprovider -m gpu tests/gpu
+	    HETERO_GPU_SUMMARY=$(CURDIR)/$(GPU_SUMMARY) PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} \
+	    $(GPU_PYTHON) -m pytest -q -rs -p no:cacheprovider -m gpu tests/gpu
 
 # The container image, built with podman: no daemon to run, as root or rootless, where no
 # Docker engine is installed. Offline: the base is Debian bookworm from debootstrap, imported
@@ -85,14 +84,14 @@ image: $(STAMP)  ## build the container image offline with podman (Debian base, 
 	@rm -f wheelhouse/py$(IMAGE_PY)/hetero-*.whl
 	@# Timestamps of the last commit to the packaged files: unchanged sources make the same
 	@# wheel, so podman's layer cache holds and the image is not rebuilt.
-	@SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct -- pyproject.toml README.md hetero core coordinator \
+	@SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct -- pyproject.toml README.md hetero core coordinator security \
 	    agent trainer tui bench proto 2>/dev/null || echo 315532800) \
 	    $(MAKE) -s wheelhouse PY=$(IMAGE_PY) >/dev/null
 	@$(BIN)/python -m pip download -q -d wheelhouse/py$(IMAGE_PY) --only-binary=:all: --python-version $(IMAGE_PY) \
 	    --implementation cp --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
 	    --platform manylinux_2_28_x86_64 --platform any $(IMAGE_TORCH) 2>&1 | grep -v '^WARNING: Location' || true
 	$(PODMAN) build -q --format docker -t $(IMAGE) --build-arg PYTHON_IMAGE=$(IMAGE_BASE) \
-	    --build-arg PIP_ARGS="--no-index --find-links /src/wheelhouse/py$(IMAGE_PY)" --build-arg HETERO_SPEC=hetero .
+	    --build-arg PIP_ARGS="--no-index --find-links /src/wheelhouse/py$(IMAGE_PY)" --build-arg HETERO_SPEC='hetero[train]' .
 	@echo ">> $(IMAGE): $$($(PODMAN) image inspect --format '{{.Size}}' $(IMAGE)) bytes"
 
 test-container: $(STAMP)  ## build the image (make image) and run compose.yaml's coordinator and two agents through the demo job
@@ -109,40 +108,23 @@ chaos: $(STAMP)  ## kill -9 agents, ranks and the coordinator of a local cluster
 load: $(STAMP)  ## control-plane scale test: 1,000 agents, 256 ranks, 120 s (hetero-bench load)
 	@$(BIN)/hetero-bench load --agents 1000 --ranks 256 --duration 120
 
-# import-linter cannot follow the editable install's folder->package mapping either:
-# it reads the contracts in pyproject.toml over a tree of symlinks like mypy's.
-IMPORTS_TREE := build/imports
 lint: $(STAMP)  ## ruff, and the import contracts of pyproject.toml (import-linter)
 	@$(BIN)/ruff check .
 	@$(BIN)/ruff format --check .
-	@rm -rf $(IMPORTS_TREE) && mkdir -p $(IMPORTS_TREE)/hetero
-	@for f in hetero/*.py; do ln -s ../../../$$f $(IMPORTS_TREE)/hetero/; done
-	@for d in core coordinator agent trainer tui bench; do ln -s ../../../$$d $(IMPORTS_TREE)/hetero/$$d; done
-	@ln -s ../../../proto/hetero/v1 $(IMPORTS_TREE)/hetero/v1
-	@ln -s ../../pyproject.toml $(IMPORTS_TREE)/pyproject.toml
-	@cd $(IMPORTS_TREE) && PYTHONPATH=. ../../$(BIN)/lint-imports --no-cache --no-logo
+	@$(BIN)/lint-imports --no-cache --no-logo
 
-# mypy cannot follow the editable install's folder->package mapping, so it checks
-# a tree of symlinks laid out as the installed `hetero` package.
-TYPECHECK_TREE := build/typecheck
 typecheck: $(STAMP)  ## mypy --strict on the packages, under their installed names
-	@rm -rf $(TYPECHECK_TREE) && mkdir -p $(TYPECHECK_TREE)/hetero
-	@for f in hetero/*.py; do ln -s ../../../$$f $(TYPECHECK_TREE)/hetero/; done
-	@for d in core coordinator agent trainer tui bench; do ln -s ../../../$$d $(TYPECHECK_TREE)/hetero/$$d; done
-	@ln -s ../../../proto/hetero/v1 $(TYPECHECK_TREE)/hetero/v1
-	@cd $(TYPECHECK_TREE) && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p hetero
+	@$(BIN)/mypy -p hetero
 
 # A machine with torch but no network (a GPU host without internet access) cannot
 # pip-install hetero's dependencies; hetero-bench run and hetero-train need none beyond
-# torch, torchvision, pyyaml and (optionally) nvidia-ml-py, so a symlink tree on
-# PYTHONPATH is enough.
+# torch, torchvision, pyyaml and (optionally) nvidia-ml-py, so the checkout itself on
+# PYTHONPATH is enough: hetero/ links every package folder. The target stays for
+# scripts written against its tree (build/pyroot/hetero, one link to hetero/).
 PYROOT := build/pyroot
-pyroot:  ## hetero importable without installing: export PYTHONPATH=$PWD/build/pyroot
-	@rm -rf $(PYROOT) && mkdir -p $(PYROOT)/hetero
-	@for f in hetero/*.py; do ln -s ../../../$$f $(PYROOT)/hetero/; done
-	@for d in core coordinator agent trainer tui bench; do ln -s ../../../$$d $(PYROOT)/hetero/$$d; done
-	@ln -s ../../../proto/hetero/v1 $(PYROOT)/hetero/v1
-	@echo "export PYTHONPATH=$(CURDIR)/$(PYROOT)"
+pyroot:  ## hetero importable without installing: export PYTHONPATH=$PWD (or $PWD/build/pyroot)
+	@rm -rf $(PYROOT) && mkdir -p $(PYROOT) && ln -s ../../hetero $(PYROOT)/hetero
+	@echo "export PYTHONPATH=$(CURDIR)"
 
 check: lint typecheck test  ## everything CI should care about
 
@@ -152,9 +134,9 @@ wheelhouse: $(STAMP)  ## offline wheels for an air-gapped cluster: make wheelhou
 	$(BIN)/python -m pip download -d wheelhouse/py$(PY) --only-binary=:all: --python-version $(PY) \
 	    --implementation cp --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
 	    --platform manylinux_2_28_x86_64 --platform any \
-	    $$($(BIN)/python -c 'import tomllib;d=tomllib.load(open("pyproject.toml","rb"));print(" ".join(x for x in d["project"]["dependencies"] if not x.startswith(("torch","torchvision"))))') \
+	    $$($(BIN)/python -c 'import tomllib;print(" ".join(tomllib.load(open("pyproject.toml","rb"))["project"]["dependencies"]))') \
 	    'pytest>=8'
-	@echo ">> wheels in wheelhouse/py$(PY) (torch not included: install the CUDA build your cluster uses; pytest is, for make test-gpu)"
+	@echo ">> wheels in wheelhouse/py$(PY) (torch, the train extra, not included: add the CUDA build your cluster uses; pytest is, for make test-gpu)"
 
 # The generator is pinned OLD on purpose: stubs from a newer grpcio-tools refuse to import
 # under an older grpcio, and GPU machines may run any grpcio >= 1.66. grpcio-tools 1.66.0

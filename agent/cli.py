@@ -24,10 +24,15 @@ from typing import Any
 from hetero.agent.config import AgentConfig, load_config, with_flags
 from hetero.core import defaults, heap
 from hetero.core.errors import ConfigError, HeteroError
-from hetero.credentials import check_holder
-from hetero.logs import configure_logging
-from hetero.permissions import private_dir, refuse_root, set_daemon_umask
-from hetero.transport import ServerSecurity, add_client_arguments, check_listen, client_security
+from hetero.core.logs import configure_logging
+from hetero.security.credentials import check_holder
+from hetero.security.permissions import private_dir, refuse_root, set_daemon_umask
+from hetero.security.transport import (
+    ServerSecurity,
+    add_client_arguments,
+    check_listen,
+    client_security,
+)
 
 EPILOG = """\
 examples:
@@ -145,8 +150,8 @@ def device_notes(suspect: list[str], shared: bool, foreign_percent: float | None
 
 
 def _profile(config: AgentConfig, refresh: bool) -> Any:
-    from hetero.agent.nvml import Nvml
     from hetero.agent.profile import load_or_measure
+    from hetero.core.nvml import Nvml
 
     state = config.resolved_state_dir
     try:

@@ -25,7 +25,6 @@ from hetero.agent.config import AgentConfig
 from hetero.agent.leftovers import RankRecord
 from hetero.agent.link import CoordinatorLink
 from hetero.agent.local import AgentLocalService, PlanCache, create_local_server
-from hetero.agent.nvml import Nvml
 from hetero.agent.outbox import Outbox
 from hetero.agent.profile import NodeProfile
 from hetero.agent.reconcile import Reconciler
@@ -33,8 +32,9 @@ from hetero.agent.sharing import worth_reregistering
 from hetero.agent.shipper import Shipper
 from hetero.agent.supervisor import Supervisor
 from hetero.agent.telemetry import TelemetrySampler
-from hetero.auth import JobTokens, new_token
-from hetero.transport import ClientSecurity, warn_unverified_coordinator
+from hetero.core.nvml import Nvml
+from hetero.security.auth import JobTokens, new_token
+from hetero.security.transport import ClientSecurity, warn_unverified_coordinator
 from hetero.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger("hetero.agent")

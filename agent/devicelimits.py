@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hetero.agent.nvml import Nvml
+from hetero.core.nvml import Nvml
 
 #: Dense tensor-core bf16/fp16 FLOP per clock per SM by compute capability (major,
 #: minor), from the vendors' published peaks: V100 125 TFLOP/s = 80 SMs × 1530 MHz ×

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from hetero.agent.devicelimits import DeviceLimits, implausible, limits_from_nvml
-from hetero.agent.nvml import Nvml
+from hetero.core.nvml import Nvml
 
 log = logging.getLogger("hetero.agent.profile")
 

@@ -24,7 +24,7 @@ from hetero.agent.outbox import Outbox
 from hetero.agent.profile import NodeProfile
 from hetero.agent.telemetry import TelemetrySampler
 from hetero.core.errors import UnknownNameError, UnreachableError, UnsupportedError
-from hetero.transport import ClientSecurity, client_channel, is_unreachable, remote_error
+from hetero.security.transport import ClientSecurity, client_channel, is_unreachable, remote_error
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 

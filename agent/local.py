@@ -16,8 +16,8 @@ import threading
 import grpc
 
 from hetero.agent.outbox import Outbox
-from hetero.auth import AGENT_TOKEN_ENV, JobTokens
-from hetero.transport import ServerSecurity, bind, is_unreachable, new_server
+from hetero.security.auth import AGENT_TOKEN_ENV, JobTokens
+from hetero.security.transport import ServerSecurity, bind, is_unreachable, new_server
 from hetero.v1 import agent_pb2_grpc
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 from hetero.v1 import types_pb2 as tpb

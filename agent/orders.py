@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from hetero.auth import AGENT_TOKEN_ENV, Secret, scrub_environment
 from hetero.core.catalogue.commandline import argv_for
 from hetero.core.rankenv import LaunchPlan, RankEnv
+from hetero.security.auth import AGENT_TOKEN_ENV, Secret, scrub_environment
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
 

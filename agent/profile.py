@@ -31,8 +31,8 @@ from typing import Any
 import psutil
 
 from hetero.agent.gpuprofile import CudaLayer, GpuProfile, TorchCuda, profile_gpu
-from hetero.agent.nvml import Nvml
 from hetero.agent.sharing import sharing_factor
+from hetero.core.nvml import Nvml
 from hetero.v1 import types_pb2 as tpb
 
 log = logging.getLogger("hetero.agent.profile")

@@ -18,9 +18,9 @@ from hetero.agent.local import PlanCache
 from hetero.agent.orders import rank_command, rank_environment
 from hetero.agent.shipper import Shipper
 from hetero.agent.supervisor import Supervisor
-from hetero.auth import JobTokens
 from hetero.core import cpus
 from hetero.core.errors import ConfigError
+from hetero.security.auth import JobTokens
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
 

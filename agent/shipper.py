@@ -26,7 +26,7 @@ from hetero.agent.local import PlanCache
 from hetero.agent.outbox import Outbox
 from hetero.agent.supervisor import Exit, Line, Supervisor
 from hetero.core.states import job_terminal
-from hetero.transport import is_unreachable
+from hetero.security.transport import is_unreachable
 from hetero.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger("hetero.agent")

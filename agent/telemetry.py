@@ -1,7 +1,7 @@
 """Telemetry: a sampler thread that publishes an immutable snapshot every period.
 
 Host figures come from psutil (CPU %, RAM), GPU figures from NVML through
-:class:`~hetero.agent.nvml.Nvml`; any field that cannot be read is ``None``
+:class:`~hetero.core.nvml.Nvml`; any field that cannot be read is ``None``
 ("n/a"). The heartbeat loop reads :meth:`TelemetrySampler.latest` and never
 waits for a sample. Clocks are injectable so tests control time.
 """
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import psutil
 
-from hetero.agent.nvml import GpuSample, Nvml
 from hetero.agent.sharing import ForeignLoad
+from hetero.core.nvml import GpuSample, Nvml
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
 

@@ -90,7 +90,7 @@ def _spec(index: int, world: int) -> str:
 def _submit_last(address: str, spec_yaml: str) -> None:
     import grpc
 
-    from hetero.transport import remote_error
+    from hetero.security.transport import remote_error
     from hetero.v1 import coordinator_pb2 as pb
     from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 

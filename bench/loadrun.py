@@ -175,7 +175,7 @@ def _wait_ready(procs: list[subprocess.Popen[bytes]], out: Path, agents: int) ->
 def _submit_jobs(address: str, config: LoadConfig) -> list[str]:
     import grpc
 
-    from hetero.transport import remote_error
+    from hetero.security.transport import remote_error
     from hetero.v1 import coordinator_pb2 as pb
     from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 

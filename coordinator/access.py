@@ -2,7 +2,7 @@
 credentials, and client certificates mapped to roles; and ``hetero-coord
 node-token`` / ``user-token``, which print a node's or a user's credential.
 
-The credential secret (``hetero.credentials``) lives in the state directory as
+The credential secret (``hetero.security.credentials``) lives in the state directory as
 ``credential-secret`` (0600), made by the coordinator at its first start or by
 the first ``node-token``/``user-token``, whichever comes first; or in the file
 ``credentials.secret_file`` names, which must then exist. Node and user
@@ -27,9 +27,9 @@ from hetero.coordinator.config import CoordinatorConfig, load_config, with_flags
 from hetero.coordinator.identity import Caller
 from hetero.coordinator.roles import certificate_callers, named_credentials
 from hetero.core.errors import ConfigError
-from hetero.credentials import SECRET_FILE_NAME, check_name, load_secret
-from hetero.permissions import private_dir
-from hetero.transport import ServerSecurity
+from hetero.security.credentials import SECRET_FILE_NAME, check_name, load_secret
+from hetero.security.permissions import private_dir
+from hetero.security.transport import ServerSecurity
 
 log = logging.getLogger("hetero.coordinator")
 

@@ -17,16 +17,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from hetero.auth import ensure_token, local_token_path
 from hetero.coordinator import access, commands
 from hetero.coordinator.config import CoordinatorConfig, load_config, with_flags
 from hetero.coordinator.export import FORMATS, TABLES
 from hetero.coordinator.roles import load_roles
 from hetero.core import defaults
 from hetero.core.errors import HeteroError
-from hetero.logs import configure_logging
-from hetero.permissions import private_dir, set_daemon_umask
-from hetero.transport import add_client_arguments, check_listen, server_security
+from hetero.core.logs import configure_logging
+from hetero.security.auth import ensure_token, local_token_path
+from hetero.security.permissions import private_dir, set_daemon_umask
+from hetero.security.transport import add_client_arguments, check_listen, server_security
 
 #: Seconds each client RPC may take.
 DEFAULT_TIMEOUT_S = 10.0

@@ -27,7 +27,7 @@ from hetero.coordinator import export, render
 from hetero.core.errors import ConfigError, HeteroError, UnknownNameError
 from hetero.core.jobspec import check_priority, parse_jobspec, read_job_file
 from hetero.core.states import JobState, job_terminal
-from hetero.transport import client_channel, client_security_from_args, remote_error
+from hetero.security.transport import client_channel, client_security_from_args, remote_error
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 

@@ -42,7 +42,7 @@ class CoordinatorConfig:
     insecure: bool = False
     #: Token files of the limited roles (``roles.ROLES``: user, agent, read), by role.
     roles: tuple[tuple[str, Path], ...] = ()
-    #: The secret node and user credentials are signed with (``hetero.credentials``);
+    #: The secret node and user credentials are signed with (``hetero.security.credentials``);
     #: None = ``credential-secret`` in the state directory.
     credential_secret_file: Path | None = None
     #: Named credentials no longer accepted ("node:gpu-3", "user:bob").
@@ -98,8 +98,8 @@ class CoordinatorConfig:
 
     @property
     def resolved_credential_secret(self) -> Path:
-        # Imported here: hetero.credentials loads grpc, which this module must not.
-        from hetero.credentials import secret_path
+        # Imported here: hetero.security.credentials loads grpc, which this module must not.
+        from hetero.security.credentials import secret_path
 
         return secret_path(self.credential_secret_file, self.resolved_state_dir)
 

@@ -11,7 +11,7 @@ Where the name comes from, first match wins:
 - a token the coordinator knows: the cluster token ("cluster token"), a role
   token ("user token", "agent token", "read token": every holder of one shares
   its name and budget), a node's or a user's credential ("node:gpu-3",
-  "user:ana", ``hetero.credentials``);
+  "user:ana", ``hetero.security.credentials``);
 - a verified client certificate (mutual TLS) whose common name
   ``certificates:`` maps to a role: the name that mapping gives, so user ana
   is "user:ana" by certificate or by token alike; a common name the mapping
@@ -28,8 +28,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hetero.auth import RoleToken, Secret, bearer
-from hetero.credentials import Named, NamedCredentials
+from hetero.security.auth import RoleToken, Secret, bearer
+from hetero.security.credentials import Named, NamedCredentials
 
 ANYONE = "anyone"
 #: The ``auth_context`` key gRPC gives a verified client certificate's common name under.

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
-from hetero.auth import METADATA_KEY, SCHEME
 from hetero.coordinator.metrics import CONTENT_TYPE, families, write
 from hetero.coordinator.rpclatency import SAMPLE_NAMES, LatencyCounts
 from hetero.coordinator.rpclatency import families as latency_families
 from hetero.coordinator.workerprocess import exit_with_parent
 from hetero.core import heap, procname
+from hetero.security.auth import METADATA_KEY, SCHEME
 from hetero.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger("hetero.coordinator.metrics")

@@ -43,7 +43,7 @@ checks tokens against their SHA-256 digests and never holds a token. It exits
 within a second of a ``kill -9`` of the coordinator; one that dies is started
 again, logged.
 
-The listen rule is gRPC's (``hetero.transport.check_listen``): loopback by
+The listen rule is gRPC's (``hetero.security.transport.check_listen``): loopback by
 default, and a non-loopback address needs the coordinator's token, which every
 scrape must then carry (``Authorization: Bearer``, Prometheus'
 ``authorization: {credentials_file: ...}``), or ``--insecure``. Loopback scrapes
@@ -64,7 +64,7 @@ from hetero.coordinator.metricshttp import Answer, digest, serve_http
 from hetero.coordinator.rpclatency import SAMPLE_NAMES, RpcLatency
 from hetero.coordinator.snapshots import TTL_S, Snapshots
 from hetero.core.errors import ConfigError
-from hetero.transport import ServerSecurity, is_loopback
+from hetero.security.transport import ServerSecurity, is_loopback
 from hetero.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger("hetero.coordinator.metrics")

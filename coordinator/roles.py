@@ -14,7 +14,7 @@ The sets are written out method by method, and a test checks that they cover
 every method of the service, so a new RPC cannot slip into a role unreviewed.
 
 Beside the shared role tokens, a credential may name its holder
-(``hetero.credentials``): a node's may call what the agent role may, for its own
+(``hetero.security.credentials``): a node's may call what the agent role may, for its own
 node only; a user's what the user role may but ``DrainNode`` (an operator's
 act), cancelling its own jobs only (``scope``). A client certificate maps onto
 the same roles through ``certificates:`` (:func:`certificate_callers`).
@@ -25,10 +25,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from hetero.auth import RoleToken, read_token_file
 from hetero.coordinator.identity import Caller
 from hetero.core.errors import ConfigError
-from hetero.credentials import NamedCredentials, check_name, load_secret
+from hetero.security.auth import RoleToken, read_token_file
+from hetero.security.credentials import NamedCredentials, check_name, load_secret
 from hetero.v1 import coordinator_pb2
 
 SERVICE = coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"]

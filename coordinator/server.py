@@ -52,7 +52,7 @@ from hetero.coordinator.snapshots import Snapshots, SnapshotWorker, builder
 from hetero.coordinator.store import TelemetryPolicy
 from hetero.coordinator.views import HISTORY_FOR_REPORT
 from hetero.core import defaults, heap
-from hetero.transport import ServerSecurity, bind, describe, new_aio_server
+from hetero.security.transport import ServerSecurity, bind, describe, new_aio_server
 from hetero.v1 import coordinator_pb2
 
 log = logging.getLogger("hetero.coordinator")
@@ -69,7 +69,7 @@ def create_server(
     """A server for ``address`` (``host:port``; port 0 = any free port) and the bound port.
 
     ``security`` (default: loopback only, no token, no TLS) is applied by
-    ``hetero.transport``: token check, TLS, message limit, and no UNKNOWN status;
+    ``hetero.security.transport``: token check, TLS, message limit, and no UNKNOWN status;
     ``certificates`` maps client certificates' common names to callers
     (``roles.certificate_callers``; with mutual TLS only);
     ``deps.limits`` bounds the calls in flight and the message size. The server is

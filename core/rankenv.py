@@ -31,7 +31,7 @@ scripts and the docs rely on them, so they never change:
 :meth:`RankEnv.to_env` also writes :data:`PROCESS_SETTINGS` (no NVLink multicast
 on a shared host) and, for NCCL, ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``. The
 agent's endpoint token (``HETERO_AGENT_TOKEN``) is a credential and stays with
-``hetero.auth``, never in a plain value that could be logged.
+``hetero.security.auth``, never in a plain value that could be logged.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ import time, before its ``main`` could catch anything: installed with
 into, ``hetero-coord`` used to die with a ``ModuleNotFoundError`` traceback. Here
 the import and the run are inside one ``try``; a module missing while a command
 runs (one it imports lazily, like ``hetero-bench``'s torch) gets the same line.
+A module that comes with one of hetero's extras (torch: ``hetero[train]``) is named
+with the extra that brings it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ import importlib
 import sys
 from collections.abc import Callable
 
+#: Libraries that come with one of hetero's extras, not with hetero itself: the extra.
+EXTRAS = {"torch": "train", "torchvision": "train"}
+
 
 def _run(command: str, module: str) -> int:
     try:
@@ -23,9 +28,15 @@ def _run(command: str, module: str) -> int:
         return main()
     except ModuleNotFoundError as exc:
         missing = exc.name or str(exc)
+        extra = EXTRAS.get(missing.partition(".")[0])
+        fix = (
+            f"install hetero[{extra}] (pip install 'hetero[{extra}]')"
+            if extra
+            else "install hetero with its dependencies into this interpreter"
+        )
         print(
             f"error: {command} needs the Python module {missing!r}, which {sys.executable} "
-            "cannot import: install hetero with its dependencies into this interpreter",
+            f"cannot import: {fix}",
             file=sys.stderr,
         )
         return 1

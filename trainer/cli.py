@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import ctypes
 import importlib.metadata
+import importlib.util
 import json
 import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -48,6 +51,10 @@ an injected wait proportional to the rank's measured compute, not real hardware.
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser("hetero-train", DESCRIPTION, EPILOG).parse_args(argv)
+    if importlib.util.find_spec("torch") is None:
+        # Here, not in each rank once --nproc started them: hetero.entry turns this into
+        # one line naming the extra that brings torch (hetero[train]).
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")
     raw_argv = argv if argv is not None else sys.argv[1:]
     try:
         cfg = options_from_args(args)
@@ -97,20 +104,61 @@ def _summary_path(cfg: TrainingOptions) -> str | None:
 
 def _with_top(cfg: TrainingOptions, argv: list[str]) -> int:
     """This job as a child process, shown in hetero-top's run view of its directory; the
-    summary goes to ``RUN_DIR/summary.json`` too, so the view ends with the final figures."""
-    from hetero.tui.runapp import follow_training
+    summary goes to ``RUN_DIR/summary.json`` too, so the view ends with the final figures.
 
+    The view is ``hetero-top --run RUN_DIR``, run as a program on this terminal beside
+    the job (as a user would in a second terminal), not imported: the trainer never
+    loads the TUI, and the TUI never the trainer (tests/unit/test_layering.py)."""
     assert cfg.run_dir is not None  # the catalogue's rules: --top needs a directory
+    run_dir = Path(cfg.run_dir)
     child = [a for a in argv if a not in ("--top", "--no-top")]
     if not _summary_path(cfg):
-        child += ["--summary-json", str(Path(cfg.run_dir) / "summary.json")]
-    summary_path = Path(_summary_path(cfg) or Path(cfg.run_dir) / "summary.json")
-    code = follow_training([sys.executable, "-m", "hetero.trainer.cli", *child], Path(cfg.run_dir))
+        child += ["--summary-json", str(run_dir / "summary.json")]
+    summary_path = Path(_summary_path(cfg) or run_dir / "summary.json")
+    training = [sys.executable, "-m", "hetero.trainer.cli", *child]
+    view = [sys.executable, "-m", "hetero.tui.cli", "--run", str(run_dir)]
+    code = _follow(training, view, run_dir, summary_path)
     if code == 0 and summary_path.is_file() and not cfg.json:
         from hetero.trainer.report import print_summary
 
         print_summary(json.loads(summary_path.read_text(encoding="utf-8")))
     return code
+
+
+def _follow(training: list[str], view: list[str], run_dir: Path, summary_path: Path) -> int:
+    """Run ``training`` with its output in ``run_dir/train.log`` and ``view`` on this
+    terminal until the user quits it; return the training's exit status. Quitting before
+    the run ends stops it (SIGINT, as Ctrl-C)."""
+    from hetero.trainer.metrics import run_ended
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = run_dir / "train.log"
+    with log.open("ab") as out:
+        child = subprocess.Popen(training, stdout=out, stderr=subprocess.STDOUT)
+    stopped = False
+    try:
+        subprocess.run(view, check=False)
+    finally:
+        # A finished run's processes may still be exiting: let them; stop an unfinished one.
+        finished = summary_path.is_file() or run_ended(run_dir)
+        if child.poll() is None and not finished:
+            stopped = True
+            child.send_signal(signal.SIGINT)
+        if child.poll() is None:
+            try:
+                child.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+    code = child.returncode
+    if stopped:
+        print(f"hetero-train: stopped when the view closed (its output: {log})", file=sys.stderr)
+        return 130
+    if code != 0:
+        print(f"error: hetero-train exited with status {code} (its output: {log})", file=sys.stderr)
+        return code if code > 0 else 128 - code
+    print(f"hetero-train: finished; its output is in {log}")
+    return 0
 
 
 def _launch(cfg: TrainingOptions, argv: list[str]) -> int:

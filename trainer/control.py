@@ -26,13 +26,13 @@ from dataclasses import dataclass
 
 import grpc
 
-from hetero.auth import agent_token_from_env
 from hetero.core import rankenv
 from hetero.core.balancer import Constraints, Decision, History, Horizon
 from hetero.core.errors import PlanError, UnreachableError
 from hetero.core.rankenv import LaunchPlan, RankEnv
+from hetero.security.auth import agent_token_from_env
+from hetero.security.transport import ClientSecurity, client_channel, remote_error
 from hetero.trainer.exchange import Planner, RankSummary
-from hetero.transport import ClientSecurity, client_channel, remote_error
 from hetero.v1 import agent_pb2_grpc
 from hetero.v1 import types_pb2 as tpb
 

@@ -1,7 +1,7 @@
 """This rank's GPU utilisation and memory over each rebalance interval, from NVML.
 
 A daemon thread reads the rank's GPU every ``period_s`` through
-:class:`hetero.agent.nvml.Nvml` (the one helper for NVML calls: a missing
+:class:`hetero.core.nvml.Nvml` (the one helper for NVML calls: a missing
 library, driver or field is n/a and logged once) and adds each reading to the
 interval's sums. At a boundary the rank takes the means and the next interval
 starts (:meth:`GpuSampler.take`: two sums read under a lock). Nothing runs on the
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from hetero.agent.nvml import Nvml
+from hetero.core.nvml import Nvml
 
 log = logging.getLogger("hetero.trainer.gpustats")
 

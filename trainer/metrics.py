@@ -72,6 +72,15 @@ class MetricsWriter:
             self._fh = None
 
 
+def run_ended(output_dir: Path) -> bool:
+    """Whether the run in ``output_dir`` closed: its ``metrics/run.json`` has ``ended_unix_s``."""
+    try:
+        info = json.loads((Path(output_dir) / "metrics" / RUN_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(info, dict) and bool(info.get("ended_unix_s"))
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """All records of one rank's metrics file."""
     with path.open(encoding="utf-8") as fh:

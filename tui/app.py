@@ -23,7 +23,7 @@ from textual.widgets import DataTable, Footer, Static, TabbedContent, TabPane
 
 from hetero.core import defaults
 from hetero.core.errors import DeniedError, HeteroError, RemoteError
-from hetero.transport import ClientSecurity
+from hetero.security.transport import ClientSecurity
 from hetero.tui.client import CoordinatorClient
 from hetero.tui.screens import ConfirmScreen, HelpScreen, JobDetailScreen
 from hetero.tui.state import ClusterState

@@ -16,10 +16,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from hetero.auth import load_token
 from hetero.core import defaults
 from hetero.core.errors import HeteroError
-from hetero.transport import add_client_arguments, client_security_from_args, is_loopback
+from hetero.security.auth import load_token
+from hetero.security.transport import add_client_arguments, client_security_from_args, is_loopback
 
 
 def parser() -> argparse.ArgumentParser:

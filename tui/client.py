@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import grpc
 
 from hetero.core.errors import DeniedError, RemoteError, UnreachableError
-from hetero.transport import ClientSecurity, client_channel, remote_error
+from hetero.security.transport import ClientSecurity, client_channel, remote_error
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 

@@ -5,18 +5,14 @@ period, builds the immutable ``RunView`` and posts it; the UI thread only draws.
 Panels: throughput and evaluation curves, each rank's batch and compute per
 sample over the intervals, the newest interval's step time by phase, loss, the
 gap breakdown, alerts and plan changes. ``hetero-train --top`` runs the
-training as a child process (:func:`follow_training`) and shows this view of
-its output directory; quitting the view stops the training.
+training as a child process and this view (``hetero-top --run DIR``) as another
+on its terminal; quitting the view stops the training.
 """
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 from rich.text import Text
@@ -189,36 +185,3 @@ class RunTop(App[None]):
     def action_help(self) -> None:
         if not isinstance(self.screen, RunHelp):
             self.push_screen(RunHelp())
-
-
-def follow_training(command: Sequence[str], run_dir: Path, period_s: float = 1.0) -> int:
-    """Run ``command`` (a ``hetero-train`` without ``--top``) with its output in
-    ``run_dir/train.log``, show the view of ``run_dir`` until the user quits, and return
-    the training's exit status; quitting before it ends stops it (SIGINT, as Ctrl-C)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    log = run_dir / "train.log"
-    with log.open("ab") as out:
-        child = subprocess.Popen(list(command), stdout=out, stderr=subprocess.STDOUT)
-    stopped = False
-    try:
-        RunTop(run_dir, period_s=period_s).run()
-    finally:
-        # A finished run's processes may still be exiting: let them; stop an unfinished one.
-        if child.poll() is None and not RunFollower(run_dir).poll().finished:
-            stopped = True
-            child.send_signal(signal.SIGINT)
-        if child.poll() is None:
-            try:
-                child.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
-    code = child.returncode
-    if stopped:
-        print(f"hetero-train: stopped when the view closed (its output: {log})", file=sys.stderr)
-        return 130
-    if code != 0:
-        print(f"error: hetero-train exited with status {code} (its output: {log})", file=sys.stderr)
-        return code if code > 0 else 128 - code
-    print(f"hetero-train: finished; its output is in {log}")
-    return 0

@@ -4,7 +4,7 @@ Each browser tab that connects gets its own ``hetero-top`` process (textual-serv
 model: the app runs with Textual's web driver and its screen streams over a
 websocket), so the terminal UI and the web view are one program.
 
-The listen rule is every hetero listener's (``hetero.transport.check_listen``):
+The listen rule is every hetero listener's (``hetero.security.transport.check_listen``):
 loopback by default; any other address needs a token (``--token-file``,
 ``$HETERO_TOKEN_FILE`` or ``$HETERO_TOKEN``), or ``--insecure`` on a trusted
 network; anything else is refused with one line. With a token, a browser signs
@@ -34,9 +34,9 @@ import aiohttp_jinja2
 from aiohttp import web
 from textual_serve.server import Server
 
-from hetero.auth import SCHEME, Secret
 from hetero.core.errors import ConfigError
-from hetero.transport import is_loopback
+from hetero.security.auth import SCHEME, Secret
+from hetero.security.transport import is_loopback
 
 COOKIE = "hetero_top_session"
 #: App processes (browser tabs) served at once; more get 503.

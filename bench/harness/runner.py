@@ -17,6 +17,7 @@ resolved to one interval; the steps actually used are written to run.json.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -89,6 +90,9 @@ class MetricsTail:
 
 def preflight(scenario: Scenario) -> None:
     """Fail fast, before any device time is spent, if the machine cannot run ``scenario``."""
+    if importlib.util.find_spec("torch") is None:
+        # Every run trains: one line naming the extra (hetero.entry), not a failure per run.
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")
     if scenario.gpus == 0:
         return
     import torch

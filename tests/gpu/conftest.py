@@ -87,6 +87,6 @@ def summary(outcomes: dict[str, str], duration_s: float) -> str:
 
 
 def _driver() -> Any:
-    from hetero.agent.nvml import Nvml
+    from hetero.core.nvml import Nvml
 
     return Nvml().call("driver", lambda m: m.nvmlSystemGetDriverVersion()) or "n/a"

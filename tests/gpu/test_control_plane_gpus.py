@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from hetero.agent.localcluster import AgentSpec, LocalCluster
-from hetero.agent.nvml import Nvml
+from hetero.bench.localcluster import AgentSpec, LocalCluster
+from hetero.core.nvml import Nvml
 from hetero.v1 import coordinator_pb2 as pb
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]

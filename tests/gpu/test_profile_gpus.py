@@ -14,7 +14,7 @@ import pytest
 
 from hetero.agent.devicelimits import limits_from_nvml
 from hetero.agent.gpuprofile import TorchCuda
-from hetero.agent.nvml import Nvml
+from hetero.core.nvml import Nvml
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 

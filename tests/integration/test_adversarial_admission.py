@@ -25,8 +25,8 @@ SPEC = "name: flood{n}\nglobal_batch: 8\nsteps: 10\nresources:\n  ranks: 1\n  de
 
 SERVER = """
 import sys, time
-from hetero.auth import Secret
-from hetero.transport import ServerSecurity
+from hetero.security.auth import Secret
+from hetero.security.transport import ServerSecurity
 from hetero.coordinator.admission import Limits
 from hetero.coordinator.database import open_database, session_factory
 from hetero.coordinator.deps import Deps

@@ -3,7 +3,7 @@
 With one ``agent`` token for every node, an agent host could heartbeat as
 another node, re-register it with a new address, or forge a rank's exit on
 another node; with one ``user`` token, any user could cancel anyone's job. A
-node's and a user's own credential (``hetero.credentials``) binds the call to
+node's and a user's own credential (``hetero.security.credentials``) binds the call to
 its holder and the coordinator checks what each call acts on
 (``coordinator.scope``). Real coordinator on port 0, SQLite under tmp_path;
 the last test runs real daemons.
@@ -23,7 +23,6 @@ import pytest
 from pki import make_pki
 from sqlalchemy import event
 
-from hetero.auth import Secret, new_token
 from hetero.coordinator import cli
 from hetero.coordinator.admission import Limits
 from hetero.coordinator.config import load_config
@@ -33,8 +32,9 @@ from hetero.coordinator.roles import NAMED, certificate_callers, named_credentia
 from hetero.coordinator.server import create_server
 from hetero.coordinator.service import Deps
 from hetero.core.errors import ConfigError
-from hetero.credentials import Named, NamedCredentials, check_holder
-from hetero.transport import ClientSecurity, ServerSecurity, TLSFiles, client_channel
+from hetero.security.auth import Secret, new_token
+from hetero.security.credentials import Named, NamedCredentials, check_holder
+from hetero.security.transport import ClientSecurity, ServerSecurity, TLSFiles, client_channel
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 from hetero.v1 import types_pb2 as tpb
@@ -380,9 +380,9 @@ def test_agents_with_their_node_credentials_run_a_job_to_success(tmp_path: Path)
     credential from ``hetero-coord node-token``: registration, heartbeats, orders,
     rank states, logs and rank 0's reports all pass the node checks, the job
     succeeds, and one agent's credential still cannot heartbeat as the other node."""
-    from hetero.agent.localcluster import AgentSpec, LocalCluster
-    from hetero.auth import read_token_file
-    from hetero.demo import summary_from_logs
+    from hetero.bench.demo import summary_from_logs
+    from hetero.bench.localcluster import AgentSpec, LocalCluster
+    from hetero.security.auth import read_token_file
 
     root = tmp_path / "cluster"
     with LocalCluster(root, [AgentSpec("a"), AgentSpec("b")], node_credentials=True) as cluster:

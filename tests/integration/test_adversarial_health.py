@@ -16,11 +16,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from hetero.auth import new_token
 from hetero.coordinator.database import open_database, session_factory
 from hetero.coordinator.server import SERVICE_NAME, create_server
 from hetero.coordinator.service import Deps
-from hetero.transport import ServerSecurity
+from hetero.security.auth import new_token
+from hetero.security.transport import ServerSecurity
 
 DEADLINE_S = 5.0
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -53,13 +53,13 @@ def test_check_answers_serving_for_known_services_without_credentials(health) ->
 def test_check_of_an_unknown_service_is_not_found_and_logs_no_traceback(
     health, caplog: pytest.LogCaptureFixture
 ) -> None:  # type: ignore[no-untyped-def]
-    caplog.set_level(logging.ERROR, logger="hetero.guard")
+    caplog.set_level(logging.ERROR, logger="hetero.security.guard")
     for _ in range(20):
         with pytest.raises(grpc.RpcError) as err:
             health.Check(health_pb2.HealthCheckRequest(service="no.such.Svc"), timeout=DEADLINE_S)
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
         assert "Traceback" not in (err.value.details() or "")
-    assert [r for r in caplog.records if r.name == "hetero.guard"] == []
+    assert [r for r in caplog.records if r.name == "hetero.security.guard"] == []
 
 
 def test_watch_streams_the_status_of_known_and_unknown_services(health) -> None:  # type: ignore[no-untyped-def]

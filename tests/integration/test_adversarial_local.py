@@ -206,7 +206,7 @@ def test_an_existing_state_directory_open_to_others_is_tightened(root_dir: Path)
 
 
 def test_a_client_never_sends_the_local_token_to_a_remote_address(tmp_path: Path) -> None:
-    from hetero.transport import client_security
+    from hetero.security.transport import client_security
 
     state = tmp_path / "hetero"
     state.mkdir()

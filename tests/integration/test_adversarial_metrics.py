@@ -27,13 +27,13 @@ import psutil
 import pytest
 from servedprocess import START_S, kill_left, serve, still_running, wait_for_line
 
-from hetero.auth import new_token
 from hetero.coordinator.metricshttp import NICE, QUEUED, READ_TIMEOUT_S, WORKERS
 from hetero.coordinator.metricsserver import MetricsServer
 from hetero.coordinator.service import CoordinatorService
 from hetero.coordinator.snapshots import Snapshots
 from hetero.core.errors import ConfigError
-from hetero.transport import ServerSecurity
+from hetero.security.auth import new_token
+from hetero.security.transport import ServerSecurity
 from hetero.v1 import coordinator_pb2 as pb
 
 ATTACKERS = 200

@@ -16,14 +16,14 @@ from pathlib import Path
 import grpc
 import pytest
 
-from hetero.auth import Secret, new_token
 from hetero.coordinator.config import load_config
 from hetero.coordinator.database import open_database, session_factory
 from hetero.coordinator.roles import AGENT, ROLES, SERVICE, USER, load_roles
 from hetero.coordinator.server import create_server
 from hetero.coordinator.service import Deps
 from hetero.core.errors import ConfigError
-from hetero.transport import ClientSecurity, ServerSecurity, client_channel
+from hetero.security.auth import Secret, new_token
+from hetero.security.transport import ClientSecurity, ServerSecurity, client_channel
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 from hetero.v1 import types_pb2 as tpb
@@ -133,7 +133,7 @@ def test_a_ranks_token_is_good_for_its_own_job_only(served: Served) -> None:
     """Before: every rank of an agent shared one endpoint token, good for any job."""
     from hetero.agent.local import AgentLocalService, PlanCache, create_local_server
     from hetero.agent.orders import rank_environment
-    from hetero.auth import AGENT_TOKEN_ENV, JobTokens
+    from hetero.security.auth import AGENT_TOKEN_ENV, JobTokens
     from hetero.v1 import agent_pb2_grpc
 
     tokens = JobTokens(new_token())

@@ -19,8 +19,8 @@ import pytest
 
 from hetero.agent.config import AgentConfig
 from hetero.agent.daemon import Agent
-from hetero.agent.nvml import Nvml
 from hetero.agent.profile import DeviceMeasure, NodeProfile
+from hetero.core.nvml import Nvml
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
 

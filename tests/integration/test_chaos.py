@@ -48,7 +48,7 @@ from typing import Any
 import psutil
 import pytest
 
-from hetero.agent.localcluster import AgentSpec, LocalCluster
+from hetero.bench.localcluster import AgentSpec, LocalCluster
 from hetero.v1 import coordinator_pb2 as pb
 
 #: The rank kill runs in ``make test`` (about half a minute here); the others in ``make chaos``.

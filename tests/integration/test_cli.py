@@ -182,11 +182,11 @@ def test_a_database_password_is_never_printed_and_a_missing_driver_is_named(tmp_
 
 def test_hetero_top_with_a_wrong_token_exits_non_zero_with_one_line(tmp_path: Path) -> None:
     """Issue 17: hetero-top with a token the coordinator refuses exited 0."""
-    from hetero.auth import Secret
     from hetero.coordinator.database import open_database, session_factory
     from hetero.coordinator.deps import Deps
     from hetero.coordinator.server import create_server
-    from hetero.transport import ServerSecurity
+    from hetero.security.auth import Secret
+    from hetero.security.transport import ServerSecurity
 
     engine = open_database(f"sqlite:///{tmp_path / 'c.db'}")
     deps = Deps(sessions=session_factory(engine))

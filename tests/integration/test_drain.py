@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hetero.agent.localcluster import AgentSpec, LocalCluster
+from hetero.bench.localcluster import AgentSpec, LocalCluster
 from hetero.core.states import JobState
 from hetero.trainer.checkpoint import read_checkpoint
 from hetero.trainer.launch import free_port, rank_env

@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from hetero.agent.localcluster import AgentSpec, LocalCluster
-from hetero.demo import summary_from_logs
+from hetero.bench.demo import summary_from_logs
+from hetero.bench.localcluster import AgentSpec, LocalCluster
 from hetero.trainer.launch import free_port
 
 pytestmark = pytest.mark.slow

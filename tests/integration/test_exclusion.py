@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from hetero.agent.localcluster import AgentSpec, LocalCluster
+from hetero.bench.localcluster import AgentSpec, LocalCluster
 from hetero.core.states import JobState
 from hetero.v1 import coordinator_pb2 as pb
 

@@ -1,4 +1,4 @@
-"""The guard of a ``grpc.aio`` server (``hetero.guard.AioGuardInterceptor``) with a
+"""The guard of a ``grpc.aio`` server (``hetero.security.guard.AioGuardInterceptor``) with a
 handler that aborts after its client has gone: under load a coordinator's call
 that waited past its deadline aborts DEADLINE_EXCEEDED when the client has
 already left, gRPC fails to send that status, and the guard took the failure for
@@ -18,7 +18,7 @@ import grpc
 import grpc.aio
 import pytest
 
-from hetero.transport import ServerSecurity, new_aio_server
+from hetero.security.transport import ServerSecurity, new_aio_server
 
 METHOD = "/hetero.test.Slow/Call"
 

@@ -30,9 +30,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from hetero.auth import new_token
 from hetero.core.jobspec import JobSpec
-from hetero.transport import ClientSecurity, client_channel
+from hetero.security.auth import new_token
+from hetero.security.transport import ClientSecurity, client_channel
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 

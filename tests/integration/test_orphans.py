@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from hetero.agent.localcluster import AgentSpec, LocalCluster
+from hetero.bench.localcluster import AgentSpec, LocalCluster
 from hetero.v1 import coordinator_pb2 as pb
 
 pytestmark = pytest.mark.slow

@@ -20,12 +20,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pki import Pki, make_pki
 
 from hetero.agent.local import AgentLocalService, PlanCache, create_local_server
-from hetero.auth import JobTokens, Secret
 from hetero.coordinator.database import open_database, session_factory
 from hetero.coordinator.server import create_server
 from hetero.coordinator.service import Deps
 from hetero.core.errors import ConfigError
-from hetero.transport import ClientSecurity, ServerSecurity, TLSFiles, client_channel
+from hetero.security.auth import JobTokens, Secret
+from hetero.security.transport import ClientSecurity, ServerSecurity, TLSFiles, client_channel
 from hetero.v1 import agent_pb2_grpc, coordinator_pb2_grpc
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
@@ -348,8 +348,8 @@ def test_a_job_runs_with_tokens_end_to_end_and_the_token_is_nowhere_on_disk(tmp_
     coordinator's token is in no database file, no daemon or rank log, no argv."""
     import psutil
 
-    from hetero.agent.localcluster import AgentSpec, LocalCluster
-    from hetero.demo import summary_from_logs
+    from hetero.bench.demo import summary_from_logs
+    from hetero.bench.localcluster import AgentSpec, LocalCluster
 
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from hetero.agent.config import AgentConfig
 from hetero.agent.config import load_config as load_agent_config
-from hetero.agent.localcluster import AgentSpec, LocalCluster
+from hetero.bench.localcluster import AgentSpec, LocalCluster
 from hetero.coordinator import recovery, server, service
 from hetero.coordinator.config import CoordinatorConfig
 from hetero.coordinator.config import load_config as load_coordinator_config

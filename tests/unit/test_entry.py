@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from importlib.metadata import entry_points
+from pathlib import Path
 
 import pytest
 
@@ -57,6 +58,28 @@ def test_a_missing_dependency_is_one_line_naming_it(
     (line,) = result.stderr.splitlines()
     assert line.startswith(f"error: {command} needs the Python module '{missing}'")
     assert sys.executable in line
+
+
+@pytest.mark.parametrize(
+    ("command", "argv"),
+    [
+        # Before any rank starts: the launcher's check, not one traceback per rank.
+        ("hetero-train", ("--nproc", "2", "--device", "cpu", "--steps", "2")),
+        ("hetero-train", ("--steps", "2")),
+        # A CPU scenario, whose runs all train (--dry-run needs no torch).
+        ("hetero-bench", ("run", "cpu-emulated", "--out", "{tmp}")),
+    ],
+)
+def test_a_missing_torch_names_the_extra_that_brings_it(
+    command: str, argv: tuple[str, ...], tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    result = _run_without("torch", COMMANDS[command], *(a.format(tmp=out) for a in argv))
+    assert result.returncode == 1
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"error: {command} needs the Python module 'torch'")
+    assert line.endswith("install hetero[train] (pip install 'hetero[train]')")
+    assert not out.exists(), "nothing of the benchmark was started"
 
 
 def test_a_command_runs_its_main_when_everything_is_there() -> None:

@@ -17,7 +17,7 @@ from hetero.core.errors import (
     UnsupportedError,
     error_for_status,
 )
-from hetero.transport import is_unreachable, remote_error
+from hetero.security.transport import is_unreachable, remote_error
 
 TARGET = "the coordinator at 10.0.0.1:7070"
 

@@ -13,7 +13,6 @@ import pytest
 
 from hetero.agent.devicelimits import DeviceLimits, implausible, matmul_peak, memory_peak, pcie_peak
 from hetero.agent.gpuprofile import GpuFigures, GpuProps
-from hetero.agent.nvml import Nvml
 from hetero.agent.profile import DeviceMeasure, measure
 from hetero.agent.sharing import ForeignLoad, sharing_factor, worth_reregistering
 from hetero.agent.telemetry import TelemetrySampler
@@ -21,6 +20,7 @@ from hetero.coordinator import wire
 from hetero.coordinator.placement import DeviceSlot, place
 from hetero.coordinator.render import profile_notes
 from hetero.core.jobspec import parse_jobspec
+from hetero.core.nvml import Nvml
 
 NEIGHBOUR_PID = 4242
 #: What an idle H100 SXM measures with the quick profile (bf16 2048^3, 64 MiB copies).

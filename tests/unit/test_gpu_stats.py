@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from hetero.agent.nvml import Nvml
+from hetero.core.nvml import Nvml
 from hetero.trainer.gpustats import (
     NOT_AVAILABLE,
     GpuReading,

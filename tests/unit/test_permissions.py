@@ -1,4 +1,4 @@
-"""The daemons' user and file-mode rules (``hetero.permissions``), without root."""
+"""The daemons' user and file-mode rules (``hetero.security.permissions``), without root."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hetero.core.errors import ConfigError
-from hetero.permissions import DAEMON_UMASK, private_dir, refuse_root
+from hetero.security.permissions import DAEMON_UMASK, private_dir, refuse_root
 
 
 def test_root_is_refused_unless_allowed_and_other_users_pass() -> None:

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from hetero.agent.orders import rank_command, rank_environment
-from hetero.auth import AGENT_TOKEN_ENV, Secret, load_token, new_token, scrub_environment
 from hetero.core.errors import ConfigError
 from hetero.core.jobspec import parse_jobspec
 from hetero.core.roots import default_roots, path_problem
-from hetero.transport import ServerSecurity, TLSFiles, check_listen, is_loopback
+from hetero.security.auth import AGENT_TOKEN_ENV, Secret, load_token, new_token, scrub_environment
+from hetero.security.transport import ServerSecurity, TLSFiles, check_listen, is_loopback
 from hetero.v1 import coordinator_pb2 as pb
 
 TOKEN = "s3cret-token-0123456789abcdef"

@@ -1,5 +1,5 @@
 """Bearer-token authentication for hetero's gRPC services: tokens and the server side
-(the client side, a channel that sends the token, is ``hetero.bearer``).
+(the client side, a channel that sends the token, is ``hetero.security.bearer``).
 
 Every RPC of the coordinator and of the agent's ``AgentLocal`` endpoint carries
 ``authorization: Bearer <token>`` metadata when the daemon has a token; the
@@ -49,9 +49,9 @@ from hetero.core.defaults import default_state_dir
 from hetero.core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from hetero.credentials import NamedCredentials
+    from hetero.security.credentials import NamedCredentials
 
-log = logging.getLogger("hetero.auth")
+log = logging.getLogger("hetero.security.auth")
 
 TOKEN_ENV = "HETERO_TOKEN"
 TOKEN_FILE_ENV = "HETERO_TOKEN_FILE"
@@ -308,7 +308,7 @@ class TokenAuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc, unused
     def refusal(self, details: grpc.HandlerCallDetails) -> Refusal | None:
         """None if the call may proceed, else its status and message (logged): the
         cluster token may call anything, a role's token or a named credential
-        (``hetero.credentials``) only its methods."""
+        (``hetero.security.credentials``) only its methods."""
         if details.method in OPEN_METHODS:
             return None
         presented = _presented(details.invocation_metadata)

@@ -10,7 +10,7 @@ sees UNKNOWN and never a Python traceback. A handler that aborted itself keeps
 its own status.
 
 Oversized messages never reach a handler: the server's
-``grpc.max_receive_message_length`` (:data:`hetero.transport.MAX_MESSAGE_BYTES`)
+``grpc.max_receive_message_length`` (:data:`hetero.security.transport.MAX_MESSAGE_BYTES`)
 makes gRPC answer RESOURCE_EXHAUSTED. ``AioGuardInterceptor`` does the same for a
 ``grpc.aio`` server (the coordinator's).
 """
@@ -25,7 +25,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-log = logging.getLogger("hetero.guard")
+log = logging.getLogger("hetero.security.guard")
 
 
 #: Longest status message, in characters: gRPC sends it in a header (8 KiB by default),

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 from rich.console import Console
 
-from hetero.agent.localcluster import AgentSpec, ClusterError, LocalCluster
+from hetero.bench.localcluster import AgentSpec, ClusterError, LocalCluster
 from hetero.core.errors import HeteroError
 from hetero.core.states import JobState, job_label
 from hetero.trainer.demo import print_comparison

@@ -1,9 +1,10 @@
 """A whole hetero cluster on this machine: a coordinator and agents as real processes.
 
-For ``make demo`` and the end-to-end tests. Each daemon is started exactly as
-an operator would start it (``hetero-coord serve``, ``hetero-agent run``) on
-loopback ports, with its own state directory; ``stop()`` sends SIGTERM, waits,
-then SIGKILLs whatever is left, so nothing outlives the cluster.
+For ``make demo``, the control-plane benchmark and the end-to-end tests. Each
+daemon is started exactly as an operator would start it (``hetero-coord serve``,
+``hetero-agent run``) on loopback ports, with its own state directory; ``stop()``
+sends SIGTERM, waits, then SIGKILLs whatever is left, so nothing outlives the
+cluster.
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ from typing import IO
 
 import grpc
 
-from hetero.auth import ensure_token, load_token, local_token_path, scrub_environment
 from hetero.core import defaults
 from hetero.core.errors import HeteroError
 from hetero.core.states import job_label, job_terminal
-from hetero.permissions import private_dir
+from hetero.security.auth import ensure_token, load_token, local_token_path, scrub_environment
+from hetero.security.permissions import private_dir
+from hetero.security.transport import ClientSecurity, client_channel, remote_error
 from hetero.trainer.launch import free_port
-from hetero.transport import ClientSecurity, client_channel, remote_error
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 

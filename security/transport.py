@@ -3,7 +3,7 @@ message limits, and the rule that no daemon listens beyond loopback unauthentica
 
 Server: ``--tls-cert`` and ``--tls-key`` turn on TLS; adding ``--tls-ca``
 requires every client to present a certificate signed by that CA (mutual TLS).
-A token (``hetero.auth``) may be used with or without TLS. A daemon refuses a
+A token (``hetero.security.auth``) may be used with or without TLS. A daemon refuses a
 listen address other than loopback unless callers must authenticate (token or
 mutual TLS), or ``--insecure`` says the network is trusted.
 
@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import grpc.aio
 
-from hetero.auth import (
+from hetero.core.errors import ConfigError, RemoteError, UnreachableError, error_for_status
+from hetero.security.auth import (
     AioTokenAuthInterceptor,
     RoleToken,
     Secret,
@@ -35,14 +36,13 @@ from hetero.auth import (
     load_token,
     local_token_path,
 )
-from hetero.bearer import with_token
-from hetero.core.errors import ConfigError, RemoteError, UnreachableError, error_for_status
-from hetero.guard import AioGuardInterceptor, GuardInterceptor
+from hetero.security.bearer import with_token
+from hetero.security.guard import AioGuardInterceptor, GuardInterceptor
 
 if TYPE_CHECKING:
-    from hetero.credentials import NamedCredentials
+    from hetero.security.credentials import NamedCredentials
 
-log = logging.getLogger("hetero.transport")
+log = logging.getLogger("hetero.security.transport")
 
 #: Largest request a hetero server accepts, in bytes; larger ones get RESOURCE_EXHAUSTED.
 #: Far above any real message (job specs, a 1000-line log batch of 4 KiB lines), far
@@ -122,7 +122,7 @@ class ServerSecurity:
     #: The service itself checks a credential bound to the request (AgentLocal's
     #: per-job tokens), which no interceptor can: counts as authentication.
     checked_by_service: bool = False
-    #: Node and user credentials (``hetero.credentials``), beside ``token`` and ``roles``.
+    #: Node and user credentials (``hetero.security.credentials``), beside ``token`` and ``roles``.
     named: NamedCredentials | None = None
     #: The service maps a client certificate to a role (``coordinator.scope``): a call
     #: with a certificate and no token passes the token check.
@@ -167,7 +167,7 @@ def server_security(
     tls_ca: Path | None = None,
     insecure: bool = False,
 ) -> ServerSecurity:
-    """Read the token (``hetero.auth.load_token``) and check the TLS files exist."""
+    """Read the token (``hetero.security.auth.load_token``) and check the TLS files exist."""
     tls = TLSFiles(tls_cert, tls_key, tls_ca)
     tls.server_credentials()  # fail now, with the file's name, not at bind time
     return ServerSecurity(load_token(token_file), tls, insecure)
@@ -183,7 +183,7 @@ def client_security(
 ) -> ClientSecurity:
     """Read the token and check the TLS files; each TLS path falls back to ``$HETERO_TLS_*``.
     A client of a loopback ``address`` given no token uses the one a local coordinator
-    generated (``hetero.auth.local_token_path``); it is never sent beyond loopback."""
+    generated (``hetero.security.auth.local_token_path``); it is never sent beyond loopback."""
 
     def env(path: Path | None, key: str) -> Path | None:
         value = os.environ.get(TLS_ENV[key])

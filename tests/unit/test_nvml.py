@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from hetero.agent.nvml import Nvml, throttle_names
 from hetero.agent.telemetry import Snapshot, TelemetrySampler
+from hetero.core.nvml import Nvml, throttle_names
 
 
 class NVMLError(Exception):
@@ -58,7 +58,7 @@ def test_without_nvml_every_gpu_field_is_na_and_nothing_raises(
             raise NVMLError("NVML Shared Library Not Found")
 
     nvml = Nvml(Missing())
-    with caplog.at_level(logging.INFO, logger="hetero.agent.nvml"):
+    with caplog.at_level(logging.INFO, logger="hetero.core.nvml"):
         assert not nvml.available
         assert nvml.device_count() == 0
         sample = nvml.sample(0)
@@ -79,7 +79,7 @@ def test_one_unsupported_field_is_na_alone_and_logged_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     nvml = Nvml(FakeNvml())
-    with caplog.at_level(logging.INFO, logger="hetero.agent.nvml"):
+    with caplog.at_level(logging.INFO, logger="hetero.core.nvml"):
         first = nvml.sample(0)
         nvml.sample(0)
     assert first.power_w is None, "unsupported power is n/a"

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from hetero.auth import Secret, ensure_token, read_token_file
 from hetero.core.errors import ConfigError
+from hetero.security.auth import Secret, ensure_token, read_token_file
 
 #: The kinds of named credential and what each names.
 KINDS = ("node", "user")

@@ -5,6 +5,10 @@ not support one field must degrade, not crash: the first failure of each kind
 is logged once (at INFO for "not supported", WARNING otherwise) and every later
 one is silent. ``nvidia-ml-py`` is imported lazily so the agent runs where it is
 missing too.
+
+It lives in ``core`` because two packages read GPUs through it: the agent (its
+profile and telemetry) and each training rank (``hetero.trainer.gpustats``), and
+neither may import the other. Importing it loads only the standard library.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-log = logging.getLogger("hetero.agent.nvml")
+log = logging.getLogger("hetero.core.nvml")
 
 T = TypeVar("T")
 

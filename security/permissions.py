@@ -20,7 +20,7 @@ from pathlib import Path
 
 from hetero.core.errors import ConfigError
 
-log = logging.getLogger("hetero.permissions")
+log = logging.getLogger("hetero.security.permissions")
 
 #: Files 0640 and directories 0750 at most: no access for other users.
 DAEMON_UMASK = 0o027

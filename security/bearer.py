@@ -1,4 +1,4 @@
-"""The client side of bearer-token authentication (``hetero.auth``): a channel that
+"""The client side of bearer-token authentication (``hetero.security.auth``): a channel that
 sends ``authorization: Bearer <token>`` on every call."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import grpc
 
-from hetero.auth import METADATA_KEY, SCHEME, Secret
+from hetero.security.auth import METADATA_KEY, SCHEME, Secret
 
 
 class _CallDetails(

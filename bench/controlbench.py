@@ -36,7 +36,7 @@ from typing import Any
 import grpc
 import psutil
 
-from hetero.agent.localcluster import AgentSpec, LocalCluster
+from hetero.bench.localcluster import AgentSpec, LocalCluster
 from hetero.v1 import agent_pb2_grpc
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
@@ -160,7 +160,7 @@ def _under_control_plane(
 ) -> tuple[dict[str, Any], dict[str, float], float]:
     """The job's summary, each daemon's CPU seconds and the wall seconds from submit
     to finish."""
-    from hetero.demo import summary_from_logs
+    from hetero.bench.demo import summary_from_logs
 
     spec = work.spec()
     cpu0, t0 = _daemon_cpu_s(cluster), time.perf_counter()
@@ -245,7 +245,7 @@ def idle(seconds: float) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m hetero.agent.controlbench", description=__doc__.splitlines()[0]
+        prog="python -m hetero.bench.controlbench", description=__doc__.splitlines()[0]
     )
     sub = p.add_subparsers(dest="what", required=True)
     lat = sub.add_parser("latency")
