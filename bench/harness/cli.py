@@ -155,18 +155,23 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def print_plan(scenario: Scenario, specs: list[RunSpec], out: Path, timeout_s: float) -> None:
     """The dry run: what would run, in order, with every command and environment."""
-    emu = " (EMULATED slowdowns)" if scenario.emulated else ""
+    emu = " (EMULATED)" if scenario.emulated else ""
     print(f"# scenario {scenario.name}{emu}: {scenario.description}")
     print(f"# {scenario.ranks} ranks, {scenario.gpus} GPU(s), {scenario.steps} steps, out {out}")
     print(f"# each run is stopped after {timeout_s:.0f} s; nothing below was run (--dry-run)")
     for s, label in scenario.change_steps:
         print(f"# change at step {s}: {label}")
     if scenario.loop == "zoo":
+        workers = " or ".join(str(n) for n in scenario.num_workers)
         print(
             f"# zoo loop under torchrun, data paths {', '.join(scenario.data_paths)} "
-            f"({scenario.num_workers} loader workers per rank); the model comes from timm, or "
+            f"({workers} loader workers per rank); the model comes from timm, or "
             "torchvision when timm is missing (each run says which)"
         )
+    if scenario.repeats > 1:
+        print(f"# {scenario.repeats} repeats, each plain DDP then the policies (alternating)")
+    for line in scenario.emulation():
+        print(f"# {line}")
     prepare = prepare_argv(scenario, out)
     if prepare:
         print("# prepare the token file once, before the runs:")
@@ -258,7 +263,16 @@ def _with_solo_scores(spec: RunSpec, specs: list[RunSpec]) -> RunSpec:
     """
     if spec.policy not in ("proportional", "hybrid"):
         return spec
-    base = next((s for s in specs if s.policy == BASELINE and s.data_path == spec.data_path), None)
+    base = next(
+        (
+            s
+            for s in specs
+            if s.policy == BASELINE
+            and (s.data_path, s.num_workers, s.repeat)
+            == (spec.data_path, spec.num_workers, spec.repeat)
+        ),
+        None,
+    )
     if base is None or not base.summary_path.is_file():
         return spec
     rates = json.loads(base.summary_path.read_text()).get("standalone_samples_per_s") or []
