@@ -305,12 +305,13 @@ def build_data(
     dataset, line = _source(
         model_name, path, num_samples, image_size, num_classes, tokens, seq_len, seed
     )
+    extra = [d.describe() for d in (jitter, input_cost) if d is not None]
+    described = (lambda: "; ".join([line(), *extra])) if extra else line
     cost_ms = input_cost.ms_for(rank) if input_cost else 0.0
     if not (jitter or cost_ms):
-        return dataset, line
-    extra = [d.describe() for d in (jitter, input_cost) if d is not None]
+        return dataset, described  # nothing to add on this rank; the line says the job's
     delayed = Delayed(dataset, jitter=jitter, input_cost_s=cost_ms / 1e3, seed=seed)
-    return delayed, lambda: "; ".join([line(), *extra])
+    return delayed, described
 
 
 def _source(

@@ -62,7 +62,7 @@ def test_an_emulated_input_cost_reaches_both_loops_and_is_labelled(tmp_path: Pat
     s = load_scenario("zoo-cpu-input-bound")
     assert s.emulated and any("EMULATED input cost" in x for x in s.emulation())
     for spec in run_specs(s, tmp_path, python="py"):
-        assert _arg(spec.argv, "--input-cost-ms") == "1:3"
+        assert _arg(spec.argv, "--input-cost-ms") == "1:6"
     arrives = load_scenario("zoo-neighbour-arrives")
     assert [lab for _, lab in arrives.change_steps] == [
         "neighbour arrives on GPU 1",
