@@ -21,8 +21,8 @@ interval's wall time and this rank's mean compute-only seconds per step.
   took beyond the settled steps' median (``switch_s``, per rank, in the record of
   the interval it landed in) over that rank's median settled step (``step_s``), the
   largest over the ranks: the job waits for its slowest rank;
-- why the plan held still: the planner's own words (``not_helping``, newest),
-  else the reason it gave most often at the boundaries where it kept the plan.
+- why the plan held still: the planner's own words (``not_helping``), else the
+  reason it gave at the boundaries where it kept the plan; the one said most often.
 """
 
 from __future__ import annotations
@@ -168,14 +168,19 @@ def change_costs_steps(ranks: Sequence[Sequence[Mapping[str, Any]]]) -> list[tup
 def why_held(rank0: Sequence[Mapping[str, Any]]) -> str | None:
     """Why the plan held still (module doc); ``None`` where no boundary kept a plan
     with a reason (plain DDP, a run without metrics)."""
-    for rec in reversed(rank0):
-        if rec.get("not_helping"):
-            return f"hetero is not helping here: {rec['not_helping']}"
+    said = [str(r["not_helping"]) for r in rank0 if r.get("not_helping")]
+    if said:
+        return f"hetero is not helping here: {_commonest(said, len(rank0))}"
     kept = [_gist(r["reason"]) for r in rank0 if r.get("reason") and not r.get("plan_changed")]
-    if not kept:
-        return None
-    reason, count = Counter(kept).most_common(1)[0]
-    return f"{reason} (at {count} of {len(rank0)} boundaries)"
+    return _commonest(kept, len(rank0)) if kept else None
+
+
+def _commonest(texts: Sequence[str], boundaries: int) -> str:
+    """The text said most often (the newest of a tie), with how often."""
+    counts = Counter(texts)
+    top = max(counts.values())
+    text = next(t for t in reversed(texts) if counts[t] == top)
+    return f"{text} (at {top} of {boundaries} boundaries)"
 
 
 def _gist(reason: str) -> str:

@@ -47,8 +47,9 @@ FIGURES_HELP = """\
   its first steps at the new batch took beyond the settled median, over the
   median settled step, the costliest rank); whole-run / steady: samples/s over
   every interval but the first against the steady window's (a run without
-  changes); why the plan held still: the planner's `not_helping`, else the
-  reason it gave most often when it kept the plan.
+  changes); why the plan held still: what the planner said most often, its
+  `not_helping` where it gave one, else its reason at the boundaries where it
+  kept the plan.
 - **settle** (targets): intervals after a change until the first interval within
   5% of the new phase's steady samples/s (`adapt` also asks the next to stay).
 - **where the gap went** (last phase): the share of the ideal lost to imbalance

@@ -148,8 +148,12 @@ def test_why_the_plan_held_is_the_planners_not_helping_else_its_commonest_reason
     rank0 = [_record(0, k, reason=r) for k, r in enumerate(reasons)]
     rank0.append(_record(0, 3, reason="predicted step 10 -> 9 ms", plan_changed=True))
     assert figures.why_held(rank0) == "within dead-band and noise (at 2 of 4 boundaries)"
-    rank0[1]["not_helping"] = "devices alike"
-    assert figures.why_held(rank0) == "hetero is not helping here: devices alike"
+    rank0[0]["not_helping"] = rank0[1]["not_helping"] = "devices alike"
+    rank0[2]["not_helping"] = "the predicted gain did not show in the measured step time"
+    assert (
+        figures.why_held(rank0)
+        == "hetero is not helping here: devices alike (at 2 of 4 boundaries)"
+    )
     assert figures.why_held([_record(0, 0)]) is None  # plain DDP: no planner
 
 
