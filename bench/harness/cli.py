@@ -45,7 +45,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "run",
         help="run a benchmark scenario on this machine's GPUs/CPUs",
         description="Run plain DDP and hetero's policies on a scenario and report samples/s, "
-        "% of ideal, speedups, load imbalance, GPU utilization and adaptation time.",
+        "% of ideal, speedups, load imbalance, GPU utilization, adaptation time and plan "
+        "changes, and check the scenario's targets (each measured value with pass or MISS).",
     )
     p.add_argument("scenario", nargs="?", metavar="SCENARIO", help="scenario name (see --list)")
     p.add_argument("--out", type=Path, help="run directory (default runs/bench/SCENARIO-DATE)")
@@ -64,8 +65,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     r = sub.add_parser(
         "report",
         help="rebuild results, report.md and plots from a run directory",
-        description="Recompute every figure from a run directory's metrics and rewrite "
-        "results.json, results.csv, report.md and the PNG plots (plots need matplotlib).",
+        description="Recompute every figure from a run directory's metrics, check the "
+        "scenario's targets again, and rewrite results.json, results.csv, report.md and the "
+        "PNG plots (plots need matplotlib).",
     )
     r.add_argument("dir", type=Path, metavar="DIR")
     r.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -143,10 +145,17 @@ def run_command(args: argparse.Namespace) -> int:
             )
             if r.get("gap_verdict"):
                 print(f"{'':>16} {'':>9}  {r['gap_verdict']}")
+    print_targets(result["targets"])
     print(f"wrote {out}/results.json, results.csv, report.md")
     if interrupted:
         return 130
     return 1 if failures else 0
+
+
+def print_targets(checks: list[dict[str, Any]]) -> None:
+    """One line per checked target: the run, its window, the measured value, pass or miss."""
+    for c in checks:
+        print(f"target {c['target']}: {c['run']} {c['window']} {c['measured']} {c['result']}")
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -246,6 +255,7 @@ def report_command(args: argparse.Namespace) -> int:
     from hetero.bench.harness import plots, report
 
     result = report.write_outputs(args.dir, draw_plots=not args.no_plots)
+    print_targets(result["targets"])
     print(f"wrote {args.dir}/results.json, results.csv, report.md")
     if result["plots"]:
         print("plots: " + ", ".join(p.name for p in result["plots"]))

@@ -226,17 +226,6 @@ class Scenario:
     def run_names(self) -> tuple[str, ...]:
         return tuple(k.name for k in self.runs())
 
-    def run_key(self, name: str) -> RunKey:
-        for key in self.runs():
-            if key.name == name:
-                return key
-        raise ConfigError(f"scenario {self.name} has no run {name!r}")
-
-    def run_parts(self, name: str) -> tuple[str, str]:
-        """(policy or reference, data path) of run ``name``."""
-        key = self.run_key(name)
-        return key.policy, key.data_path
-
     def override(self, run: str) -> RunOverride:
         return dict(self.overrides).get(run, RunOverride())
 

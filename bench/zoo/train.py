@@ -46,8 +46,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         choices=DATA_PATHS,
         default="loader",
         help="data path: loader (uint8 images or token windows made per sample in DataLoader "
-        "workers), jpeg (JPEG files decoded with PIL + RandomResizedCrop + flip per sample in "
-        "the workers), device (batches gathered on the device, no workers)",
+        "workers), jpeg (JPEG files decoded with PIL + RandomResizedCrop + flip + normalize per "
+        "sample in the workers), device (batches gathered on the device, no workers)",
     )
     p.add_argument(
         "--num-workers", type=int, default=6, help="DataLoader workers per rank (loader, jpeg)"
