@@ -31,7 +31,8 @@ FIGURES_HELP = """\
 - **% of ideal**: samples/s over the sum of each rank's standalone throughput at
   its final planned batch, measured one rank at a time after training in the
   same run (plain DDP: each rank alone at B/W). Only for the last phase.
-- **vs DDP / vs equal / vs GPU-only**: samples/s over that run's, same window.
+- **vs DDP / vs equal / vs GPU-only**: samples/s over that run's, same window
+  (and the same data path, worker count and repeat: a pair that ran together).
 - **imbalance**: median over the window of max/mean per-rank compute-only time
   − 1 (plain DDP has no compute-only time: from its standalone step times).
 - **adapt**: intervals (× rebalance interval = steps) after a change until the
