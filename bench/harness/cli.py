@@ -45,7 +45,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "run",
         help="run a benchmark scenario on this machine's GPUs/CPUs",
         description="Run plain DDP and hetero's policies on a scenario and report samples/s, "
-        "% of ideal, speedups, load imbalance, GPU utilization and adaptation time.",
+        "% of ideal, speedups, load imbalance, GPU utilization, adaptation time and plan "
+        "changes, and check the scenario's targets (each measured value with pass or MISS).",
     )
     p.add_argument("scenario", nargs="?", metavar="SCENARIO", help="scenario name (see --list)")
     p.add_argument("--out", type=Path, help="run directory (default runs/bench/SCENARIO-DATE)")
@@ -64,8 +65,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     r = sub.add_parser(
         "report",
         help="rebuild results, report.md and plots from a run directory",
-        description="Recompute every figure from a run directory's metrics and rewrite "
-        "results.json, results.csv, report.md and the PNG plots (plots need matplotlib).",
+        description="Recompute every figure from a run directory's metrics, check the "
+        "scenario's targets again, and rewrite results.json, results.csv, report.md and the "
+        "PNG plots (plots need matplotlib).",
     )
     r.add_argument("dir", type=Path, metavar="DIR")
     r.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -143,10 +145,17 @@ def run_command(args: argparse.Namespace) -> int:
             )
             if r.get("gap_verdict"):
                 print(f"{'':>16} {'':>9}  {r['gap_verdict']}")
+    print_targets(result["targets"])
     print(f"wrote {out}/results.json, results.csv, report.md")
     if interrupted:
         return 130
     return 1 if failures else 0
+
+
+def print_targets(checks: list[dict[str, Any]]) -> None:
+    """One line per checked target: the run, its window, the measured value, pass or miss."""
+    for c in checks:
+        print(f"target {c['target']}: {c['run']} {c['window']} {c['measured']} {c['result']}")
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -155,18 +164,23 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def print_plan(scenario: Scenario, specs: list[RunSpec], out: Path, timeout_s: float) -> None:
     """The dry run: what would run, in order, with every command and environment."""
-    emu = " (EMULATED slowdowns)" if scenario.emulated else ""
+    emu = " (EMULATED)" if scenario.emulated else ""
     print(f"# scenario {scenario.name}{emu}: {scenario.description}")
     print(f"# {scenario.ranks} ranks, {scenario.gpus} GPU(s), {scenario.steps} steps, out {out}")
     print(f"# each run is stopped after {timeout_s:.0f} s; nothing below was run (--dry-run)")
     for s, label in scenario.change_steps:
         print(f"# change at step {s}: {label}")
     if scenario.loop == "zoo":
+        workers = " or ".join(str(n) for n in scenario.num_workers)
         print(
             f"# zoo loop under torchrun, data paths {', '.join(scenario.data_paths)} "
-            f"({scenario.num_workers} loader workers per rank); the model comes from timm, or "
+            f"({workers} loader workers per rank); the model comes from timm, or "
             "torchvision when timm is missing (each run says which)"
         )
+    if scenario.repeats > 1:
+        print(f"# {scenario.repeats} repeats, each plain DDP then the policies (alternating)")
+    for line in scenario.emulation():
+        print(f"# {line}")
     prepare = prepare_argv(scenario, out)
     if prepare:
         print("# prepare the token file once, before the runs:")
@@ -241,6 +255,7 @@ def report_command(args: argparse.Namespace) -> int:
     from hetero.bench.harness import plots, report
 
     result = report.write_outputs(args.dir, draw_plots=not args.no_plots)
+    print_targets(result["targets"])
     print(f"wrote {args.dir}/results.json, results.csv, report.md")
     if result["plots"]:
         print("plots: " + ", ".join(p.name for p in result["plots"]))
@@ -258,7 +273,16 @@ def _with_solo_scores(spec: RunSpec, specs: list[RunSpec]) -> RunSpec:
     """
     if spec.policy not in ("proportional", "hybrid"):
         return spec
-    base = next((s for s in specs if s.policy == BASELINE and s.data_path == spec.data_path), None)
+    base = next(
+        (
+            s
+            for s in specs
+            if s.policy == BASELINE
+            and (s.data_path, s.num_workers, s.repeat)
+            == (spec.data_path, spec.num_workers, spec.repeat)
+        ),
+        None,
+    )
     if base is None or not base.summary_path.is_file():
         return spec
     rates = json.loads(base.summary_path.read_text()).get("standalone_samples_per_s") or []

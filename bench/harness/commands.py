@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from hetero.bench.harness.scenario import BASELINE, GPU_ONLY, Neighbour, Scenario
+from hetero.bench.harness.scenario import BASELINE, GPU_ONLY, Neighbour, RunKey, Scenario
+from hetero.bench.zoo import LOADER_PATHS
 
 #: Set in every process the harness starts: NVLink multicast (NVLS) stays off on a shared host,
 #: and CUDA numbers the GPUs as NVML does (docs/benchmarks.md, "How it runs").
@@ -45,6 +46,8 @@ class RunSpec:
     ideal_steps: int
     policy: str = ""  # "ddp", "gpu-only" or the hetero policy
     data_path: str = "device"
+    num_workers: int = 0  # DataLoader workers per rank (0: the device path)
+    repeat: int = 1  # which of the scenario's repeats (alternating pairs)
 
     @property
     def summary_path(self) -> Path:
@@ -62,7 +65,7 @@ class RunSpec:
 
 def run_specs(scenario: Scenario, out_dir: Path, python: str | None = None) -> list[RunSpec]:
     """Every run of ``scenario`` in order, writing under ``out_dir/runs/<name>/``."""
-    return [_spec(scenario, name, out_dir / "runs" / name, python) for name in scenario.run_names()]
+    return [_spec(scenario, key, out_dir / "runs" / key.name, python) for key in scenario.runs()]
 
 
 def token_file(scenario: Scenario, out_dir: Path) -> Path | None:
@@ -82,14 +85,14 @@ def prepare_argv(scenario: Scenario, out_dir: Path, python: str | None = None) -
             "--tokens", str(count))  # fmt: skip
 
 
-def _zoo_spec(s: Scenario, name: str, out: Path, py: str, env: dict[str, str]) -> RunSpec:
-    policy, path = s.run_parts(name)
+def _zoo_spec(s: Scenario, key: RunKey, out: Path, py: str, env: dict[str, str]) -> RunSpec:
+    policy, path = key.policy, key.data_path
     script = "hetero.bench.zoo.train_ddp" if policy == BASELINE else "hetero.bench.zoo.train"
     argv = [
         py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(s.ranks),
         "-m", script,
         "--model", s.model, "--data", path,
-        *(("--num-workers", str(s.num_workers)) if path == "loader" else ()),
+        *(("--num-workers", str(key.num_workers)) if path in LOADER_PATHS else ()),
         "--global-batch", str(s.global_batch), "--steps", str(s.steps),
         "--rebalance-interval", str(s.rebalance_interval), "--lr", str(s.lr), "--amp", s.amp,
         "--num-classes", str(s.num_classes), "--num-samples", str(s.num_samples),
@@ -105,16 +108,32 @@ def _zoo_spec(s: Scenario, name: str, out: Path, py: str, env: dict[str, str]) -
         argv.append("--channels-last")
     if s.emulate_spec:
         argv += ["--emulate-slowdown", s.emulate_spec]
+    if path in LOADER_PATHS and s.loader_jitter:
+        argv += ["--loader-jitter", s.loader_jitter]
+    if path in LOADER_PATHS and s.input_cost_ms:
+        argv += ["--input-cost-ms", s.input_cost_ms]
     if policy != BASELINE:
         argv += ["--policy", policy]
     runner = "torch-ddp" if policy == BASELINE else "hetero-api"
     return RunSpec(
-        name, runner, tuple(argv), env, out, s.ranks, s.steps, s.ideal_steps, policy, path
+        key.name,
+        runner,
+        tuple(argv),
+        env,
+        out,
+        s.ranks,
+        s.steps,
+        s.ideal_steps,
+        policy,
+        path,
+        num_workers=key.num_workers,
+        repeat=key.repeat,
     )
 
 
-def _spec(s: Scenario, name: str, out: Path, python: str | None) -> RunSpec:
+def _spec(s: Scenario, key: RunKey, out: Path, python: str | None) -> RunSpec:
     py = python or sys.executable
+    name = key.policy  # the run's kind: "ddp", "gpu-only" or a policy
     ov = s.override(name)
     steps = ov.steps or s.steps
     ideal = ov.ideal_steps if ov.ideal_steps is not None else s.ideal_steps
@@ -127,7 +146,7 @@ def _spec(s: Scenario, name: str, out: Path, python: str | None) -> RunSpec:
     elif s.devices == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
     if s.loop == "zoo":
-        return _zoo_spec(s, name, out, py, env)
+        return _zoo_spec(s, key, out, py, env)
     device = (
         "cpu" if s.devices == "cpu" else "cuda" if s.devices == "cuda" or ranks == 1 else "auto"
     )
@@ -166,15 +185,19 @@ def _spec(s: Scenario, name: str, out: Path, python: str | None) -> RunSpec:
             common += ["--offload", s.offload]
     if name == BASELINE:
         argv = [py, "-m", "hetero.bench.baseline_ddp", *common]
-        return RunSpec(name, "torch-ddp", tuple(argv), env, out, ranks, steps, ideal, name)
-    policy = "equal" if name == GPU_ONLY else name
-    argv = [
-        py, "-m", "hetero.trainer.cli", *common,
-        "--policy", policy, "--min-batch", str(s.min_batch), "--json", "--quiet",
-    ]  # fmt: skip
-    if s.activation_checkpointing:
-        argv.append("--activation-checkpointing")  # the DDP baseline does not checkpoint
-    return RunSpec(name, "hetero-train", tuple(argv), env, out, ranks, steps, ideal, name)
+        runner = "torch-ddp"
+    else:
+        policy = "equal" if name == GPU_ONLY else name
+        argv = [
+            py, "-m", "hetero.trainer.cli", *common,
+            "--policy", policy, "--min-batch", str(s.min_batch), "--json", "--quiet",
+        ]  # fmt: skip
+        if s.activation_checkpointing:
+            argv.append("--activation-checkpointing")  # the DDP baseline does not checkpoint
+        runner = "hetero-train"
+    return RunSpec(
+        key.name, runner, tuple(argv), env, out, ranks, steps, ideal, name, repeat=key.repeat
+    )
 
 
 def neighbour_stem(scenario: Scenario, n: Neighbour) -> str:

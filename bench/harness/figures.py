@@ -15,14 +15,30 @@ interval's wall time and this rank's mean compute-only seconds per step.
   ``hold`` intervals; ``0`` means the first interval containing the change
   already was;
 - GPU utilization: mean NVML ``utilization.gpu`` (%) per GPU over the window's
-  wall-clock span.
+  wall-clock span;
+- plan changes per 20 intervals: the run's plan changes over its intervals × 20;
+- a plan change's cost in steps: the busy seconds its first steps at the new batch
+  took beyond the settled steps' median (``switch_s``, per rank, in the record of
+  the interval it landed in) over that rank's median settled step (``step_s``), the
+  largest over the ranks: the job waits for its slowest rank;
+- why the plan held still: the planner's own words (``not_helping``), else the
+  reason it gave at the boundaries where it kept the plan; the one said most often.
 """
 
 from __future__ import annotations
 
+import re
 import statistics
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+#: Per 20 intervals: the unit of the plan-stability target (issue 31).
+CHANGES_PER = 20
+#: A record's explicit cost of the plan change it measured, in steps, where the
+#: trainer writes one; else ``switch_s / step_s``.
+SWITCH_STEPS_FIELD = "switch_steps"
 
 
 @dataclass(frozen=True)
@@ -126,3 +142,47 @@ def mean_utilization(
         vals = [u[g] for u in inside if g < len(u) and u[g] is not None]
         out.append(sum(v for v in vals if v is not None) / len(vals) if vals else None)
     return out
+
+
+def changes_per_intervals(changes: int, intervals: int, per: int = CHANGES_PER) -> float | None:
+    """Plan changes per ``per`` intervals; ``None`` without intervals."""
+    return changes * per / intervals if intervals > 0 else None
+
+
+def change_costs_steps(ranks: Sequence[Sequence[Mapping[str, Any]]]) -> list[tuple[int, float]]:
+    """(record step, cost in steps) of every plan change a rank measured (module doc),
+    in step order; a change no settled step measured is absent."""
+    by_step: dict[int, float] = {}
+    for records in ranks:
+        for rec in records:
+            cost = rec.get(SWITCH_STEPS_FIELD)
+            if cost is None:
+                switch, step = rec.get("switch_s"), rec.get("step_s")
+                cost = switch / step if switch is not None and step else None
+            if cost is not None:
+                k = int(rec["step"])
+                by_step[k] = max(by_step.get(k, 0.0), float(cost))
+    return sorted(by_step.items())
+
+
+def why_held(rank0: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why the plan held still (module doc); ``None`` where no boundary kept a plan
+    with a reason (plain DDP, a run without metrics)."""
+    said = [str(r["not_helping"]) for r in rank0 if r.get("not_helping")]
+    if said:
+        return f"hetero is not helping here: {_commonest(said, len(rank0))}"
+    kept = [_gist(r["reason"]) for r in rank0 if r.get("reason") and not r.get("plan_changed")]
+    return _commonest(kept, len(rank0)) if kept else None
+
+
+def _commonest(texts: Sequence[str], boundaries: int) -> str:
+    """The text said most often (the newest of a tie), with how often."""
+    counts = Counter(texts)
+    top = max(counts.values())
+    text = next(t for t in reversed(texts) if counts[t] == top)
+    return f"{text} (at {top} of {boundaries} boundaries)"
+
+
+def _gist(reason: str) -> str:
+    """A reason without its figures: the first clause, parentheses dropped."""
+    return re.sub(r"\s*\([^)]*\)", "", str(reason).split(";")[0]).strip()

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hetero.bench.harness import plots
+from hetero.bench.harness import plots, targets
 from hetero.bench.harness.forecast import exclusion_forecasts
 from hetero.bench.harness.results import (
     GAP_COLUMNS,
@@ -31,7 +31,8 @@ FIGURES_HELP = """\
 - **% of ideal**: samples/s over the sum of each rank's standalone throughput at
   its final planned batch, measured one rank at a time after training in the
   same run (plain DDP: each rank alone at B/W). Only for the last phase.
-- **vs DDP / vs equal / vs GPU-only**: samples/s over that run's, same window.
+- **vs DDP / vs equal / vs GPU-only**: samples/s over that run's, same window
+  (and the same data path, worker count and repeat: a pair that ran together).
 - **imbalance**: median over the window of max/mean per-rank compute-only time
   − 1 (plain DDP has no compute-only time: from its standalone step times).
 - **adapt**: intervals (× rebalance interval = steps) after a change until the
@@ -43,6 +44,15 @@ FIGURES_HELP = """\
   plan from the intervals before the steady window (what the planner knew when
   it chose the plan), and its error against the measured samples/s.
 - **GPU util**: mean NVML utilization per GPU over the window (n/a without NVML).
+- **plan changes**: per 20 intervals; each change's cost in steps (the busy time
+  its first steps at the new batch took beyond the settled median, over the
+  median settled step, the costliest rank); whole-run / steady: samples/s over
+  every interval but the first against the steady window's (a run without
+  changes); why the plan held still: what the planner said most often, its
+  `not_helping` where it gave one, else its reason at the boundaries where it
+  kept the plan.
+- **settle** (targets): intervals after a change until the first interval within
+  5% of the new phase's steady samples/s (`adapt` also asks the next to stay).
 - **where the gap went** (last phase): the share of the ideal lost to imbalance
   (max − mean busy time, busy = input wait + compute + optimizer), input wait,
   exposed communication (step − max busy), compute lost to overlap (compute in
@@ -87,13 +97,15 @@ def write_outputs(run_dir: Path, *, draw_plots: bool = True) -> dict[str, Any]:
                 run.ranks, int(sc["global_batch"]), cpus, int(sc.get("min_batch", 1)), kinds
             )
     changes = _changes(runs, manifest)
+    checks = targets.check(targets.parse_targets(sc.get("targets"), "targets"), rows)
     pngs: list[Path] = []
     if draw_plots:
         pngs = plots.draw(run_dir, runs, changes, sc["name"])
-    write_json(run_dir / "results.json", manifest, rows, {"exclusion_forecasts": forecasts})
+    extra = {"exclusion_forecasts": forecasts, "targets": checks}
+    write_json(run_dir / "results.json", manifest, rows, extra)
     write_csv(run_dir / "results.csv", rows)
-    (run_dir / "report.md").write_text(render(manifest, rows, runs, forecasts, pngs))
-    return {"rows": rows, "plots": pngs}
+    (run_dir / "report.md").write_text(render(manifest, rows, runs, forecasts, pngs, checks))
+    return {"rows": rows, "plots": pngs, "targets": checks}
 
 
 def _changes(runs: list[RunData], manifest: dict[str, Any]) -> list[tuple[int, str]]:
@@ -145,6 +157,28 @@ def _memory_section(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def _stability_section(rows: list[dict[str, Any]]) -> list[str]:
+    """Per run: how still the plan held, what each change cost, and why it held."""
+    runs = {r["run"]: r for r in rows if r.get("intervals") and r["policy"] != "ddp"}
+    if not runs:
+        return []
+    out = [
+        "",
+        "## Plan changes",
+        "",
+        "| run | intervals | changes per 20 intervals | cost per change (steps) | whole-run / steady "
+        "| why the plan held still |",
+        "| --- | ---: | ---: | --- | ---: | --- |",
+    ]
+    for name, r in runs.items():
+        costs = ", ".join(f"{c:.2f}" for c in r.get("change_costs_steps") or ()) or "n/a"
+        out.append(
+            f"| {name} | {r['intervals']} | {_f(r.get('plan_changes_per_20'), '{:.1f}')} | "
+            f"{costs} | {_f(r.get('whole_vs_steady'), '{:.3f}')} | {r.get('hold_reason') or 'n/a'} |"
+        )
+    return out
+
+
 def _gap_section(rows: list[dict[str, Any]]) -> list[str]:
     """Where each run's gap to the ideal went: the shares, the verdict, the full breakdown."""
     with_gap = [r for r in rows if r.get("gap")]
@@ -181,9 +215,10 @@ def render(
     runs: list[RunData],
     forecasts: dict[str, list[dict[str, Any]]],
     pngs: list[Path],
+    checks: list[dict[str, Any]] | None = None,
 ) -> str:
     sc = manifest["scenario"]
-    emulated = bool(sc.get("slowdowns"))
+    emulated = bool(sc.get("slowdowns") or sc.get("input_cost_ms"))
     tag = " (EMULATED heterogeneity)" if emulated else ""
     lines = [
         f"# hetero-bench: {sc['name']}{tag}",
@@ -197,10 +232,20 @@ def render(
         f"- command: `{manifest.get('command')}`",
         f"- software: {manifest.get('software')}",
     ]
-    if emulated:
+    if sc.get("slowdowns"):
         lines.append(
             "- **EMULATED**: slow ranks wait (factor − 1) × their measured compute; "
             "these are not measurements of slow hardware."
+        )
+    if sc.get("input_cost_ms"):
+        lines.append(
+            f"- **EMULATED input cost** `{sc['input_cost_ms']}`: the loader workers busy-wait "
+            "that many ms per sample (RANK:MS); not a measured pipeline."
+        )
+    if sc.get("loader_jitter"):
+        lines.append(
+            f"- loader jitter `{sc['loader_jitter']}`: an injected, seeded sleep per sample in "
+            "the workers (bench/zoo/delays.py), the same in every run."
         )
     if manifest.get("changes"):
         lines.append(
@@ -225,6 +270,8 @@ def render(
             f"{_f(r['imbalance'], '{:.1%}')} | {_f(r.get('adaptation_steps'), '{}')} | "
             f"{_util(r.get('gpu_util_pct'))} | {r.get('final_plan') or 'n/a'} |"
         )
+    lines += targets.section(checks or [])
+    lines += _stability_section(rows)
     lines += _memory_section(rows)
     lines += _gap_section(rows)
     lines += ["", "## Figures", "", FIGURES_HELP]

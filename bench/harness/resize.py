@@ -76,6 +76,10 @@ def configure(
             s = replace(s, policies=s.quick_policies)
         if s.quick_data_paths is not None:
             s = replace(s, data_paths=s.quick_data_paths)
+        if s.quick_repeats is not None:
+            s = replace(s, repeats=s.quick_repeats)
+        if s.quick_num_workers is not None:
+            s = replace(s, num_workers=s.quick_num_workers)
     if steps is not None:
         s = resize(s, steps)
     if ideal_steps is not None:

@@ -11,8 +11,13 @@ changes, one row per phase (``p0``, ``p1``, …) plus ``whole-run``. The ideal i
 measured after training, in the run's final conditions, so ``pct_of_ideal``
 and the gap breakdown (``gap``: ``hetero.core.verdict``, the same arithmetic as the
 run's own summary, recomputed here from every rank's metrics) are given only for
-the last phase. Rows carry the run's data path (``loader``/``device``); speedups
-compare runs of the same data path.
+the last phase. Rows carry the run's data path (``loader``/``jpeg``/``device``),
+worker count and repeat; speedups compare runs of the same data path, worker
+count and repeat (a pair of one repeat ran back to back). Every row also
+carries the run's plan stability (plan changes per 20 intervals, each change's
+cost in steps, why the plan held still) and, where it applies, whole-run over
+steady throughput (a run without changes) or the intervals to settle after a
+change (``figures``); ``harness.targets`` checks a scenario's targets on them.
 """
 
 from __future__ import annotations
@@ -34,8 +39,10 @@ from hetero.core.verdict import diagnose
 GAP_COLUMNS = tuple(f"gap_{t}_pct" for t in (*TERMS, "residual"))
 
 CSV_COLUMNS = (
-    "scenario", "model", "run", "policy", "data_path", "runner", "window", "window_label",
-    "samples_per_s",
+    "scenario", "model", "run", "policy", "data_path", "num_workers", "repeat", "runner",
+    "window", "window_label", "samples_per_s", "whole_run_samples_per_s", "whole_vs_steady",
+    "intervals", "plan_changes_per_20", "change_cost_steps", "change_costs_steps",
+    "settle_intervals", "hold_reason",
     "ideal_samples_per_s", "pct_of_ideal", "speedup_vs_ddp", "speedup_vs_equal",
     "speedup_vs_gpu_only", "scaling_efficiency", "predicted_samples_per_s",
     "prediction_error", "imbalance", "adaptation_intervals", "adaptation_steps",
@@ -78,6 +85,10 @@ class RunData:
     @property
     def rates(self) -> list[float]:
         return [float(r["samples_per_s"]) for r in self.rank0]
+
+    @property
+    def walls(self) -> list[float]:
+        return [float(r["interval_wall_s"]) for r in self.rank0]
 
     def compute_by_interval(self) -> list[list[float | None]]:
         """Per interval (rank 0's), each rank's compute-only seconds per step, or None."""
@@ -143,25 +154,31 @@ def rows_for_run(run: RunData, manifest: dict[str, Any]) -> list[dict[str, Any]]
     sc = manifest["scenario"]
     s = run.summary or {}
     interval = int(sc["rebalance_interval"])
-    base = {
-        "scenario": sc["name"],
-        "model": sc["model"],
-        "run": run.name,
-        "policy": run.policy,
-        "data_path": run.data_path,
-        "runner": run.outcome.get("runner", "hetero-train"),
-        "final_plan": s.get("final_plan"),
-        "plan_changes": max(len(s.get("plans", [])) - 1, 0) if s else None,
-        "global_batch": sc["global_batch"],
-        "world_size": s.get("world_size") or len(run.ranks) or None,
-        "steps": s.get("steps"),
-        "amp": sc["amp"],
-        "device": manifest.get("device", "unknown"),
-        "emulated": bool(sc.get("slowdowns")),
-        "ok": run.outcome.get("returncode") == 0 and not run.outcome.get("error"),
-        "date": manifest.get("date"),
-        "note": run.outcome.get("error") or "",
-    } | memory_columns(s, run.ranks)
+    base = (
+        {
+            "scenario": sc["name"],
+            "model": sc["model"],
+            "run": run.name,
+            "policy": run.policy,
+            "data_path": run.data_path,
+            "num_workers": run.outcome.get("num_workers", s.get("num_workers")),
+            "repeat": run.outcome.get("repeat"),
+            "runner": run.outcome.get("runner", "hetero-train"),
+            "final_plan": s.get("final_plan"),
+            "plan_changes": max(len(s.get("plans", [])) - 1, 0) if s else None,
+            "global_batch": sc["global_batch"],
+            "world_size": s.get("world_size") or len(run.ranks) or None,
+            "steps": s.get("steps"),
+            "amp": sc["amp"],
+            "device": manifest.get("device", "unknown"),
+            "emulated": bool(sc.get("slowdowns") or sc.get("input_cost_ms")),
+            "ok": run.outcome.get("returncode") == 0 and not run.outcome.get("error"),
+            "date": manifest.get("date"),
+            "note": run.outcome.get("error") or "",
+        }
+        | memory_columns(s, run.ranks)
+        | stability_columns(run)
+    )
     if run.policy == "equal" and len(set(s.get("final_plan") or [])) > 1:
         base["note"] = "; ".join(x for x in (base["note"], "equal split capped to fit memory") if x)
     rates = run.rates
@@ -193,6 +210,9 @@ def rows_for_run(run: RunData, manifest: dict[str, Any]) -> list[dict[str, Any]]
             imb = figures.interval_imbalance(times)
             imb_note = "imbalance from standalone step times"
         adapt = figures.adaptation_intervals(rates, ph) if k > 0 else None
+        # The target's settling (issue 31): the first interval within 5%, no hold.
+        settle = figures.adaptation_intervals(rates, ph, hold=1) if k > 0 else None
+        whole = figures.whole_run_rate(rates, run.walls) if len(phases) == 1 else None
         predicted = None
         plan = s.get("final_plan") or []
         if last and not run.runner_is_ddp and len(ph.steady) and plan:
@@ -212,6 +232,9 @@ def rows_for_run(run: RunData, manifest: dict[str, Any]) -> list[dict[str, Any]]
                 "imbalance": imb,
                 "adaptation_intervals": adapt,
                 "adaptation_steps": adapt * interval if adapt is not None else None,
+                "settle_intervals": settle,
+                "whole_run_samples_per_s": whole,
+                "whole_vs_steady": whole / rate if (whole and rate) else None,
                 "predicted_samples_per_s": predicted,
                 "prediction_error": predicted / rate - 1.0 if (predicted and rate) else None,
                 "gpu_util_pct": _util(run, ph.steady),
@@ -219,13 +242,12 @@ def rows_for_run(run: RunData, manifest: dict[str, Any]) -> list[dict[str, Any]]
             }
         )
     if len(phases) > 1:
-        walls = [float(r["interval_wall_s"]) for r in run.rank0]
         rows.append(
             base
             | {
                 "window": "whole-run",
                 "window_label": "all intervals but the first",
-                "samples_per_s": figures.whole_run_rate(rates, walls),
+                "samples_per_s": figures.whole_run_rate(rates, run.walls),
                 "ideal_samples_per_s": None,
                 "pct_of_ideal": None,
                 "imbalance": figures.imbalance(compute, range(1, len(rates))),
@@ -233,6 +255,21 @@ def rows_for_run(run: RunData, manifest: dict[str, Any]) -> list[dict[str, Any]]
             }
         )
     return rows
+
+
+def stability_columns(run: RunData) -> dict[str, Any]:
+    """How still the run's plan held: intervals, plan changes per 20 intervals, each
+    change's cost in steps (and the largest), and why it held (``figures``)."""
+    plans = (run.summary or {}).get("plans")
+    changes = len(plans) - 1 if plans else sum(bool(r.get("plan_changed")) for r in run.rank0)
+    costs = [round(c, 3) for _, c in figures.change_costs_steps(run.ranks)]
+    return {
+        "intervals": len(run.rank0),
+        "plan_changes_per_20": figures.changes_per_intervals(changes, len(run.rank0)),
+        "change_costs_steps": costs or None,
+        "change_cost_steps": max(costs) if costs else None,
+        "hold_reason": None if run.runner_is_ddp else figures.why_held(run.rank0),
+    }
 
 
 def memory_columns(summary: dict[str, Any], ranks: list[list[dict[str, Any]]]) -> dict[str, Any]:
@@ -324,11 +361,10 @@ def build_rows(
         (GPU_ONLY, "speedup_vs_gpu_only"),
     ):
         by_window = {
-            (r["data_path"], r["window"]): r["samples_per_s"] for r in rows if r["policy"] == ref
+            (*_pair(r), r["window"]): r["samples_per_s"] for r in rows if r["policy"] == ref
         }
         for r in rows:
-            path = r["data_path"]
-            denom = by_window.get((path, r["window"])) or by_window.get((path, "steady"))
+            denom = by_window.get((*_pair(r), r["window"])) or by_window.get((*_pair(r), "steady"))
             r[col] = r["samples_per_s"] / denom if (denom and r["samples_per_s"]) else None
     single = single_gpu_rate(runs)
     for r in rows:
@@ -342,6 +378,11 @@ def build_rows(
         for col in CSV_COLUMNS:
             r.setdefault(col, None)
     return rows, runs
+
+
+def _pair(row: dict[str, Any]) -> tuple[Any, ...]:
+    """What a row's speedups compare within: data path, worker count and repeat."""
+    return row["data_path"], row.get("num_workers"), row.get("repeat")
 
 
 def single_gpu_rate(runs: list[RunData]) -> float | None:

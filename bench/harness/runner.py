@@ -46,6 +46,8 @@ class RunOutcome:
     command: str
     policy: str = ""
     data_path: str = "device"
+    num_workers: int = 0
+    repeat: int = 1
     returncode: int | None = None
     wall_s: float = 0.0
     timed_out: bool = False
@@ -119,6 +121,8 @@ def execute(
         spec.shell(),
         policy=spec.policy or spec.name,
         data_path=spec.data_path,
+        num_workers=spec.num_workers,
+        repeat=spec.repeat,
         started_time_s=time.time(),
     )
     neighbours: list[tuple[Neighbour, NeighbourProcess]] = []

@@ -4,10 +4,14 @@ A scenario names the ranks and their devices, the job (model, global batch,
 precision, steps, rebalance interval), the loop that trains it (``builtin``:
 ``hetero-train`` and ``bench/baseline_ddp.py``; ``zoo``: a user's script through
 the API and the same loop in plain DDP, ``bench/zoo/``, under torchrun, once per
-data path: ``loader`` or ``device``), which runs to make (the plain-DDP
-baseline, hetero's policies, a GPU-alone reference) and the heterogeneity: a
-noisy neighbour on a GPU (present all run, or arriving and leaving at given
-steps) or emulated slowdowns on CPU ranks. Files live in ``bench/scenarios/``
+data path: ``loader``, ``jpeg`` or ``device``, and on the DataLoader paths once
+per worker count of ``num_workers``), which runs to make (the plain-DDP
+baseline, hetero's policies, a GPU-alone reference; ``repeats`` times each, in
+alternating pairs) and the heterogeneity: a noisy neighbour on a GPU (present
+all run, or arriving and leaving at given steps), emulated slowdowns on CPU
+ranks, an input pipeline's jitter or an EMULATED per-sample input cost
+(``bench/zoo/delays.py``). ``targets`` say what the runs must show
+(``harness.targets``). Files live in ``bench/scenarios/``
 (the simulator's are under ``scenarios/sim/``). Parsed once into frozen
 dataclasses; an unknown key or bad value raises ``ConfigError`` naming the
 file and field.
@@ -23,7 +27,10 @@ from typing import Any
 
 import yaml
 
+from hetero.bench.harness.targets import Target, parse_targets
 from hetero.bench.shipped import shipped_names, shipped_text
+from hetero.bench.zoo import DATA_PATHS, LOADER_PATHS
+from hetero.bench.zoo.delays import parse_input_cost, parse_jitter
 from hetero.core.errors import ConfigError
 
 #: Policies ``hetero-train`` knows (checked here without importing the trainer).
@@ -33,9 +40,6 @@ BASELINE = "ddp"
 GPU_ONLY = "gpu-only"
 DEVICES = ("cpu", "cuda", "mixed")
 LOOPS = ("builtin", "zoo")
-#: ``loader``: a map-style Dataset through a DataLoader with workers; ``device``: the
-#: dataset gathers whole batches on the device (``get_batch``), no workers.
-DATA_PATHS = ("loader", "device")
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,18 @@ class RunOverride:
 
 
 @dataclass(frozen=True)
+class RunKey:
+    """One run of a scenario: its name and what sets it apart. ``num_workers`` is 0 on
+    the device path; ``repeat`` counts from 1."""
+
+    name: str
+    policy: str
+    data_path: str
+    num_workers: int
+    repeat: int
+
+
+@dataclass(frozen=True)
 class Scenario:
     """Everything one ``hetero-bench run`` needs. ``steps`` and change steps are optimizer steps."""
 
@@ -133,11 +149,32 @@ class Scenario:
     activation_checkpointing: bool = False
     loop: str = "builtin"
     data_paths: tuple[str, ...] = ("device",)
-    num_workers: int = 6  # DataLoader workers per rank on the loader path
+    #: DataLoader workers per rank on the loader and jpeg paths: each count is a variant
+    #: (runs named ``-w<N>`` when there are several).
+    num_workers: tuple[int, ...] = (6,)
+    #: Every run this many times, the runs of one repeat together (plain DDP, then the
+    #: policies): alternating pairs, so drift of the machine falls on both sides.
+    repeats: int = 1
+    #: ``--loader-jitter`` (``zoo.delays``) for every run of a DataLoader path.
+    loader_jitter: str | None = None
+    #: ``--input-cost-ms`` (``zoo.delays``, EMULATED) for every run of a DataLoader path.
+    input_cost_ms: str | None = None
+    targets: tuple[Target, ...] = ()
+    quick_repeats: int | None = None
+    quick_num_workers: tuple[int, ...] | None = None
 
     @property
     def emulated(self) -> bool:
-        return bool(self.slowdowns)
+        """Whether any run's heterogeneity or input cost is injected rather than real."""
+        return bool(self.slowdowns or self.input_cost_ms)
+
+    def emulation(self) -> list[str]:
+        """What is injected, one phrase each (slowdowns, input cost, jitter)."""
+        out = [f"EMULATED slowdowns {self.emulate_spec}"] if self.slowdowns else []
+        for spec in (parse_input_cost(self.input_cost_ms), parse_jitter(self.loader_jitter)):
+            if spec is not None:
+                out.append(spec.describe())
+        return out
 
     @property
     def neighbour(self) -> Neighbour | None:
@@ -165,23 +202,29 @@ class Scenario:
                 out.append((s.end, f"rank {s.rank} back to full speed (emulated)"))
         return tuple(sorted(out))
 
-    def run_names(self) -> tuple[str, ...]:
-        """The runs in order: the baseline first, then the GPU-alone reference, then policies;
-        a ``zoo`` scenario makes them once per data path (``ddp-loader``, ``dynamic-loader``, …)."""
+    def runs(self) -> tuple[RunKey, ...]:
+        """The runs in order: per data path and worker count, ``repeats`` times the
+        baseline, then the GPU-alone reference, then the policies. Names: the policy (or
+        ``ddp``, ``gpu-only``), then for a ``zoo`` scenario ``-<path>``, then ``-w<N>``
+        where ``num_workers`` lists several counts, then ``-r<K>`` where ``repeats`` > 1."""
         names = [BASELINE] if self.baseline else []
         if self.gpu_only_reference:
             names.append(GPU_ONLY)
         names += self.policies
-        if self.loop != "zoo":
-            return tuple(names)
-        return tuple(f"{n}-{path}" for path in self.data_paths for n in names)
+        out = []
+        for path in self.data_paths if self.loop == "zoo" else self.data_paths[:1]:
+            loads = path in LOADER_PATHS and self.loop == "zoo"
+            for workers in self.num_workers if loads else (0,):
+                for k in range(1, self.repeats + 1):
+                    for n in names:
+                        name = n + (f"-{path}" if self.loop == "zoo" else "")
+                        name += f"-w{workers}" if loads and len(self.num_workers) > 1 else ""
+                        name += f"-r{k}" if self.repeats > 1 else ""
+                        out.append(RunKey(name, n, path, workers, k))
+        return tuple(out)
 
-    def run_parts(self, name: str) -> tuple[str, str]:
-        """(policy or reference, data path) of run ``name``."""
-        for path in DATA_PATHS:
-            if self.loop == "zoo" and name.endswith(f"-{path}"):
-                return name.removesuffix(f"-{path}"), path
-        return name, self.data_paths[0]
+    def run_names(self) -> tuple[str, ...]:
+        return tuple(k.name for k in self.runs())
 
     def override(self, run: str) -> RunOverride:
         return dict(self.overrides).get(run, RunOverride())
@@ -206,8 +249,10 @@ _TOP = {
     "channels_last", "lr", "min_batch", "dataset", "seq_len", "policies", "baseline",
     "gpu_only_reference", "neighbour", "neighbours", "slowdowns", "overrides", "quick",
     "run_timeout_s", "loop", "data_paths", "num_workers", "shard", "memory_fraction",
-    "activation_checkpointing", "offload",
+    "activation_checkpointing", "offload", "repeats", "loader_jitter", "input_cost_ms",
+    "targets",
 }  # fmt: skip
+_QUICK = {"steps", "ideal_steps", "policies", "data_paths", "repeats", "num_workers"}
 
 
 def _unknown_keys(where: str, data: Mapping[str, Any], allowed: set[str]) -> None:
@@ -276,10 +321,16 @@ def parse_scenario(name: str, text: str) -> Scenario:
             (str(run), RunOverride(**_checked(o, RunOverride, f"{where}.overrides.{run}")))
             for run, o in (data.get("overrides") or {}).items()
         )
+        if "num_workers" in data:
+            kw["num_workers"] = _workers(data["num_workers"], f"{where}.num_workers")
+        kw["targets"] = parse_targets(data.get("targets"), f"{where}.targets")
         quick = data.get("quick") or {}
-        _unknown_keys(f"{where}.quick", quick, {"steps", "ideal_steps", "policies", "data_paths"})
+        _unknown_keys(f"{where}.quick", quick, _QUICK)
         kw["quick_steps"] = quick.get("steps")
         kw["quick_ideal_steps"] = quick.get("ideal_steps")
+        kw["quick_repeats"] = quick.get("repeats")
+        if "num_workers" in quick:
+            kw["quick_num_workers"] = _workers(quick["num_workers"], f"{where}.quick.num_workers")
         if "policies" in quick:
             kw["quick_policies"] = policy_list(quick["policies"], f"{where}.quick.policies")
         if "data_paths" in quick:
@@ -292,7 +343,20 @@ def parse_scenario(name: str, text: str) -> Scenario:
 
 
 _REQUIRED = ("devices", "ranks", "gpus", "model", "global_batch", "steps")
-_NESTED = {"policies", "neighbour", "neighbours", "slowdowns", "overrides", "quick", "data_paths"}
+_NESTED = {
+    "policies", "neighbour", "neighbours", "slowdowns", "overrides", "quick", "data_paths",
+    "num_workers", "targets",
+}  # fmt: skip
+
+
+def _workers(value: Any, where: str) -> tuple[int, ...]:
+    """A worker count or a list of them (each a variant), each >= 0, none twice."""
+    counts = value if isinstance(value, list) else [value]
+    if not counts or any(not isinstance(c, int) or isinstance(c, bool) or c < 0 for c in counts):
+        raise ConfigError(f"{where}: expected a count >= 0 or a list of them, got {value!r}")
+    if len(set(counts)) < len(counts):
+        raise ConfigError(f"{where}: a count is listed twice in {value!r}")
+    return tuple(counts)
 
 
 def _checked(data: Any, cls: type, where: str) -> dict[str, Any]:
@@ -350,8 +414,21 @@ def _validate(s: Scenario) -> None:
         raise ConfigError(f"{where}.data_paths: the builtin loop gathers on the device only")
     if s.loop == "zoo" and s.devices == "mixed":
         raise ConfigError(f"{where}.loop: zoo scenarios run on cpu or cuda ranks, not mixed")
-    if s.num_workers < 0:
-        raise ConfigError(f"{where}.num_workers: must be >= 0, got {s.num_workers}")
+    if s.repeats < 1 or (s.quick_repeats is not None and s.quick_repeats < 1):
+        raise ConfigError(f"{where}.repeats: must be >= 1, got {s.repeats}")
+    for field, parse in (("loader_jitter", parse_jitter), ("input_cost_ms", parse_input_cost)):
+        spec = getattr(s, field)
+        if spec is None:
+            continue
+        try:
+            parse(str(spec))
+        except ConfigError as exc:
+            raise ConfigError(f"{where}.{field}: {exc}") from None
+        if s.loop != "zoo" or not set(s.data_paths) & set(LOADER_PATHS):
+            raise ConfigError(
+                f"{where}.{field}: acts in DataLoader workers: needs the zoo loop and a data "
+                f"path of {', '.join(LOADER_PATHS)}"
+            )
     for run, _ in s.overrides:
         if run not in (*POLICIES, BASELINE, GPU_ONLY):
             raise ConfigError(f"{where}.overrides: unknown run {run!r}")

@@ -6,6 +6,11 @@ Launched as users launch theirs::
         --data loader --num-workers 6 --global-batch 256 --amp bf16 --steps 200 \\
         --output-dir runs/vit --summary-json runs/vit/summary.json
 
+``--data jpeg`` decodes JPEG files with PIL and applies the ImageNet recipe per
+sample in the workers (``zoo.jpeg``); ``--loader-jitter`` adds a seeded
+heavy-tailed delay per sample in the workers and ``--input-cost-ms`` an EMULATED
+busy-wait (``zoo.delays``).
+
 It reads top to bottom like a plain DDP script with hetero's five calls
 (``ht.init``, ``ctx.wrap``, ``ctx.loader``, ``ctx.backward``, ``ctx.step``);
 after training it measures each rank alone at its final batch
@@ -20,10 +25,14 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch.utils.data import Dataset
 
 from hetero import trainer as ht
+from hetero.bench.zoo import DATA_PATHS, LOADER_PATHS
+from hetero.bench.zoo.delays import parse_input_cost, parse_jitter
 from hetero.bench.zoo.workloads import build_data, build_model, is_language_model, loss_fn
 from hetero.core.balancer import DeviceProfile
 from hetero.core.errors import HeteroError
@@ -32,8 +41,31 @@ from hetero.core.errors import HeteroError
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="hetero.bench.zoo.train", description=__doc__.split("\n")[0])
     p.add_argument("--model", default="vit_base_patch16_224", help="timm name or hetero model")
-    p.add_argument("--data", choices=("loader", "device"), default="loader", help="data path")
-    p.add_argument("--num-workers", type=int, default=6, help="DataLoader workers (loader path)")
+    p.add_argument(
+        "--data",
+        choices=DATA_PATHS,
+        default="loader",
+        help="data path: loader (uint8 images or token windows made per sample in DataLoader "
+        "workers), jpeg (JPEG files decoded with PIL + RandomResizedCrop + flip + normalize per "
+        "sample in the workers), device (batches gathered on the device, no workers)",
+    )
+    p.add_argument(
+        "--num-workers", type=int, default=6, help="DataLoader workers per rank (loader, jpeg)"
+    )
+    p.add_argument(
+        "--loader-jitter",
+        metavar="SPEC",
+        help="sleep per sample in the workers, seeded and heavy-tailed: mean_ms=M[,sigma=S]"
+        "[,stall_p=P,stall_ms=T] (lognormal of mean M ms and log-space spread S, default 1, "
+        "plus a T ms stall with probability P), e.g. mean_ms=2,sigma=1.2,stall_p=0.002,"
+        "stall_ms=150; stands for a real pipeline's variance (loader, jpeg)",
+    )
+    p.add_argument(
+        "--input-cost-ms",
+        metavar="SPEC",
+        help="EMULATED decode cost: busy-wait per sample in the workers, MS on every rank or "
+        "RANK:MS,... (e.g. 1:6 makes rank 1 input-bound); for CPU tests (loader, jpeg)",
+    )
     p.add_argument("--tokens", type=Path, help="token file of a language model (zoo.tokens)")
     p.add_argument("--seq-len", type=int, default=1024, help="tokens per sample")
     p.add_argument("--image-size", type=int, default=224)
@@ -85,14 +117,11 @@ def train(ctx: ht.Context, args: argparse.Namespace) -> dict[str, object]:
     model, source = build_model(args.model, args.num_classes, size)
     fmt = torch.channels_last if args.channels_last and not text else torch.contiguous_format
     model = model.to(memory_format=fmt)
-    dataset, describe = build_data(
-        args.model, path=args.data, num_samples=args.num_samples, image_size=args.image_size,
-        num_classes=args.num_classes, tokens=args.tokens, seq_len=args.seq_len, seed=args.seed,
-    )  # fmt: skip
+    dataset, describe = data_for(args, ctx.rank)
 
     ddp_model = ctx.wrap(model)
     optimizer = torch.optim.AdamW(ddp_model.parameters(), lr=args.lr, weight_decay=0.05)
-    workers = args.num_workers if args.data == "loader" else 0
+    workers = args.num_workers if args.data in LOADER_PATHS else 0
     loader = ctx.loader(dataset, args.global_batch, seed=args.seed, num_workers=workers)
     if ctx.rank == 0:
         params = sum(p.numel() for p in model.parameters())
@@ -137,10 +166,38 @@ def train(ctx: ht.Context, args: argparse.Namespace) -> dict[str, object]:
         "model_source": source,
         "data_path": args.data,
         "num_workers": workers,
+        **pipeline_fields(args),
+        "emulated": bool(summary.get("emulated")) or bool(args.input_cost_ms),
         "amp": args.amp,
         "channels_last": fmt is torch.channels_last,
         "optimizer": "AdamW",
         "parameters": sum(p.numel() for p in model.parameters()),
+    }
+
+
+def data_for(args: argparse.Namespace, rank: int) -> tuple[Dataset[Any], Callable[[], str]]:
+    """The dataset of ``args`` on ``rank`` and a line describing it (both loops)."""
+    return build_data(
+        args.model,
+        path=args.data,
+        num_samples=args.num_samples,
+        image_size=args.image_size,
+        num_classes=args.num_classes,
+        tokens=args.tokens,
+        seq_len=args.seq_len,
+        seed=args.seed,
+        rank=rank,
+        jitter=parse_jitter(args.loader_jitter),
+        input_cost=parse_input_cost(args.input_cost_ms),
+    )
+
+
+def pipeline_fields(args: argparse.Namespace) -> dict[str, object]:
+    """The summary's record of the input pipeline's added delays (both loops)."""
+    return {
+        "loader_jitter": args.loader_jitter,
+        "input_cost_ms": args.input_cost_ms,
+        "emulated_input_cost": bool(args.input_cost_ms),
     }
 
 

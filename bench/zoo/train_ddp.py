@@ -34,8 +34,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from hetero.bench.zoo.train import parse_args, run
-from hetero.bench.zoo.workloads import build_data, build_model, is_language_model, loss_fn
+from hetero.bench.zoo import LOADER_PATHS
+from hetero.bench.zoo.train import data_for, parse_args, pipeline_fields, run
+from hetero.bench.zoo.workloads import build_model, is_language_model, loss_fn
 from hetero.core.gap import Solo, intervals_from_records
 from hetero.core.verdict import diagnose, lines
 from hetero.trainer.emulation import parse_slowdowns
@@ -74,10 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     model, source = build_model(args.model, args.num_classes, size)
     fmt = torch.channels_last if args.channels_last and not text else torch.contiguous_format
     model = model.to(device).to(memory_format=fmt)
-    dataset, describe = build_data(
-        args.model, path=args.data, num_samples=args.num_samples, image_size=args.image_size,
-        num_classes=args.num_classes, tokens=args.tokens, seq_len=args.seq_len, seed=args.seed,
-    )  # fmt: skip
+    dataset, describe = data_for(args, rank)
     ddp = (
         DistributedDataParallel(model, device_ids=[local] if cuda else None) if world > 1 else model
     )
@@ -85,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     n = len(dataset)  # type: ignore[arg-type]
     indices = equal_batches(n, args.global_batch, rank, world, args.seed)
     batches: Iterator[Any]
-    if args.data == "loader":
+    if args.data in LOADER_PATHS:
         batches = iter(
             DataLoader(
                 dataset,
@@ -205,7 +203,7 @@ def train(
                 "steps_measured": len(timed), "compute_s": None, "phases_s": phases,
                 "step_s": statistics.fmean(span(m[0], m[3]) for m in timed),
                 "loss": float(loss.detach().float().item()),
-                "emulated": bool(args.emulate_slowdown), "slowdown": factor,
+                "emulated": bool(args.emulate_slowdown or args.input_cost_ms), "slowdown": factor,
             }  # fmt: skip
             records.append(rec)
             if path is not None:
@@ -244,7 +242,8 @@ def summarize(
     plan = [args.global_batch // world + (r < args.global_batch % world) for r in range(world)]
     return {
         "runner": "torch-ddp", "policy": "ddp", "model": args.model, "model_source": source,
-        "data_path": args.data, "num_workers": args.num_workers if args.data == "loader" else 0,
+        "data_path": args.data,
+        "num_workers": args.num_workers if args.data in LOADER_PATHS else 0,
         "world_size": world, "amp": args.amp, "optimizer": "AdamW",
         "global_batch": args.global_batch, "steps": args.steps, "final_plan": plan,
         "plans": [{"version": 0, "apply_at_step": 0, "batches": plan, "reason": "equal (DDP)"}],
@@ -253,8 +252,9 @@ def summarize(
         "solo": [asdict(s) for s in solos] or None,
         "ideal_samples_per_s": ideal, "pct_of_ideal": 100.0 * steady / ideal if ideal else None,
         "gap": bd.to_dict() if bd is not None else None,
-        "emulated": bool(args.emulate_slowdown), "emulated_slowdown": args.emulate_slowdown,
-    }  # fmt: skip
+        "emulated": bool(args.emulate_slowdown or args.input_cost_ms),
+        "emulated_slowdown": args.emulate_slowdown,
+    } | pipeline_fields(args)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ came from.
 Data, each an ordinary map-style ``Dataset`` (the ``loader`` path: a
 ``DataLoader`` with workers does the per-sample work) with a GPU-resident twin
 (the ``device`` path: ``get_batch(indices, device)`` gathers a batch on the
-device, no workers):
+device, no workers), and the ``jpeg`` path (``zoo.jpeg``: JPEG files decoded and
+augmented per sample in the workers, the ImageNet recipe):
 
 - images: a bank of uint8 HWC images in memory; each sample is decoded like a
   real pipeline on the CPU (uint8 HWC → float CHW, normalised with ImageNet's
@@ -20,11 +21,16 @@ device, no workers):
   ``hetero.bench.zoo.tokens``, read through ``np.memmap``; sample *i* is the
   window of ``seq_len + 1`` tokens at ``i · seq_len`` (input and next-token
   target).
+
+On the DataLoader paths (``loader``, ``jpeg``) :class:`Delayed` adds what
+``zoo.delays`` describes per sample in the workers: a seeded heavy-tailed
+jitter and an EMULATED per-rank decode cost.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -36,6 +42,8 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import Dataset
 
+from hetero.bench.zoo import LOADER_PATHS
+from hetero.bench.zoo.delays import InputCost, Jitter, busy_wait
 from hetero.core.errors import ConfigError
 
 #: torchvision's model of the same family, for a timm name when timm is missing.
@@ -45,6 +53,7 @@ TORCHVISION_FALLBACK = {
     "convnext_base": "convnext_base",
     "convnext_small": "convnext_small",
     "convnext_tiny": "convnext_tiny",
+    "swin_tiny_patch4_window7_224": "swin_t",
 }
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -247,6 +256,30 @@ class DeviceTokens(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return w[:, :-1], w[:, 1:]
 
 
+class Delayed(Dataset[Any]):
+    """``source`` with ``zoo.delays``' costs added per sample, where ``__getitem__`` runs
+    (a DataLoader's workers): first the EMULATED busy-wait of ``input_cost_s``, then
+    the sample's ``jitter`` sleep."""
+
+    def __init__(
+        self, source: Dataset[Any], *, jitter: Jitter | None, input_cost_s: float, seed: int
+    ) -> None:
+        self.source = source
+        self.jitter = jitter
+        self.input_cost_s = input_cost_s
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return len(self.source)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> Any:
+        if self.input_cost_s > 0:
+            busy_wait(self.input_cost_s)
+        if self.jitter is not None:
+            time.sleep(self.jitter.delay_s(self.seed, index))
+        return self.source[index]
+
+
 def build_data(
     model_name: str,
     *,
@@ -257,12 +290,45 @@ def build_data(
     tokens: Path | None,
     seq_len: int,
     seed: int = 0,
+    rank: int = 0,
+    jitter: Jitter | None = None,
+    input_cost: InputCost | None = None,
 ) -> tuple[Dataset[Any], Callable[[], str]]:
-    """The dataset for data ``path`` (``loader``: per-sample work in workers; ``device``:
-    ``get_batch`` on the GPU) and a line describing it."""
+    """The dataset for data ``path`` (``loader``/``jpeg``: per-sample work in workers;
+    ``device``: ``get_batch`` on the GPU) and a line describing it. ``jitter`` and
+    ``input_cost`` (``rank``'s share of it) apply on the DataLoader paths only."""
+    if path not in LOADER_PATHS and (jitter or input_cost):
+        raise ConfigError(
+            f"--loader-jitter and --input-cost-ms act in DataLoader workers: use --data "
+            f"{' or '.join(LOADER_PATHS)}, not {path}"
+        )
+    dataset, line = _source(
+        model_name, path, num_samples, image_size, num_classes, tokens, seq_len, seed
+    )
+    extra = [d.describe() for d in (jitter, input_cost) if d is not None]
+    described = (lambda: "; ".join([line(), *extra])) if extra else line
+    cost_ms = input_cost.ms_for(rank) if input_cost else 0.0
+    if not (jitter or cost_ms):
+        return dataset, described  # nothing to add on this rank; the line says the job's
+    delayed = Delayed(dataset, jitter=jitter, input_cost_s=cost_ms / 1e3, seed=seed)
+    return delayed, described
+
+
+def _source(
+    model_name: str,
+    path: str,
+    num_samples: int,
+    image_size: int,
+    num_classes: int,
+    tokens: Path | None,
+    seq_len: int,
+    seed: int,
+) -> tuple[Dataset[Any], Callable[[], str]]:
     if is_language_model(model_name):
         if tokens is None:
             raise ConfigError(f"{model_name} trains on a token file: pass --tokens PATH")
+        if path == "jpeg":
+            raise ConfigError(f"{model_name} trains on tokens: the jpeg data path is for images")
         windows = TokenWindows(tokens, seq_len)
         h = windows.header
 
@@ -273,6 +339,11 @@ def build_data(
             )
 
         return (windows if path == "loader" else DeviceTokens(windows)), text_line
+    if path == "jpeg":
+        from hetero.bench.zoo.jpeg import JpegImages
+
+        jpegs = JpegImages(num_samples, image_size, num_classes, seed=seed)
+        return jpegs, jpegs.describe
     images = MemoryImages(num_samples, image_size, num_classes, seed=seed)
 
     def image_line() -> str:
