@@ -83,6 +83,7 @@ def wrap_model(
     ctx.hooks.attach(model)
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     ddp = DistributedDataParallel(model, device_ids=device_ids, **ddp_kwargs)
+    ctx.hooks.attach_wrapper(ddp)
     ddp.register_comm_hook(ctx.weighting, weighted_allreduce_hook)
     ctx._ddp = True
     # auto plans in deferred (trainer/commsched.py); a fixed choice is its own mode.

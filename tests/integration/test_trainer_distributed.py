@@ -50,7 +50,7 @@ def two_ranks(ranks_in_turn, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The 2-rank jobs of this module on one launch: ``timing-WHERE`` from timing.py, rank 1
     slowed in backward and in its input; ``loader`` from loader_plans.py."""
     out = tmp_path_factory.mktemp("two-ranks")
-    jobs = [["timing.py", str(out / f"timing-{w}"), w] for w in ("backward", "input")]
+    jobs = [["timing.py", str(out / f"timing-{w}"), w] for w in ("backward", "input", "input-bn")]
     ranks_in_turn(out, 2, [*jobs, ["loader_plans.py", str(out / "loader")]])
     return out
 
@@ -142,6 +142,20 @@ def test_a_rank_waiting_for_its_input_shows_it_as_data_time_not_compute(two_rank
     # Loaded on the training thread (no workers): the wait is data time, not input_s.
     assert slow["input_s"] is None
     # The fast rank waits for it in the all-reduce.
+    assert fast["comm_s"] > 0.03, (fast, slow)
+
+
+@pytest.mark.timeout(600)
+def test_a_rank_waiting_for_its_peer_in_ddps_buffer_broadcast_counts_it_as_communication(
+    two_ranks: Path,
+):
+    # With a BatchNorm, DDP broadcasts buffers from rank 0 as each forward begins: the
+    # fast rank waits there for the one still loading its batch. That wait is
+    # communication; counted as input, both ranks looked input-bound.
+    prefix = two_ranks / "timing-input-bn"
+    fast, slow = (torch.load(f"{prefix}.rank{r}")[r] for r in range(2))
+    assert slow["data_s"] > 0.035, (fast, slow)
+    assert fast["data_s"] < 0.5 * slow["data_s"], (fast, slow)
     assert fast["comm_s"] > 0.03, (fast, slow)
 
 

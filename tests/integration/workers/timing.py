@@ -3,6 +3,7 @@
 Usage: timing.py OUT_PREFIX [WHERE]
   backward  (default) inside backward, like a slow device
   input     in loading its batch (a DataLoader whose dataset is slow on rank 1)
+  input-bn  the same, the model with a BatchNorm (DDP broadcasts its buffers each step)
   shard     inside backward, the model sharded with FSDP2 (shard=full)
 """
 
@@ -69,11 +70,14 @@ def main(argv: list[str]) -> None:
     torch.manual_seed(0)
     ctx = ht.init("equal", rebalance_interval=10, warmup_steps=2)
     slow = ctx.rank == 1
-    slowed = Slowed(DebugNet(10, 8), slow=slow and where in ("backward", "shard"))
+    inner: nn.Module = DebugNet(10, 8)
+    if where == "input-bn":
+        inner = nn.Sequential(nn.BatchNorm2d(3), inner)
+    slowed = Slowed(inner, slow=slow and where in ("backward", "shard"))
     model = ctx.wrap(slowed, shard="full" if where == "shard" else "none")
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     data = SyntheticImages(512, 8, 10)
-    if where == "input":  # 16 samples per rank: 50 ms per batch on rank 1
+    if where.startswith("input"):  # 16 samples per rank: 50 ms per batch on rank 1
         loader = ctx.loader(SlowItems(data, SLOW_S / 16 if slow else 0.0), 32)
     else:
         loader = ctx.loader(data, 32)
