@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from hetero.coordinator import lifecycle, persist
 from hetero.coordinator.database import open_database, session_factory
 from hetero.coordinator.models import EventRow, JobRow, NodeRow, PlanRow
-from hetero.coordinator.state import Device, Event, Job, Node, Plan, Rank
+from hetero.coordinator.state import ClusterState, Device, Event, Job, Node, Plan, Rank
 from hetero.coordinator.writer import StoreFull, StoreUnavailable, Writer
 from hetero.core.balancer import RankInterval
 from hetero.core.jobspec import parse_jobspec
@@ -251,3 +251,52 @@ def test_the_load_reads_back_what_the_operations_wrote(engine: Engine) -> None:
     assert state.next_event_id == 9
     assert state.ports_in_use() == {29501}
     assert _count(engine, EventRow) == 2 and _count(engine, PlanRow) == 3
+
+
+def test_what_the_rules_change_is_what_a_restarted_coordinator_loads(engine: Engine) -> None:
+    """Every change of ``cluster.Cluster`` reaches the database through its operations: a
+    coordinator that loads after them holds what the first one held."""
+    from hetero.coordinator.cluster import Cluster, Rules
+
+    cluster = Cluster(ClusterState(), Rules(heartbeat_timeout_s=10.0, started_at=0.0))
+    text = SPEC.replace("ranks: 2", "ranks: 2\n  allow_exclusion: false")
+
+    async def main() -> None:
+        writer = Writer(session_factory(engine))
+        writer.start()
+        for i in range(3):
+            cluster.register(
+                name=f"n{i}",
+                address=f"n{i}.local",
+                agent_endpoint="",
+                agent_version="t",
+                devices=(Device(0, "cpu", "cpu", 1.0),),
+                now=100.0,
+            )
+        spec = parse_jobspec(text, source="job.yaml")
+        running, _ = cluster.submit(spec, text, now=101.0, priority=0, owner="ana")
+        cluster.submit(spec, text, now=102.0, priority=0, owner="bob")
+        cancelled, _ = cluster.submit(spec, text, now=103.0, priority=3, owner="bob")
+        cluster.cancel(cancelled.id, now=104.0)
+        for r in running.ranks:
+            cluster.rank_status(
+                running.id, r.rank, node_id=r.node_id, state="RUNNING", exit_code=None, now=105.0
+            )
+        cluster.drain("n2", True, now=106.0)
+        await writer.write(*cluster.take()[0])
+        await writer.stop()
+
+    asyncio.run(main())
+    with session_factory(engine)() as s:
+        loaded = persist.load(s, now=107.0, history=17)
+    held = cluster.state
+    assert loaded.next_event_id == held.next_event_id
+    assert [j.id for j in loaded.queued()] == [j.id for j in held.queued()]
+    for job_id, job in held.jobs.items():
+        again = loaded.jobs[job_id]
+        assert persist.job_values(again) == persist.job_values(job)
+        assert [vars(r) for r in again.ranks] == [vars(r) for r in job.ranks]
+        assert again.plan == job.plan and list(again.events) == list(job.events)
+    for node_id, node in held.nodes.items():
+        assert persist.node_values(loaded.nodes[node_id]) == persist.node_values(node)
+        assert loaded.nodes[node_id].devices == node.devices
