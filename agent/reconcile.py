@@ -3,9 +3,9 @@
 A launch order starts a rank under the supervisor (with its command and
 environment from ``agent.orders``) unless it was carried out already; a stop
 order ends one. Each launch carries its job's attempt number: a rank of an
-earlier attempt still running here is stopped before the new one starts (the
-order comes again next poll). Every start, failure to start and exit is queued
-with the shipper for the coordinator.
+earlier attempt still running here is stopped first, and the launch waits until
+that process has ended (``retry``, every tick of the agent's loop). Every start,
+failure to start and exit is queued with the shipper for the coordinator.
 """
 
 from __future__ import annotations
@@ -49,8 +49,11 @@ class Reconciler:
         self.job_tokens = job_tokens
         #: (job, rank, attempt) of every launch order carried out.
         self.launched: set[tuple[str, int, int]] = set()
+        #: Launches waiting for a rank of an earlier attempt to end, with the ranks of
+        #: their job on this node.
+        self.waiting: dict[tuple[str, int], tuple[pb.RankLaunch, int]] = {}
 
-    def carry_out(self, orders: pb.PollAssignmentsResponse) -> None:
+    def carry_out(self, orders: pb.Orders) -> None:
         """Launch the ordered ranks not launched yet, then stop those ordered to stop."""
         per_job: dict[str, int] = defaultdict(int)
         for order in orders.launches:
@@ -60,6 +63,13 @@ class Reconciler:
                 self.launch(order, per_job[order.job_id])
         for stop in orders.stops:
             self.stop_rank(stop)
+
+    def retry(self) -> None:
+        """Launch what waited for an earlier attempt's rank that has ended since."""
+        for (job_id, rank), (order, local) in list(self.waiting.items()):
+            if self.supervisor.attempt_of(job_id, rank) is None:
+                del self.waiting[(job_id, rank)]
+                self.launch(order, local)
 
     def _threads(self, order: pb.RankLaunch) -> int:
         if order.device_kind == tpb.DEVICE_KIND_CUDA:
@@ -73,9 +83,10 @@ class Reconciler:
         older = self.supervisor.attempt_of(order.job_id, order.rank)
         if older is not None:
             # A rank of an earlier attempt is still here (this node was cut off while
-            # the job restarted): end it first; the order comes again next poll.
+            # the job restarted): end it first; the launch waits for it to be gone.
             if older < order.attempt:
                 self.supervisor.stop(order.job_id, order.rank, self.config.stop_grace_s)
+                self.waiting[(order.job_id, order.rank)] = (order, local_world_size)
             return
         self.launched.add((order.job_id, order.rank, order.attempt))
         self.plans.offer(order.plan)
@@ -147,3 +158,4 @@ class Reconciler:
     def reap(self) -> None:
         for e in self.supervisor.poll():
             self.shipper.queue_exit(e, e.reason or ("stopped by the agent" if e.stopped else ""))
+        self.retry()

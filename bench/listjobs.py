@@ -26,8 +26,7 @@ import grpc
 from hetero.coordinator import lifecycle, store
 from hetero.coordinator.database import open_database, session_factory
 from hetero.coordinator.models import DeviceRow, RankRow
-from hetero.coordinator.server import create_server
-from hetero.coordinator.service import Deps
+from hetero.coordinator.server import Settings, create_server
 from hetero.core.jobspec import parse_jobspec
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1.coordinator_pb2_grpc import CoordinatorStub
@@ -107,9 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{Path(tmp) / 'coordinator.db'}"
         fill(url, args.queued, args.finished)
-        engine = open_database(url)
-        deps = Deps(sessions=session_factory(engine), heartbeat_timeout_s=10.0)
-        server, port = create_server("127.0.0.1:0", deps)
+        server, port = create_server("127.0.0.1:0", Settings(db_url=url, heartbeat_timeout_s=10.0))
         server.start()
         try:
             with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -131,9 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                 run = lambda: subprocess.run(cli, check=True, capture_output=True)  # noqa: E731
                 print(f"hetero-coord jobs:         {median_s(run, args.repeat) * 1000:8.1f} ms")
         finally:
-            deps.stopping.set()
             server.stop(0).wait()
-            engine.dispose()
     return 0
 
 

@@ -97,14 +97,6 @@ def _parser() -> argparse.ArgumentParser:
         help="host:port to serve Prometheus /metrics on (default: off); beyond loopback "
         "scrapes must send the token (Authorization: Bearer)",
     )
-    serve.add_argument(
-        "--report-processes",
-        type=_processes,
-        metavar="N",
-        help="processes that interval reports (their writes and the balancer's fits) run in, "
-        "each job's always in the same one; on PostgreSQL or a SQLite file (default: one per "
-        "two cores, 1 to 4)",
-    )
     auth = serve.add_argument_group("authentication (see docs/reliability.md#security)")
     auth.add_argument(
         "--token-file",
@@ -302,19 +294,8 @@ def _db(args: argparse.Namespace) -> int:
 # ---- serve --------------------------------------------------------------------------
 
 
-def _processes(text: str) -> int:
-    """``--report-processes``: a whole number from 1 to 64."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-    if not 1 <= n <= 64:
-        raise argparse.ArgumentTypeError(f"must be from 1 to 64, got {n}")
-    return n
-
-
 def _serve(args: argparse.Namespace) -> int:
-    from hetero.coordinator.server import serve
+    from hetero.coordinator.server import Settings, serve
     from hetero.coordinator.store import TelemetryPolicy
 
     config: CoordinatorConfig = with_flags(
@@ -335,7 +316,6 @@ def _serve(args: argparse.Namespace) -> int:
         interval_stats_raw_h=args.interval_stats_raw_h,
         interval_stats_thin=args.interval_stats_thin,
         interval_stats_keep_days=args.interval_stats_keep_days,
-        report_processes=args.report_processes,
     )
     set_daemon_umask()
     configure_logging(config.log_format)
@@ -364,13 +344,8 @@ def _serve(args: argparse.Namespace) -> int:
         from hetero.coordinator.metricsserver import check_metrics_listen
 
         check_metrics_listen(config.metrics_listen, security)
-    serve(
-        config.listen,
-        config.db_url,
-        grace_s=config.grace_s,
-        metrics_listen=config.metrics_listen,
-        security=security,
-        allowed_roots=config.resolved_allowed_roots,
+    settings = Settings(
+        db_url=config.db_url,
         heartbeat_interval_s=config.heartbeat_interval_s,
         heartbeat_timeout_s=config.heartbeat_timeout_s,
         master_port_base=config.master_port_base,
@@ -378,8 +353,15 @@ def _serve(args: argparse.Namespace) -> int:
         interval_retention=config.interval_retention,
         log_retention=config.log_retention,
         limits=config.limits,
+        allowed_roots=config.resolved_allowed_roots,
+    )
+    serve(
+        config.listen,
+        settings,
+        grace_s=config.grace_s,
+        metrics_listen=config.metrics_listen,
+        security=security,
         certificates=certificates,
-        report_processes=config.report_processes,
     )
     return 0
 

@@ -100,6 +100,10 @@ class Cluster:
         self._ops, self._touched = [], set()
         return ops, touched
 
+    def add(self, op: Op) -> None:
+        """A write of the caller's own, in order with the rules' (an interval's rows)."""
+        self._ops.append(op)
+
     def job(self, job_id: str) -> Job:
         job = self.state.jobs.get(job_id)
         if job is None:
@@ -586,6 +590,7 @@ class Cluster:
         version = self.new_plan(job, plan.batches, 0, plan.policy, plan.reason, now=now).version
         job.attempt_first_plan = version
         job.history.clear()
+        job.latest, job.start_up_s = None, None
         names = sorted({self.state.nodes[r.node_id].name for r in job.ranks})
         batches = ",".join(str(b) for b in plan.batches)
         self.event(

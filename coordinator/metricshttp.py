@@ -22,7 +22,6 @@ from typing import Any
 from hetero.coordinator.metrics import CONTENT_TYPE, families, write
 from hetero.coordinator.rpclatency import SAMPLE_NAMES, LatencyCounts
 from hetero.coordinator.rpclatency import families as latency_families
-from hetero.coordinator.workerprocess import exit_with_parent
 from hetero.core import heap, procname
 from hetero.security.auth import METADATA_KEY, SCHEME
 from hetero.v1 import coordinator_pb2 as pb
@@ -43,6 +42,22 @@ READ_TIMEOUT_S = 2.0
 REFRESH_S = 0.25
 #: CPU niceness of the HTTP process over the coordinator's.
 NICE = 10
+
+
+#: Seconds between looks at whether the coordinator is still this process's parent.
+PARENT_CHECK_S = 0.5
+
+
+def exit_with_parent(parent: int) -> None:
+    """End this process once ``parent`` is no longer its parent (it died: the process
+    was handed to init or a subreaper)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_S)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 class _BoundedServer(HTTPServer):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -48,7 +48,8 @@ from hetero.coordinator.state import (
     Plan,
     Rank,
 )
-from hetero.coordinator.store.intervals import interval_steps
+from hetero.coordinator.store.intervals import interval_steps, latest_interval
+from hetero.coordinator.wire import interval_message
 from hetero.core.jobspec import parse_jobspec
 
 Values = Mapping[str, Any]
@@ -131,6 +132,18 @@ class DropTelemetry:
         s.connection().execute(
             delete(t).where(t.c.node_id.in_(self.nodes), t.c.bucket < self.oldest)
         )
+
+
+class Call:
+    """Work of the caller's own in the writer's transaction (pruning); ``result`` holds
+    what ``fn`` returned once it is committed."""
+
+    def __init__(self, fn: Callable[[Session], Any]) -> None:
+        self.fn = fn
+        self.result: Any = None
+
+    def apply(self, s: Session) -> None:
+        self.result = self.fn(s)
 
 
 # ---- row values from the state (taken on the event loop) -------------------------------
@@ -253,6 +266,8 @@ def load(s: Session, *, now: float, history: int) -> ClusterState:
         if job.placed:
             steps = interval_steps(s, row, history)
             job.history = deque(((step, tuple(rs)) for step, rs in steps), maxlen=history)
+            newest = latest_interval(s, row)
+            job.latest = interval_message(row.id, newest) if newest else None
         state.add_job(job)
     return state
 

@@ -44,7 +44,7 @@ AGENT = _full(
     (
         "RegisterNode",
         "Heartbeat",
-        "PollAssignments",
+        "WatchOrders",
         "ReportRankStatus",
         "AppendJobLogs",
         "Probe",

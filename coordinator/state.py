@@ -72,8 +72,10 @@ class Node:
     down: bool = False
     devices: tuple[Device, ...] = ()
     telemetry: object | None = None
-    #: The newest telemetry bucket written for this node (``TelemetryPolicy.period_s``).
+    #: The newest telemetry bucket written for this node (``TelemetryPolicy.period_s``),
+    #: and the newest of the samples its agent buffered while cut off.
     telemetry_bucket: int = -1
+    buffered_bucket: int = -1
 
     def healthy(self, now: float, timeout_s: float) -> bool:
         return now - self.last_heartbeat_unix_s <= timeout_s
@@ -163,6 +165,9 @@ class Job:
     events: deque[Event] = field(default_factory=lambda: deque(maxlen=JOB_EVENTS))
     #: The newest "not helping" message said of the job ("" = none).
     not_helping: str = ""
+    #: Seconds the current attempt took from its placement to its first step (None: not
+    #: measured yet, or measured before this coordinator started).
+    start_up_s: float | None = None
 
     @property
     def policy(self) -> str:

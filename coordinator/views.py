@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 from sqlalchemy.orm import Session
 
-from hetero.coordinator import lifecycle, store, wire
+from hetero.coordinator import store, wire
 from hetero.coordinator.models import JobRow, PlanRow, TelemetryRow
 from hetero.core import replan
 from hetero.core.balancer import StragglerEvidence, detect_stragglers
@@ -63,50 +63,6 @@ def _job_message(s: Session, job: JobRow, plan: PlanRow | None, detail: bool = F
 
 #: A node's newest telemetry not yet in the database (``HeartbeatIngest.current``).
 Live = Callable[[str], dict[int | None, TelemetryRow] | None]
-
-
-def telemetry(s: Session, node_id: str, live: Live | None) -> dict[int | None, TelemetryRow]:
-    """A node's newest telemetry: from memory while its bucket is open, else stored."""
-    return (live(node_id) if live else None) or store.latest_telemetry(s, node_id)
-
-
-def nodes(s: Session, *, now: float, timeout_s: float, live: Live | None = None) -> list[pb.Node]:
-    """Every node with its newest telemetry: from memory while its bucket is open, the
-    others' from the database in one query (``store.latest_telemetry_of``)."""
-    rows = store.list_nodes(s)
-    fresh = {node.id: (live(node.id) if live else None) for node in rows}
-    stored = store.latest_telemetry_of(s, [n for n, t in fresh.items() if not t])
-    return [
-        wire.node_message(
-            node, fresh[node.id] or stored.get(node.id, {}), store.is_healthy(node, now, timeout_s)
-        )
-        for node in rows
-    ]
-
-
-def cluster_snapshot(
-    s: Session, *, now: float, timeout_s: float, live: Live | None = None
-) -> pb.ClusterSnapshot:
-    """Every node; every placed job (pending, running, restarting), and of the newest
-    ``WATCH_JOBS`` the others not finished or finished within ``WATCH_FINISHED_JOBS_S``:
-    newest first. A flood of queued jobs never hides a running one."""
-    placed = store.list_jobs(s, sorted(lifecycle.PLACED), limit=MAX_PLACED_JOBS)
-    rows = {j.id: j for j in (*store.list_jobs(s, limit=WATCH_JOBS), *placed)}
-    jobs = job_messages(
-        s,
-        sorted(
-            (
-                j
-                for j in rows.values()
-                if j.finished_at_unix_s is None
-                or now - j.finished_at_unix_s < WATCH_FINISHED_JOBS_S
-            ),
-            key=lambda j: (-j.submitted_at_unix_s, j.id),
-        ),
-    )
-    return pb.ClusterSnapshot(
-        time_unix_s=now, nodes=nodes(s, now=now, timeout_s=timeout_s, live=live), jobs=jobs
-    )
 
 
 def job_detail(s: Session, job_id: str, max_intervals: int, after_step: int | None) -> pb.JobDetail:

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
-from hetero.coordinator import exclusion, lifecycle
-from hetero.coordinator.models import JobRow, NodeRow, RankRow
-from hetero.coordinator.placement import InitialPlan, Placement, initial_plan
+from hetero.coordinator import lifecycle
+from hetero.coordinator.models import JobRow, RankRow
+from hetero.coordinator.placement import Placement, initial_plan
 from hetero.coordinator.store.events import add_event
 from hetero.coordinator.store.plans import add_plan
 from hetero.coordinator.store.rows import NotFoundError
@@ -235,83 +235,3 @@ def apply_transition(
         return
     text = f"job {job.name} {job.state.lower()}" + (f": {t.message}" if t.message else "")
     add_event(s, f"job_{job.state.lower()}", text, job_id=job.id, now=now)
-
-
-def active_jobs_on_node(s: Session, node_id: str) -> list[JobRow]:
-    """Unfinished jobs with a rank on ``node_id`` that may still be running there."""
-    query = (
-        select(JobRow)
-        .join(RankRow)
-        .where(
-            RankRow.node_id == node_id,
-            RankRow.state.in_(lifecycle.LIVE_RANK_STATES),
-            JobRow.state.not_in(lifecycle.FINISHED),
-        )
-        .distinct()
-        .order_by(JobRow.submitted_at_unix_s)
-    )
-    return list(s.scalars(query))
-
-
-def lose_node(s: Session, node: NodeRow, *, now: float) -> None:
-    """Every active job with ranks on ``node`` (down) restarts or fails; its ranks there are gone."""
-    for job in active_jobs_on_node(s, node.id):
-        on_node = [_status(r) for r in job.ranks if r.node_id == node.id]
-        t = lifecycle.node_lost(
-            job.state, node.name, on_node, failure_restarts(job), job.max_restarts
-        )
-        apply_transition(s, job, t, now=now, lost_node=node.id)
-        for r in job.ranks:  # a job already restarting or failed: nobody confirms these
-            if r.node_id == node.id:
-                r.state = lifecycle.rank_state_when_node_lost(r.state)
-
-
-def restarting_jobs(s: Session) -> list[JobRow]:
-    """In queue order (priority, then submission): the first placed when devices are short."""
-    query = select(JobRow).where(JobRow.state == lifecycle.RESTARTING)
-    order = (JobRow.priority.desc(), JobRow.submitted_at_unix_s, JobRow.id)
-    return list(s.scalars(query.order_by(*order)))
-
-
-def replace_job(
-    s: Session, job: JobRow, placement: Placement, plan: InitialPlan, *, now: float
-) -> None:
-    """Start the job's next attempt on ``placement``: new ranks, rendezvous and plan.
-
-    ``restarts`` counts attempts placed after the first, so while the job is
-    RESTARTING it still names the attempt whose ranks are being stopped.
-    """
-    job.restarts += 1
-    job.ranks.clear()
-    s.flush()  # delete the old rank rows before their (job, rank) is reused
-    job.ranks.extend(_rank_rows(placement))
-    job.world_size = len(placement.ranks)
-    job.backend = placement.backend
-    job.master_addr, job.master_port = placement.master_addr, placement.master_port
-    job.state, job.restarting_since_unix_s = lifecycle.PENDING, None
-    row = add_plan(s, job.id, plan.batches, 0, plan.policy, plan.reason, now=now)
-    job.attempt_first_plan = row.version
-    nodes = sorted({r.node.name for r in job.ranks})
-    add_event(
-        s,
-        "job_restarted",
-        f"job {job.name} attempt {job.restarts}: {job.world_size} ranks on {', '.join(nodes)}, "
-        f"plan v{row.version} {row.batches}, resuming from its checkpoint",
-        job_id=job.id,
-        now=now,
-    )
-
-
-def restart_without(s: Session, job: JobRow, decision: exclusion.Decision, *, now: float) -> None:
-    """Restart a running job from its checkpoint without the rank ``decision`` leaves out
-    (recorded on the job, so its placements leave it out from now on)."""
-    exclusion.record(job, decision.entry)
-    job.exclusion_restarts += 1
-    add_event(s, "rank_excluded", decision.message, job_id=job.id, now=now)
-    why = f"restarting from its checkpoint without rank {decision.forecast.rank}"
-    apply_transition(s, job, lifecycle.Transition(lifecycle.RESTARTING, why, True), now=now)
-
-
-def fail_restart(s: Session, job: JobRow, reason: str, *, now: float) -> None:
-    """A restart that could never be placed ends the job."""
-    apply_transition(s, job, lifecycle.Transition(lifecycle.FAILED, reason), now=now)

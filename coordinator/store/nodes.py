@@ -7,13 +7,12 @@ import uuid
 from collections.abc import Sequence
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session
 
 from hetero.coordinator import lifecycle
 from hetero.coordinator.models import DeviceRow, JobRow, NodeRow, RankRow
 from hetero.coordinator.placement import DeviceSlot
 from hetero.coordinator.store.events import add_event
-from hetero.coordinator.store.rows import NotFoundError
 
 
 def register_node(
@@ -44,63 +43,10 @@ def register_node(
     return node
 
 
-def get_node(s: Session, node_id: str) -> NodeRow:
-    node = s.get(NodeRow, node_id)
-    if node is None:
-        raise NotFoundError(f"unknown node {node_id!r}: register first")
-    return node
-
-
-def list_nodes(s: Session) -> list[NodeRow]:
-    """Every node with its devices loaded (one query for all, not one per node)."""
-    query = select(NodeRow).options(selectinload(NodeRow.devices)).order_by(NodeRow.name)
-    return list(s.scalars(query))
-
-
-def find_node(s: Session, ref: str) -> NodeRow:
-    """A node by id, else by name."""
-    node = s.get(NodeRow, ref) or s.scalars(select(NodeRow).where(NodeRow.name == ref)).first()
-    if node is None:
-        raise NotFoundError(f"unknown node {ref!r} (neither an id nor a name)")
-    return node
-
-
-def set_draining(s: Session, ref: str, draining: bool, *, now: float) -> NodeRow:
-    """Drain a node (no new ranks; running ones stay) or undo it. Idempotent."""
-    node = find_node(s, ref)
-    if node.draining != draining:
-        node.draining = draining
-        kind, what = ("node_drained", "drained") if draining else ("node_undrained", "undrained")
-        add_event(s, kind, f"node {node.name} {what}", node_id=node.id, now=now)
-    return node
-
-
 def heard_from(s: Session, node: NodeRow, now: float) -> None:
     if node.down:
         node.down = False
         add_event(s, "node_up", f"node {node.name} is back", node_id=node.id, now=now)
-
-
-def silent_nodes(s: Session, *, since: float) -> list[NodeRow]:
-    """Nodes not marked down whose last heartbeat is older than ``since`` (Unix s)."""
-    query = select(NodeRow).where(NodeRow.last_heartbeat_unix_s < since, NodeRow.down.is_(False))
-    return list(s.scalars(query.order_by(NodeRow.name)))
-
-
-def mark_down(s: Session, node: NodeRow, silent_s: float, *, now: float) -> None:
-    """Record that ``node`` missed its heartbeat timeout (one event per outage)."""
-    node.down = True
-    add_event(
-        s,
-        "node_down",
-        f"node {node.name} down: silent for {silent_s:.1f} s",
-        node_id=node.id,
-        now=now,
-    )
-
-
-def is_healthy(node: NodeRow, now: float, timeout_s: float) -> bool:
-    return bool(now - node.last_heartbeat_unix_s <= timeout_s)
 
 
 def device_slots(

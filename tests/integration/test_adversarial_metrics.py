@@ -29,7 +29,6 @@ from servedprocess import START_S, kill_left, serve, still_running, wait_for_lin
 
 from hetero.coordinator.metricshttp import NICE, QUEUED, READ_TIMEOUT_S, WORKERS
 from hetero.coordinator.metricsserver import MetricsServer
-from hetero.coordinator.service import CoordinatorService
 from hetero.coordinator.snapshots import Snapshots
 from hetero.core.errors import ConfigError
 from hetero.security.auth import new_token
@@ -46,7 +45,7 @@ HEARTBEAT_DEADLINE_S = 5.0
 def metrics(coordinator, sim) -> Iterator[MetricsServer]:  # type: ignore[no-untyped-def]
     sim.register()
     sim.heartbeat()
-    server = MetricsServer("127.0.0.1:0", CoordinatorService(coordinator.deps).snapshot)
+    server = MetricsServer("127.0.0.1:0", coordinator.server.snapshot)
     server.start()
     try:
         yield server
@@ -159,7 +158,7 @@ def test_a_scrape_storm_reads_the_cluster_at_most_once_per_second(metrics: Metri
 def test_the_snapshot_is_built_again_only_after_its_ttl(coordinator, sim) -> None:  # type: ignore[no-untyped-def]
     sim.register()
     now = [0.0]
-    build = CoordinatorService(coordinator.deps).snapshot
+    build = coordinator.server.snapshot
     cached = Snapshots(lambda: build().SerializeToString(), 1.0, clock=lambda: now[0])
     first = cached.latest()
     sim.heartbeat()
@@ -263,7 +262,7 @@ def test_a_metrics_process_that_cannot_start_is_logged_in_one_line_and_tried_aga
 ) -> None:  # type: ignore[no-untyped-def]
     sim.register()
     sim.heartbeat()
-    server = MetricsServer("127.0.0.1:0", CoordinatorService(coordinator.deps).snapshot)
+    server = MetricsServer("127.0.0.1:0", coordinator.server.snapshot)
     context = _NoProcessesOnce()
     server._context = context  # type: ignore[assignment]
     with caplog.at_level(logging.WARNING, logger="hetero.coordinator.metrics"):

@@ -17,10 +17,8 @@ import grpc
 import pytest
 
 from hetero.coordinator.config import load_config
-from hetero.coordinator.database import open_database, session_factory
 from hetero.coordinator.roles import AGENT, ROLES, SERVICE, USER, load_roles
-from hetero.coordinator.server import create_server
-from hetero.coordinator.service import Deps
+from hetero.coordinator.server import Settings, create_server
 from hetero.core.errors import ConfigError
 from hetero.security.auth import Secret, new_token
 from hetero.security.transport import ClientSecurity, ServerSecurity, client_channel
@@ -51,17 +49,14 @@ def served(tmp_path: Path) -> Iterator[Served]:
         path.write_text(tokens[role].reveal())
         path.chmod(0o600)
         files.append((role, path))
-    engine = open_database(f"sqlite:///{tmp_path / 'c.db'}")
-    deps = Deps(sessions=session_factory(engine))
+    deps = Settings(db_url=f"sqlite:///{tmp_path / 'c.db'}")
     security = ServerSecurity(token=tokens["cluster"], roles=load_roles(files))
     server, port = create_server("127.0.0.1:0", deps, security)
     server.start()
     try:
         yield Served(f"127.0.0.1:{port}", tokens)
     finally:
-        deps.stopping.set()
         server.stop(0).wait()
-        engine.dispose()
 
 
 def _register(stub: pb_grpc.CoordinatorStub, address: str = "10.0.0.2") -> str:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from simcluster import watch_orders
 
 from hetero import trainer as ht
 from hetero.agent.orders import rank_command
@@ -78,9 +79,7 @@ def test_a_launch_order_carries_the_jobs_options_to_the_ranks_hetero_train(
     )
     spec = parse_jobspec(text)
     coordinator.stub.SubmitJob(pb.SubmitJobRequest(spec_yaml=text), timeout=DEADLINE_S)
-    orders = coordinator.stub.PollAssignments(
-        pb.PollAssignmentsRequest(node_id=node_id), timeout=DEADLINE_S
-    ).launches
+    orders = watch_orders(coordinator.stub, node_id).launches
     assert len(orders) == 2
     parser = build_parser("hetero-train", "", "")
     for order in orders:

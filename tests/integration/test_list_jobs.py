@@ -27,16 +27,18 @@ QUEUED = "name: flood\nglobal_batch: 8\nsteps: 5\nresources: {ranks: 1, device: 
 
 def _flood(coordinator, n: int, owner: str = "user:ana") -> list[str]:  # type: ignore[no-untyped-def]
     """``n`` queued jobs written to the store (as a flood of submissions leaves them),
-    one a second before the clock's now; their ids, newest first."""
+    one a second before the clock's now, and the coordinator restarted to load them;
+    their ids, newest first."""
     spec = parse_jobspec(QUEUED, source="flood")
     ids = []
-    with coordinator.deps.sessions.begin() as s:
+    with coordinator.sessions.begin() as s:
         for i in range(n):
             job = store.new_job(
                 spec, QUEUED, now=coordinator.clock.now - n + i, priority=0, owner=owner
             )
             s.add(job)
             ids.append(job.id)
+    coordinator.restart()
     return ids[::-1]
 
 
@@ -118,7 +120,6 @@ def test_a_flood_of_queued_jobs_does_not_hide_a_running_job_from_the_snapshot(co
     coordinator.clock.now += 5000.0
     assert running.state == pb.JOB_STATE_PENDING
     _flood(coordinator, views.WATCH_JOBS + 10)
-    with coordinator.deps.sessions() as s:
-        snapshot = views.cluster_snapshot(s, now=coordinator.clock.now, timeout_s=10.0)
+    snapshot = coordinator.server.snapshot()
     assert running.id in [j.id for j in snapshot.jobs]
     assert snapshot.jobs[-1].id == running.id, "newest first"

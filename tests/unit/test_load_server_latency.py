@@ -49,7 +49,7 @@ def test_the_window_holds_the_calls_between_two_reads_by_status() -> None:
     assert math.isclose(beats["server_p99_ms"], 10 + 5 * 0.99)
     plans = figures(window, "GetPlan")
     assert plans["server_calls"] == 1 and 150 < plans["server_p50_ms"] <= 200
-    none = figures(window, "PollAssignments")
+    none = figures(window, "ReportIntervalStats")
     assert none["server_calls"] == 0 and math.isnan(none["server_p99_ms"])
 
 

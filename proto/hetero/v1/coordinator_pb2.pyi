@@ -78,10 +78,8 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., host: _Optional[_Union[_types_pb2.HostTelemetry, _Mapping]] = ..., devices: _Optional[_Iterable[_Union[_types_pb2.DeviceTelemetry, _Mapping]]] = ..., sampled_at_unix_s: _Optional[float] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("orders_pending",)
-    ORDERS_PENDING_FIELD_NUMBER: _ClassVar[int]
-    orders_pending: bool
-    def __init__(self, orders_pending: bool = ...) -> None: ...
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class ProbeRequest(_message.Message):
     __slots__ = ("payload", "reply_bytes")
@@ -351,15 +349,11 @@ class CancelJobRequest(_message.Message):
     job_id: str
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
-class PollAssignmentsRequest(_message.Message):
-    __slots__ = ("node_id", "limit", "page_token")
+class WatchOrdersRequest(_message.Message):
+    __slots__ = ("node_id",)
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
-    LIMIT_FIELD_NUMBER: _ClassVar[int]
-    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     node_id: str
-    limit: int
-    page_token: str
-    def __init__(self, node_id: _Optional[str] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
 
 class TrainingArgs(_message.Message):
     __slots__ = ("model", "dataset", "data_dir", "global_batch", "steps", "epochs", "lr", "seed", "policy", "rebalance_interval", "checkpoint_dir", "checkpoint_interval_steps", "command", "resume", "options")
@@ -453,15 +447,17 @@ class RankStop(_message.Message):
     attempt: int
     def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., reason: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
 
-class PollAssignmentsResponse(_message.Message):
-    __slots__ = ("launches", "stops", "next_page_token")
+class Orders(_message.Message):
+    __slots__ = ("launches", "stops", "sent_at_unix_s", "complete")
     LAUNCHES_FIELD_NUMBER: _ClassVar[int]
     STOPS_FIELD_NUMBER: _ClassVar[int]
-    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SENT_AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
     launches: _containers.RepeatedCompositeFieldContainer[RankLaunch]
     stops: _containers.RepeatedCompositeFieldContainer[RankStop]
-    next_page_token: str
-    def __init__(self, launches: _Optional[_Iterable[_Union[RankLaunch, _Mapping]]] = ..., stops: _Optional[_Iterable[_Union[RankStop, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+    sent_at_unix_s: float
+    complete: bool
+    def __init__(self, launches: _Optional[_Iterable[_Union[RankLaunch, _Mapping]]] = ..., stops: _Optional[_Iterable[_Union[RankStop, _Mapping]]] = ..., sent_at_unix_s: _Optional[float] = ..., complete: bool = ...) -> None: ...
 
 class ReportRankStatusRequest(_message.Message):
     __slots__ = ("node_id", "job_id", "rank", "state", "exit_code", "message", "attempt")

@@ -45,10 +45,10 @@ class CoordinatorStub(object):
                 request_serializer=hetero_dot_v1_dot_coordinator__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=hetero_dot_v1_dot_coordinator__pb2.HeartbeatResponse.FromString,
                 _registered_method=True)
-        self.PollAssignments = channel.unary_unary(
-                '/hetero.v1.Coordinator/PollAssignments',
-                request_serializer=hetero_dot_v1_dot_coordinator__pb2.PollAssignmentsRequest.SerializeToString,
-                response_deserializer=hetero_dot_v1_dot_coordinator__pb2.PollAssignmentsResponse.FromString,
+        self.WatchOrders = channel.unary_stream(
+                '/hetero.v1.Coordinator/WatchOrders',
+                request_serializer=hetero_dot_v1_dot_coordinator__pb2.WatchOrdersRequest.SerializeToString,
+                response_deserializer=hetero_dot_v1_dot_coordinator__pb2.Orders.FromString,
                 _registered_method=True)
         self.ReportRankStatus = channel.unary_unary(
                 '/hetero.v1.Coordinator/ReportRankStatus',
@@ -133,14 +133,16 @@ class CoordinatorServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def Heartbeat(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Renews the node's lease: a node silent for heartbeat_timeout_s is down.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def PollAssignments(self, request, context):
-        """Launch orders for the ranks placed on a node, and stop orders for ranks of
-        cancelled jobs. Agents poll it after a heartbeat whose reply sets orders_pending.
+    def WatchOrders(self, request, context):
+        """One stream per agent: the node's orders (launches of the ranks placed on it, stops
+        of ranks of cancelled or restarting jobs) as soon as they exist. The first
+        messages carry every order not yet confirmed; each later one what changed.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -250,10 +252,10 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     request_deserializer=hetero_dot_v1_dot_coordinator__pb2.HeartbeatRequest.FromString,
                     response_serializer=hetero_dot_v1_dot_coordinator__pb2.HeartbeatResponse.SerializeToString,
             ),
-            'PollAssignments': grpc.unary_unary_rpc_method_handler(
-                    servicer.PollAssignments,
-                    request_deserializer=hetero_dot_v1_dot_coordinator__pb2.PollAssignmentsRequest.FromString,
-                    response_serializer=hetero_dot_v1_dot_coordinator__pb2.PollAssignmentsResponse.SerializeToString,
+            'WatchOrders': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchOrders,
+                    request_deserializer=hetero_dot_v1_dot_coordinator__pb2.WatchOrdersRequest.FromString,
+                    response_serializer=hetero_dot_v1_dot_coordinator__pb2.Orders.SerializeToString,
             ),
             'ReportRankStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportRankStatus,
@@ -391,7 +393,7 @@ class Coordinator(object):
             _registered_method=True)
 
     @staticmethod
-    def PollAssignments(request,
+    def WatchOrders(request,
             target,
             options=(),
             channel_credentials=None,
@@ -401,12 +403,12 @@ class Coordinator(object):
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
+        return grpc.experimental.unary_stream(
             request,
             target,
-            '/hetero.v1.Coordinator/PollAssignments',
-            hetero_dot_v1_dot_coordinator__pb2.PollAssignmentsRequest.SerializeToString,
-            hetero_dot_v1_dot_coordinator__pb2.PollAssignmentsResponse.FromString,
+            '/hetero.v1.Coordinator/WatchOrders',
+            hetero_dot_v1_dot_coordinator__pb2.WatchOrdersRequest.SerializeToString,
+            hetero_dot_v1_dot_coordinator__pb2.Orders.FromString,
             options,
             channel_credentials,
             insecure,
