@@ -5,10 +5,11 @@ the messages of jobs the coordinator no longer holds are built from the database
 
 from __future__ import annotations
 
+import functools
 from typing import cast
 
 from hetero.coordinator import throughput, wire
-from hetero.coordinator.state import ClusterState, Job, Node, Plan, Rank
+from hetero.coordinator.state import ClusterState, Device, Job, Node, Plan, Rank
 from hetero.core.balancer import detect_stragglers
 from hetero.core.balancer.straggler import LOOKBACK
 from hetero.core.rankenv import RankEnv
@@ -17,8 +18,10 @@ from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
 
 
-def device_profile(d: object) -> tpb.DeviceProfile:
-    return wire.device_profile(d)  # type: ignore[arg-type]  # state.Device has DeviceRow's fields
+@functools.lru_cache(maxsize=4096)
+def device_profiles(devices: tuple[Device, ...]) -> tuple[tpb.DeviceProfile, ...]:
+    """A node's devices as messages, made once per registration (they never change)."""
+    return tuple(wire.device_profile(d) for d in devices)  # type: ignore[arg-type]
 
 
 def node_message(node: Node, *, now: float, timeout_s: float) -> pb.Node:
@@ -33,7 +36,7 @@ def node_message(node: Node, *, now: float, timeout_s: float) -> pb.Node:
         healthy=node.healthy(now, timeout_s),
         registered_at_unix_s=node.registered_at_unix_s,
         last_heartbeat_unix_s=node.last_heartbeat_unix_s,
-        devices=[device_profile(d) for d in node.devices],
+        devices=device_profiles(node.devices),
         draining=node.draining,
     )
     beat = node.telemetry
@@ -162,19 +165,27 @@ def job_live(job: Job) -> pb.JobLive | None:
     return msg
 
 
+#: Jobs a snapshot shows besides the placed ones: the newest queued or recently ended.
+WATCH_JOBS = 1000
+
+
 def snapshot(
     state: ClusterState, *, now: float, timeout_s: float, finished_s: float
 ) -> pb.ClusterSnapshot:
-    """Every node; every job in memory not finished, or finished within ``finished_s``:
-    newest first."""
-    jobs = sorted(
-        (
-            j
-            for j in state.jobs.values()
-            if j.finished_at_unix_s is None or now - j.finished_at_unix_s < finished_s
-        ),
-        key=lambda j: (-j.submitted_at_unix_s, j.id),
-    )
+    """Every node; every placed job (pending, running, restarting), and of the others the
+    newest :data:`WATCH_JOBS` not finished or finished within ``finished_s``: newest
+    first. A flood of queued jobs never hides a running one, and never makes the
+    snapshot long to build (10,000 queued jobs took 120 ms of the event loop)."""
+    placed: list[Job] = []
+    others: list[Job] = []
+    for j in reversed(state.jobs.values()):  # newest first: the state holds them in order
+        if j.placed:
+            placed.append(j)
+        elif len(others) < WATCH_JOBS and (
+            j.finished_at_unix_s is None or now - j.finished_at_unix_s < finished_s
+        ):
+            others.append(j)
+    jobs = sorted([*placed, *others], key=_newest_first)
     return pb.ClusterSnapshot(
         time_unix_s=now,
         nodes=[
@@ -183,6 +194,18 @@ def snapshot(
         ],
         jobs=[job_message(state, j) for j in jobs],
     )
+
+
+def metrics_snapshot(state: ClusterState, *, now: float, timeout_s: float) -> pb.ClusterSnapshot:
+    """What ``/metrics`` exports: every node with its devices' newest telemetry, and every
+    placed job (a job's series end with it; the queued ones have none worth a scrape)."""
+    nodes = [node_message(n, now=now, timeout_s=timeout_s) for n in state.nodes.values()]
+    jobs = [job_message(state, j) for j in state.jobs.values() if j.placed]
+    return pb.ClusterSnapshot(time_unix_s=now, nodes=nodes, jobs=jobs)
+
+
+def _newest_first(job: Job) -> tuple[float, str]:
+    return (-job.submitted_at_unix_s, job.id)
 
 
 def launch_message(job: Job, rank: Rank) -> pb.RankLaunch:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import Table, delete, func, insert, or_, select, update
+from sqlalchemy import Table, bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from hetero.coordinator import lifecycle
@@ -122,16 +122,37 @@ class AddRows:
 
 @dataclass(frozen=True)
 class DropTelemetry:
-    """The telemetry of ``nodes`` older than bucket ``oldest`` (their retention)."""
+    """The telemetry of ``nodes`` older than bucket ``oldest`` (their retention), a node
+    at a time: each delete an index range on ``(node_id, bucket)``."""
 
     nodes: tuple[str, ...]
     oldest: int
 
     def apply(self, s: Session) -> None:
+        if not self.nodes:
+            return
         t = _table(TelemetryRow)
-        s.connection().execute(
-            delete(t).where(t.c.node_id.in_(self.nodes), t.c.bucket < self.oldest)
+        statement = delete(t).where(t.c.node_id == bindparam("node"), t.c.bucket < self.oldest)
+        s.connection().execute(statement, [{"node": n} for n in self.nodes])
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """Nodes' last heartbeats (Unix s), by node id, in one statement."""
+
+    heard: Mapping[str, float]
+
+    def apply(self, s: Session) -> None:
+        if not self.heard:
+            return
+        t = _table(NodeRow)
+        statement = (
+            update(t)
+            .where(t.c.id == bindparam("node"))
+            .values(last_heartbeat_unix_s=bindparam("heard"))
         )
+        rows = [{"node": n, "heard": at} for n, at in self.heard.items()]
+        s.connection().execute(statement, rows)
 
 
 class Call:
@@ -256,7 +277,8 @@ def load(s: Session, *, now: float, history: int) -> ClusterState:
         JobRow.state.not_in(lifecycle.FINISHED),
         JobRow.finished_at_unix_s >= now - KEEP_FINISHED_S,
     )
-    rows = list(s.scalars(select(JobRow).where(kept)))
+    order = (JobRow.submitted_at_unix_s, JobRow.id)
+    rows = list(s.scalars(select(JobRow).where(kept).order_by(*order)))
     ids = [r.id for r in rows]
     ranks = _ranks_of(s, ids)
     plans = _newest_plans(s, ids)

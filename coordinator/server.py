@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from hetero.coordinator import messages
 from hetero.coordinator.api import SERVICE_NAME, Api
 from hetero.coordinator.database import open_database
 from hetero.coordinator.dburl import masked
@@ -180,13 +181,32 @@ class CoordinatorServer:
         for name in ("", SERVICE_NAME):
             await self.health.set(name, status)
 
+    def flush(self) -> None:
+        """Hand the telemetry kept so far to the writer and wait until everything queued
+        is committed (tests read what heartbeats wrote)."""
+
+        async def flush() -> None:
+            await self.service.flush_telemetry()
+            await self.service.writer.barrier()
+
+        self.run(flush())
+
     def sweep(self) -> None:
         """One sweep now, as the sweeper's (silent nodes, restarts, the queue)."""
         self.run(self.service.sweep())
 
     def snapshot(self) -> pb.ClusterSnapshot:
-        """The cluster now, from memory."""
+        """The cluster now, from memory (``WatchCluster``'s)."""
         return self.call(self.api.snapshot)
+
+    def metrics_snapshot(self) -> pb.ClusterSnapshot:
+        """What ``/metrics`` exports: nodes' health and the placed jobs."""
+        service = self.service
+        return self.call(
+            lambda: messages.metrics_snapshot(
+                service.state, now=service.now(), timeout_s=self.settings.heartbeat_timeout_s
+            )
+        )
 
     def stop(self, grace: float | None) -> _Stopping:
         """Stop taking calls; in-flight ones get ``grace`` seconds (None = until done); then
@@ -260,7 +280,10 @@ def serve(
     server.on_lost = stop.set  # another coordinator may serve the database now
     metrics = (
         MetricsServer(
-            metrics_listen, Snapshots.of(server.snapshot), security, rpc_latency=server.latency
+            metrics_listen,
+            Snapshots.of(server.metrics_snapshot),
+            security,
+            rpc_latency=server.latency,
         )
         if metrics_listen
         else None

@@ -56,6 +56,8 @@ _NO_SAMPLE: dict[str, object] = {
     for c in TelemetryRow.__table__.columns
     if c.name not in ("id", "node_id", "bucket", "time_unix_s")
 }
+#: Seconds between writes of the telemetry heartbeats carried.
+TELEMETRY_FLUSH_S = 1.0
 #: Seconds between tries to reload the state after a failed write.
 RELOAD_RETRY_S = 1.0
 
@@ -105,6 +107,9 @@ class Service:
         self._watchers: dict[str, set[asyncio.Event]] = {}
         self._admitted: tuple[int, float] | None = None
         self._prune = PruneState()
+        #: Telemetry rows and nodes' liveness kept since the last flush.
+        self._samples: list[dict[str, object]] = []
+        self._heard: dict[str, float] = {}
         self.stopping = asyncio.Event()
         #: Set once the state is loaded and this coordinator holds its database's lock
         #: (``standby``): until then every call is UNAVAILABLE.
@@ -147,6 +152,7 @@ class Service:
             for name, period, work in (
                 ("sweeper", self.sweep_period_s, self.sweep),
                 ("pruner", PRUNE_PERIOD_S, self.prune),
+                ("telemetry", TELEMETRY_FLUSH_S, self.flush_telemetry),
             )
         ]
 
@@ -157,6 +163,7 @@ class Service:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.ready:
+            await self.flush_telemetry()
             await self.writer.stop()
         self._reader.shutdown(wait=False, cancel_futures=True)
 
@@ -258,15 +265,16 @@ class Service:
         *,
         buffered: bool,
     ) -> None:
-        """Write a heartbeat's samples (``values()``: ``TelemetryRow`` values) once per bucket of
-        ``TelemetryPolicy.period_s``, the first sample of each, with the node's liveness; a
-        sample its agent ``buffered`` while cut off (sent in order once it is back) fills
-        its own bucket, if telemetry of that age is still kept."""
+        """Keep a heartbeat's samples (``values()``: ``TelemetryRow`` values) once per bucket
+        of ``TelemetryPolicy.period_s``, the first sample of each, and the node's liveness
+        with it; a sample its agent ``buffered`` while cut off (sent in order once it is
+        back) fills its own bucket, if telemetry of that age is still kept. They are
+        written together every :data:`TELEMETRY_FLUSH_S` (``flush_telemetry``): one
+        statement for all nodes' rows, not three for each node."""
         policy = self.settings.telemetry
         bucket = int(at // policy.period_s)
         if self.now() - at > policy.retention_s:
             return
-        ops: list[Any] = []
         if buffered:
             if bucket == node.telemetry_bucket or bucket <= node.buffered_bucket:
                 return
@@ -275,15 +283,23 @@ class Service:
             if bucket <= node.telemetry_bucket:
                 return
             node.telemetry_bucket = bucket
-            oldest = int((self.now() - policy.retention_s) // policy.period_s)
-            ops += [persist.save_node(node), persist.DropTelemetry((node.id,), oldest)]
-        rows = tuple(
+            self._heard[node.id] = node.last_heartbeat_unix_s
+        self._samples.extend(
             {**_NO_SAMPLE, **v, "node_id": node.id, "bucket": bucket, "time_unix_s": at}
             for v in values()
         )
-        for op in (persist.AddRows(TelemetryRow, rows), *ops):
-            self.cluster.add(op)
-        self.commit_later()
+
+    async def flush_telemetry(self) -> None:
+        """Hand the samples kept since the last flush, and their nodes' liveness, to the
+        writer (not waited for: nobody waits on telemetry)."""
+        rows, self._samples = self._samples, []
+        heard, self._heard = self._heard, {}
+        if not rows and not heard:
+            return
+        try:
+            self.writer.put(persist.AddRows(TelemetryRow, tuple(rows)), persist.Liveness(heard))
+        except StoreUnavailable as exc:
+            log.debug("telemetry not written: %s", exc)
 
     # ---- periodic work ---------------------------------------------------------------
 
@@ -299,8 +315,11 @@ class Service:
         await self.commit()
 
     async def prune(self) -> None:
-        """Interval statistics, log lines and events within their retention, in batches
-        written by the writer between the others' (``pruning``, ``logpruning``)."""
+        """Telemetry, interval statistics, log lines and events within their retention, in
+        batches written by the writer between the others' (``pruning``, ``logpruning``)."""
+        policy = self.settings.telemetry
+        oldest = int((self.now() - policy.retention_s) // policy.period_s)
+        await self.writer.write(persist.DropTelemetry(tuple(self.state.nodes), oldest))
         retention, logs = self.settings.interval_retention, self.settings.log_retention
         for _ in range(MAX_PRUNE_BATCHES):
             op = persist.Call(lambda s: prune_batch(s, retention, self._prune, now=self.now()))

@@ -238,6 +238,8 @@ class ClusterState:
     # ---- jobs and the queue ------------------------------------------------------------
 
     def add_job(self, job: Job) -> None:
+        """Jobs are added in submission order (``persist.load`` sorts them): the views
+        that show the newest read them backwards."""
         self.jobs[job.id] = job
         if job.state == lifecycle.QUEUED:
             bisect.insort(self._queue_keys, job.queue_key())

@@ -84,7 +84,7 @@ class Coordinator:
     def flush(self) -> None:
         """Wait until every write the coordinator has queued is committed (a heartbeat's
         are not waited for by its call)."""
-        self.server.run(self.server.service.writer.barrier())
+        self.server.flush()
 
     def sweep(self) -> None:
         """One sweep of the coordinator's, now (at the hand clock's time)."""

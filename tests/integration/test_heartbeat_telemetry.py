@@ -1,7 +1,7 @@
 """Heartbeats and the telemetry they carry, over real gRPC and a real SQLite file, then
 PostgreSQL: answered from memory, telemetry written once per bucket (the first sample of
-each) and dropped past its retention, an agent's buffered samples each in the bucket
-they were sampled in, and read sessions that cannot write."""
+each, all nodes' together) and pruned past its retention, an agent's buffered samples
+each in the bucket they were sampled in, and read sessions that cannot write."""
 
 from __future__ import annotations
 
@@ -70,8 +70,9 @@ def test_telemetry_is_written_once_a_bucket_and_dropped_past_its_retention(
     served.stub.Heartbeat(heartbeat_request(node, 2, tick=1), timeout=DEADLINE_S)
     counts = "SELECT bucket, count(*) FROM telemetry GROUP BY bucket ORDER BY bucket"
     assert _rows(served, counts) == [(first, 1), (first + 1, 3)], "the host and each device"
-    served.clock.now += 120  # past the retention: a node's old rows go when it writes
+    served.clock.now += 120  # past the retention: old rows go at the pruner's pass
     served.stub.Heartbeat(_host_beat(node, 50.0), timeout=DEADLINE_S)
+    served.server.run(served.server.service.prune())
     assert _rows(served, "SELECT cpu_percent FROM telemetry") == [(50.0,)]
 
 
