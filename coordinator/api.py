@@ -4,22 +4,18 @@ A call is checked against its caller (``scope``), read from the state or changed
 its rules (``cluster``, ``reports``); a call that changed something waits for the
 commit of its writes (``Service.commit``) before it answers. What the state does not
 keep (log lines, a job's every interval and plan, jobs that ended long ago) is read from
-the database on a reading thread (``Service.read``). Errors leave as status codes: a
-``HeteroError`` with its ``grpc_code`` and message; anything else is INTERNAL
-(``security.guard``). Each call's handling is timed into ``/metrics``' histogram
-(``rpclatency``).
+the database on a reading thread (``Service.read``). How a call is checked, refused
+and timed is ``calls``'.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import math
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -40,15 +36,15 @@ from hetero.coordinator import (
     views,
     wire,
 )
+from hetero.coordinator.calls import STANDBY, PermissionDenied, invalid, rpc, state_name
 from hetero.coordinator.identity import Caller, Identities
 from hetero.coordinator.models import LogLineRow
 from hetero.coordinator.placement import PlacementError, place, predict
 from hetero.coordinator.rpclatency import RpcLatency
 from hetero.coordinator.scope import Scope, denied
 from hetero.coordinator.service import Service
-from hetero.coordinator.state import KEEP_FINISHED_S, Device
+from hetero.coordinator.state import KEEP_FINISHED_S
 from hetero.coordinator.writer import StoreUnavailable
-from hetero.core.errors import ConfigError, HeteroError
 from hetero.core.jobspec import check_priority, parse_jobspec
 from hetero.core.states import JobState, RankState
 from hetero.v1 import coordinator_pb2 as pb
@@ -58,67 +54,8 @@ from hetero.v1 import types_pb2 as tpb
 log = logging.getLogger("hetero.coordinator")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Coordinator"].full_name
-#: What a standby coordinator answers every call (``standby``).
-STANDBY = "standby: this coordinator waits to take over from the one serving its database"
 #: Largest Probe reply, in bytes: below gRPC's default 4 MiB message limit.
 MAX_PROBE_BYTES = 4 * 1024 * 1024 - 1024
-
-Resp = TypeVar("Resp")
-Handler = Callable[[Any, Any, Caller], Awaitable[Any]]
-
-
-class PermissionDenied(HeteroError):
-    grpc_code = "PERMISSION_DENIED"
-
-
-def rpc(
-    method: Handler,
-) -> Callable[[Any, Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]:
-    """A handler checked against its caller, its errors as status codes, its time counted."""
-    name = method.__name__
-
-    @functools.wraps(method)
-    async def call(self: Api, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        started = time.perf_counter()
-        code = "OK"
-        failed: HeteroError | None = None
-        try:
-            if not self.service.ready:
-                raise StoreUnavailable(STANDBY)
-            caller = self.identities.of(context.invocation_metadata(), context.auth_context())
-            if caller.scoped:
-                refused = self.scope.check(self.service.state, caller, name, request)
-                if refused is not None:
-                    raise PermissionDenied(refused)
-            return await method(self, request, caller)
-        except HeteroError as exc:
-            failed, code = exc, exc.grpc_code
-        except asyncio.CancelledError:  # the client went away, or its deadline passed
-            left = context.time_remaining()
-            code = "DEADLINE_EXCEEDED" if left is not None and left <= 0 else "CANCELLED"
-            raise
-        except Exception:  # the guard interceptor answers it INTERNAL, logged
-            code = "INTERNAL"
-            raise
-        finally:
-            self.latency.observe(name, code, time.perf_counter() - started)
-        assert failed is not None
-        status = getattr(grpc.StatusCode, failed.grpc_code, grpc.StatusCode.FAILED_PRECONDITION)
-        await context.abort(status, str(failed))
-
-    return call
-
-
-def invalid(message: str) -> ConfigError:
-    """A request whose content is wrong: INVALID_ARGUMENT with ``message``."""
-    return ConfigError(message)
-
-
-def state_name(states: type[JobState] | type[RankState], value: int, field: str) -> str:
-    try:
-        return states(value).name
-    except ValueError:
-        raise invalid(f"{field}: unknown value {value}") from None
 
 
 class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
@@ -160,7 +97,7 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
             address=req.address,
             agent_endpoint=req.agent_endpoint,
             agent_version=req.agent_version,
-            devices=[_device(d) for d in req.devices],
+            devices=[wire.device(d) for d in req.devices],
             now=self._now(),
         )
         await self.service.commit()
@@ -462,25 +399,6 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
             timeout_s=self._timeout(),
             finished_s=KEEP_FINISHED_S,
         )
-
-
-def _device(d: tpb.DeviceProfile) -> Device:
-    row = wire.device_row(d)
-    return Device(
-        index=row.index,
-        name=row.name,
-        kind=row.kind,
-        compute_score=row.compute_score,
-        matmul_tflops=row.matmul_tflops,
-        memory_bandwidth_bytes_per_s=row.memory_bandwidth_bytes_per_s,
-        host_to_device_bytes_per_s=row.host_to_device_bytes_per_s,
-        device_to_host_bytes_per_s=row.device_to_host_bytes_per_s,
-        memory_bytes=row.memory_bytes,
-        emulated_slowdown=row.emulated_slowdown,
-        suspect=row.suspect,
-        shared_while_profiled=row.shared_while_profiled,
-        foreign_utilization_percent=row.foreign_utilization_percent,
-    )
 
 
 def _dry_run(req: pb.SubmitJobRequest, spec: Any, devices: list[Any]) -> pb.SubmitJobResponse:

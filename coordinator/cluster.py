@@ -16,24 +16,19 @@ decisions to the state.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from hetero.coordinator import admission, exclusion, lifecycle, persist
+from hetero.coordinator import admission, exclusion, lifecycle, persist, restarts
 from hetero.coordinator.placement import (
     DeviceSlot,
-    InitialPlan,
     Placement,
-    PlacementError,
     initial_plan,
-    place,
     suitable,
 )
 from hetero.coordinator.state import (
-    KEEP_FINISHED_S,
     ClusterState,
     Device,
     Event,
@@ -61,12 +56,6 @@ class NotFoundError(HeteroError):
     grpc_code = "NOT_FOUND"
 
 
-class PortsExhaustedError(HeteroError):
-    """Every port of the rendezvous range is held by a placed job."""
-
-    grpc_code = "RESOURCE_EXHAUSTED"
-
-
 @dataclass(frozen=True)
 class Rules:
     """What the rules need besides the state, in seconds: node health, the first
@@ -84,7 +73,8 @@ class Rules:
 
 class Cluster:
     """The state and the rules that change it. ``capacity`` counts changes that may let a
-    waiting job fit (the sweeper's admission pass runs when it moved)."""
+    waiting job fit (the sweeper's admission pass runs when it moved). The sweep and
+    restarts are ``restarts``' rules, which the methods below hand over to."""
 
     def __init__(self, state: ClusterState, rules: Rules) -> None:
         self.state = state
@@ -422,186 +412,16 @@ class Cluster:
         self.transition(job, lifecycle.Transition(lifecycle.RESTARTING, why, True), now=now)
         self.save(job)
 
-    # ---- the sweep: silent nodes, restarts, the queue ------------------------------------
+    # ---- what goes wrong: the sweep and restarts (``restarts``) -----------------------
 
     def sweep(self, *, now: float, admit: bool = True) -> None:
-        """Mark nodes silent past the timeout down (their jobs restart or fail), place the
-        restarts that can be, then (``admit``, or after this sweep moved something) the
-        queued jobs that fit. A coordinator that just started counts silence from its
-        own start: agents need a moment to reconnect after its restart."""
-        before = self.capacity
-        timeout = self.rules.heartbeat_timeout_s
-        if now - self.rules.started_at > timeout:
-            silent = [
-                n
-                for n in self.state.nodes.values()
-                if not n.down and n.last_heartbeat_unix_s < now - timeout
-            ]
-            for node in sorted(silent, key=lambda n: n.name):
-                silent_s = now - node.last_heartbeat_unix_s
-                node.down = True
-                text = f"node {node.name} down: silent for {silent_s:.1f} s"
-                self.event("node_down", text, now=now, node_id=node.id)
-                self._ops.append(persist.save_node(node))
-                log.warning("node %s down: no heartbeat for %.1f s", node.name, silent_s)
-                self.lose_node(node, now=now)
-                self.capacity += 1
-        self.place_waiting(now=now, admit=admit or self.capacity != before)
-        for job_id in self.state.finished_before(now - KEEP_FINISHED_S):
-            self.state.forget_job(job_id)
-
-    def lose_node(self, node: Node, *, now: float) -> None:
-        """Every active job with ranks on ``node`` (down) restarts or fails; its ranks
-        there are gone."""
-        for job in sorted(self.state.jobs.values(), key=lambda j: j.submitted_at_unix_s):
-            on_node = [r for r in job.ranks if r.node_id == node.id]
-            live = [r for r in on_node if r.state in lifecycle.LIVE_RANK_STATES]
-            if job.finished or not live:
-                continue
-            restarts = job.restarts - job.exclusion_restarts
-            t = lifecycle.node_lost(
-                job.state, node.name, [_status(r) for r in on_node], restarts, job.max_restarts
-            )
-            self.transition(job, t, now=now, lost_node=node.id)
-            for r in on_node:  # a job already restarting or failed: nobody confirms these
-                r.state = lifecycle.rank_state_when_node_lost(r.state)
-            self.save(job)
+        restarts.sweep(self, now=now, admit=admit)
 
     def place_waiting(self, *, now: float, admit: bool = True) -> None:
-        """Place what waits for devices: the restarts first, then, with ``admit`` or after
-        a restart moved, the queued jobs that fit."""
-        moved = False
-        for job in self.state.restarting_jobs():
-            if self.replace_if_ready(job, now=now) or job.state != lifecycle.RESTARTING:
-                moved = True
-        if admit or moved:
-            self.admit(now=now)
+        restarts.place_waiting(self, now=now, admit=admit)
 
     def replace_if_ready(self, job: Job, *, now: float) -> bool:
-        """Place a RESTARTING job's next attempt once its old ranks are gone; True if
-        placed. A restart that fits nowhere now waits, holding its devices; one that
-        could never fit the devices left to it fails the job."""
-        if job.state != lifecycle.RESTARTING:
-            return False
-        if not lifecycle.ready_to_replace([_status(r) for r in job.ranks]):
-            since = job.restarting_since_unix_s or now
-            if now - since < self.rules.stop_timeout_s:
-                return False
-            stuck = [r.rank for r in job.ranks if r.state != lifecycle.EXITED]
-            self.event(
-                "ranks_unconfirmed",
-                f"job {job.name}: ranks {stuck} not confirmed stopped after "
-                f"{self.rules.stop_timeout_s:.0f} s; placing the restart anyway",
-                now=now,
-                job=job,
-            )
-            for r in job.ranks:
-                r.state = lifecycle.EXITED
-        nodes = self.state.nodes
-        # The attempt that ended measured its ranks with each other: its forecast holds
-        # only while all their nodes are up (a lost one changes who takes the samples).
-        if all(r.node_id in nodes and not nodes[r.node_id].down for r in job.ranks):
-            names = {n.id: n.name for n in nodes.values()}
-            history = [list(ranks) for _, ranks in job.history]
-            decision = exclusion.measured(job.spec, job, history, names)
-            if decision is not None:
-                exclusion.record(job, decision.entry)
-                self.event("rank_excluded", decision.message, now=now, job=job)
-        excluded = exclusion.excluded_of(job)
-        spec = exclusion.spec_without(job.spec, excluded)
-        try:
-            placement = self._place_restart(spec, excluded, now=now)
-        except HeteroError as exc:
-            self._wait_or_fail(job, spec, excluded, exc, now=now)
-            self.save(job)
-            return False
-        if job.message.startswith("restart waiting"):
-            waited = now - (job.restarting_since_unix_s or now)
-            job.message = f"restarted after waiting {waited:.0f} s for devices"
-        shrunk = replace_spec_ranks(spec, len(placement.ranks))
-        self._replace(job, placement, initial_plan(shrunk, placement), now=now)
-        log.info(
-            "job %s attempt %d placed: %d ranks, port %d",
-            job.id,
-            job.restarts,
-            len(placement.ranks),
-            placement.master_port,
-        )
-        return True
-
-    def _place_restart(
-        self, spec: JobSpec, excluded: Sequence[exclusion.Excluded], *, now: float
-    ) -> Placement:
-        """The largest placement of ``spec`` on the healthy devices (never another global
-        batch), none of them a device left out of the job."""
-        devices = exclusion.devices_without(self.devices(now), excluded)
-        rules = self.rules
-        port = next(self.state.free_ports(rules.master_port_base, rules.master_port_span), None)
-        if port is None:
-            raise PortsExhaustedError(
-                f"every rendezvous port {rules.master_port_base}-"
-                f"{rules.master_port_base + rules.master_port_span - 1} is held by a placed job"
-            )
-        first_error: PlacementError | None = None
-        for world_size in lifecycle.restart_world_sizes(spec.world_size):
-            try:
-                return place(replace_spec_ranks(spec, world_size), devices, port)
-            except PlacementError as exc:
-                first_error = first_error or exc
-        assert first_error is not None
-        raise first_error
-
-    def _wait_or_fail(
-        self,
-        job: Job,
-        spec: JobSpec,
-        excluded: Sequence[exclusion.Excluded],
-        exc: HeteroError,
-        *,
-        now: float,
-    ) -> None:
-        devices = exclusion.devices_without(self.devices(now), excluded)
-        smallest = replace_spec_ranks(spec, min(lifecycle.restart_world_sizes(spec.world_size)))
-        try:
-            admission.check_fits(smallest, devices)
-        except HeteroError as never:
-            log.warning("job %s cannot restart: %s", job.id, never)
-            t = lifecycle.Transition(lifecycle.FAILED, f"cannot restart: {never}")
-            self.transition(job, t, now=now)
-            return
-        if isinstance(exc, PlacementError):
-            why = f"restart {admission.reason(smallest, devices, set())}"
-        else:  # every rendezvous port held
-            why = "restart waiting for a free rendezvous port"
-        if job.message == why:
-            return
-        if not job.message.startswith("restart waiting"):
-            self.event("job_restart_waiting", f"job {job.name} {why}", now=now, job=job)
-        log.info("job %s %s", job.id, why)
-        job.message = why
-
-    def _replace(self, job: Job, placement: Placement, plan: InitialPlan, *, now: float) -> None:
-        """Start the job's next attempt on ``placement``: new ranks, rendezvous and plan.
-        ``restarts`` counts attempts placed after the first, so while the job is
-        RESTARTING it still names the attempt whose ranks are being stopped."""
-        job.restarts += 1
-        self._set_ranks(job, placement)
-        job.state, job.restarting_since_unix_s = lifecycle.PENDING, None
-        version = self.new_plan(job, plan.batches, 0, plan.policy, plan.reason, now=now).version
-        job.attempt_first_plan = version
-        job.history.clear()
-        job.latest, job.start_up_s = None, None
-        names = sorted({self.state.nodes[r.node_id].name for r in job.ranks})
-        batches = ",".join(str(b) for b in plan.batches)
-        self.event(
-            "job_restarted",
-            f"job {job.name} attempt {job.restarts}: {job.world_size} ranks on "
-            f"{', '.join(names)}, plan v{version} {batches}, resuming from its checkpoint",
-            now=now,
-            job=job,
-        )
-        self.capacity += 1
-        self.save(job)
+        return restarts.replace_if_ready(self, job, now=now)
 
 
 def _spec_of(job: Job) -> Callable[[], JobSpec]:
@@ -610,20 +430,3 @@ def _spec_of(job: Job) -> Callable[[], JobSpec]:
 
 def _status(r: Rank, message: str = "") -> lifecycle.RankStatus:
     return lifecycle.RankStatus(r.rank, r.state, r.exit_code, message)
-
-
-def replace_spec_ranks(spec: JobSpec, world_size: int) -> JobSpec:
-    """``spec`` with ``world_size`` ranks (the first ranks' emulated slowdowns kept).
-
-    The global batch stays the one the job started with, also when the file gave a
-    per-rank ``batch_size``: the gradient and the learning rate's meaning must not
-    change across a restart."""
-    if world_size == spec.world_size:
-        return spec
-    options = spec.options.replace(global_batch=spec.global_batch, batch_size=None)
-    return dataclasses.replace(
-        spec,
-        resources=dataclasses.replace(spec.resources, ranks=world_size),
-        options=options,
-        emulate_slowdown=spec.emulate_slowdown[:world_size],
-    )

@@ -9,9 +9,9 @@ stored only if it changes the batches of the newest plan; the answer is the newe
 plan. The caller commits what was collected (``cluster.Cluster.take``) before it
 answers: the interval and a new plan are durable once the rank hears of them.
 
-The fit runs on the event loop: with a job of 8 ranks and 17 intervals it takes 2 to
-4 ms of CPU (median 2 ms, at most 6 ms, on a 2-core x86_64 box; ``dynamic``), and a
-report is handled from start to end with no await before its commit, so a job's
+The fit runs on the event loop: for a job of 8 ranks it is a few milliseconds of CPU
+(``docs/control-plane.md``), less than a process pool's round trip would save the loop,
+and a report is handled from start to end with no await before its commit, so a job's
 reports are handled in the order they arrive and nothing changes the job under its
 fit. Were fits ever moved to a process pool, that order would need a lock per job.
 """

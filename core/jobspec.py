@@ -423,8 +423,8 @@ def _checkpoint(
 
 @functools.lru_cache(maxsize=64)
 def _no_slowdown(ranks: int) -> tuple[float, ...]:
-    """``(1.0,) * ranks``, one tuple per world size: a coordinator holds thousands of specs
-    (ten thousand queued jobs of 4,000 ranks each held 320 MB of them)."""
+    """``(1.0,) * ranks``, one tuple per world size: a coordinator holds thousands of specs,
+    and a tuple of a float per rank each is most of a large job's spec."""
     return (1.0,) * ranks
 
 

@@ -47,8 +47,8 @@ def read_text(path: str | Path, what: str, limit_bytes: int) -> str:
 
 
 #: libyaml's parser where PyYAML was built with it (its wheels are): the same nodes and
-#: marks, five times faster to compose than the pure-Python one, which the coordinator
-#: notices when it loads ten thousand queued jobs' specs at start.
+#: marks, composed several times faster than by the pure-Python one, which the
+#: coordinator notices when it loads thousands of queued jobs' specs at start.
 _SafeLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
