@@ -47,11 +47,6 @@ def _run(scenario: str, out: Path) -> dict[str, Any]:
     }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="planner: input-aware planning lands in core/balancer (here the jitter moves the "
-    "plan 2-4 times in 20 intervals, and no reason it gives names the devices alike)",
-)
 def test_alike_ranks_behind_a_jittering_pipeline_hold_the_equal_plan_and_say_why(
     tmp_path: Path,
 ) -> None:
