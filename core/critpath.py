@@ -82,6 +82,13 @@ def terms_of(
         return sum((v or 0.0) * iv.steps for v, iv in zip(vals, ivs, strict=True)) / n
 
     ranks = [{a: mean(i, a) for a in (*_ATTRS, "busy_s")} for i in range(world)]
+    for i, r in enumerate(ranks):  # the loader's own pace, unfitted: not a timed phase
+        known = [iv.ranks[i].input_s for iv in ivs]
+        r["input_s"] = (
+            None
+            if any(x is None for x in known)
+            else sum((x or 0.0) * iv.steps for x, iv in zip(known, ivs, strict=True)) / n
+        )
     busy_method = all(r["busy_s"] is not None for r in ranks)
     ideal = sum(s.samples_per_s for s in solos) if solos else 0.0
     if solos:

@@ -117,6 +117,7 @@ class RankGap:
     solo_optimizer_ms: float | None
     busy_ms: float | None
     wait_ms: float | None  # gradients ready → all-reduce done: the all-reduce and the peers
+    input_ms: float | None = None  # the loader's workers' time per batch (None: not recorded)
 
 
 @dataclass(frozen=True)
@@ -304,6 +305,7 @@ def _rank_gaps(
             solo_optimizer_ms=ms(solos[i].optimizer_s) if solos else None,
             busy_ms=ms(p["busy_s"]),
             wait_ms=ms(p["comm_s"]),
+            input_ms=ms(p["input_s"]),
         )
         for i, p in enumerate(parts.ranks)
     )

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 
@@ -39,6 +39,10 @@ class RankTimes:
     optimizer_s: float | None = None
     step_s: float | None = None  # the mean settled step
     comm_s: float | None = None  # gradients ready → all-reduce done: peers' lateness included
+    #: Seconds the loader's workers need to make one batch, per step (their busy time
+    #: over their count); ``None`` where batches are made on the training thread or the
+    #: record predates the field. Read by the verdict only, never by the identity.
+    input_s: float | None = None
 
     @classmethod
     def of_phases(
@@ -117,18 +121,20 @@ def rank_times(record: Mapping[str, Any]) -> RankTimes:
     if optimizer is None:
         optimizer = _num(record.get("optimizer_s"))
     step = _num(record.get("step_s"))
+    loader = _num(record.get("input_s"))
     if record.get("compute_s") is None:  # plain DDP
         parts = [v for v in got.values() if v is not None]
         if data is not None and optimizer is not None and len(parts) >= 3:
             step = sum(parts)
-        return RankTimes(batch, data, None, optimizer, step, None)
+        return RankTimes(batch, data, None, optimizer, step, None, loader)
     f, b, c = got["forward"], got["backward"], got["comm"]
     if f is not None and b is not None and c is not None:
-        return RankTimes.of_phases(batch, data or 0.0, f, b, c, optimizer or 0.0)
+        t = RankTimes.of_phases(batch, data or 0.0, f, b, c, optimizer or 0.0)
+        return replace(t, input_s=loader)
     compute = _num(record.get("compute_s")) or 0.0
     busy = compute + (data or 0.0) + (optimizer or 0.0)
     comm = max((step or busy) - busy, 0.0)
-    return RankTimes(batch, data, compute, optimizer, busy + comm, comm)
+    return RankTimes(batch, data, compute, optimizer, busy + comm, comm, loader)
 
 
 def intervals_from_records(ranks: Sequence[Sequence[Mapping[str, Any]]]) -> list[IntervalTimes]:

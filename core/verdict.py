@@ -147,11 +147,31 @@ def verdict(bd: Breakdown) -> str:
     if pct is not None and pct >= GOOD_PCT:
         return f"{pct:.1f}% of ideal, nothing large left to win; the largest term is {cost}"
     where = _where(top, bd)
+    if top.name == "input_wait" and top.rank is not None and _keeps_up(bd, top.rank):
+        return f"{cost}, {where}: the waits are stalls, not the loader's pace (workers starting)"
     if top.name == "imbalance" and bd.method == "solo":
         return f"{cost}, {where}: batches sized to measured speed recover it"
     if top.name == "imbalance":
         return f"{cost}, {where}: the plan does not balance busy time"
     return f"{cost}{', ' + where if where else ''}: {_ADVICE[top.name]}"
+
+
+def _keeps_up(bd: Breakdown, r: int) -> bool:
+    """Whether rank ``r``'s loader makes a batch faster than a step needs one (known only
+    where the records carry ``input_s``)."""
+    me = bd.ranks[r]
+    return me.input_ms is not None and me.input_ms < bd.step_ms - (me.data_ms or 0.0)
+
+
+def _loader_pace(bd: Breakdown, r: int) -> str:
+    me = bd.ranks[r]
+    if me.input_ms is None:
+        return ""
+    rest = bd.step_ms - (me.data_ms or 0.0)
+    verb = "keep up" if _keeps_up(bd, r) else "fall behind"
+    return (
+        f"its workers {verb}: {me.input_ms:.1f} ms a batch, {rest:.1f} ms a step without the wait"
+    )
 
 
 def _where(t: Term, bd: Breakdown) -> str:
@@ -163,8 +183,11 @@ def _where(t: Term, bd: Breakdown) -> str:
         phase = _heaviest_phase(bd, r)
         return f"rank {r} is the busiest" + (f", mostly {phase}" if phase else "")
     if t.name == "input_wait" and r is not None:
-        waits = (bd.ranks[r].data_ms or 0.0) / bd.step_ms if bd.step_ms else 0.0
-        return f"most on rank {r} ({waits:.0%} of its step waits for data)"
+        me = bd.ranks[r]
+        waits = (me.data_ms or 0.0) / bd.step_ms if bd.step_ms else 0.0
+        where = f"most on rank {r} ({waits:.0%} of its step waits for data)"
+        pace = _loader_pace(bd, r)
+        return f"{where}; {pace}" if pace else where
     if t.name == "overlap" and r is not None:
         return f"rank {r} computes {_slowdown(bd.ranks[r]) or 0.0:.1f} ms/step slower than alone"
     if t.name == "exposed_comm" and r is not None:

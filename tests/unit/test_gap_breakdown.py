@@ -272,3 +272,23 @@ def test_a_breakdown_stored_before_the_terms_added_up_is_not_shown() -> None:
     assert lines(old) == [
         "gap to ideal: stored by an older hetero; `hetero-bench report` recomputes it"
     ]
+
+
+@pytest.mark.parametrize(("input_s", "says"), [
+    (0.20, "its workers fall behind: 200.0 ms a batch, 80.3 ms a step without the wait: add"),
+    (0.05, "its workers keep up: 50.0 ms a batch, 80.3 ms a step without the wait: the waits "
+           "are stalls, not the loader's pace"),
+])  # fmt: skip
+def test_where_records_carry_the_loaders_pace_the_verdict_tells_pace_from_stalls(
+    input_s: float, says: str
+) -> None:
+    job = {0: (45e-3, 70e-3, 2.8e-3), 1: (44e-3, 66e-3, 7.6e-3)}
+    records = _records(job, step_s=125e-3)
+    for rec in records[0] + records[1]:
+        rec["input_s"] = input_s
+    bd = diagnose(intervals_from_records(records), SOLO)
+    assert bd is not None and bd.ranks[0].input_ms == pytest.approx(input_s * 1e3)
+    assert bd.verdict.startswith("input wait: ") and says in bd.verdict
+    # Records without the field (every run so far) say nothing of the loader's pace.
+    without = diagnose(intervals_from_records(_records(job, step_s=125e-3)), SOLO)
+    assert without is not None and "a batch" not in without.verdict
