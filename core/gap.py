@@ -134,7 +134,7 @@ class Breakdown:
     gap_ms: float  # W − reference; the terms sum to max(gap_ms, 0)
     ideal_samples_per_s: float | None
     achieved_samples_per_s: float  # B / W
-    median_samples_per_s: float  # the median interval of the window (the "steady" figure)
+    median_samples_per_s: float  # the run's steady figure: a median interval (latter half)
     pct_of_ideal: float | None
     terms: tuple[Term, ...]
     ranks: tuple[RankGap, ...]
@@ -219,8 +219,8 @@ def breakdown(
                 total[t] = (total[t] or 0.0) + f * v * iv.steps
     steps = sum(intervals[k].steps for k in chosen)
     raw = {t: None if v is None else v / steps for t, v in total.items()}
-    settle(raw, ("exposed_comm", "optimizer") if parts.ranks[0]["busy_s"] is None else
-            ("overlap", "optimizer"))  # fmt: skip
+    ddp = parts.ranks[0]["busy_s"] is None
+    settle(raw, ("exposed_comm", "optimizer") if ddp else ("overlap", "optimizer"))
     W = sum(intervals[k].wall_s for k in chosen) / steps
     gap = W - parts.reference_s
     target = max(gap, 0.0)
@@ -239,12 +239,11 @@ def breakdown(
         )
     ideal = sum(s.samples_per_s for s in solos) if solos else None
     B = sum(intervals[chosen[-1]].plan)
-    rates = [sum(iv.plan) * iv.steps / iv.wall_s for k in window if 0 <= k < len(intervals)
-             for iv in (intervals[k],)]  # fmt: skip
-    median = statistics.median(rates) if rates else B / W
+    latter = [intervals[k] for k in window if 0 <= k < len(intervals)]
+    median = statistics.median(sum(iv.plan) * iv.steps / iv.wall_s for iv in latter)
     if not solos:
         notes.append("no solo measurement: shares are of the step; overlap and optimizer n/a")
-    if parts.ranks[0]["busy_s"] is None:
+    if ddp:
         notes.append(
             "plain DDP: imbalance from the solo step times; exposed communication includes "
             "compute slowed beside the all-reduce (its backward includes the wait for peers)"
@@ -264,7 +263,7 @@ def breakdown(
     positive = [t for t in terms if (t.ms_per_step or 0.0) > 0] if target > 1e-9 else []
     first = intervals[chosen[0]]
     return Breakdown(
-        method="busy" if parts.ranks[0]["busy_s"] is not None else "solo",
+        method="solo" if ddp else "busy",
         first_step=first.end_step - first.steps,
         last_step=intervals[chosen[-1]].end_step,
         intervals=len(chosen),

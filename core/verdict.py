@@ -225,7 +225,7 @@ def lines(gap: Mapping[str, Any]) -> list[str]:
     median = gap.get("median_samples_per_s")
     if median and abs(median / gap["achieved_samples_per_s"] - 1) > 0.01:
         out.append(
-            f"  (over the window's wall time; its median interval, the steady figure, gives "
+            f"  (over the window's wall time; the steady figure, a median interval, is "
             f"{median:,.0f})"
         )
     if not gap["adds_up"]:

@@ -274,11 +274,17 @@ def test_a_breakdown_stored_before_the_terms_added_up_is_not_shown() -> None:
     ]
 
 
-@pytest.mark.parametrize(("input_s", "says"), [
-    (0.20, "its workers fall behind: 200.0 ms a batch, 80.3 ms a step without the wait: add"),
-    (0.05, "its workers keep up: 50.0 ms a batch, 80.3 ms a step without the wait: the waits "
-           "are stalls, not the loader's pace"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("input_s", "says"),
+    [
+        (0.20, "its workers fall behind: 200.0 ms a batch, 80.3 ms a step without the wait: add"),
+        (
+            0.05,
+            "its workers keep up: 50.0 ms a batch, 80.3 ms a step without the wait: the waits "
+            "are stalls, not the loader's pace",
+        ),
+    ],
+)
 def test_where_records_carry_the_loaders_pace_the_verdict_tells_pace_from_stalls(
     input_s: float, says: str
 ) -> None:

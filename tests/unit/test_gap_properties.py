@@ -15,6 +15,7 @@ The recorded runs are the folders under ``docs/benchmarks/`` and the archives un
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import tarfile
@@ -61,9 +62,13 @@ def recorded_runs(root: Path = ROOT) -> Iterator[tuple[str, list[list[dict[str, 
             if path.name == "rank0.jsonl" and path.parent.name == "metrics":
                 run = path.parent.parent
                 ranks = sorted(
-                    (p for p in files if p.parent == path.parent and re.fullmatch(r"rank\d+\.jsonl", p.name)),
+                    (
+                        p
+                        for p in files
+                        if p.parent == path.parent and re.fullmatch(r"rank\d+\.jsonl", p.name)
+                    ),
                     key=lambda p: int(p.stem.removeprefix("rank")),
-                )  # fmt: skip
+                )
                 summary = files.get(run / "summary.json")
                 yield (
                     f"{where}:{run}",
@@ -82,11 +87,16 @@ def recorded_runs(root: Path = ROOT) -> Iterator[tuple[str, list[list[dict[str, 
     for archive in sorted((root / "results").rglob("*.tar.gz")):
         with tarfile.open(archive) as tar:
             members = {
-                PurePosixPath(m.name): (lambda m=m: tar.extractfile(m).read().decode())  # type: ignore[union-attr]
+                PurePosixPath(m.name): functools.partial(_member, tar, m)
                 for m in tar.getmembers()
                 if m.isfile() and m.name.endswith((".jsonl", ".json"))
-            }  # fmt: skip
+            }
             yield from runs(members, str(archive.relative_to(root)))
+
+
+def _member(tar: tarfile.TarFile, m: tarfile.TarInfo) -> str:
+    f = tar.extractfile(m)
+    return f.read().decode() if f is not None else ""
 
 
 def check(bd: Breakdown, intervals: list[IntervalTimes], solos: Any, *, exact: bool) -> None:
@@ -179,16 +189,25 @@ def jobs(draw: st.DrawFn) -> tuple[list[IntervalTimes], list[Solo] | None, bool]
         allreduce = draw(unit) * 0.02
         period = max(sum(r) for r in ranks) + allreduce
         times = tuple(
-            RankTimes(b, d, None, o, period) if ddp else RankTimes.of_phases(b, d, c / 2, c / 2, period - d - c - o, o)
+            RankTimes(b, d, None, o, period)
+            if ddp
+            else RankTimes.of_phases(b, d, c / 2, c / 2, period - d - c - o, o)
             for b, (d, c, o) in zip(plan, ranks, strict=True)
-        )  # fmt: skip
+        )
         if not physical and draw(st.booleans()):  # settled steps slower than the interval
             period *= draw(st.floats(0.8, 1.0))
         outside = draw(unit) * draw(st.sampled_from([1e-4, 1e-2, 2.0]))
         step += steps
         measured = k == n - 1 or draw(st.integers(0, 9)) > 0  # one unmeasured in ten
-        ivs.append(IntervalTimes(step, steps, steps * (period + outside), times if measured else
-                                 tuple(RankTimes(b) for b in plan), measured))  # fmt: skip
+        ivs.append(
+            IntervalTimes(
+                step,
+                steps,
+                steps * (period + outside),
+                times if measured else tuple(RankTimes(b) for b in plan),
+                measured,
+            )
+        )
     return ivs, solos, physical
 
 
