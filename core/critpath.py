@@ -130,11 +130,12 @@ def terms_of(
             work = (p[c]["step_s"] or iv.wall_per_step_s) - D[c]
             sums["input_wait"] += k * D[c]
             sums["work"] += k * work
-            imbalance = 0.0
-            exposed = (
-                work - O[c] - split[c][0] if split else work - (solos[c].step_s if solos else 0)
-            )
-            sums["optimizer"] += k * (O[c] - split[c][1]) if split else 0.0
+            imbalance = 0.0  # from the solo steps, below
+            if split is not None:
+                exposed = work - O[c] - split[c][0]
+                sums["optimizer"] += k * (O[c] - split[c][1])
+            else:  # the solo step whole (optimizer included), or nothing to set against
+                exposed = work - (solos[c].step_s if solos else 0.0)
         sums["imbalance"] += k * imbalance
         sums["exposed_comm"] += k * exposed
         on["imbalance"][c] += k * imbalance
@@ -143,22 +144,21 @@ def terms_of(
         outside = iv.wall_per_step_s - (p[c]["step_s"] or 0.0)  # ≥ 0: phases are fitted
         sums["boundary"] += k * min(outside, boundary_s)
         sums[excess] += k * max(outside - boundary_s, 0.0)
+    work = sums.pop("work") / n
     raw: dict[str, float | None] = {t: v / n for t, v in sums.items()}
-    ref = sum(ivs[-1].plan) / ideal if solos else (raw["work"] or 0.0)
-    if busy_method and solos and split is None:  # older runs: compute and optimizer together
-        raw["overlap"] = (raw["work"] or 0.0) - ref
-    if not busy_method and solos:
-        raw["imbalance"] = solos[ddp_c].step_s - ref
-    na = ["work"]
-    if not solos:
-        na += ["overlap", "optimizer"] + ([] if busy_method else ["imbalance", "exposed_comm"])
-    elif split is None:
-        na.append("optimizer")
-    if not busy_method:
-        na.append("overlap")
-    for t in na:
-        raw[t] = None
-    del raw["work"]
+    ref = sum(ivs[-1].plan) / ideal if solos else work
+    # What cannot be measured here is n/a (None), not 0.
+    if not solos or split is None:
+        raw["optimizer"] = None  # no solo optimizer time to set the job's against
+    if busy_method and not solos:
+        raw["overlap"] = None
+    elif busy_method and split is None:  # older runs: compute and optimizer together
+        raw["overlap"] = work - ref
+    if not busy_method:  # plain DDP: compute and the wait for peers are one phase
+        raw["overlap"] = None
+        raw["imbalance"] = solos[ddp_c].step_s - ref if solos else None
+        if not solos:
+            raw["exposed_comm"] = None
     return Parts(
         steps=n,
         step_s=sum(iv.wall_s for iv in ivs) / n,
