@@ -201,35 +201,17 @@ def breakdown(
         usual_boundary_s(intervals, flags),
         "pauses" if kept else "plan_changes",
     )
-    # Σ steps · term over the window: the base at its own terms, every other interval as
-    # its excess over the base's pace plus the base's terms for the rest of its time.
-    total = {t: None if v is None else v * parts.steps for t, v in parts.raw.items()}
-    room = parts.step_s - parts.reference_s
-    for k in chosen:
-        if k in base:
-            continue
-        iv = intervals[k]
-        over = max(iv.wall_per_step_s - parts.step_s, 0.0)
-        excess = "plan_changes" if flags[k] else "pauses"
-        total[excess] = (total[excess] or 0.0) + over * iv.steps
-        share = max(min(iv.wall_per_step_s, parts.step_s) - parts.reference_s, 0.0)
-        f = share / room if room > 0 else 0.0
-        for t, v in parts.raw.items():
-            if v is not None and total[t] is not None:
-                total[t] = (total[t] or 0.0) + f * v * iv.steps
     steps = sum(intervals[k].steps for k in chosen)
-    raw = {t: None if v is None else v / steps for t, v in total.items()}
+    raw = _window_terms(parts, [(intervals[k], flags[k]) for k in chosen if k not in base])
     ddp = parts.ranks[0]["busy_s"] is None
     settle(raw, ("exposed_comm", "optimizer") if ddp else ("overlap", "optimizer"))
     W = sum(intervals[k].wall_s for k in chosen) / steps
     gap = W - parts.reference_s
     target = max(gap, 0.0)
-    measured = sum(max(v, 0.0) for v in raw.values() if v is not None)
-    # Exactly 1 where the raw terms already sum to the gap (up to float rounding).
-    scale = target / measured if measured > target * (1 + 1e-9) + 1e-12 else 1.0
-    vals = {t: None if v is None else max(v, 0.0) * scale for t, v in raw.items()}
-    summed = sum(v for v in vals.values() if v is not None)
-    adds_up = abs(summed - target) <= TOLERANCE * target + 1e-9
+    vals, scale, measured = _absorb(raw, target)
+    adds_up = abs(sum(v for v in vals.values() if v is not None) - target) <= (
+        TOLERANCE * target + 1e-9
+    )
     if scale < 1.0 - TOLERANCE and gap > 0:
         notes.append(
             f"the terms measure {measured * 1e3:.1f} ms/step against a gap of "
@@ -285,6 +267,39 @@ def breakdown(
         whole_run=whole_run(intervals, steady_samples_per_s or median),
         notes=tuple(notes),
     )
+
+
+def _window_terms(
+    parts: Parts, others: Sequence[tuple[IntervalTimes, bool]]
+) -> dict[str, float | None]:
+    """Per step of the window: the base intervals at their own terms (``parts``), and each
+    other interval (one that ran a new plan, flag True, or was not measured) as its time
+    beyond the base's pace (plan changes, or pauses) plus the base's terms for the rest
+    of its time. An interval faster than the reference adds nothing: the gap it takes
+    off is what ``_absorb`` takes off the terms."""
+    total = {t: None if v is None else v * parts.steps for t, v in parts.raw.items()}
+    room = parts.step_s - parts.reference_s
+    for iv, moved in others:
+        over = max(iv.wall_per_step_s - parts.step_s, 0.0)
+        excess = "plan_changes" if moved else "pauses"
+        total[excess] = (total[excess] or 0.0) + over * iv.steps
+        share = max(min(iv.wall_per_step_s, parts.step_s) - parts.reference_s, 0.0)
+        f = share / room if room > 0 else 0.0
+        for t, v in parts.raw.items():
+            if v is not None and total[t] is not None:
+                total[t] = (total[t] or 0.0) + f * v * iv.steps
+    steps = parts.steps + sum(iv.steps for iv, _ in others)
+    return {t: None if v is None else v / steps for t, v in total.items()}
+
+
+def _absorb(
+    raw: dict[str, float | None], target: float
+) -> tuple[dict[str, float | None], float, float]:
+    """The terms ≥ 0 scaled to sum to ``target`` (the gap, or 0 at or above the ideal),
+    the scale (1 where they already do, up to float rounding) and what they measured."""
+    measured = sum(max(v, 0.0) for v in raw.values() if v is not None)
+    scale = target / measured if measured > target * (1 + 1e-9) + 1e-12 else 1.0
+    return {t: None if v is None else max(v, 0.0) * scale for t, v in raw.items()}, scale, measured
 
 
 def _rank_gaps(
