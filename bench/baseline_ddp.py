@@ -328,7 +328,7 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
     gap = diagnose(
         intervals_from_records(every_rank),
         solos if ideal else None,
-        achieved_samples_per_s=steady or None,
+        steady_samples_per_s=steady or None,
     )
     return {
         "runner": "torch-ddp",

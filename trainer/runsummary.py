@@ -38,8 +38,10 @@ def intervals_of(ctx: Context) -> list[IntervalTimes]:
         step += n
         measured = all(r.steps > 0 for r in iv)
         ranks = tuple(
-            RankTimes(r.batch, r.data_s, r.compute_s, r.optimizer_s, r.step_s)
-            if r.steps > 0
+            RankTimes.of_phases(
+                r.batch, r.data_s, r.forward_s, r.backward_s, r.comm_s, r.optimizer_s
+            )
+            if measured
             else RankTimes(r.batch)
             for r in iv
         )
@@ -70,7 +72,7 @@ def gap_fields(
 ) -> dict[str, Any]:
     """``solo`` (each rank alone, seconds) and ``gap`` (the breakdown's stored form)."""
     usable = list(solos) if solos and all(s.samples_per_s > 0 for s in solos) else None
-    bd = diagnose(intervals_of(ctx), usable, achieved_samples_per_s=steady_samples_per_s or None)
+    bd = diagnose(intervals_of(ctx), usable, steady_samples_per_s=steady_samples_per_s or None)
     return {
         "solo": [asdict(s) for s in solos] if solos else None,
         "gap": bd.to_dict() if bd is not None else None,

@@ -36,7 +36,7 @@ from hetero.core.gap import TERMS, intervals_from_records, solos_from_summary
 from hetero.core.verdict import diagnose
 
 #: The gap breakdown's terms as CSV columns: % of ideal each cost (see docs/benchmarks.md).
-GAP_COLUMNS = tuple(f"gap_{t}_pct" for t in (*TERMS, "residual"))
+GAP_COLUMNS = tuple(f"gap_{t}_pct" for t in TERMS)
 
 CSV_COLUMNS = (
     "scenario", "model", "run", "policy", "data_path", "num_workers", "repeat", "runner",
@@ -323,7 +323,10 @@ def memory_columns(summary: dict[str, Any], ranks: list[list[dict[str, Any]]]) -
 
 
 def _gap_columns(run: RunData, window: range, rate: float | None) -> dict[str, Any]:
-    """The gap breakdown of the window (the last phase's only: it needs the ideal)."""
+    """The gap breakdown of the window (the last phase's only: it needs the ideal).
+    Its shares are of the window's wall time, so with the breakdown's own % of ideal
+    (``gap.pct_of_ideal``, the window's samples over its wall time) they make 100;
+    ``rate`` (the row's median interval) is the steady figure it is set beside."""
     if rate is None:
         return {}
     steps = {int(run.rank0[i]["step"]) for i in window if i < len(run.rank0)}
@@ -335,17 +338,13 @@ def _gap_columns(run: RunData, window: range, rate: float | None) -> dict[str, A
         intervals,
         solos_from_summary(run.summary),
         window=range(chosen[0], chosen[-1] + 1),
-        achieved_samples_per_s=rate,
+        steady_samples_per_s=rate,
     )
     if bd is None:
         return {}
     gap = bd.to_dict()
     cols = {f"gap_{name}_pct": gap["terms"][name]["pct"] for name in TERMS}
-    return cols | {
-        "gap_residual_pct": gap["residual"]["pct"],
-        "gap_verdict": bd.verdict,
-        "gap": gap,
-    }
+    return cols | {"gap_verdict": bd.verdict, "gap": gap}
 
 
 def build_rows(

@@ -238,7 +238,7 @@ def summarize(
     known = solos and all(s.samples_per_s > 0 for s in solos)
     ideal = sum(s.samples_per_s for s in solos) if known else None
     bd = diagnose(intervals_from_records(every_rank), solos if known else None,
-                  achieved_samples_per_s=steady or None)  # fmt: skip
+                  steady_samples_per_s=steady or None)  # fmt: skip
     plan = [args.global_batch // world + (r < args.global_batch % world) for r in range(world)]
     return {
         "runner": "torch-ddp", "policy": "ddp", "model": args.model, "model_source": source,
