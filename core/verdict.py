@@ -151,9 +151,40 @@ def verdict(bd: Breakdown) -> str:
         return f"{cost}, {where}: the waits are stalls, not the loader's pace (workers starting)"
     if top.name == "imbalance" and bd.method == "solo":
         return f"{cost}, {where}: batches sized to measured speed recover it"
+    if top.name in ("imbalance", "exposed_comm") and bd.method != "solo":
+        # A rank whose loader caps its share shows as imbalance (the others carry more
+        # than their speed says) or as the busiest rank waiting for it at the all-reduce.
+        capped = _input_capped(bd, top.rank)
+        if capped is not None:
+            me = bd.ranks[capped]
+            return (
+                f"input-bound on rank {capped}: its loader makes a batch of {me.batch} in "
+                f"{me.input_ms or 0.0:.1f} ms of a {bd.step_ms:.1f} ms step, which caps its "
+                f"share ({cost}): add loader workers on rank {capped}"
+            )
     if top.name == "imbalance":
         return f"{cost}, {where}: the plan does not balance busy time"
     return f"{cost}{', ' + where if where else ''}: {_ADVICE[top.name]}"
+
+
+#: A rank whose loader needs this share of the step for its batch cannot take much more:
+#: the imbalance beside it is its input's, not the plan's.
+INPUT_CAP_SHARE = 0.6
+
+
+def _input_capped(bd: Breakdown, busiest: int | None) -> int | None:
+    """A rank other than the busiest whose loader's time per batch (``input_s``) is at
+    least ``INPUT_CAP_SHARE`` of the step: the plan cannot give it more; None if none."""
+    if busiest is None or not bd.step_ms:
+        return None
+    near = [
+        r
+        for r in bd.ranks
+        if r.rank != busiest
+        and r.input_ms is not None
+        and r.input_ms >= INPUT_CAP_SHARE * bd.step_ms
+    ]
+    return max(near, key=lambda r: r.input_ms or 0.0).rank if near else None
 
 
 def _keeps_up(bd: Breakdown, r: int) -> bool:

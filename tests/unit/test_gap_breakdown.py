@@ -298,3 +298,21 @@ def test_where_records_carry_the_loaders_pace_the_verdict_tells_pace_from_stalls
     # Records without the field (every run so far) say nothing of the loader's pace.
     without = diagnose(intervals_from_records(_records(job, step_s=125e-3)), SOLO)
     assert without is not None and "a batch" not in without.verdict
+
+
+def test_an_imbalance_beside_a_rank_whose_loader_caps_its_share_is_called_input_bound() -> None:
+    # Rank 0 carries more than its speed says because rank 1's loader cannot make more:
+    # its workers need 60 ms for its batch of a 87.5 ms step.
+    job = {0: (0.2e-3, 80e-3, 2.7e-3), 1: (0.2e-3, 40e-3, 2.7e-3)}
+    records = _records(job, step_s=87.5e-3)
+    for rec in records[1]:
+        rec["input_s"] = 60e-3
+    bd = diagnose(intervals_from_records(records), SOLO)
+    assert bd is not None and bd.largest == "imbalance" and bd.critical_rank == 0
+    assert bd.verdict.startswith("input-bound on rank 1: its loader makes a batch of 80 in 60.0 ms")
+    assert "imbalance: " in bd.verdict and "add loader workers on rank 1" in bd.verdict
+    # A loader with time to spare leaves it the plan's imbalance.
+    for rec in records[1]:
+        rec["input_s"] = 10e-3
+    spare = diagnose(intervals_from_records(records), SOLO)
+    assert spare is not None and spare.verdict.startswith("imbalance: ")
