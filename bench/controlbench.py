@@ -124,11 +124,25 @@ class Workload:
 
     def train_args(self, out: Path) -> list[str]:
         return [
-            "--model", self.model, "--global-batch", str(self.global_batch),
-            "--steps", str(self.steps), "--device", self.device,
-            "--policy", "equal", "--rebalance-interval", "10", "--ideal-steps", "0",
-            "--summary-json", str(out), "--quiet", "--json",
-        ]  # fmt: skip
+            "--model",
+            self.model,
+            "--global-batch",
+            str(self.global_batch),
+            "--steps",
+            str(self.steps),
+            "--device",
+            self.device,
+            "--policy",
+            "equal",
+            "--rebalance-interval",
+            "10",
+            "--ideal-steps",
+            "0",
+            "--summary-json",
+            str(out),
+            "--quiet",
+            "--json",
+        ]
 
     def spec(self) -> str:
         return (

@@ -156,9 +156,15 @@ def train(ctx: ht.Context, args: argparse.Namespace) -> dict[str, object]:
             return copy.to(ctx.device).to(memory_format=fmt)
 
         ctx.measure_ideal(
-            fresh_copy, optimizer, dataset, loss_fn,
-            steps=args.ideal_steps, amp=args.amp, memory_format=fmt, seed=args.seed,
-        )  # fmt: skip
+            fresh_copy,
+            optimizer,
+            dataset,
+            loss_fn,
+            steps=args.ideal_steps,
+            amp=args.amp,
+            memory_format=fmt,
+            seed=args.seed,
+        )
     summary = ctx.report()
     return summary | {
         "runner": "hetero-api",

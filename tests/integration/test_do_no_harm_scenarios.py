@@ -22,7 +22,8 @@ from hetero.bench.harness.commands import run_specs
 from hetero.bench.harness.gpu_monitor import GpuMonitor
 from hetero.bench.harness.report import write_outputs
 from hetero.bench.harness.runner import execute
-from hetero.bench.harness.scenario import Neighbour, load_scenario
+from hetero.bench.harness.scenario import load_scenario
+from hetero.bench.harness.scenariospec import Neighbour
 from hetero.bench.harness.targets import Target
 
 pytestmark = pytest.mark.slow
