@@ -19,10 +19,12 @@ run() {  # scenario, then hetero-bench run's options
         || echo "$s: exit $?" >> "$out/failed.txt"
     tail -n 25 "$out/$s.log"
 }
+mkdir -p "$out"
+python3 -c "import torch, timm, yaml, PIL, grpc, grpc_health, psutil; print(torch.__version__, torch.cuda.device_count(), timm.__version__)"
+nproc; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+python3 -m hetero.bench.cli run zoo-jpeg-resnet50 --dry-run --out /tmp/dry > /dev/null
 case $part in
 smoke)
-    python3 -c "import torch, timm, yaml, PIL, grpc, grpc_health, psutil; print(torch.__version__, torch.cuda.device_count(), timm.__version__)"
-    nproc; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
     run zoo-neighbour-arrives --quick --steps 40 --ideal-steps 0 --policies dynamic --no-baseline
     ;;
 jpeg)
