@@ -145,6 +145,8 @@ def _zoo_spec(s: Scenario, key: RunKey, out: Path, py: str, env: dict[str, str])
         argv += ["--loader-jitter", s.loader_jitter]
     if path in LOADER_PATHS and s.input_cost_ms:
         argv += ["--input-cost-ms", s.input_cost_ms]
+    if path == "jpeg" and s.jpeg_sides:
+        argv += ["--jpeg-sides", s.jpeg_sides]
     if policy != BASELINE:
         argv += ["--policy", policy]
     runner = "torch-ddp" if policy == BASELINE else "hetero-api"

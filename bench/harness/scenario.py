@@ -39,7 +39,7 @@ from hetero.bench.harness.scenariospec import (
 )
 from hetero.bench.harness.targets import parse_targets
 from hetero.bench.shipped import shipped_names, shipped_text
-from hetero.bench.zoo import DATA_PATHS, LOADER_PATHS
+from hetero.bench.zoo import DATA_PATHS, LOADER_PATHS, parse_sides
 from hetero.bench.zoo.delays import parse_input_cost, parse_jitter
 from hetero.core.errors import ConfigError
 
@@ -94,6 +94,7 @@ _TOP = {
     "repeats",
     "loader_jitter",
     "input_cost_ms",
+    "jpeg_sides",
     "targets",
 }
 _QUICK = {"steps", "ideal_steps", "policies", "data_paths", "repeats", "num_workers"}
@@ -267,7 +268,12 @@ def _validate(s: Scenario) -> None:
         raise ConfigError(f"{where}.loop: zoo scenarios run on cpu or cuda ranks, not mixed")
     if s.repeats < 1 or (s.quick_repeats is not None and s.quick_repeats < 1):
         raise ConfigError(f"{where}.repeats: must be >= 1, got {s.repeats}")
-    for field, parse in (("loader_jitter", parse_jitter), ("input_cost_ms", parse_input_cost)):
+    checks = (
+        ("loader_jitter", parse_jitter),
+        ("input_cost_ms", parse_input_cost),
+        ("jpeg_sides", parse_sides),
+    )
+    for field, parse in checks:
         spec = getattr(s, field)
         if spec is None:
             continue

@@ -139,6 +139,8 @@ class Scenario:
     loader_jitter: str | None = None
     #: ``--input-cost-ms`` (``zoo.delays``, EMULATED) for every run of a DataLoader path.
     input_cost_ms: str | None = None
+    #: ``--jpeg-sides`` (``MIN-MAX`` px) of the ``jpeg`` data path's files.
+    jpeg_sides: str | None = None
     targets: tuple[Target, ...] = ()
     quick_repeats: int | None = None
     quick_num_workers: tuple[int, ...] | None = None
