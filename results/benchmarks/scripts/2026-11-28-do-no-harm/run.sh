@@ -36,6 +36,9 @@ rest)
     run zoo-jpeg-resnet50-small --steps 200 --ideal-steps 2
     ;;
 vit)
+    python3 results/benchmarks/scripts/2026-11-28-do-no-harm/shapes.py convnext_tiny > "$out/shapes.log" 2>&1 || true
+    python3 results/benchmarks/scripts/2026-11-28-do-no-harm/shapes.py resnet50 >> "$out/shapes.log" 2>&1 || true
+    cat "$out/shapes.log"
     run zoo-vit --quick --policies dynamic
     ;;
 esac
