@@ -177,7 +177,11 @@ class Dynamic:
         noises = sorted(f.noise_cv for f in fits if f.noise_cv is not None)
         if noises:
             typical = noises[len(noises) // 2]
-            fits = tuple(replace(f, noise_cv=max(f.noise_cv or 0.0, typical)) for f in fits)
+            measured = any(f.noise_measured for f in fits)
+            fits = tuple(
+                replace(f, noise_cv=max(f.noise_cv or 0.0, typical), noise_measured=measured)
+                for f in fits
+            )
         return with_input_rates(fits, recent, self.window, self.default_cv)
 
     def _fit_grid(

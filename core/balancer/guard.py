@@ -17,7 +17,9 @@ nothing else:
   from how much the regime's step times spread about their plans' medians, so on
   a quiet GPU a missing 3% shows within two intervals, while on a loaded CPU box,
   whose intervals swing by 20%, two intervals cannot refute a predicted 20% and
-  the move is kept until they can. A plan slower than the equal plan by more
+  the move is kept until they can. The spread of an interval's own steps
+  (``RankInterval.noise_floor``) bounds that noise from below, before the regime
+  has intervals enough to measure it. A plan slower than the equal plan by more
   than ``CLEAR_LOSS`` and that error goes back after one interval;
 - back at the equal plan, the planner holds it (``hold``) for as long as the
   regime lasts: the models that proposed the failed plan have seen nothing new,
@@ -96,7 +98,7 @@ def judge(
     base = by_plan.get(tuple(equal))
     if not base:
         return Guard("keep")
-    noise = _noise(by_plan)
+    noise = max(_noise(by_plan), _floor(regime))
 
     def fails(plan: Batches) -> bool:
         times = by_plan.get(plan, [])
@@ -128,6 +130,18 @@ def _noise(by_plan: dict[Batches, list[float]]) -> float:
         return DEFAULT_NOISE
     mid = statistics.median(deviations)
     return max(1.4826 * statistics.median(abs(d - mid) for d in deviations), 1e-3)
+
+
+def _floor(regime: Sequence[Interval]) -> float:
+    """The noise of one interval's step time that its own steps measure: the median over
+    the regime of each interval's largest ``RankInterval.noise_floor`` (how well its
+    median is known from the spread of its steps); 0.0 where none reports one. Three
+    steps of a rank that shares two cores with others spread by 20% and more: an
+    interval of them cannot refute a move that its median misses by as much."""
+    floors = sorted(
+        max(fs) for iv in regime if (fs := [f for ri in iv if (f := ri.noise_floor) is not None])
+    )
+    return floors[len(floors) // 2] if floors else 0.0
 
 
 def _compare(plan: Sequence[int], times: Sequence[float], base: Sequence[float]) -> str:

@@ -212,8 +212,12 @@ def decide(
 def noisy(fits: Sequence[RankFit]) -> bool:
     """Whether any rank's intervals vary by ``CONFIRM_NOISE`` or more (a CPU rank on a
     host whose cores other work takes, a loaded shared host): there one interval's
-    numbers are not yet evidence for a move short of ``STRONG_EVIDENCE``."""
-    return any(f.noise_cv is not None and f.noise_cv >= CONFIRM_NOISE for f in fits)
+    numbers are not yet evidence for a move short of ``STRONG_EVIDENCE``. Only measured
+    noise counts: a job's first report, without its steps' spread, is not yet known to be
+    noisy, and its first move rests on it as on a quiet host's."""
+    return any(
+        f.noise_measured and f.noise_cv is not None and f.noise_cv >= CONFIRM_NOISE for f in fits
+    )
 
 
 def confirmed(order: SpeedOrder, current: Sequence[int], move: _Candidate) -> bool:
