@@ -73,12 +73,9 @@ def test_uneven_ddp_equals_single_process_over_the_global_batch(three_ranks: Pat
     elif mode not in ("dynamic", "workers"):
         assert sizes[0][:5] == [14] * 5 and sizes[2][5:9] == [17] * 4 and sizes[1][9:] == [22] * 3
     else:
-        # The emulated 8x-slow rank 2 was given less than an equal share at the end, or
-        # the move measured no faster than equal batches and went back to them, saying so:
-        # the slowdown is a wait, which on a host whose cores other work takes hands the
-        # cores to the other ranks (the guard measures what the step time did).
-        last = got["reasons"][-1]
-        assert got["plans"][-1][2] < 8 or last.startswith("do no harm: "), got["reasons"]
+        # The planner's first move took samples off the emulated 30x-slow rank 2 (what
+        # it does next, on a loaded host, is the guard's: tests/unit/test_do_no_harm.py).
+        assert len(got["plans"]) > 1 and got["plans"][1][2] < 8, got["reasons"]
     assert got["recompute"] == ((False, True, False) if mode == "recompute" else (False,) * 3)
     held = got["held_at_last"]  # buckets deferral held when the step's last one arrived
     if mode == "overlap":
