@@ -195,6 +195,7 @@ def _setup(ctx: Context, cfg: JobConfig) -> tuple[_Run, float | None, Any]:
     optimizer = make_optimizer(cfg, model, ctx.world_size)
     global_batch = cfg.global_batch_for(ctx.world_size)
     loader = ctx.loader(built.dataset, global_batch, seed=cfg.seed, num_workers=cfg.num_workers)
+    assert isinstance(loader, HeteroLoader)  # the built-in datasets are map-style
     if cfg.resume:
         _resume(ctx, cfg, model, optimizer)
     monitor = MemoryMonitor(
