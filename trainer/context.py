@@ -21,8 +21,8 @@ same step.
 ``Context`` is the facade over the parts: ``bootstrap`` (config, device, backend, process
 group), ``timing`` (step phases, hooks), ``gradients`` and ``commsched`` (the comm hook and
 when its all-reduces start), ``loading`` (the first plan and the loader: ``HeteroLoader``,
-``StreamLoader``), ``rebalance`` (the protocol at each boundary) and ``metrics`` (one
-record per interval).
+``StreamLoader``), ``rebalance`` (the protocol at each boundary), ``metrics`` (one record
+per interval) and ``intervalhooks`` (the interval's figures for the user's loggers).
 """
 
 from __future__ import annotations
@@ -57,12 +57,14 @@ from hetero.trainer.emulation import Slowdown
 from hetero.trainer.exchange import EmbeddedPlanner, Planner, RankSummary
 from hetero.trainer.gpustats import open_sampler
 from hetero.trainer.gradients import WeightingState
+from hetero.trainer.intervalhooks import IntervalCallback, IntervalHooks
 from hetero.trainer.loader import HeteroLoader
 from hetero.trainer.loading import Loader, open_loader
 from hetero.trainer.metrics import MetricsWriter
 from hetero.trainer.progress import ProgressFile
 from hetero.trainer.rebalance import IntervalTotals, PlanRecord, rebalance, recheck
 from hetero.trainer.streamloader import StreamLoader
+from hetero.trainer.tensorboard import TensorBoardWriter, require_tensorboard
 from hetero.trainer.timing import PhaseHooks, StepClock, StepTimes
 
 __all__ = ["Context", "HeteroLoader", "PlanRecord", "StreamLoader", "TrainerConfig"]
@@ -84,6 +86,8 @@ class Context:
         self.backend = config.backend or default_backend(self.device, env)
         if self.backend == "nccl" and self.device.type != "cuda":
             raise ConfigError(f"rank {self.rank} has no GPU but the job's backend is NCCL")
+        if config.tensorboard is not None:
+            require_tensorboard()  # on every rank: none may join a group rank 0 leaves
         join_process_group(
             self.backend, self.rank, self.world_size, self.device, config.collective_timeout_s
         )
@@ -99,6 +103,8 @@ class Context:
         #: The comm mode each interval ran (None without DDP), as ``summaries``.
         self.interval_comm: list[str | None] = []
         self.metrics = MetricsWriter(config.output_dir, self.rank)
+        #: The user's loggers, called at each boundary (``on_interval``).
+        self.interval_hooks = IntervalHooks(self.rank)
         #: This rank's GPU utilisation and memory per interval (None: CPU rank or no NVML).
         self.gpu = open_sampler(self.device)
         self.history: collections.deque[Interval] = collections.deque(
@@ -137,6 +143,10 @@ class Context:
         #: Rank 0: one record per :meth:`evaluate` (``step``, ``metrics``), oldest first.
         self.evals: list[dict[str, Any]] = []
         self._stop: StopRequest | None = None
+        self._board: TensorBoardWriter | None = None
+        if config.tensorboard is not None and self.rank == 0:
+            self._board = TensorBoardWriter(config.tensorboard, self.evals)
+            self.on_interval(self._board)
 
     # -- properties -------------------------------------------------------------------
     @property
@@ -355,6 +365,13 @@ class Context:
 
         return probe_memory(self, model, optimizer, loss_fn, batch_fn, margin=margin)
 
+    def on_interval(self, fn: IntervalCallback, *, every_rank: bool = False) -> None:
+        """Call ``fn(figures)`` at each rebalance boundary on rank 0 (every rank with
+        ``every_rank``): the interval's figures as a plain dict, the job's and each rank's
+        (fields: ``hetero.trainer.intervalhooks``). A callback that raises is logged once
+        and never stops training."""
+        self.interval_hooks.add(fn, every_rank)
+
     def evaluate(self, fn: Callable[[], Any]) -> dict[str, float]:
         """Run ``fn()`` (a mapping of metric names to numbers, e.g. ``{"accuracy": 0.91}``)
         outside the step clocks and record rank 0's result at this step (collective: call it
@@ -419,6 +436,8 @@ class Context:
         ``procgroup``).
         """
         self.metrics.close()
+        if self._board is not None:
+            self._board.close()
         if self.gpu is not None:
             self.gpu.stop()
         if self._loader is not None:
