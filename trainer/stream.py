@@ -219,6 +219,11 @@ class StreamReader(Dataset[Any]):
     def __getitem__(self, index: int) -> Any:
         raise TypeError("a stream is read in order, not by index")
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Without the open iterator: a worker started by pickling (``spawn``) opens its own
+        (a generator cannot be pickled, and the reader's position travels in the requests)."""
+        return self.__dict__ | {"_pass": -1, "_items": iter(()), "_taken": 0}
+
     def __getitems__(self, takes: list[Take]) -> tuple[Take, float, list[Any] | None]:
         """``(take, start, items)``: ``start`` (``perf_counter`` seconds, in this reader)
         before reading; ``items`` None where the part ran out before ``take.size``."""
