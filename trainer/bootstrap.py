@@ -57,6 +57,8 @@ class TrainerConfig:
     #: Seconds a collective may wait for a peer before failing (a dead peer must not
     #: hang the job): ``HETERO_COLLECTIVE_TIMEOUT_S`` under an agent, else 600.
     collective_timeout_s: float = field(default_factory=_collective_timeout_s)
+    #: Where rank 0 writes every interval's figures for TensorBoard (``trainer.tensorboard``).
+    tensorboard: Path | None = None
 
     def __post_init__(self) -> None:
         """Each field is checked by its option in the catalogue (``hetero.core.catalogue``:

@@ -1,7 +1,9 @@
 """The rebalance protocol, run by every rank at each boundary (``rebalance_interval``
 steps): summarize this rank's interval, all-gather the summaries, decide the next
 plan and the next interval's comm mode on rank 0, broadcast them, and schedule
-the plan on every rank at the same step (the mode applies from the next step).
+the plan on every rank at the same step (the mode applies from the next step); then
+write the interval's metrics record and hand its figures to the user's callbacks
+(``trainer.intervalhooks``).
 
 The collectives are ``trainer.exchange``'s; the state (history, summaries, plans)
 lives on the ``Context``, which these functions advance.
@@ -116,6 +118,7 @@ def rebalance(ctx: Context) -> None:
     ctx.metrics.write(record)
     if len(ctx.summaries) == 1:
         ctx.metrics.write_run(run_info(ctx))
+    ctx.interval_hooks.after_interval(ctx, summaries, record)
     ctx._interval = IntervalTotals()
     ctx.clock.restart()
 

@@ -27,14 +27,17 @@ if TYPE_CHECKING:
     from hetero.trainer.context import Context
 
 
-def intervals_of(ctx: Context) -> list[IntervalTimes]:
-    """The context's intervals (``ctx.summaries`` and their wall times) for the breakdown."""
+def intervals_of(ctx: Context, last: int | None = None) -> list[IntervalTimes]:
+    """The context's intervals (``ctx.summaries`` and their wall times) for the breakdown;
+    the ``last`` ones only if given."""
     loader = ctx._require_loader()
     global_batch = loader.sampler.global_batch
     out: list[IntervalTimes] = []
-    counts = [max(round(sum(r.samples for r in iv) / global_batch), 1) for iv in ctx.summaries]
+    summaries = ctx.summaries[-last:] if last else ctx.summaries
+    walls = ctx.interval_walls[-last:] if last else ctx.interval_walls
+    counts = [max(round(sum(r.samples for r in iv) / global_batch), 1) for iv in summaries]
     step = ctx.global_step - sum(counts)
-    for iv, wall, n in zip(ctx.summaries, ctx.interval_walls, counts, strict=True):
+    for iv, wall, n in zip(summaries, walls, counts, strict=True):
         step += n
         measured = all(r.steps > 0 for r in iv)
         ranks = tuple(

@@ -380,7 +380,9 @@ class TrainingOptions(Resolved):
         absent="each rank of a job.yaml job writes under its agent's state directory",
         init=True,
     )
-    tensorboard: str | None = opt(None, PathKind(), "per-rank TensorBoard scalars here", "output")
+    tensorboard: str | None = opt(
+        None, PathKind(), "per-rank TensorBoard scalars here", "output", init=True
+    )
     checkpoint_dir: str | None = opt(
         None,
         PathKind(),

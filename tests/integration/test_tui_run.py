@@ -138,7 +138,7 @@ def test_the_view_follows_records_as_they_are_written(run_dir: Path, tmp_path: P
 
 def test_evaluations_reach_tensorboard(run_dir: Path) -> None:
     accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
-    acc = accumulator.EventAccumulator(str(run_dir / "tb" / "rank0"))
+    acc = accumulator.EventAccumulator(str(run_dir / "tb" / "job"))
     acc.Reload()
     steps = [e.step for e in acc.Scalars("eval/accuracy")]
     assert steps == list(range(EVAL_EVERY, STEPS + 1, EVAL_EVERY)), steps
