@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.hetero-installed
 PY     ?= 3.12
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv demo demo-embedded test test-fast test-postgres test-browser test-gpu test-container image chaos load lint typecheck check proto docs-tables wheelhouse pyroot clean
+.PHONY: help venv demo demo-embedded test test-fast test-postgres test-slurm test-browser test-gpu test-container image chaos load lint typecheck check proto docs-tables wheelhouse pyroot clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -33,13 +33,19 @@ demo-embedded: $(STAMP)  ## the same comparison with hetero-train alone (no cont
 # 0 (the default): one process, one test at a time.
 TEST_WORKERS ?= 0
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
-test: $(STAMP)  ## run the whole test suite (chaos tests excepted: make chaos; PostgreSQL: make test-postgres; the image: make test-container)
-	@$(BIN)/python -m pytest -q $(XDIST) --durations=25 -m 'not chaos and not postgres and not container'
+test: $(STAMP)  ## run the whole test suite (chaos tests excepted: make chaos; PostgreSQL: make test-postgres; Slurm: make test-slurm; the image: make test-container)
+	@$(BIN)/python -m pytest -q $(XDIST) --durations=25 -m 'not chaos and not postgres and not container and not slurm'
 
 # As root on Debian it installs the postgresql package when no server is there; the
 # server itself is a throwaway cluster under /tmp (tests/integration/pgserver.py).
 test-postgres: $(STAMP)  ## the store, write lock, report worker, retention, recovery and load tests on a throwaway PostgreSQL server
 	@HETERO_PG_INSTALL=1 $(BIN)/python -m pytest -q -m postgres tests/integration
+
+# As root on Debian it installs slurm-wlm and munge when they are missing; the cluster is
+# one node (this host), its daemons started by hand under /tmp and stopped after the tests
+# (tests/integration/slurmcluster.py).
+test-slurm: $(STAMP)  ## srun -n 3 of the custom loop and of hetero-train on a throwaway one-host Slurm cluster, against torchrun
+	@HETERO_SLURM_INSTALL=1 $(BIN)/python -m pytest -q -rs -m slurm tests/integration/test_slurm.py
 
 # As root on Debian it installs the chromium and chromium-driver packages when they are
 # missing (tests/integration/browser.py); nothing is downloaded from elsewhere. make test
@@ -48,7 +54,7 @@ test-browser: $(STAMP)  ## hetero-top --web in a real headless Chromium against 
 	@HETERO_BROWSER_INSTALL=1 $(BIN)/python -m pytest -q -rs -m browser tests/integration/test_tui_web.py
 
 test-fast: $(STAMP)  ## run the tests not marked slow
-	@$(BIN)/python -m pytest -q $(XDIST) -m 'not slow and not postgres and not browser and not container'
+	@$(BIN)/python -m pytest -q $(XDIST) -m 'not slow and not postgres and not browser and not container and not slurm'
 
 # The GPU tier runs where hetero may not be installed (a GPU host with Python, torch,
 # grpcio, protobuf, nvidia-ml-py and pyyaml): hetero comes from this checkout, the
