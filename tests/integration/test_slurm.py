@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -164,3 +165,27 @@ def test_batch_script_without_srun_fails_in_one_line(cluster: SlurmCluster, tmp_
     last = out.read_text().strip().splitlines()[-1]
     assert f"SLURM_NTASKS={RANKS} but this process is not one task of an srun step" in last
     assert os.path.getsize(out) < 20_000
+
+
+def test_sbatch_example_runs_one_group(cluster: SlurmCluster, tmp_path: Path) -> None:
+    # As docs/deploy.md runs it: from a checkout, the virtual environment's python first
+    # on PATH, `sbatch examples/slurm/train.sbatch` (here with --steps 20, passed on).
+    (tmp_path / "examples" / "slurm").mkdir(parents=True)
+    for name in ("custom_loop.py", "slurm/train.sbatch"):
+        shutil.copy(EXAMPLE.parent / name, tmp_path / "examples" / name)
+    env = _env(cluster)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    done = subprocess.run(
+        ["sbatch", "--wait", "--parsable", "examples/slurm/train.sbatch", "--steps", "20"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+    )
+    job = done.stdout.strip()
+    out = tmp_path / f"hetero-train-{job}.out"
+    assert done.returncode == 0, out.read_text()[-3000:] if out.exists() else done.stderr
+    assert [line for line in out.read_text().splitlines() if line.startswith("done:")]
+    run = json.loads((tmp_path / "runs" / f"slurm-{job}" / "metrics" / "run.json").read_text())
+    assert run["world_size"] == RANKS and run["emulated"]
