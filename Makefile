@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.hetero-installed
 PY     ?= 3.12
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv demo demo-embedded test test-fast test-postgres test-slurm test-browser test-gpu test-container image chaos load lint typecheck check proto docs-tables wheelhouse pyroot clean
+.PHONY: help venv demo demo-embedded test test-fast test-postgres test-slurm test-kubernetes test-browser test-gpu test-container image chaos load lint typecheck check proto docs-tables wheelhouse pyroot clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -46,6 +46,17 @@ test-postgres: $(STAMP)  ## the store, write lock, report worker, retention, rec
 # (tests/integration/slurmcluster.py).
 test-slurm: $(STAMP)  ## srun -n 3 of the custom loop and of hetero-train on a throwaway one-host Slurm cluster, against torchrun
 	@HETERO_SLURM_INSTALL=1 $(BIN)/python -m pytest -q -rs -m slurm tests/integration/test_slurm.py
+
+# make test checks deploy/kubernetes with kubectl (client dry-run) and, where the validator
+# is installed, against the API's schemas; this target installs it (kubernetes-validate,
+# from PyPI, which carries the schemas of Kubernetes 1.25 to 1.37) into its own venv.
+K8S_VENV := .venv-k8s
+$(K8S_VENV)/bin/kubernetes-validate:
+	@test -x $(K8S_VENV)/bin/python || $(PYTHON) -m venv $(K8S_VENV)
+	@$(K8S_VENV)/bin/python -m pip install --quiet 'kubernetes-validate>=1.37'
+
+test-kubernetes: $(STAMP) $(K8S_VENV)/bin/kubernetes-validate  ## deploy/kubernetes: kubectl apply --dry-run=client and the API's schemas (1.29, 1.37)
+	@HETERO_K8S_VALIDATE=1 $(BIN)/python -m pytest -q -rs tests/integration/test_kubernetes_manifests.py
 
 # As root on Debian it installs the chromium and chromium-driver packages when they are
 # missing (tests/integration/browser.py); nothing is downloaded from elsewhere. make test
