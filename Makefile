@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.hetero-installed
 PY     ?= 3.12
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv demo demo-embedded test test-fast test-postgres test-slurm test-kubernetes test-browser test-gpu test-container image chaos load lint typecheck check proto docs-tables wheelhouse pyroot clean
+.PHONY: help venv demo demo-embedded test test-fast test-postgres test-slurm test-kubernetes test-link test-browser test-gpu test-container image chaos load lint typecheck check proto docs-tables wheelhouse pyroot clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -34,7 +34,7 @@ demo-embedded: $(STAMP)  ## the same comparison with hetero-train alone (no cont
 TEST_WORKERS ?= 0
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 test: $(STAMP)  ## run the whole test suite (chaos tests excepted: make chaos; PostgreSQL: make test-postgres; Slurm: make test-slurm; the image: make test-container)
-	@$(BIN)/python -m pytest -q $(XDIST) --durations=25 -m 'not chaos and not postgres and not container and not slurm'
+	@$(BIN)/python -m pytest -q $(XDIST) --durations=25 -m 'not chaos and not postgres and not container and not slurm and not link'
 
 # As root on Debian it installs the postgresql package when no server is there; the
 # server itself is a throwaway cluster under /tmp (tests/integration/pgserver.py).
@@ -65,7 +65,7 @@ test-browser: $(STAMP)  ## hetero-top --web in a real headless Chromium against 
 	@HETERO_BROWSER_INSTALL=1 $(BIN)/python -m pytest -q -rs -m browser tests/integration/test_tui_web.py
 
 test-fast: $(STAMP)  ## run the tests not marked slow
-	@$(BIN)/python -m pytest -q $(XDIST) -m 'not slow and not postgres and not browser and not container and not slurm'
+	@$(BIN)/python -m pytest -q $(XDIST) -m 'not slow and not postgres and not browser and not container and not slurm and not link'
 
 # The GPU tier runs where hetero may not be installed (a GPU host with Python, torch,
 # grpcio, protobuf, nvidia-ml-py and pyyaml): hetero comes from this checkout, the
@@ -115,6 +115,11 @@ test-container: $(STAMP)  ## build the image (make image) and run compose.yaml's
 	@command -v $(PODMAN) >/dev/null 2>&1 || { echo "test-container: skipped: podman not found (Debian: apt-get install podman runc)"; exit 0; }
 	@HETERO_IMAGE=$(IMAGE) $(BIN)/python -m pytest -q -s -p no:cacheprovider -m container tests/container
 	@cat build/container/figures.json
+
+# Root: two network namespaces joined by one veth pair, shaped with tc (netem where the
+# kernel has it, else tbf), the coordinator and an agent in one, an agent in the other.
+test-link: $(STAMP)  ## one job across two namespaces over a 1 Gbit/s link: it completes, and the planner's predicted step counts the link
+	@$(BIN)/python -m pytest -q -s -rs -m link tests/integration/test_shaped_link.py
 
 CHAOS_REPORT := build/chaos
 chaos: $(STAMP)  ## kill -9 agents, ranks and the coordinator of a local cluster, cut a node's network (root); figures in build/chaos
