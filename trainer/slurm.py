@@ -16,6 +16,11 @@ the ``env://`` rendezvous, Gloo's choice of interface) sees one job.
   at once need a ``MASTER_PORT`` each.
 - torchrun's variables win wherever they are set (``srun torchrun ...`` starts one
   torchrun per node; its ranks carry both sets, and torchrun's describe the group).
+- a task Slurm bound to one GPU of its own (``--gpus-per-task=1``: Slurm allocated
+  GPUs, and this task's ``CUDA_VISIBLE_DEVICES`` names one while its node runs
+  several tasks) is placed on it, ``HETERO_DEVICE=cuda:0``: torchrun's convention,
+  ``cuda:LOCAL_RANK``, would look for a GPU the task cannot see and fall back to the
+  CPU.
 - a step of one task is a process alone, as outside Slurm: nothing is set.
 - a batch script's own step (``sbatch -n3`` running ``python train.py`` without
   ``srun``) has ``SLURM_NTASKS=3`` and ``SLURM_PROCID=0`` but no step: its one process
@@ -45,6 +50,9 @@ STEP_NODELIST = "SLURM_STEP_NODELIST"
 JOB_NODELIST = "SLURM_JOB_NODELIST"
 STEP_TASKS_PER_NODE = "SLURM_STEP_TASKS_PER_NODE"
 JOB_ID = "SLURM_JOB_ID"
+STEP_GPUS = "SLURM_STEP_GPUS"
+JOB_GPUS = "SLURM_JOB_GPUS"
+VISIBLE_GPUS = "CUDA_VISIBLE_DEVICES"
 
 #: The rendezvous port of job id J: ``int(J[-4:]) + PORT_BASE`` (module doc).
 PORT_BASE = 15000
@@ -149,8 +157,9 @@ def torch_env(environ: Mapping[str, str]) -> dict[str, str]:
     Slurm did not start several tasks or torchrun's variables describe the group.
 
     The values written are ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-    ``LOCAL_WORLD_SIZE`` (this node's tasks), ``MASTER_ADDR`` and ``MASTER_PORT``;
-    one already set (and not empty) is kept. A ``ConfigError`` names the variables
+    ``LOCAL_WORLD_SIZE`` (this node's tasks), ``MASTER_ADDR``, ``MASTER_PORT`` and,
+    for a task bound to one GPU, ``HETERO_DEVICE``; one already set (and not empty)
+    is kept. A ``ConfigError`` names the variables
     where several tasks are said but no group can be formed."""
 
     def given(name: str) -> str | None:
@@ -190,8 +199,13 @@ def torch_env(environ: Mapping[str, str]) -> dict[str, str]:
         rankenv.LOCAL_RANK: str(_integer(LOCALID, environ[LOCALID])),
     }
     per_node = given(STEP_TASKS_PER_NODE)
-    if per_node is not None:
-        derived[rankenv.LOCAL_WORLD_SIZE] = str(_on_node(per_node, node))
+    on_node = _on_node(per_node, node) if per_node is not None else None
+    if on_node is not None:
+        derived[rankenv.LOCAL_WORLD_SIZE] = str(on_node)
+    visible = given(VISIBLE_GPUS)
+    slurm_gpus = given(STEP_GPUS) or given(JOB_GPUS)
+    if slurm_gpus and visible and "," not in visible and (on_node or 1) > 1:
+        derived[rankenv.DEVICE] = "cuda:0"  # the one GPU Slurm bound to this task
     if nodelist is not None and given(rankenv.MASTER_ADDR) is None:
         try:
             derived[rankenv.MASTER_ADDR] = expand_hostlist(nodelist)[0]

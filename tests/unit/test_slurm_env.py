@@ -159,6 +159,16 @@ def test_rank_on_second_node_rendezvous_on_the_steps_first_host() -> None:
     assert (derived["RANK"], derived["LOCAL_WORLD_SIZE"]) == ("3", "2")
 
 
+def test_task_bound_to_one_gpu_is_placed_on_it() -> None:
+    bound = SRUN_TASK_1 | {"SLURM_STEP_GPUS": "4,5,6", "CUDA_VISIBLE_DEVICES": "5"}
+    assert slurm.torch_env(bound)["HETERO_DEVICE"] == "cuda:0"  # not cuda:1, unseen
+    assert RankEnv.from_env(bound | slurm.torch_env(bound)).cuda_index(1) == 0
+    every_gpu = bound | {"CUDA_VISIBLE_DEVICES": "4,5,6"}  # cuda:LOCAL_RANK finds its own
+    assert "HETERO_DEVICE" not in slurm.torch_env(every_gpu)
+    set_by_hand = {k: v for k, v in bound.items() if k != "SLURM_STEP_GPUS"}
+    assert "HETERO_DEVICE" not in slurm.torch_env(set_by_hand)  # no GPUs from Slurm
+
+
 def test_job_node_list_serves_when_the_step_has_none() -> None:
     env = {k: v for k, v in SRUN_TASK_1.items() if k != "SLURM_STEP_NODELIST"}
     assert slurm.torch_env(env | {"SLURM_JOB_NODELIST": "c[3-4]"})["MASTER_ADDR"] == "c3"
@@ -214,3 +224,14 @@ def test_adopted_environment_reads_as_one_rank_of_the_group() -> None:
     assert (rank.master_addr, rank.master_port) == ("vm", 15001)
     assert RankEnv.distributed(env)
     assert slurm.adopt(env) == {}  # a second call (hetero-train, then ht.init) changes nothing
+
+
+def test_rank_bound_to_its_own_gpu_picks_nccl() -> None:
+    import torch
+
+    from hetero.trainer.bootstrap import default_backend
+
+    # It sees one GPU while its node runs 4 ranks: each has its own, not a shared one.
+    own = RankEnv(rank=1, world_size=4, local_rank=1, local_world_size=4, device="cuda:0")
+    assert default_backend(torch.device("cuda", 0), own) == "nccl"
+    assert default_backend(torch.device("cpu"), own) == "gloo"
