@@ -17,7 +17,7 @@ from __future__ import annotations
 import statistics
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any, TextIO
 
 from hetero.core.gap import IntervalTimes, RankTimes, Solo
@@ -38,8 +38,11 @@ def intervals_of(ctx: Context) -> list[IntervalTimes]:
         step += n
         measured = all(r.steps > 0 for r in iv)
         ranks = tuple(
-            RankTimes.of_phases(
-                r.batch, r.data_s, r.forward_s, r.backward_s, r.comm_s, r.optimizer_s
+            replace(
+                RankTimes.of_phases(
+                    r.batch, r.data_s, r.forward_s, r.backward_s, r.comm_s, r.optimizer_s
+                ),
+                input_s=r.input_s,
             )
             if measured
             else RankTimes(r.batch)

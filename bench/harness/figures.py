@@ -151,10 +151,11 @@ def changes_per_intervals(changes: int, intervals: int, per: int = CHANGES_PER) 
 
 def change_costs_steps(ranks: Sequence[Sequence[Mapping[str, Any]]]) -> list[tuple[int, float]]:
     """(record step, cost in steps) of every plan change a rank measured (module doc),
-    in step order; a change no settled step measured is absent."""
+    in step order; a change no settled step measured is absent. A rank's first record
+    is no plan change: its ``switch_s`` is what the run's first batch size cost."""
     by_step: dict[int, float] = {}
     for records in ranks:
-        for rec in records:
+        for rec in records[1:]:
             cost = rec.get(SWITCH_STEPS_FIELD)
             if cost is None:
                 switch, step = rec.get("switch_s"), rec.get("step_s")

@@ -31,7 +31,7 @@ from typing import Any
 from hetero.bench.harness import figures
 from hetero.bench.harness.forecast import predicted_rate
 from hetero.bench.harness.gpu_monitor import read_samples
-from hetero.bench.harness.scenario import BASELINE, GPU_ONLY
+from hetero.bench.harness.scenariospec import BASELINE, GPU_ONLY
 from hetero.core.gap import TERMS, intervals_from_records, solos_from_summary
 from hetero.core.verdict import diagnose
 
@@ -39,17 +39,53 @@ from hetero.core.verdict import diagnose
 GAP_COLUMNS = tuple(f"gap_{t}_pct" for t in TERMS)
 
 CSV_COLUMNS = (
-    "scenario", "model", "run", "policy", "data_path", "num_workers", "repeat", "runner",
-    "window", "window_label", "samples_per_s", "whole_run_samples_per_s", "whole_vs_steady",
-    "intervals", "plan_changes_per_20", "change_cost_steps", "change_costs_steps",
-    "settle_intervals", "hold_reason",
-    "ideal_samples_per_s", "pct_of_ideal", "speedup_vs_ddp", "speedup_vs_equal",
-    "speedup_vs_gpu_only", "scaling_efficiency", "predicted_samples_per_s",
-    "prediction_error", "imbalance", "adaptation_intervals", "adaptation_steps",
-    "gpu_util_pct", "final_plan", "plan_changes", "global_batch", "steps", "amp", "device",
-    "emulated", "ok", "date", "note", "peak_memory_gb", "predicted_peak_memory_gb",
-    "memory_prediction_error", *GAP_COLUMNS, "gap_verdict",
-)  # fmt: skip
+    "scenario",
+    "model",
+    "run",
+    "policy",
+    "data_path",
+    "num_workers",
+    "repeat",
+    "runner",
+    "window",
+    "window_label",
+    "samples_per_s",
+    "whole_run_samples_per_s",
+    "whole_vs_steady",
+    "intervals",
+    "plan_changes_per_20",
+    "change_cost_steps",
+    "change_costs_steps",
+    "settle_intervals",
+    "hold_reason",
+    "ideal_samples_per_s",
+    "pct_of_ideal",
+    "speedup_vs_ddp",
+    "speedup_vs_equal",
+    "speedup_vs_gpu_only",
+    "scaling_efficiency",
+    "predicted_samples_per_s",
+    "prediction_error",
+    "imbalance",
+    "adaptation_intervals",
+    "adaptation_steps",
+    "gpu_util_pct",
+    "final_plan",
+    "plan_changes",
+    "global_batch",
+    "steps",
+    "amp",
+    "device",
+    "emulated",
+    "ok",
+    "date",
+    "note",
+    "peak_memory_gb",
+    "predicted_peak_memory_gb",
+    "memory_prediction_error",
+    *GAP_COLUMNS,
+    "gap_verdict",
+)
 
 
 @dataclass

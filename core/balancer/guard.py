@@ -37,11 +37,15 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
-from hetero.core.balancer.model import StepModel
-from hetero.core.balancer.plan import Batches
+from hetero.core.balancer.decision import Decision
+from hetero.core.balancer.model import StepModel, predict_step_s
+from hetero.core.balancer.moves import MoveRules
+from hetero.core.balancer.payback import gain_threshold
+from hetero.core.balancer.plan import Batches, Constraints, equal_batches
+from hetero.core.balancer.robust_fit import RankFit
 from hetero.core.balancer.stats import Interval
 
 #: Intervals a plan must be measured for before it is judged against the equal plan.
@@ -159,3 +163,48 @@ def why_not(
             f"against {step * 1e3:.1f} ms of the slowest rank's work)"
         )
     return ", ".join(causes)
+
+
+def guarded(
+    decision: Decision,
+    regime: Sequence[Interval],
+    current: Batches,
+    constraints: Constraints,
+    models: Sequence[StepModel],
+    fits: Sequence[RankFit],
+    rules: MoveRules,
+) -> Decision:
+    """A measurement-driven policy's ``decision`` checked against what the equal plan
+    measured in the current speed ``regime`` (``judge``), and, where the plan is or
+    goes back to the equal plan, why balancing does not help (``why_not``, in
+    ``Decision.not_helping``)."""
+    equal = equal_batches(constraints)
+    t_equal = predict_step_s(models, equal, comm_s=constraints.comm_s)
+
+    def predicted_gain(plan: Batches) -> float:
+        return 1.0 - predict_step_s(models, plan, comm_s=constraints.comm_s) / t_equal
+
+    verdict = judge(
+        regime,
+        current,
+        equal,
+        dead_band=rules.dead_band,
+        z=rules.confidence_z,
+        predicted_gain=predicted_gain,
+    )
+    if verdict.action == "keep" and (decision.changed or current != equal):
+        return decision
+    threshold = gain_threshold(
+        models, fits, equal, equal, z=rules.confidence_z, default_cv=rules.default_cv
+    )
+    why = why_not(models, equal, constraints.comm_s, alike_within=max(rules.dead_band, threshold))
+    unseen = "the predicted gain did not show in the measured step time"
+    if verdict.action == "revert":
+        reason = f"do no harm: {verdict.reason}; back to equal batches"
+        return Decision(
+            equal, True, reason, t_equal, tuple(models), settled=False, not_helping=why or unseen
+        )
+    if verdict.action == "hold" and decision.changed:
+        reason = f"holding equal batches until a rank's speed changes: {verdict.reason}"
+        return Decision(current, False, reason, t_equal, tuple(models), not_helping=why or unseen)
+    return replace(decision, not_helping=why)

@@ -205,6 +205,7 @@ def main(argv: list[str]) -> None:
             {
                 "params": {k: v.detach().cpu() for k, v in params.items()},
                 "plans": [p.batches for p in ctx.plans],
+                "reasons": [p.reason for p in ctx.plans],
                 "comm": [(c.step, c.mode) for c in ctx.comm_changes],
                 "held_at_last": held_at_last,
                 "recompute": ctx.recompute.ranks,
