@@ -9,6 +9,7 @@ from typing import Any
 from hetero.core import defaults
 from hetero.core.balancer import DeviceProfile
 from hetero.core.rankenv import RankEnv
+from hetero.trainer import slurm
 from hetero.trainer.bootstrap import TrainerConfig
 from hetero.trainer.context import Context
 
@@ -22,6 +23,10 @@ def init(
 ) -> Context:
     """Join the job described by the environment (or run alone) and return its context.
 
+    The environment is torchrun's, an agent's or ``hetero-train``'s (``RANK``,
+    ``WORLD_SIZE``, ...), or Slurm's for a rank started by ``srun``
+    (``hetero.trainer.slurm``: torchrun's variables win where both are set).
+
     ``options`` are the training loop's options of the catalogue
     (``hetero.core.catalogue``, the same names, defaults and bounds as
     ``hetero-train``'s flags and job.yaml's keys): ``min_batch``, ``max_batch``,
@@ -32,6 +37,8 @@ def init(
     bad one is a ``ConfigError`` naming it.
     """
     from hetero.core.catalogue.keywords import init_keywords
+
+    slurm.adopt()  # first: everything below reads RANK, WORLD_SIZE, ... from the environment
 
     given = init_keywords(
         {
