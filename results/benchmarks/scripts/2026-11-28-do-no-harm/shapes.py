@@ -40,7 +40,9 @@ for b in (156, 100, 179, 77):
 torch.backends.cudnn.benchmark_limit = 1
 for b in (140, 116):
     first = step(b)
-    print(f"benchmark_limit=1 first {b}: {first * 1e3:.1f} ms, second {step(b) * 1e3:.1f}", flush=True)
+    print(
+        f"benchmark_limit=1 first {b}: {first * 1e3:.1f} ms, second {step(b) * 1e3:.1f}", flush=True
+    )
 torch.backends.cudnn.enabled = False
 for b in (150, 106):
     first = step(b)
