@@ -223,3 +223,22 @@ def test_what_the_first_batch_size_cost_is_the_first_moves_price() -> None:
     history = [first] + [_iv((128, 128), t, (45.0, 58.0)) for t in (60.0, 60.1, 59.9)]
     d = Dynamic().next_plan(history, (128, 128), Constraints(256, 2))
     assert not d.changed and "does not pay back" in d.reason, d.reason
+
+
+def test_a_real_switch_replaces_the_first_sizes_cost_as_the_price_of_a_cold_one() -> None:
+    # ResNet-50 on 2x H200: its first size cost 1.8 s (process warm-up with it), its
+    # first real move to new sizes 0.3 s. The next cold move is priced at what a move
+    # cost, not at the median of the two.
+    from hetero.core.balancer import switch_costs
+
+    first = [RankInterval(r, 128, 9, compute_s=0.07, step_s=0.075, switch_s=1.8) for r in range(2)]
+    equal = [RankInterval(r, 128, 10, compute_s=0.07, step_s=0.075) for r in range(2)]
+    moved = [
+        RankInterval(0, 166, 10, compute_s=0.07, step_s=0.075, switch_s=0.3),
+        RankInterval(1, 90, 10, compute_s=0.07, step_s=0.075, switch_s=0.28),
+    ]
+    assert switch_costs([first, equal], [0.075] * 2, prior_steps=1.0).cold == (1.8, 1.8)
+    after = switch_costs([first, equal, moved], [0.075] * 2, prior_steps=1.0)
+    assert after.cold == (0.3, 0.28)
+    # Back to the first size is warm: the ranks ran it.
+    assert after.warm[0] <= 0.3

@@ -39,7 +39,6 @@ again)
     # After the first batch size's cost became the first move's price (see the log).
     run zoo-neighbour-arrives --quick
     run zoo-jpeg-resnet50-small --quick
-    run zoo-vit --steps 160 --ideal-steps 4 --policies dynamic
     ;;
 vit)
     python3 results/benchmarks/scripts/2026-11-28-do-no-harm/shapes.py convnext_tiny > "$out/shapes.log" 2>&1 || true
