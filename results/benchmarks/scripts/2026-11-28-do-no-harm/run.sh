@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The do-no-harm runs of 2026-11-28 on a host with 2x NVIDIA H100 80GB (32 cores), Python
+# The do-no-harm runs of 2026-11-28 on a host with 2x NVIDIA H200 (32 cores), Python
 # 3.12 and torch 2.11 of the host's image; hetero from this checkout on PYTHONPATH, the
 # few pure-Python packages the image lacks from wheels carried in .whl/.
 #   results/benchmarks/scripts/2026-11-28-do-no-harm/run.sh OUT smoke|jpeg|rest|vit|again
