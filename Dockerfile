@@ -1,4 +1,4 @@
-# One image for both daemons (docs/deploy.md#container-image). With docker or podman:
+# One image for both daemons (docs/deploy.md#6-containers). With docker or podman:
 #   podman build --format docker -t hetero .                   # CPU torch, python:3.12-slim
 #   podman build --format docker -t hetero --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu124 .
 #   podman run -d --network host -v hetero-coord:/var/lib/hetero -e HETERO_TOKEN hetero coordinator

@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.hetero-installed
 PY     ?= 3.12
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv demo demo-embedded test test-fast test-postgres test-browser test-gpu test-container image chaos load lint typecheck check proto docs-tables wheelhouse pyroot clean
+.PHONY: help venv demo demo-embedded test test-fast test-postgres test-slurm test-kubernetes test-link test-browser test-gpu test-container image chaos load lint typecheck check proto docs-tables wheelhouse pyroot clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -33,13 +33,30 @@ demo-embedded: $(STAMP)  ## the same comparison with hetero-train alone (no cont
 # 0 (the default): one process, one test at a time.
 TEST_WORKERS ?= 0
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
-test: $(STAMP)  ## run the whole test suite (chaos tests excepted: make chaos; PostgreSQL: make test-postgres; the image: make test-container)
-	@$(BIN)/python -m pytest -q $(XDIST) --durations=25 -m 'not chaos and not postgres and not container'
+test: $(STAMP)  ## run the whole test suite (chaos tests excepted: make chaos; PostgreSQL: make test-postgres; Slurm: make test-slurm; the image: make test-container)
+	@$(BIN)/python -m pytest -q $(XDIST) --durations=25 -m 'not chaos and not postgres and not container and not slurm and not link'
 
 # As root on Debian it installs the postgresql package when no server is there; the
 # server itself is a throwaway cluster under /tmp (tests/integration/pgserver.py).
 test-postgres: $(STAMP)  ## the store, write lock, report worker, retention, recovery and load tests on a throwaway PostgreSQL server
 	@HETERO_PG_INSTALL=1 $(BIN)/python -m pytest -q -m postgres tests/integration
+
+# As root on Debian it installs slurm-wlm and munge when they are missing; the cluster is
+# one node (this host), its daemons started by hand under /tmp and stopped after the tests
+# (tests/integration/slurmcluster.py).
+test-slurm: $(STAMP)  ## srun -n 3 of the custom loop and of hetero-train on a throwaway one-host Slurm cluster, against torchrun
+	@HETERO_SLURM_INSTALL=1 $(BIN)/python -m pytest -q -rs -m slurm tests/integration/test_slurm.py
+
+# make test checks deploy/kubernetes with kubectl (client dry-run) and, where the validator
+# is installed, against the API's schemas; this target installs it (kubernetes-validate,
+# from PyPI, which carries the schemas of Kubernetes 1.25 to 1.37) into its own venv.
+K8S_VENV := .venv-k8s
+$(K8S_VENV)/bin/kubernetes-validate:
+	@test -x $(K8S_VENV)/bin/python || $(PYTHON) -m venv $(K8S_VENV)
+	@$(K8S_VENV)/bin/python -m pip install --quiet 'kubernetes-validate>=1.37'
+
+test-kubernetes: $(STAMP) $(K8S_VENV)/bin/kubernetes-validate  ## deploy/kubernetes: kubectl apply --dry-run=client and the API's schemas (1.29, 1.37)
+	@HETERO_K8S_VALIDATE=1 $(BIN)/python -m pytest -q -rs tests/integration/test_kubernetes_manifests.py
 
 # As root on Debian it installs the chromium and chromium-driver packages when they are
 # missing (tests/integration/browser.py); nothing is downloaded from elsewhere. make test
@@ -48,7 +65,7 @@ test-browser: $(STAMP)  ## hetero-top --web in a real headless Chromium against 
 	@HETERO_BROWSER_INSTALL=1 $(BIN)/python -m pytest -q -rs -m browser tests/integration/test_tui_web.py
 
 test-fast: $(STAMP)  ## run the tests not marked slow
-	@$(BIN)/python -m pytest -q $(XDIST) -m 'not slow and not postgres and not browser and not container'
+	@$(BIN)/python -m pytest -q $(XDIST) -m 'not slow and not postgres and not browser and not container and not slurm and not link'
 
 # The GPU tier runs where hetero may not be installed (a GPU host with Python, torch,
 # grpcio, protobuf, nvidia-ml-py and pyyaml): hetero comes from this checkout, the
@@ -98,6 +115,11 @@ test-container: $(STAMP)  ## build the image (make image) and run compose.yaml's
 	@command -v $(PODMAN) >/dev/null 2>&1 || { echo "test-container: skipped: podman not found (Debian: apt-get install podman runc)"; exit 0; }
 	@HETERO_IMAGE=$(IMAGE) $(BIN)/python -m pytest -q -s -p no:cacheprovider -m container tests/container
 	@cat build/container/figures.json
+
+# Root: two network namespaces joined by one veth pair, shaped with tc (netem where the
+# kernel has it, else tbf), the coordinator and an agent in one, an agent in the other.
+test-link: $(STAMP)  ## one job across two namespaces over a 1 Gbit/s link: it completes, and the planner's predicted step counts the link
+	@$(BIN)/python -m pytest -q -s -rs -m link tests/integration/test_shaped_link.py
 
 CHAOS_REPORT := build/chaos
 chaos: $(STAMP)  ## kill -9 agents, ranks and the coordinator of a local cluster, cut a node's network (root); figures in build/chaos

@@ -203,9 +203,19 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
     # The emulated slowdown's unit: this rank's own compute time, measured alone.
     own_compute_s = 0.0
     if args.emulate_slowdown:
-        own = solo_times(lambda: fresh_copy()[0], opt, data, loss_fn, mine, steps=1,
-                         slowdown=1.0, device=device, seed=args.seed, amp=args.amp,
-                         memory_format=fmt)  # fmt: skip
+        own = solo_times(
+            lambda: fresh_copy()[0],
+            opt,
+            data,
+            loss_fn,
+            mine,
+            steps=1,
+            slowdown=1.0,
+            device=device,
+            seed=args.seed,
+            amp=args.amp,
+            memory_format=fmt,
+        )
         own_compute_s = own.compute_s or 0.0
 
     out_dir: Path | None = args.output_dir
@@ -301,10 +311,18 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
                 dist.barrier()
             if r == rank:
                 mine_solo = solo_times(
-                    lambda: fresh_copy()[0], opt, data, loss_fn, mine, steps=args.ideal_steps,
-                    slowdown=factor_at(args.steps - 1), device=device, seed=args.seed,
-                    amp=args.amp, memory_format=fmt,
-                )  # fmt: skip
+                    lambda: fresh_copy()[0],
+                    opt,
+                    data,
+                    loss_fn,
+                    mine,
+                    steps=args.ideal_steps,
+                    slowdown=factor_at(args.steps - 1),
+                    device=device,
+                    seed=args.seed,
+                    amp=args.amp,
+                    memory_format=fmt,
+                )
         solos = [mine_solo]
         if world > 1:
             dist.barrier()
@@ -328,7 +346,7 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
     gap = diagnose(
         intervals_from_records(every_rank),
         solos if ideal else None,
-        achieved_samples_per_s=steady or None,
+        steady_samples_per_s=steady or None,
     )
     return {
         "runner": "torch-ddp",

@@ -16,7 +16,8 @@ prints seconds per step of each, their ratio (medians, and per alternating
 pair), rank 0's time in the planner on the step path and its requests' round
 trips (on the worker thread), and the CPU time the daemons used while the job ran.
 
-Benchmarks, not tests: numbers go to docs/control-plane.md with the machine.
+Benchmarks, not tests: numbers go to docs/results-control-plane.md with the command and
+the machine.
 """
 
 from __future__ import annotations
@@ -124,11 +125,25 @@ class Workload:
 
     def train_args(self, out: Path) -> list[str]:
         return [
-            "--model", self.model, "--global-batch", str(self.global_batch),
-            "--steps", str(self.steps), "--device", self.device,
-            "--policy", "equal", "--rebalance-interval", "10", "--ideal-steps", "0",
-            "--summary-json", str(out), "--quiet", "--json",
-        ]  # fmt: skip
+            "--model",
+            self.model,
+            "--global-batch",
+            str(self.global_batch),
+            "--steps",
+            str(self.steps),
+            "--device",
+            self.device,
+            "--policy",
+            "equal",
+            "--rebalance-interval",
+            "10",
+            "--ideal-steps",
+            "0",
+            "--summary-json",
+            str(out),
+            "--quiet",
+            "--json",
+        ]
 
     def spec(self) -> str:
         return (

@@ -5,41 +5,44 @@ trainer (its summary, ``ctx.report()``, ``hetero-train``'s table) and by
 ``hetero-bench report``, which recomputes it from a run's files; the definitions
 are those of docs/design.md ("The gap breakdown"). Standard library only.
 
-Per step of one interval, in seconds, for rank *i* with batch *b_i* (*B* = Σ *b_i*):
+**One step time.** *W* is the window's wall time per step (its wall time over its
+steps): the achieved rate is *B* / *W*. The ideal step is *T** = *B* / *I*, *I* = Σ *r_i*
+the ranks' solo rates, and the gap *W* − *T** is split into terms that are each ≥ 0
+and sum to it. Per step, for rank *i* with batch *b_i* and share *w_i* = *r_i* / *I* of the
+ideal (*S_i* = *b_i* / *r_i* its solo step), every phase a mean over the same settled
+steps, so they add up to the rank's mean step *M_i* = *D_i* + *C_i* + *X_i* + *O_i*
+(input wait, compute, gradients ready → all-reduce done, optimizer). With *c* each
+interval's busiest rank (busy = *D* + *C* + *O*; ``hetero.core.critpath``), exactly::
 
-- *W*: the interval's wall time per step; *T*: the step time its ranks measured
-  on settled steps (CUDA events), so *W* − *T* is time spent outside steady steps:
-  the first steps at a new batch size and the boundary's own exchange;
-- *D_i*, *C_i*, *O_i*: input wait, compute-only time and optimizer time;
-  busy_i = *D_i* + *C_i* + *O_i*;
-- alone (the ideal's measurement, data already on the device): *r_i* samples/s
-  at *b_i*, *I* = Σ *r_i* the ideal, *S_i* = *b_i* / *r_i*, *C*_i* and *O*_i* its compute
-  and optimizer; *w_i* = *r_i* / *I*, rank *i*'s share of the ideal, and
-  *T** = *B* / *I* = Σ *w_i* *S_i*, the step time at which the job reaches the ideal.
+    W − T* =  (W − M_c)                 outside the steps: boundary exchange + pauses
+            + X_c                        exposed communication (c waits least for peers)
+            + busy_c − Σ w_i busy_i      imbalance (≥ 0: c has the largest busy time)
+            + Σ w_i D_i                  input wait
+            + Σ w_i (C_i + O_i) − T*     slower than alone: lost to overlap + optimizer
 
-Then, exactly, *W* − *T** = the six terms + the residual::
+Intervals that run a new plan (the first steps at a new batch size; on the DataLoader
+path the workers restarting) count, beyond the steady pace *W_s* of the window's
+intervals that kept their plan, as **plan changes**; the rest of their time is
+split as the steady intervals' is. Time outside the steps of a kept plan is the
+**boundary exchange** up to its usual per-step cost (the median over the run) and
+**pauses** beyond it (evaluation, checkpoints).
 
-    exposed communication  T − max busy_i
-    imbalance              max busy_i − Σ w_i busy_i
-    input wait             Σ w_i D_i
-    lost to overlap        Σ w_i (C_i − C*_i)
-    optimizer              Σ w_i (O_i − O*_i)
-    plan-change warm-up    W − T in intervals that run a new plan, beyond the usual boundary cost
-    residual               the rest of W − T (boundaries), Σ w_i (C*_i + O*_i − S_i) (medians),
-                           and the median interval the run reports against the window's mean
-
-Weighted means because under a plan that balances busy time, removing a cost
-*x_i* from every rank and re-balancing shortens the step by Σ *w_i* *x_i* (to first
-order): each term is what fixing its cause would gain, and imbalance is what
-balancing busy time would gain. A term of *x* seconds is the share *x* / *W* of
-the ideal (1 − *T** / *W* is the share missing) and *x* · *I* / *W* samples/s.
+**Noise.** Two things only can come out below zero: the job's own work against the
+solo measurement (a phase faster in the job than alone: the solo run times each
+phase around a device sync, a sharded optimizer steps a shard), and an interval
+faster than the reference step. Within the first, a phase faster in the job offsets
+the other (the solo phase medians are scaled to add up to the solo step); a credit
+left over is taken off the other terms in proportion (``scale`` < 1, said in a note
+when over 2%). An interval whose settled steps say more than its wall time has its
+phases fitted to it (``steptimes.fit``). Nothing is kept as a residual: the terms sum
+to the gap, or the breakdown says it does not add up.
 
 Plain DDP has no compute-only time (its backward includes the wait for peers):
-its imbalance comes from the solo times (max *S_i* − *T**, on the slowest rank
-*c*), input wait and optimizer are *c*'s (*D_c*, *O_c* − *O*_c*), and exposed
-communication is the rest of *T* − *T**, compute slowed beside the all-reduce
-included. Without solo times the terms that need them are ``None`` (n/a) and
-shares are of the step instead of the ideal.
+*c* is the rank slowest alone, imbalance is *S_c* − *T** (equal batches), input wait
+and optimizer are *c*'s, and exposed communication is the rest of *c*'s step beyond
+its solo compute, compute slowed beside the all-reduce included. Without a solo
+measurement the gap is taken from the ranks' own work in the job (Σ *w_i* (*C_i* + *O_i*),
+weights from their in-job rates) and shares are of the step.
 """
 
 from __future__ import annotations
@@ -49,15 +52,20 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from hetero.core.critpath import TERMS, Parts, settle, terms_of
 from hetero.core.steptimes import (
     IntervalTimes,
     RankTimes,
     Solo,
+    changed,
     intervals_from_records,
     solos_from_summary,
+    usual_boundary_s,
 )
+from hetero.core.wholerun import WholeRun, whole_run
 
 __all__ = [
+    "LABELS",
     "TERMS",
     "Breakdown",
     "IntervalTimes",
@@ -70,17 +78,18 @@ __all__ = [
     "solos_from_summary",
 ]
 
-#: The named terms, in the order reports list them.
-TERMS = ("imbalance", "input_wait", "exposed_comm", "overlap", "optimizer", "warmup")
 LABELS = {
     "imbalance": "imbalance",
     "input_wait": "input wait",
     "exposed_comm": "exposed communication",
     "overlap": "lost to overlap",
     "optimizer": "optimizer",
-    "warmup": "plan-change warm-up",
-    "residual": "residual",
+    "plan_changes": "plan changes",
+    "boundary": "boundary exchange",
+    "pauses": "pauses between steps",
 }
+#: Σ terms may miss the gap by this share of it (float rounding; the sum is exact).
+TOLERANCE = 0.02
 
 
 @dataclass(frozen=True)
@@ -88,7 +97,7 @@ class Term:
     """One cause: seconds per step, the share of the ideal (or of the step) it costs."""
 
     name: str
-    ms_per_step: float | None
+    ms_per_step: float | None  # None: not measurable here (n/a)
     pct: float | None  # 100 · x / W: share of the ideal lost (without an ideal: of the step)
     samples_per_s: float | None  # x · I / W; None without an ideal
     rank: int | None = None  # the rank it concerns most
@@ -97,7 +106,7 @@ class Term:
 
 @dataclass(frozen=True)
 class RankGap:
-    """One rank over the window, milliseconds per step (solo: alone at the same batch)."""
+    """One rank over the window's steady intervals, ms per step (solo: alone, same batch)."""
 
     rank: int
     batch: int
@@ -107,7 +116,8 @@ class RankGap:
     optimizer_ms: float | None
     solo_optimizer_ms: float | None
     busy_ms: float | None
-    wait_ms: float | None  # step − busy: waiting for peers and the all-reduce
+    wait_ms: float | None  # gradients ready → all-reduce done: the all-reduce and the peers
+    input_ms: float | None = None  # the loader's workers' time per batch (None: not recorded)
 
 
 @dataclass(frozen=True)
@@ -118,133 +128,35 @@ class Breakdown:
     first_step: int
     last_step: int
     intervals: int
-    step_ms: float  # W: wall time per step
-    measured_step_ms: float  # T: the ranks' own step time on settled steps
-    ideal_step_ms: float | None
+    steps: int  # the window's steps (its intervals may leave out those at another plan)
+    step_ms: float  # W: the window's wall time per step, the one step time
+    reference_ms: float  # T* (the ideal step), or without one the ranks' own work
+    gap_ms: float  # W − reference; the terms sum to max(gap_ms, 0)
     ideal_samples_per_s: float | None
-    achieved_samples_per_s: float
+    achieved_samples_per_s: float  # B / W
+    median_samples_per_s: float  # the run's steady figure: a median interval (latter half)
     pct_of_ideal: float | None
     terms: tuple[Term, ...]
-    residual: Term
     ranks: tuple[RankGap, ...]
     critical_rank: int | None
-    plan_changes: int
-    warmup_total_s: float
+    plan_changes: int  # intervals of the window that ran a new plan
+    scale: float  # ≤ 1: the factor that took a credit (the job faster than alone) off
+    adds_up: bool
+    largest: str | None  # the term of most ms per step (None: no gap)
+    whole_run: WholeRun | None = None
     verdict: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def term(self, name: str) -> Term:
-        return next(t for t in (*self.terms, self.residual) if t.name == name)
+        return next(t for t in self.terms if t.name == name)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["terms"] = {
             t.name: {k: v for k, v in asdict(t).items() if k != "name"} for t in self.terms
         }
-        d["residual"] = {k: v for k, v in asdict(self.residual).items() if k != "name"}
         d["notes"] = list(self.notes)
         return d
-
-
-# -- the arithmetic ---------------------------------------------------------------------
-
-
-@dataclass
-class _Acc:
-    """Step-weighted sums over the window's intervals (a ``None`` anywhere makes a sum n/a)."""
-
-    steps: int = 0
-    sums: dict[str, float | None] = field(default_factory=dict)
-
-    def add(self, key: str, value: float | None, n: int) -> None:
-        cur = self.sums.get(key, 0.0)
-        self.sums[key] = None if (cur is None or value is None) else cur + value * n
-
-    def mean(self, key: str) -> float | None:
-        v = self.sums.get(key)
-        return None if v is None or not self.steps else v / self.steps
-
-
-def _changed(intervals: Sequence[IntervalTimes]) -> list[bool]:
-    return [k > 0 and iv.plan != intervals[k - 1].plan for k, iv in enumerate(intervals)]
-
-
-def _boundary_cost_s(intervals: Sequence[IntervalTimes], changed: Sequence[bool]) -> float:
-    """The usual ``W − T`` of an interval that keeps its plan (the boundary's own work)."""
-    vals = [
-        iv.wall_per_step_s - iv.step_s
-        for k, iv in enumerate(intervals)
-        if k > 0 and iv.measured and not changed[k]
-    ]
-    return max(statistics.median(vals), 0.0) if vals else 0.0
-
-
-def _wsum(w: Sequence[float], xs: Sequence[float | None]) -> float | None:
-    if any(x is None for x in xs):
-        return None
-    return sum(wi * x for wi, x in zip(w, xs, strict=True) if x is not None)
-
-
-def interval_terms(
-    iv: IntervalTimes, solos: Sequence[Solo] | None, warmup_s: float
-) -> dict[str, float | None]:
-    """The six terms of one interval in seconds per step (see the module doc).
-
-    ``warmup_s`` is this interval's warm-up per step, which the caller decides from the
-    whole run (the usual boundary cost is learnt from intervals that keep their plan).
-    """
-    ranks = iv.ranks
-    T = iv.step_s
-    out: dict[str, float | None] = dict.fromkeys(TERMS)
-    out["warmup"] = warmup_s
-    ideal = sum(s.samples_per_s for s in solos) if solos else 0.0
-    busy = [r.busy_s for r in ranks]
-    if all(b is not None for b in busy):
-        b_ = [b or 0.0 for b in busy]
-        if solos and ideal > 0:
-            w = [s.samples_per_s / ideal for s in solos]
-        else:  # no ideal: weigh ranks by their own in-job rates, b_i / busy_i
-            rates = [r.batch / b if b > 0 else 0.0 for r, b in zip(ranks, b_, strict=True)]
-            total = sum(rates)
-            w = [x / total for x in rates] if total > 0 else [1 / len(ranks)] * len(ranks)
-        top = max(b_)
-        out["exposed_comm"] = T - top
-        out["imbalance"] = top - sum(wi * b for wi, b in zip(w, b_, strict=True))
-        out["input_wait"] = _wsum(w, [r.data_s for r in ranks])
-        if solos and ideal > 0:
-            if all(s.compute_s is not None and s.optimizer_s is not None for s in solos):
-                out["overlap"] = _wsum(
-                    w, [_sub(r.compute_s, s.compute_s) for r, s in zip(ranks, solos, strict=True)]
-                )
-                out["optimizer"] = _wsum(
-                    w,
-                    [_sub(r.optimizer_s, s.optimizer_s) for r, s in zip(ranks, solos, strict=True)],
-                )
-            else:  # solo phases not measured (older runs): compute and optimizer together
-                out["overlap"] = _wsum(
-                    w,
-                    [
-                        _sub(_add(r.compute_s, r.optimizer_s), s.step_s)
-                        for r, s in zip(ranks, solos, strict=True)
-                    ],
-                )
-    elif solos and ideal > 0:
-        # Plain DDP: the slowest rank alone sets the step; its own phases are exposed.
-        c = max(range(len(solos)), key=lambda i: solos[i].step_s)
-        mine = ranks[c]
-        out["imbalance"] = solos[c].step_s - sum(iv.plan) / ideal
-        out["input_wait"] = mine.data_s
-        out["optimizer"] = _sub(mine.optimizer_s, solos[c].optimizer_s)
-        out["exposed_comm"] = T - solos[c].step_s - (mine.data_s or 0.0) - (out["optimizer"] or 0.0)
-    return out
-
-
-def _sub(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None else a - b
-
-
-def _add(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None else a + b
 
 
 def breakdown(
@@ -252,15 +164,14 @@ def breakdown(
     solos: Sequence[Solo] | None = None,
     *,
     window: range | None = None,
-    achieved_samples_per_s: float | None = None,
+    steady_samples_per_s: float | None = None,
 ) -> Breakdown | None:
     """The gap over ``window`` (indexes of ``intervals``; default the latter half, as the
-    steady figures), without words (``hetero.core.verdict.diagnose`` adds them).
+    steady figure), without words (``hetero.core.verdict.diagnose`` adds them).
 
-    ``achieved_samples_per_s`` is the figure the run reports (a median of intervals); by
-    default the window's samples over its wall time. The residual is what the named
-    terms leave of ideal − achieved. ``None`` when the window has no measured interval.
-    """
+    ``steady_samples_per_s`` is the figure the run reports (a median of intervals; by
+    default the window's median), which the whole-run account sets beside the whole
+    run's. ``None`` when the window has no measured interval."""
     if not intervals:
         return None
     if window is None:
@@ -269,106 +180,146 @@ def breakdown(
     if solos is not None and (len(solos) != world or not all(s.samples_per_s > 0 for s in solos)):
         solos = None
     notes: list[str] = []
-    chosen = [k for k in window if 0 <= k < len(intervals) and intervals[k].measured]
-    if solos and chosen:
-        at_solo = [k for k in chosen if intervals[k].plan == tuple(s.batch for s in solos)]
-        if at_solo:
-            chosen = at_solo
+    chosen = [k for k in window if 0 <= k < len(intervals) and len(intervals[k].ranks) == world]
+    # The intervals at one plan: the solo batches (the ideal's), else the plan that ran
+    # last; the reference step is that plan's.
+    if chosen:
+        plan = tuple(s.batch for s in solos) if solos else intervals[chosen[-1]].plan
+        at_plan = [k for k in chosen if intervals[k].plan == plan]
+        if at_plan:
+            chosen = at_plan
         else:
             notes.append("the solo batches differ from the plan of the window")
-    if not chosen:
+    if not any(intervals[k].measured for k in chosen):
         return None
-    changed = _changed(intervals)
-    boundary = _boundary_cost_s(intervals, changed)
-
-    def warm(k: int) -> float:
-        iv = intervals[k]
-        return max(iv.wall_per_step_s - iv.step_s - boundary, 0.0) if changed[k] else 0.0
-
-    acc = _Acc()
-    for k in chosen:
-        iv = intervals[k]
-        acc.steps += iv.steps
-        acc.add("W", iv.wall_per_step_s, iv.steps)
-        acc.add("T", iv.step_s, iv.steps)
-        for key, value in interval_terms(iv, solos, warm(k)).items():
-            acc.add(key, value, iv.steps)
-        for i, r in enumerate(iv.ranks):
-            for name, v in (
-                ("data", r.data_s), ("compute", r.compute_s), ("optimizer", r.optimizer_s),
-                ("busy", r.busy_s), ("wait", _sub(iv.step_s, r.busy_s)),
-            ):  # fmt: skip
-                acc.add(f"{name}{i}", v, iv.steps)
-    W = acc.mean("W") or 0.0
-    last = intervals[chosen[-1]]
-    B = sum(last.plan)
-    ideal = sum(s.samples_per_s for s in solos) if solos else None
-    achieved = achieved_samples_per_s or (B / W if W > 0 else 0.0)
-    ddp = any(r.compute_s is None for r in last.ranks)
-    mean_busy = [acc.mean(f"busy{i}") for i in range(world)]
-    crit = (
-        max(range(world), key=lambda i: mean_busy[i] or 0.0)
-        if all(b is not None for b in mean_busy)
-        else None
+    flags = changed(intervals)
+    kept = [k for k in chosen if not flags[k] and intervals[k].measured]
+    base = kept or [k for k in chosen if intervals[k].measured]
+    parts = terms_of(
+        [intervals[k] for k in base],
+        solos,
+        usual_boundary_s(intervals, flags),
+        "pauses" if kept else "plan_changes",
     )
-    if crit is None and solos and ddp:
-        crit = max(range(world), key=lambda i: solos[i].step_s)
-
-    def term(name: str, x: float | None) -> Term:
-        return Term(
-            name,
-            None if x is None else x * 1e3,
-            None if x is None or W <= 0 else 100.0 * x / W,
-            None if x is None or not ideal or W <= 0 else x * ideal / W,
+    steps = sum(intervals[k].steps for k in chosen)
+    raw = _window_terms(parts, [(intervals[k], flags[k]) for k in chosen if k not in base])
+    ddp = parts.ranks[0]["busy_s"] is None
+    settle(raw, ("exposed_comm", "optimizer") if ddp else ("overlap", "optimizer"))
+    W = sum(intervals[k].wall_s for k in chosen) / steps
+    gap = W - parts.reference_s
+    target = max(gap, 0.0)
+    vals, scale, measured = _absorb(raw, target)
+    adds_up = abs(sum(v for v in vals.values() if v is not None) - target) <= (
+        TOLERANCE * target + 1e-9
+    )
+    if scale < 1.0 - TOLERANCE and gap > 0:
+        notes.append(
+            f"the terms measure {measured * 1e3:.1f} ms/step against a gap of "
+            f"{target * 1e3:.1f}: the job beat its reference somewhere (a phase faster in the "
+            f"job than alone, which the solo run times around a device sync, or an interval "
+            f"faster than the window's own measured work), so they are scaled by {scale:.2f}"
         )
-
-    terms = tuple(term(name, acc.mean(name)) for name in TERMS)
-    if ideal and W > 0:
-        named = sum(t.samples_per_s for t in terms if t.samples_per_s is not None)
-        residual = term("residual", (ideal - achieved - named) * W / ideal)
-    else:
-        residual = term("residual", None)
+    ideal = sum(s.samples_per_s for s in solos) if solos else None
+    B = sum(intervals[chosen[-1]].plan)
+    latter = [intervals[k] for k in window if 0 <= k < len(intervals)]
+    median = statistics.median(sum(iv.plan) * iv.steps / iv.wall_s for iv in latter)
+    if not solos:
         notes.append("no solo measurement: shares are of the step; overlap and optimizer n/a")
     if ddp:
         notes.append(
             "plain DDP: imbalance from the solo step times; exposed communication includes "
             "compute slowed beside the all-reduce (its backward includes the wait for peers)"
         )
-    ranks = tuple(
-        RankGap(
-            rank=i,
-            batch=last.ranks[i].batch,
-            data_ms=_ms(acc.mean(f"data{i}")),
-            compute_ms=_ms(acc.mean(f"compute{i}")),
-            solo_compute_ms=_ms(solos[i].compute_s) if solos else None,
-            optimizer_ms=_ms(acc.mean(f"optimizer{i}")),
-            solo_optimizer_ms=_ms(solos[i].optimizer_s) if solos else None,
-            busy_ms=_ms(acc.mean(f"busy{i}")),
-            wait_ms=_ms(acc.mean(f"wait{i}")),
+
+    def term(name: str, x: float | None) -> Term:
+        return Term(
+            name,
+            None if x is None else x * 1e3,
+            None if x is None else 100.0 * x / W,
+            None if x is None or not ideal else x * ideal / W,
+            rank=parts.term_ranks.get(name),
         )
-        for i in range(world)
-    )
-    run_changes = [k for k in range(len(intervals)) if changed[k] and intervals[k].measured]
+
+    terms = tuple(term(t, vals[t]) for t in TERMS)
+    # A gap under 1 ns per step is none (float rounding of a job at its reference).
+    positive = [t for t in terms if (t.ms_per_step or 0.0) > 0] if target > 1e-9 else []
+    first = intervals[chosen[0]]
     return Breakdown(
         method="solo" if ddp else "busy",
-        first_step=intervals[chosen[0]].end_step - intervals[chosen[0]].steps,
-        last_step=last.end_step,
+        first_step=first.end_step - first.steps,
+        last_step=intervals[chosen[-1]].end_step,
         intervals=len(chosen),
+        steps=steps,
         step_ms=W * 1e3,
-        measured_step_ms=(acc.mean("T") or W) * 1e3,
-        ideal_step_ms=B / ideal * 1e3 if ideal else None,
+        reference_ms=parts.reference_s * 1e3,
+        gap_ms=gap * 1e3,
         ideal_samples_per_s=ideal,
-        achieved_samples_per_s=achieved,
-        pct_of_ideal=100.0 * achieved / ideal if ideal else None,
+        achieved_samples_per_s=B / W,
+        median_samples_per_s=steady_samples_per_s or median,
+        pct_of_ideal=100.0 * B / W / ideal if ideal else None,
         terms=terms,
-        residual=residual,
-        ranks=ranks,
-        critical_rank=crit,
-        plan_changes=len(run_changes),
-        warmup_total_s=sum(warm(k) * intervals[k].steps for k in run_changes),
+        ranks=_rank_gaps(parts, intervals[base[-1]], solos),
+        critical_rank=parts.critical,
+        plan_changes=sum(1 for k in chosen if flags[k] and k > 0),
+        scale=scale,
+        adds_up=adds_up,
+        largest=max(positive, key=lambda t: t.ms_per_step or 0.0).name if positive else None,
+        whole_run=whole_run(intervals, steady_samples_per_s or median),
         notes=tuple(notes),
     )
 
 
-def _ms(x: float | None) -> float | None:
-    return None if x is None else x * 1e3
+def _window_terms(
+    parts: Parts, others: Sequence[tuple[IntervalTimes, bool]]
+) -> dict[str, float | None]:
+    """Per step of the window: the base intervals at their own terms (``parts``), and each
+    other interval (one that ran a new plan, flag True, or was not measured) as its time
+    beyond the base's pace (plan changes, or pauses) plus the base's terms for the rest
+    of its time. An interval faster than the reference adds nothing: the gap it takes
+    off is what ``_absorb`` takes off the terms."""
+    total = {t: None if v is None else v * parts.steps for t, v in parts.raw.items()}
+    room = parts.step_s - parts.reference_s
+    for iv, moved in others:
+        over = max(iv.wall_per_step_s - parts.step_s, 0.0)
+        excess = "plan_changes" if moved else "pauses"
+        total[excess] = (total[excess] or 0.0) + over * iv.steps
+        share = max(min(iv.wall_per_step_s, parts.step_s) - parts.reference_s, 0.0)
+        f = share / room if room > 0 else 0.0
+        for t, v in parts.raw.items():
+            if v is not None and total[t] is not None:
+                total[t] = (total[t] or 0.0) + f * v * iv.steps
+    steps = parts.steps + sum(iv.steps for iv, _ in others)
+    return {t: None if v is None else v / steps for t, v in total.items()}
+
+
+def _absorb(
+    raw: dict[str, float | None], target: float
+) -> tuple[dict[str, float | None], float, float]:
+    """The terms ≥ 0 scaled to sum to ``target`` (the gap, or 0 at or above the ideal),
+    the scale (1 where they already do, up to float rounding) and what they measured."""
+    measured = sum(max(v, 0.0) for v in raw.values() if v is not None)
+    scale = target / measured if measured > target * (1 + 1e-9) + 1e-12 else 1.0
+    return {t: None if v is None else max(v, 0.0) * scale for t, v in raw.items()}, scale, measured
+
+
+def _rank_gaps(
+    parts: Parts, last: IntervalTimes, solos: Sequence[Solo] | None
+) -> tuple[RankGap, ...]:
+    def ms(x: float | None) -> float | None:
+        return None if x is None else x * 1e3
+
+    return tuple(
+        RankGap(
+            rank=i,
+            batch=last.ranks[i].batch,
+            data_ms=ms(p["data_s"]),
+            compute_ms=ms(p["compute_s"]),
+            solo_compute_ms=ms(solos[i].compute_s) if solos else None,
+            optimizer_ms=ms(p["optimizer_s"]),
+            solo_optimizer_ms=ms(solos[i].optimizer_s) if solos else None,
+            busy_ms=ms(p["busy_s"]),
+            wait_ms=ms(p["comm_s"]),
+            input_ms=ms(p["input_s"]),
+        )
+        for i, p in enumerate(parts.ranks)
+    )

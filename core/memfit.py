@@ -223,9 +223,10 @@ def capped_step_time(caps: Sequence[int | None], wanted: Sequence[int]) -> float
             return 1.0 if held >= total else math.inf
         t = max((total - held) / free, 1.0)
         over = {
-            i for i, (c, w) in enumerate(zip(caps, wanted, strict=True))
+            i
+            for i, (c, w) in enumerate(zip(caps, wanted, strict=True))
             if i not in capped and c is not None and c < t * w
-        }  # fmt: skip
+        }
         if not over:
             return t
         capped |= over

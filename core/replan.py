@@ -33,6 +33,7 @@ from hetero.core.balancer import (
     History,
     Horizon,
     Policy,
+    estimate_comm_s,
     make_policy,
 )
 from hetero.core.errors import PlanError
@@ -98,7 +99,14 @@ def next_plan(
     horizon: Horizon | None = None,
 ) -> Decision:
     """The policy's decision over ``history`` (oldest first) from plan ``current``;
-    ``horizon`` says how long a new plan would run (the pay-back rule's)."""
+    ``horizon`` says how long a new plan would run (the pay-back rule's).
+
+    The step time the job waits for beyond every rank's own work (the exposed
+    all-reduce, ``estimate_comm_s``) is measured from ``history`` here, for the
+    trainer and the coordinator alike: without it a predicted gain is a share of
+    the ranks' work alone, and a move that saves 1.5 of a 6.6 ms step read as 40%."""
+    if history and constraints.comm_s == 0.0:
+        constraints = dataclasses.replace(constraints, comm_s=estimate_comm_s(history))
     return policy.next_plan(history, current, constraints, profiles, horizon)
 
 

@@ -4,7 +4,11 @@ Run it on 3 local CPU ranks, rank 2 emulated 3x slower:
 
     torchrun --nproc-per-node 3 examples/custom_loop.py --emulate-slowdown 2:3
 
-Without torchrun it runs as a single process.
+or on 3 ranks of a Slurm allocation (one group; docs/trainer.md, "Under Slurm"):
+
+    srun -n 3 python examples/custom_loop.py --emulate-slowdown 2:3
+
+Without a launcher it runs as a single process.
 """
 
 from __future__ import annotations
@@ -30,12 +34,18 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--global-batch", type=int, default=128)
     p.add_argument("--emulate-slowdown", help="e.g. 2:3 (CPU only; emulated)")
+    p.add_argument(
+        "--output-dir", help="per-interval metrics go to DIR/metrics (hetero-top --run DIR)"
+    )
     args = p.parse_args()
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 1))
     ctx = ht.init(
-        "dynamic", rebalance_interval=10, emulate_slowdown=args.emulate_slowdown
+        "dynamic",
+        rebalance_interval=10,
+        emulate_slowdown=args.emulate_slowdown,
+        output_dir=args.output_dir,
     )  # hetero
     model = ctx.wrap(model)  # hetero
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)

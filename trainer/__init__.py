@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from hetero.trainer.checkpoint import RunIdentity, load_checkpoint, save_checkpoint
-    from hetero.trainer.context import Context, HeteroLoader, TrainerConfig
+    from hetero.trainer.context import Context, HeteroLoader, StreamLoader, TrainerConfig
     from hetero.trainer.sampler import UnevenBatchSampler, epoch_permutation
     from hetero.trainer.start import init
+    from hetero.trainer.stream import split_shards
 
 #: The API's names and the modules that define them, imported on first use: the
 #: package itself imports no torch, so ``hetero-train`` answers ``--help`` and a bad
@@ -36,10 +37,12 @@ _LAZY = {
     "save_checkpoint": "checkpoint",
     "Context": "context",
     "HeteroLoader": "context",
+    "StreamLoader": "context",
     "TrainerConfig": "context",
     "init": "start",
     "UnevenBatchSampler": "sampler",
     "epoch_permutation": "sampler",
+    "split_shards": "stream",
 }
 
 
@@ -64,11 +67,13 @@ __all__ = [
     "Context",
     "HeteroLoader",
     "RunIdentity",
+    "StreamLoader",
     "TrainerConfig",
     "UnevenBatchSampler",
     "epoch_permutation",
     "init",
     "load_checkpoint",
     "save_checkpoint",
+    "split_shards",
     "train",
 ]

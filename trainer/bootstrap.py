@@ -57,6 +57,8 @@ class TrainerConfig:
     #: Seconds a collective may wait for a peer before failing (a dead peer must not
     #: hang the job): ``HETERO_COLLECTIVE_TIMEOUT_S`` under an agent, else 600.
     collective_timeout_s: float = field(default_factory=_collective_timeout_s)
+    #: Where rank 0 writes every interval's figures for TensorBoard (``trainer.tensorboard``).
+    tensorboard: Path | None = None
 
     def __post_init__(self) -> None:
         """Each field is checked by its option in the catalogue (``hetero.core.catalogue``:
@@ -107,11 +109,16 @@ def default_backend(device: torch.device, env: RankEnv) -> str:
     A launcher that knows the whole job (``hetero-train --nproc``, an agent, the
     coordinator) says so in ``HETERO_BACKEND``. Otherwise this rank infers it
     from its own node: NCCL if it is on CUDA and the node has a GPU for every
-    local rank, so a node mixing GPU and CPU ranks picks Gloo on every rank.
+    local rank, so a node mixing GPU and CPU ranks picks Gloo on every rank. A
+    rank placed on a GPU of its own (``HETERO_DEVICE``: Slurm's one GPU per task,
+    ``hetero.trainer.slurm``) sees that one GPU alone and counts as having it.
     """
     if env.backend is not None:
         return env.backend
-    if device.type == "cuda" and torch.cuda.device_count() >= (env.local_world_size or 1):
+    own_gpu = env.device_index is not None
+    if device.type == "cuda" and (
+        own_gpu or torch.cuda.device_count() >= (env.local_world_size or 1)
+    ):
         return "nccl"
     return "gloo"
 

@@ -23,6 +23,7 @@ from hetero.core.catalogue import BY_NAME, OptionError, TrainingOptions
 from hetero.core.catalogue.commandline import build_parser, options_from_args
 from hetero.core.errors import ConfigError, HeteroError, Stopped
 from hetero.core.rankenv import RankEnv
+from hetero.trainer import slurm
 
 DESCRIPTION = (
     "Train a built-in model with per-rank batches sized to each rank's measured speed; the "
@@ -58,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     raw_argv = argv if argv is not None else sys.argv[1:]
     try:
         cfg = options_from_args(args)
+        slurm.adopt()  # a rank srun started is one of a group, as one torchrun started
         launched = RankEnv.distributed()
         if cfg.top and not launched:
             return _with_top(cfg, raw_argv)

@@ -14,19 +14,21 @@
 ``init`` joins the torch.distributed job described by the environment (torchrun,
 ``hetero-train``, or an agent) or runs alone. ``wrap`` puts the model in DDP with the
 exact-weighting comm hook and the timing hooks. ``loader`` yields this rank's share of each
-global batch. ``step`` closes the step and, at each rebalance boundary, exchanges statistics
-and applies the next plan on every rank at the same step.
+global batch, of a map-style dataset or of a stream. ``step`` closes the step and, at each
+rebalance boundary, exchanges statistics and applies the next plan on every rank at the
+same step.
 
 ``Context`` is the facade over the parts: ``bootstrap`` (config, device, backend, process
 group), ``timing`` (step phases, hooks), ``gradients`` and ``commsched`` (the comm hook and
-when its all-reduces start), ``loader`` (``HeteroLoader``), ``rebalance`` (the protocol at
-each boundary) and ``metrics`` (one record per interval).
+when its all-reduces start), ``loading`` (the first plan and the loader: ``HeteroLoader``,
+``StreamLoader``), ``rebalance`` (the protocol at each boundary), ``metrics`` (one record
+per interval) and ``intervalhooks`` (the interval's figures for the user's loggers).
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any, TextIO
 
@@ -36,16 +38,11 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from hetero.core import replan
-from hetero.core.balancer import (
-    Constraints,
-    DeviceProfile,
-    Interval,
-    make_policy,
-)
+from hetero.core.balancer import DeviceProfile, Interval
 from hetero.core.errors import ConfigError
 from hetero.core.gap import Solo
 from hetero.core.rankenv import RankEnv
-from hetero.trainer import control, procgroup
+from hetero.trainer import procgroup
 from hetero.trainer.activations import RecomputeChoice
 from hetero.trainer.bootstrap import (
     TrainerConfig,
@@ -60,14 +57,17 @@ from hetero.trainer.emulation import Slowdown
 from hetero.trainer.exchange import EmbeddedPlanner, Planner, RankSummary
 from hetero.trainer.gpustats import open_sampler
 from hetero.trainer.gradients import WeightingState
+from hetero.trainer.intervalhooks import IntervalCallback, IntervalHooks
 from hetero.trainer.loader import HeteroLoader
+from hetero.trainer.loading import Loader, open_loader
 from hetero.trainer.metrics import MetricsWriter
 from hetero.trainer.progress import ProgressFile
 from hetero.trainer.rebalance import IntervalTotals, PlanRecord, rebalance, recheck
-from hetero.trainer.sampler import UnevenBatchSampler
+from hetero.trainer.streamloader import StreamLoader
+from hetero.trainer.tensorboard import TensorBoardWriter, require_tensorboard
 from hetero.trainer.timing import PhaseHooks, StepClock, StepTimes
 
-__all__ = ["Context", "HeteroLoader", "PlanRecord", "TrainerConfig"]
+__all__ = ["Context", "HeteroLoader", "PlanRecord", "StreamLoader", "TrainerConfig"]
 
 
 class Context:
@@ -86,6 +86,8 @@ class Context:
         self.backend = config.backend or default_backend(self.device, env)
         if self.backend == "nccl" and self.device.type != "cuda":
             raise ConfigError(f"rank {self.rank} has no GPU but the job's backend is NCCL")
+        if config.tensorboard is not None:
+            require_tensorboard()  # on every rank: none may join a group rank 0 leaves
         join_process_group(
             self.backend, self.rank, self.world_size, self.device, config.collective_timeout_s
         )
@@ -101,6 +103,8 @@ class Context:
         #: The comm mode each interval ran (None without DDP), as ``summaries``.
         self.interval_comm: list[str | None] = []
         self.metrics = MetricsWriter(config.output_dir, self.rank)
+        #: The user's loggers, called at each boundary (``on_interval``).
+        self.interval_hooks = IntervalHooks(self.rank)
         #: This rank's GPU utilisation and memory per interval (None: CPU rank or no NVML).
         self.gpu = open_sampler(self.device)
         self.history: collections.deque[Interval] = collections.deque(
@@ -118,7 +122,7 @@ class Context:
         self.stats_from_step = config.warmup_steps
         self.planner: Planner | None = None
         self.max_batch: tuple[int | None, ...] | None = config.max_batch
-        self._loader: HeteroLoader | None = None
+        self._loader: Loader | None = None
         self._ddp = False
         #: ``grad_op`` or ``full`` once :meth:`wrap` sharded the model with FSDP2.
         self.shard = "none"
@@ -139,6 +143,10 @@ class Context:
         #: Rank 0: one record per :meth:`evaluate` (``step``, ``metrics``), oldest first.
         self.evals: list[dict[str, Any]] = []
         self._stop: StopRequest | None = None
+        self._board: TensorBoardWriter | None = None
+        if config.tensorboard is not None and self.rank == 0:
+            self._board = TensorBoardWriter(config.tensorboard, self.evals)
+            self.on_interval(self._board)
 
     # -- properties -------------------------------------------------------------------
     @property
@@ -211,7 +219,7 @@ class Context:
     # -- data -------------------------------------------------------------------------
     def loader(
         self,
-        dataset: Dataset[Any],
+        dataset: Dataset[Any] | Iterable[Any],
         global_batch: int,
         *,
         seed: int = 0,
@@ -219,44 +227,35 @@ class Context:
         prefetch_factor: int = 2,
         drop_last: bool = False,
         pin_memory: bool | None = None,
-    ) -> HeteroLoader:
+        collate_fn: Callable[[Any], Any] | None = None,
+        split: str | None = None,
+    ) -> Loader:
         """This rank's share of each global batch of ``global_batch`` samples.
 
         Plans start from the policy's initial plan and change only at steps the
         exchange schedules, the same on every rank. ``num_workers`` DataLoader
         workers per rank, for the whole run: a plan change moves only the cut of
-        each batch (``trainer.loader``).
+        each batch (``trainer.loader``). ``collate_fn`` makes a batch of a list of
+        samples (default ``default_collate``), in the workers if there are any.
+
+        A stream (an ``IterableDataset``, or any iterable without ``__getitem__``)
+        gives a ``StreamLoader``: each rank draws its share from its part of the stream,
+        ``split`` (``items``, the default: every R-th item; ``dataset``: the dataset
+        yields its reader's part) saying how the parts are made, and an iteration is
+        one pass, which ends for every rank where one rank's part runs out
+        (``trainer.stream``). ``seed`` and ``drop_last`` are the map-style sampler's.
         """
-        constraints = Constraints(
-            global_batch, self.world_size, self.config.min_batch, self.max_batch
-        )
-        policy = make_policy(self.config.policy)
-        # Under an agent every rank starts on the coordinator's plan (same env on all ranks).
-        launched = control.launch_plan(constraints, self.env.plan)
-        initial = launched.batches if launched else policy.initial(constraints, self.profiles)
-        sampler = UnevenBatchSampler(
-            len(dataset),  # type: ignore[arg-type]
-            initial,
-            self.rank,
-            seed=seed,
-            min_batch=self.config.min_batch,
-            drop_last=drop_last,
-        )
-        if self.planner is None:
-            self.planner = control.planner_from_env(
-                self.env,
-                EmbeddedPlanner(policy, constraints, self.profiles),
-                constraints,
-                lambda: (self.global_step, self.summaries[-1] if self.summaries else None),
-            )
-        self.plans = [PlanRecord(0, 0, initial, f"initial ({policy.name})")]
-        self._loader = HeteroLoader(
+        self._loader = open_loader(
             self,
             dataset,
-            sampler,
+            global_batch,
+            seed=seed,
             num_workers=num_workers,
             prefetch_factor=prefetch_factor,
+            drop_last=drop_last,
             pin_memory=self.device.type == "cuda" if pin_memory is None else pin_memory,
+            collate_fn=collate_fn,
+            split=split,
         )
         return self._loader
 
@@ -281,7 +280,7 @@ class Context:
             constraints = replace(self.planner.constraints, max_batch=self.max_batch)
             self.planner = replace(self.planner, constraints=constraints)
 
-    def _require_loader(self) -> HeteroLoader:
+    def _require_loader(self) -> Loader:
         if self._loader is None:
             raise ConfigError("call ctx.loader(dataset, global_batch) before training")
         return self._loader
@@ -366,6 +365,13 @@ class Context:
 
         return probe_memory(self, model, optimizer, loss_fn, batch_fn, margin=margin)
 
+    def on_interval(self, fn: IntervalCallback, *, every_rank: bool = False) -> None:
+        """Call ``fn(figures)`` at each rebalance boundary on rank 0 (every rank with
+        ``every_rank``): the interval's figures as a plain dict, the job's and each rank's
+        (fields: ``hetero.trainer.intervalhooks``). A callback that raises is logged once
+        and never stops training."""
+        self.interval_hooks.add(fn, every_rank)
+
     def evaluate(self, fn: Callable[[], Any]) -> dict[str, float]:
         """Run ``fn()`` (a mapping of metric names to numbers, e.g. ``{"accuracy": 0.91}``)
         outside the step clocks and record rank 0's result at this step (collective: call it
@@ -430,10 +436,14 @@ class Context:
         ``procgroup``).
         """
         self.metrics.close()
+        if self._board is not None:
+            self._board.close()
         if self.gpu is not None:
             self.gpu.stop()
         if self._loader is not None:
             self._loader.close()
+            if isinstance(self._loader, StreamLoader):
+                self._loader.ends.close(failed=failed)
         close_planner = getattr(self.planner, "close", None)
         if close_planner is not None:
             close_planner()

@@ -88,6 +88,7 @@ def run_job(cfg: JobConfig) -> dict[str, Any] | None:
         shard=cfg.shard,
         offload=cfg.offload,
         activation_checkpointing=cfg.activation_checkpointing,
+        tensorboard=cfg.tensorboard,
         profiles=profiles(cfg),
     )
     ctx.total_steps = cfg.steps
@@ -179,7 +180,7 @@ class _Run:
         return stopped
 
 
-def _setup(ctx: Context, cfg: JobConfig) -> tuple[_Run, float | None, Any]:
+def _setup(ctx: Context, cfg: JobConfig) -> tuple[_Run, float | None]:
     fraction = apply_memory_fraction(ctx, parse_fractions(cfg.memory_fraction, ctx.world_size))
     if fraction is None and cfg.memory_fraction and ctx.rank == 0:
         print("hetero-train: --memory-fraction ignored on CPU ranks (CUDA only)", file=sys.stderr)
@@ -195,6 +196,7 @@ def _setup(ctx: Context, cfg: JobConfig) -> tuple[_Run, float | None, Any]:
     optimizer = make_optimizer(cfg, model, ctx.world_size)
     global_batch = cfg.global_batch_for(ctx.world_size)
     loader = ctx.loader(built.dataset, global_batch, seed=cfg.seed, num_workers=cfg.num_workers)
+    assert isinstance(loader, HeteroLoader)  # the built-in datasets are map-style
     if cfg.resume:
         _resume(ctx, cfg, model, optimizer)
     monitor = MemoryMonitor(
@@ -222,12 +224,7 @@ def _setup(ctx: Context, cfg: JobConfig) -> tuple[_Run, float | None, Any]:
         )  # fmt: skip
         if run.probe is not None:
             monitor.start_from(run.probe.caps, run.probe.step_points(ctx.rank))
-    board = None
-    if cfg.tensorboard:
-        from hetero.trainer.tensorboard import TensorBoardWriter
-
-        board = TensorBoardWriter(cfg.tensorboard, ctx.rank)
-    return run, fraction, board
+    return run, fraction
 
 
 def _resume(ctx: Context, cfg: JobConfig, model: nn.Module, optimizer: Any) -> None:
@@ -261,7 +258,7 @@ def _announce(run: _Run, total_steps: int) -> None:
 
 
 def _train(ctx: Context, cfg: JobConfig) -> dict[str, Any] | None:
-    run, fraction, board = _setup(ctx, cfg)
+    run, fraction = _setup(ctx, cfg)
     steps_per_epoch = run.loader.sampler.steps_per_epoch
     total_steps = cfg.steps_for(steps_per_epoch)  # epochs: from the dataset's real size
     start_step = ctx.global_step
@@ -282,8 +279,6 @@ def _train(ctx: Context, cfg: JobConfig) -> dict[str, Any] | None:
             run.monitor.after_step(int(batch[0].shape[0]))
             if cfg.eval_every and ctx.global_step % cfg.eval_every == 0:
                 ctx.evaluate(lambda: _evaluate_now(run))
-            if board is not None:
-                board.after_step(ctx, run.monitor.caps[ctx.rank] if run.monitor.caps else None)
             if ctx.global_step % cfg.rebalance_interval == 0:
                 report.progress(ctx, cfg, total_steps, t0)
             periodic = bool(cfg.checkpoint_every) and ctx.global_step % cfg.checkpoint_every == 0
@@ -294,8 +289,6 @@ def _train(ctx: Context, cfg: JobConfig) -> dict[str, Any] | None:
             if ctx.global_step >= total_steps:
                 break
     train_wall_s = time.perf_counter() - t0
-    if board is not None:
-        board.close()
     if checkpoint_path(cfg) and cfg.checkpoint_every:
         run.checkpoint()
     ctx.stop_on_sigterm(False)  # from here a SIGTERM ends the rank at once, as before

@@ -20,11 +20,12 @@ exactly plain DDP's.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DataLoader, Dataset, default_collate
 
+from hetero.core.errors import CheckpointError
 from hetero.trainer.inputrate import InputTimes, TimedCollate, TimedDataset
 from hetero.trainer.prefetch import device_batches, to_device
 from hetero.trainer.sampler import UnevenBatchSampler
@@ -39,10 +40,11 @@ class HeteroLoader:
     loses no batch).
 
     Datasets with a ``get_batch(indices, device)`` method are gathered directly
-    (fast, no worker processes); others go through a ``DataLoader`` whose
-    ``batch_sampler`` is the uneven sampler. Plan changes are scheduled after
-    the steps the loaders have already drawn (``lookahead``, gathered from every
-    rank at each boundary).
+    (fast, no worker processes) unless a ``collate_fn`` is given; others go through a
+    ``DataLoader`` whose ``batch_sampler`` is the uneven sampler and whose batches
+    ``collate_fn`` makes (``default_collate`` if None), in the workers or, without,
+    on the training thread. Plan changes are scheduled after the steps the loaders
+    have already drawn (``lookahead``, gathered from every rank at each boundary).
 
     With ``num_workers`` > 0 the workers' seconds per batch are kept by step
     (``input_s``).
@@ -57,6 +59,7 @@ class HeteroLoader:
         num_workers: int,
         prefetch_factor: int,
         pin_memory: bool,
+        collate_fn: Callable[[Any], Any] | None = None,
     ) -> None:
         self.ctx = ctx
         self.dataset = dataset
@@ -64,7 +67,8 @@ class HeteroLoader:
         self.num_workers = num_workers
         self.prefetch_factor = prefetch_factor
         self.pin_memory = pin_memory
-        self.fast = hasattr(dataset, "get_batch") and num_workers == 0
+        self.fast = hasattr(dataset, "get_batch") and num_workers == 0 and collate_fn is None
+        self.collate_fn: Callable[[Any], Any] = collate_fn or default_collate
         #: The workers' seconds per batch drawn; None without workers (batches are made
         #: on the training thread, their time is in ``data_s``).
         self.input_times = InputTimes(num_workers) if num_workers > 0 else None
@@ -94,7 +98,7 @@ class HeteroLoader:
     def _fetch(self, indices: list[int]) -> Any:
         if self.fast:
             return self.dataset.get_batch(indices, self.ctx.device)  # type: ignore[attr-defined]
-        return default_collate([self.dataset[i] for i in indices])
+        return self.collate_fn([self.dataset[i] for i in indices])
 
     def samples(self, count: int) -> Any:
         """The dataset's first ``count`` samples as one batch on this rank's device, read by
@@ -139,7 +143,7 @@ class HeteroLoader:
             TimedDataset(self.dataset) if timed is not None else self.dataset,
             batch_sampler=_Epochs(self.sampler),
             num_workers=self.num_workers,
-            collate_fn=TimedCollate() if timed is not None else None,
+            collate_fn=TimedCollate(self.collate_fn) if timed is not None else self.collate_fn,
             prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None,
             pin_memory=self.pin_memory,
         )
@@ -179,6 +183,10 @@ class HeteroLoader:
 
     def load_state_dict(self, state: dict[str, Any], plans: bool = True) -> None:
         """Restore the position; ``plans=False`` keeps this run's plans (another world size)."""
+        if state.get("kind") == "stream":
+            raise CheckpointError(
+                "the checkpoint's loader read a stream, this run's reads a map-style dataset"
+            )
         self.close()
         self.sampler.load_state_dict(state, plans=plans)
         self._consumed = (self.sampler.epoch, self.sampler.step_in_epoch, self.sampler.global_step)

@@ -87,6 +87,57 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in fh if line.strip()]
 
 
+#: The job's fields of a metrics record, the same in every rank's (``reason`` and
+#: ``not_helping`` are rank 0's): what ``ctx.on_interval`` hands over beside the ranks'.
+JOB_FIELDS = (
+    "step",
+    "interval_wall_s",
+    "samples_per_s",
+    "loss",
+    "plan",
+    "plan_changed",
+    "next_plan",
+    "apply_at_step",
+    "reason",
+    "not_helping",
+    "comm",
+    "comm_reason",
+    "emulated",
+)
+
+
+def rank_figures(s: RankSummary) -> dict[str, Any]:
+    """One rank's interval as the metrics record words it (seconds are per step, means or
+    medians over the settled steps at ``batch``; ``trainer.rebalance.summarize``)."""
+    return {
+        "local_loss": s.loss_sum / s.samples if s.samples else None,
+        "batch": s.batch,
+        "steps_measured": s.steps,
+        "compute_s": s.compute_s,
+        "per_sample_compute_s": s.compute_s / s.batch if s.batch else None,
+        "phases_s": {
+            "data": s.data_s,
+            "forward": s.forward_s,
+            "backward": s.backward_s,
+            "comm": s.comm_s,
+            "optimizer": s.optimizer_s,
+        },
+        "step_s": s.step_s,
+        # What the balancer fits (input wait + compute + optimizer), how much its
+        # steps spread, and what this rank's last change of batch size cost it, in
+        # seconds and in its settled steps (wall time).
+        "busy_s": s.data_s + s.compute_s + s.optimizer_s,
+        "busy_cv": s.busy_cv,
+        "switch_s": s.switch_s,
+        "switch_steps": s.switch_s / s.step_s if s.switch_s is not None and s.step_s > 0 else None,
+        # What the DataLoader's workers need per batch of ``batch`` (null without them).
+        "input_s": s.input_s,
+        "peak_memory_bytes": s.peak_memory_bytes,
+        "slowdown": s.slowdown,
+        "injected_s": s.injected_s,
+    }
+
+
 def interval_record(
     ctx: Context,
     summaries: list[RankSummary],
@@ -100,42 +151,18 @@ def interval_record(
     """One metrics record: this rank's interval and the job's, as rank ``ctx.rank`` saw
     them at the boundary ending step ``ctx.global_step``. ``gpu``: this rank's GPU
     utilisation and memory in use over the interval, per cent (``trainer.gpustats``);
-    None, or a field of it None, is ``null``: no GPU, or NVML cannot say."""
-    me = summaries[ctx.rank]
+    None, or a field of it None, is ``null``: no GPU, or NVML cannot say. The caller
+    adds ``comm`` and ``comm_reason``."""
     total_loss = sum(s.loss_sum for s in summaries)
     total_samples = sum(s.samples for s in summaries)
-    record: dict[str, Any] = {
+    return {
         "step": ctx.global_step,
         "rank": ctx.rank,
         "time_s": time.time(),
         "interval_wall_s": wall_s,
         "samples_per_s": total_samples / wall_s if wall_s > 0 else 0.0,
         "loss": total_loss / total_samples if total_samples else None,
-        "local_loss": me.loss_sum / me.samples if me.samples else None,
-        "batch": me.batch,
-        "steps_measured": me.steps,
-        "compute_s": me.compute_s,
-        "per_sample_compute_s": me.compute_s / me.batch if me.batch else None,
-        "phases_s": {
-            "data": me.data_s,
-            "forward": me.forward_s,
-            "backward": me.backward_s,
-            "comm": me.comm_s,
-            "optimizer": me.optimizer_s,
-        },
-        "step_s": me.step_s,
-        # What the balancer fits (input wait + compute + optimizer), how much its
-        # steps spread, and what this rank's last change of batch size cost it, in
-        # seconds and in its settled steps (wall time).
-        "busy_s": me.data_s + me.compute_s + me.optimizer_s,
-        "busy_cv": me.busy_cv,
-        "switch_s": me.switch_s,
-        "switch_steps": me.switch_s / me.step_s
-        if me.switch_s is not None and me.step_s > 0
-        else None,
-        # What the DataLoader's workers need per batch of ``batch`` (null without them).
-        "input_s": me.input_s,
-        "peak_memory_bytes": me.peak_memory_bytes,
+        **rank_figures(summaries[ctx.rank]),
         "gpu_util_percent": gpu.util_percent if gpu is not None else None,
         "gpu_memory_percent": gpu.memory_percent if gpu is not None else None,
         "plan": list(ctx._step_sizes),  # the plan that ran in this interval
@@ -146,10 +173,7 @@ def interval_record(
         # Why balancing does not beat equal batches here (rank 0; "" while it helps).
         "not_helping": ctx.not_helping if ctx.rank == 0 else None,
         "emulated": ctx.emulated,
-        "slowdown": me.slowdown,
-        "injected_s": me.injected_s,
     }
-    return record
 
 
 def run_info(ctx: Context) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """The rebalance protocol, run by every rank at each boundary (``rebalance_interval``
 steps): summarize this rank's interval, all-gather the summaries, decide the next
 plan and the next interval's comm mode on rank 0, broadcast them, and schedule
-the plan on every rank at the same step (the mode applies from the next step).
+the plan on every rank at the same step (the mode applies from the next step); then
+write the interval's metrics record and hand its figures to the user's callbacks
+(``trainer.intervalhooks``).
 
 The collectives are ``trainer.exchange``'s; the state (history, summaries, plans)
 lives on the ``Context``, which these functions advance.
@@ -116,6 +118,7 @@ def rebalance(ctx: Context) -> None:
     ctx.metrics.write(record)
     if len(ctx.summaries) == 1:
         ctx.metrics.write_run(run_info(ctx))
+    ctx.interval_hooks.after_interval(ctx, summaries, record)
     ctx._interval = IntervalTotals()
     ctx.clock.restart()
 
@@ -189,6 +192,8 @@ def summarize(ctx: Context, times: list[StepTimes], *, reset_peak: bool = True) 
     settle_end = ctx._batch_since + ctx.config.settle_steps
     settled = [t for t in sel if t.step >= settle_end]
     switch_s = _switch_s(ctx, [t for t in sel if t.step < settle_end], settled)
+    if switch_s is None and not ctx.summaries:
+        switch_s = _first_size_s(ctx, times, settled)
     sel = settled or sel
     n = len(sel)
     loader = ctx._require_loader()
@@ -246,7 +251,7 @@ def _spread(values: list[float]) -> float | None:
 def _switch_s(ctx: Context, settling: list[StepTimes], settled: list[StepTimes]) -> float | None:
     """Seconds the ``settling`` steps (the first at a new batch size) were busy beyond
     the settled steps' median, in all; None when the batch did not change in this
-    interval after statistics began (the run's first size is no plan change) or no
+    interval after statistics began (the run's first size: ``_first_size_s``) or no
     settled step measures the baseline."""
     if (
         not settling
@@ -257,6 +262,28 @@ def _switch_s(ctx: Context, settling: list[StepTimes], settled: list[StepTimes])
         return None
     base = statistics.median(_busy_s(t) for t in settled)
     return max(sum(_busy_s(t) - base for t in settling), 0.0)
+
+
+def _first_size_s(ctx: Context, times: list[StepTimes], settled: list[StepTimes]) -> float | None:
+    """What this process's first batch size cost its first steps (the warm-up steps,
+    before statistics begin): their compute and optimizer time beyond the settled
+    steps' median, in all; None without both.
+
+    A batch size new to the process costs what a plan change to a new size costs:
+    cuDNN builds (and for some engines compiles) a plan per convolution and shape,
+    the allocator grows. Measured here before any plan change, it is the balancer's
+    cold switching cost from the first interval on (``payback.switch_costs``), so
+    the first move pays for what it will really cost: on 2x H200, ConvNeXt-T's
+    first step at a new size took 2.5-3.1 s against 30-60 ms warm, ResNet-50's
+    0.17-0.20 s against 22-40 ms, where the prior of one step let two moves cost a
+    neighbour's whole 100-step phase. Input wait is left out: the loader's first
+    batches wait for its workers to start, once, at no plan change."""
+    current = ctx._step_sizes[ctx.rank]
+    warm = [t for t in times if t.step < ctx.stats_from_step and t.batch == current]
+    if not warm or not settled:
+        return None
+    base = statistics.median(t.compute_s + t.optimizer_s for t in settled)
+    return max(sum(t.compute_s + t.optimizer_s - base for t in warm), 0.0)
 
 
 def next_comm(

@@ -17,7 +17,7 @@ from __future__ import annotations
 import statistics
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any, TextIO
 
 from hetero.core.gap import IntervalTimes, RankTimes, Solo
@@ -27,19 +27,27 @@ if TYPE_CHECKING:
     from hetero.trainer.context import Context
 
 
-def intervals_of(ctx: Context) -> list[IntervalTimes]:
-    """The context's intervals (``ctx.summaries`` and their wall times) for the breakdown."""
+def intervals_of(ctx: Context, last: int | None = None) -> list[IntervalTimes]:
+    """The context's intervals (``ctx.summaries`` and their wall times) for the breakdown;
+    the ``last`` ones only if given."""
     loader = ctx._require_loader()
     global_batch = loader.sampler.global_batch
     out: list[IntervalTimes] = []
-    counts = [max(round(sum(r.samples for r in iv) / global_batch), 1) for iv in ctx.summaries]
+    summaries = ctx.summaries[-last:] if last else ctx.summaries
+    walls = ctx.interval_walls[-last:] if last else ctx.interval_walls
+    counts = [max(round(sum(r.samples for r in iv) / global_batch), 1) for iv in summaries]
     step = ctx.global_step - sum(counts)
-    for iv, wall, n in zip(ctx.summaries, ctx.interval_walls, counts, strict=True):
+    for iv, wall, n in zip(summaries, walls, counts, strict=True):
         step += n
         measured = all(r.steps > 0 for r in iv)
         ranks = tuple(
-            RankTimes(r.batch, r.data_s, r.compute_s, r.optimizer_s, r.step_s)
-            if r.steps > 0
+            replace(
+                RankTimes.of_phases(
+                    r.batch, r.data_s, r.forward_s, r.backward_s, r.comm_s, r.optimizer_s
+                ),
+                input_s=r.input_s,
+            )
+            if measured
             else RankTimes(r.batch)
             for r in iv
         )
@@ -70,7 +78,7 @@ def gap_fields(
 ) -> dict[str, Any]:
     """``solo`` (each rank alone, seconds) and ``gap`` (the breakdown's stored form)."""
     usable = list(solos) if solos and all(s.samples_per_s > 0 for s in solos) else None
-    bd = diagnose(intervals_of(ctx), usable, achieved_samples_per_s=steady_samples_per_s or None)
+    bd = diagnose(intervals_of(ctx), usable, steady_samples_per_s=steady_samples_per_s or None)
     return {
         "solo": [asdict(s) for s in solos] if solos else None,
         "gap": bd.to_dict() if bd is not None else None,

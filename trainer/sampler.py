@@ -54,6 +54,12 @@ class PlanSchedule:
             self.starts.append(apply_at_step)
             self.plans.append(plan)
 
+    def drop_after(self, step: int) -> None:
+        """Forget the plans scheduled for steps after ``step`` (superseded)."""
+        keep = max(bisect.bisect_right(self.starts, step), 1)
+        del self.starts[keep:]
+        del self.plans[keep:]
+
     def prune(self, before_step: int) -> None:
         """Forget plans wholly superseded before ``before_step`` (keeps the list short)."""
         keep = max(bisect.bisect_right(self.starts, before_step) - 1, 0)
@@ -61,7 +67,35 @@ class PlanSchedule:
         del self.plans[:keep]
 
 
-class UnevenBatchSampler:
+class PlannedSampler:
+    """What the samplers of both data paths share: the plans by step, and the first
+    global step not yet cut (every step before it was handed to the loader's source
+    under the plan then in force, so a plan may only change from it on)."""
+
+    def __init__(self, plan: Sequence[int], rank: int) -> None:
+        if not 0 <= rank < len(plan):
+            raise ConfigError(f"rank {rank} outside a plan of {len(plan)} ranks")
+        self.global_batch = sum(plan)
+        self.rank = rank
+        self.schedule = PlanSchedule(plans=[tuple(plan)])
+        self.global_step = 0
+
+    def set_plan(self, plan: Sequence[int], apply_at_step: int) -> None:
+        if apply_at_step < self.global_step:
+            # The loader already drew indices for that step under the old plan:
+            # the caller scheduled the change closer than the prefetch depth.
+            raise PlanError(
+                f"plan for step {apply_at_step} arrives after the sampler produced step "
+                f"{self.global_step - 1}; schedule it at least the loader's prefetch depth ahead"
+            )
+        if sum(plan) != self.global_batch:
+            raise PlanError(
+                f"plan {list(plan)} does not sum to the global batch {self.global_batch}"
+            )
+        self.schedule.add(apply_at_step, tuple(plan))
+
+
+class UnevenBatchSampler(PlannedSampler):
     """Yields, per step, this rank's list of dataset indices under the current plan.
 
     Usable as a ``batch_sampler`` of ``torch.utils.data.DataLoader``. The plan is
@@ -81,23 +115,18 @@ class UnevenBatchSampler:
     ) -> None:
         if num_samples < 1:
             raise ConfigError("the dataset is empty")
-        if not 0 <= rank < len(plan):
-            raise ConfigError(f"rank {rank} outside a plan of {len(plan)} ranks")
-        global_batch = sum(plan)
-        if global_batch > num_samples:
+        super().__init__(plan, rank)
+        if self.global_batch > num_samples:
             raise ConfigError(
-                f"global batch {global_batch} is larger than the dataset ({num_samples} samples)"
+                f"global batch {self.global_batch} is larger than the dataset "
+                f"({num_samples} samples)"
             )
         self.num_samples = num_samples
-        self.global_batch = global_batch
-        self.rank = rank
         self.seed = seed
         self.min_batch = min_batch
         self.drop_last = drop_last
-        self.schedule = PlanSchedule(plans=[tuple(plan)])
         self.epoch = 0
         self.step_in_epoch = 0
-        self.global_step = 0
         self._perm: list[int] | None = None
         self._perm_epoch = -1
 
@@ -149,20 +178,6 @@ class UnevenBatchSampler:
         return out
 
     # -- iteration -------------------------------------------------------------------
-    def set_plan(self, plan: Sequence[int], apply_at_step: int) -> None:
-        if apply_at_step < self.global_step:
-            # The loader already drew indices for that step under the old plan:
-            # the caller scheduled the change closer than the prefetch depth.
-            raise PlanError(
-                f"plan for step {apply_at_step} arrives after the sampler produced step "
-                f"{self.global_step - 1}; schedule it at least the loader's prefetch depth ahead"
-            )
-        if sum(plan) != self.global_batch:
-            raise PlanError(
-                f"plan {list(plan)} does not sum to the global batch {self.global_batch}"
-            )
-        self.schedule.add(apply_at_step, tuple(plan))
-
     def current_batches(self) -> tuple[int, ...]:
         """Per-rank sizes of the step the sampler will yield next."""
         return self.batches_at(self.step_in_epoch, self.global_step)

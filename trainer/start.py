@@ -9,6 +9,7 @@ from typing import Any
 from hetero.core import defaults
 from hetero.core.balancer import DeviceProfile
 from hetero.core.rankenv import RankEnv
+from hetero.trainer import slurm
 from hetero.trainer.bootstrap import TrainerConfig
 from hetero.trainer.context import Context
 
@@ -22,15 +23,22 @@ def init(
 ) -> Context:
     """Join the job described by the environment (or run alone) and return its context.
 
+    The environment is torchrun's, an agent's or ``hetero-train``'s (``RANK``,
+    ``WORLD_SIZE``, ...), or Slurm's for a rank started by ``srun``
+    (``hetero.trainer.slurm``: torchrun's variables win where both are set).
+
     ``options`` are the training loop's options of the catalogue
     (``hetero.core.catalogue``, the same names, defaults and bounds as
     ``hetero-train``'s flags and job.yaml's keys): ``min_batch``, ``max_batch``,
     ``emulate_slowdown``, ``output_dir``, ``device``, ``backend``, ``warmup_steps``,
     ``settle_steps``, ``history_intervals``, ``collective_timeout_s``,
-    ``compute_scores``, ``gpu_profiles``, ``comm``, ``shard``, ``offload``. A bad one is a
-    ``ConfigError`` naming it.
+    ``compute_scores``, ``gpu_profiles``, ``comm``, ``shard``, ``offload``, ``tensorboard``
+    (a directory: rank 0 writes every interval's figures there, ``trainer.tensorboard``). A
+    bad one is a ``ConfigError`` naming it.
     """
     from hetero.core.catalogue.keywords import init_keywords
+
+    slurm.adopt()  # first: everything below reads RANK, WORLD_SIZE, ... from the environment
 
     given = init_keywords(
         {
@@ -45,8 +53,9 @@ def init(
         from hetero.trainer.jobconfig import profiles as read_profiles
 
         profiles = read_profiles(JobConfig(compute_scores=scores, gpu_profiles=profile_file))
-    if "output_dir" in given:
-        given["output_dir"] = Path(given["output_dir"])
+    for name in ("output_dir", "tensorboard"):
+        if name in given:
+            given[name] = Path(given[name])
     if "max_batch" in given:
         caps = tuple(None if p == "-" else int(p) for p in given["max_batch"].split(","))
         given["max_batch"] = caps * RankEnv.from_env().world_size if len(caps) == 1 else caps

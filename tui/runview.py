@@ -236,13 +236,16 @@ def _job(
 
 
 def _gap(files: RunFiles) -> tuple[dict[str, Any] | None, bool]:
-    """The summary's breakdown once the run finished, else the records' (no solo times)."""
+    """The summary's breakdown once the run finished (recomputed from the records with
+    its solo times where an older hetero stored it), else the records' (no solo times)."""
     summary = files.summary or {}
-    if isinstance(summary.get("gap"), dict):
+    # A breakdown stored before its terms added up (no ``adds_up``) is recomputed.
+    if isinstance(summary.get("gap"), dict) and "adds_up" in summary["gap"]:
         return dict(summary["gap"]), True
     intervals = intervals_from_records(files.ranks) if files.intervals else []
-    bd = diagnose(intervals, solos_from_summary(files.summary)) if intervals else None
-    return (bd.to_dict() if bd is not None else None), False
+    solos = solos_from_summary(files.summary)
+    bd = diagnose(intervals, solos) if intervals else None
+    return (bd.to_dict() if bd is not None else None), solos is not None
 
 
 def _evals(records: Sequence[Record]) -> tuple[tuple[str, Series], ...]:

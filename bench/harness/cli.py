@@ -35,7 +35,8 @@ from hetero.bench.harness.commands import (
     run_specs,
 )
 from hetero.bench.harness.resize import configure
-from hetero.bench.harness.scenario import BASELINE, Scenario, known_scenarios, load_scenario
+from hetero.bench.harness.scenario import known_scenarios, load_scenario
+from hetero.bench.harness.scenariospec import BASELINE, Scenario
 from hetero.core.errors import ConfigError
 
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from hetero.bench.harness.scenario import BASELINE, GPU_ONLY, Neighbour, RunKey, Scenario
+from hetero.bench.harness.scenariospec import BASELINE, GPU_ONLY, Neighbour, RunKey, Scenario
 from hetero.bench.zoo import LOADER_PATHS
 
 #: Set in every process the harness starts: NVLink multicast (NVLS) stays off on a shared host,
@@ -81,24 +81,57 @@ def prepare_argv(scenario: Scenario, out_dir: Path, python: str | None = None) -
     if path is None:
         return ()
     count = scenario.num_samples * scenario.seq_len + 1 if scenario.seq_len else 0
-    return (python or sys.executable, "-m", "hetero.bench.zoo.tokens", "--out", str(path),
-            "--tokens", str(count))  # fmt: skip
+    return (
+        python or sys.executable,
+        "-m",
+        "hetero.bench.zoo.tokens",
+        "--out",
+        str(path),
+        "--tokens",
+        str(count),
+    )
 
 
 def _zoo_spec(s: Scenario, key: RunKey, out: Path, py: str, env: dict[str, str]) -> RunSpec:
     policy, path = key.policy, key.data_path
     script = "hetero.bench.zoo.train_ddp" if policy == BASELINE else "hetero.bench.zoo.train"
     argv = [
-        py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(s.ranks),
-        "-m", script,
-        "--model", s.model, "--data", path,
+        py,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(s.ranks),
+        "-m",
+        script,
+        "--model",
+        s.model,
+        "--data",
+        path,
         *(("--num-workers", str(key.num_workers)) if path in LOADER_PATHS else ()),
-        "--global-batch", str(s.global_batch), "--steps", str(s.steps),
-        "--rebalance-interval", str(s.rebalance_interval), "--lr", str(s.lr), "--amp", s.amp,
-        "--num-classes", str(s.num_classes), "--num-samples", str(s.num_samples),
-        "--ideal-steps", str(s.ideal_steps), "--device", "cpu" if s.devices == "cpu" else "cuda",
-        "--output-dir", str(out), "--summary-json", str(out / "summary.json"),
-    ]  # fmt: skip
+        "--global-batch",
+        str(s.global_batch),
+        "--steps",
+        str(s.steps),
+        "--rebalance-interval",
+        str(s.rebalance_interval),
+        "--lr",
+        str(s.lr),
+        "--amp",
+        s.amp,
+        "--num-classes",
+        str(s.num_classes),
+        "--num-samples",
+        str(s.num_samples),
+        "--ideal-steps",
+        str(s.ideal_steps),
+        "--device",
+        "cpu" if s.devices == "cpu" else "cuda",
+        "--output-dir",
+        str(out),
+        "--summary-json",
+        str(out / "summary.json"),
+    ]
     if s.image_size:
         argv += ["--image-size", str(s.image_size)]
     tokens = token_file(s, out.parent.parent)
@@ -112,6 +145,8 @@ def _zoo_spec(s: Scenario, key: RunKey, out: Path, py: str, env: dict[str, str])
         argv += ["--loader-jitter", s.loader_jitter]
     if path in LOADER_PATHS and s.input_cost_ms:
         argv += ["--input-cost-ms", s.input_cost_ms]
+    if path == "jpeg" and s.jpeg_sides:
+        argv += ["--jpeg-sides", s.jpeg_sides]
     if policy != BASELINE:
         argv += ["--policy", policy]
     runner = "torch-ddp" if policy == BASELINE else "hetero-api"
@@ -151,20 +186,33 @@ def _spec(s: Scenario, key: RunKey, out: Path, python: str | None) -> RunSpec:
         "cpu" if s.devices == "cpu" else "cuda" if s.devices == "cuda" or ranks == 1 else "auto"
     )
     common = [
-        "--model", s.model,
-        "--global-batch", str(s.global_batch),
-        "--steps", str(steps),
-        "--rebalance-interval", str(min(s.rebalance_interval, steps)),
-        "--num-classes", str(s.num_classes),
-        "--num-samples", str(s.num_samples),
-        "--lr", str(s.lr),
-        "--amp", s.amp,
-        "--ideal-steps", str(ideal),
-        "--nproc", str(ranks),
-        "--device", device,
-        "--output-dir", str(out),
-        "--summary-json", str(out / "summary.json"),
-    ]  # fmt: skip
+        "--model",
+        s.model,
+        "--global-batch",
+        str(s.global_batch),
+        "--steps",
+        str(steps),
+        "--rebalance-interval",
+        str(min(s.rebalance_interval, steps)),
+        "--num-classes",
+        str(s.num_classes),
+        "--num-samples",
+        str(s.num_samples),
+        "--lr",
+        str(s.lr),
+        "--amp",
+        s.amp,
+        "--ideal-steps",
+        str(ideal),
+        "--nproc",
+        str(ranks),
+        "--device",
+        device,
+        "--output-dir",
+        str(out),
+        "--summary-json",
+        str(out / "summary.json"),
+    ]
     if s.image_size:
         common += ["--image-size", str(s.image_size)]
     if s.dataset:
@@ -189,9 +237,17 @@ def _spec(s: Scenario, key: RunKey, out: Path, python: str | None) -> RunSpec:
     else:
         policy = "equal" if name == GPU_ONLY else name
         argv = [
-            py, "-m", "hetero.trainer.cli", *common,
-            "--policy", policy, "--min-batch", str(s.min_batch), "--json", "--quiet",
-        ]  # fmt: skip
+            py,
+            "-m",
+            "hetero.trainer.cli",
+            *common,
+            "--policy",
+            policy,
+            "--min-batch",
+            str(s.min_batch),
+            "--json",
+            "--quiet",
+        ]
         if s.activation_checkpointing:
             argv.append("--activation-checkpointing")  # the DDP baseline does not checkpoint
         runner = "hetero-train"
@@ -210,7 +266,19 @@ def neighbour_argv(
 ) -> tuple[str, ...]:
     """One noisy neighbour's command line (see ``harness.neighbour``)."""
     return (
-        python or sys.executable, "-m", "hetero.bench.harness.neighbour",
-        "--device", n.torch_device, "--size", str(n.matmul_size), "--duty", f"{n.duty:g}",
-        "--control", str(control), "--log", str(log), "--ready", str(ready),
-    )  # fmt: skip
+        python or sys.executable,
+        "-m",
+        "hetero.bench.harness.neighbour",
+        "--device",
+        n.torch_device,
+        "--size",
+        str(n.matmul_size),
+        "--duty",
+        f"{n.duty:g}",
+        "--control",
+        str(control),
+        "--log",
+        str(log),
+        "--ready",
+        str(ready),
+    )

@@ -151,10 +151,11 @@ def changes_per_intervals(changes: int, intervals: int, per: int = CHANGES_PER) 
 
 def change_costs_steps(ranks: Sequence[Sequence[Mapping[str, Any]]]) -> list[tuple[int, float]]:
     """(record step, cost in steps) of every plan change a rank measured (module doc),
-    in step order; a change no settled step measured is absent."""
+    in step order; a change no settled step measured is absent. A rank's first record
+    is no plan change: its ``switch_s`` is what the run's first batch size cost."""
     by_step: dict[int, float] = {}
     for records in ranks:
-        for rec in records:
+        for rec in records[1:]:
             cost = rec.get(SWITCH_STEPS_FIELD)
             if cost is None:
                 switch, step = rec.get("switch_s"), rec.get("step_s")
@@ -168,7 +169,8 @@ def change_costs_steps(ranks: Sequence[Sequence[Mapping[str, Any]]]) -> list[tup
 def why_held(rank0: Sequence[Mapping[str, Any]]) -> str | None:
     """Why the plan held still (module doc); ``None`` where no boundary kept a plan
     with a reason (plain DDP, a run without metrics)."""
-    said = [str(r["not_helping"]) for r in rank0 if r.get("not_helping")]
+    # By cause, without the figures each boundary words them with.
+    said = [_causes(str(r["not_helping"])) for r in rank0 if r.get("not_helping")]
     if said:
         return f"hetero is not helping here: {_commonest(said, len(rank0))}"
     kept = [_gist(r["reason"]) for r in rank0 if r.get("reason") and not r.get("plan_changed")]
@@ -181,6 +183,12 @@ def _commonest(texts: Sequence[str], boundaries: int) -> str:
     top = max(counts.values())
     text = next(t for t in reversed(texts) if counts[t] == top)
     return f"{text} (at {top} of {boundaries} boundaries)"
+
+
+def _causes(not_helping: str) -> str:
+    """The causes a planner's ``not_helping`` names ("devices alike, input-bound"),
+    without their parenthesised figures."""
+    return re.sub(r"\s*\([^()]*(\([^()]*\)[^()]*)*\)", "", not_helping).strip()
 
 
 def _gist(reason: str) -> str:

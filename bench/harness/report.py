@@ -54,11 +54,14 @@ FIGURES_HELP = """\
 - **settle** (targets): intervals after a change until the first interval within
   5% of the new phase's steady samples/s (`adapt` also asks the next to stay).
 - **where the gap went** (last phase): the share of the ideal lost to imbalance
-  (max − mean busy time, busy = input wait + compute + optimizer), input wait,
-  exposed communication (step − max busy), compute lost to overlap (compute in
-  the job against alone at the same batch), a slower optimizer, plan-change
-  warm-up, and the residual the six leave; ideal = achieved + the seven.
-  Definitions in docs/design.md ("The gap breakdown").
+  (the busiest rank's busy time against the ranks' weighted mean, busy = input
+  wait + compute + optimizer), input wait, exposed communication (the busiest
+  rank's gradients ready → all-reduced), compute lost to overlap and a slower
+  optimizer (against each rank alone at the same batch), plan changes (intervals
+  that ran a new plan, beyond the steady pace), the boundary exchange and pauses
+  between steps. Every term ≥ 0; over the window's wall time (its own % of
+  ideal, which can differ from the median-interval figure above) % of ideal +
+  the terms = 100. Definitions in docs/design.md ("The gap breakdown").
 """
 
 
@@ -189,14 +192,16 @@ def _gap_section(rows: list[dict[str, Any]]) -> list[str]:
         "## Where the gap went (% of ideal)",
         "",
         "| run | window | % of ideal | imbalance | input wait | exposed comm | overlap "
-        "| optimizer | warm-up | residual | verdict |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| optimizer | plan changes | boundary | pauses | verdict |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in with_gap:
         shares = " | ".join(_f(r.get(c), "{:.1f}") for c in GAP_COLUMNS)
+        # The breakdown's own % of ideal (the window's wall time), with which its terms
+        # make 100.
+        pct = r["gap"].get("pct_of_ideal")
         out.append(
-            f"| {r['run']} | {r['window']} | {_f(r['pct_of_ideal'], '{:.1f}')} | {shares} "
-            f"| {r['gap_verdict']} |"
+            f"| {r['run']} | {r['window']} | {_f(pct, '{:.1f}')} | {shares} | {r['gap_verdict']} |"
         )
     for r in with_gap:
         out += ["", f"**{r['run']}** ({r['window']}):", "", "```", *gap_lines(r["gap"]), "```"]

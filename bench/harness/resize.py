@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hetero.bench.harness.scenario import Scenario, check_changes, policy_list
+from hetero.bench.harness.scenario import check_changes, policy_list
+from hetero.bench.harness.scenariospec import Scenario
 from hetero.core.errors import ConfigError
 
 

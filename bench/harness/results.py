@@ -31,25 +31,61 @@ from typing import Any
 from hetero.bench.harness import figures
 from hetero.bench.harness.forecast import predicted_rate
 from hetero.bench.harness.gpu_monitor import read_samples
-from hetero.bench.harness.scenario import BASELINE, GPU_ONLY
+from hetero.bench.harness.scenariospec import BASELINE, GPU_ONLY
 from hetero.core.gap import TERMS, intervals_from_records, solos_from_summary
 from hetero.core.verdict import diagnose
 
 #: The gap breakdown's terms as CSV columns: % of ideal each cost (see docs/benchmarks.md).
-GAP_COLUMNS = tuple(f"gap_{t}_pct" for t in (*TERMS, "residual"))
+GAP_COLUMNS = tuple(f"gap_{t}_pct" for t in TERMS)
 
 CSV_COLUMNS = (
-    "scenario", "model", "run", "policy", "data_path", "num_workers", "repeat", "runner",
-    "window", "window_label", "samples_per_s", "whole_run_samples_per_s", "whole_vs_steady",
-    "intervals", "plan_changes_per_20", "change_cost_steps", "change_costs_steps",
-    "settle_intervals", "hold_reason",
-    "ideal_samples_per_s", "pct_of_ideal", "speedup_vs_ddp", "speedup_vs_equal",
-    "speedup_vs_gpu_only", "scaling_efficiency", "predicted_samples_per_s",
-    "prediction_error", "imbalance", "adaptation_intervals", "adaptation_steps",
-    "gpu_util_pct", "final_plan", "plan_changes", "global_batch", "steps", "amp", "device",
-    "emulated", "ok", "date", "note", "peak_memory_gb", "predicted_peak_memory_gb",
-    "memory_prediction_error", *GAP_COLUMNS, "gap_verdict",
-)  # fmt: skip
+    "scenario",
+    "model",
+    "run",
+    "policy",
+    "data_path",
+    "num_workers",
+    "repeat",
+    "runner",
+    "window",
+    "window_label",
+    "samples_per_s",
+    "whole_run_samples_per_s",
+    "whole_vs_steady",
+    "intervals",
+    "plan_changes_per_20",
+    "change_cost_steps",
+    "change_costs_steps",
+    "settle_intervals",
+    "hold_reason",
+    "ideal_samples_per_s",
+    "pct_of_ideal",
+    "speedup_vs_ddp",
+    "speedup_vs_equal",
+    "speedup_vs_gpu_only",
+    "scaling_efficiency",
+    "predicted_samples_per_s",
+    "prediction_error",
+    "imbalance",
+    "adaptation_intervals",
+    "adaptation_steps",
+    "gpu_util_pct",
+    "final_plan",
+    "plan_changes",
+    "global_batch",
+    "steps",
+    "amp",
+    "device",
+    "emulated",
+    "ok",
+    "date",
+    "note",
+    "peak_memory_gb",
+    "predicted_peak_memory_gb",
+    "memory_prediction_error",
+    *GAP_COLUMNS,
+    "gap_verdict",
+)
 
 
 @dataclass
@@ -323,7 +359,10 @@ def memory_columns(summary: dict[str, Any], ranks: list[list[dict[str, Any]]]) -
 
 
 def _gap_columns(run: RunData, window: range, rate: float | None) -> dict[str, Any]:
-    """The gap breakdown of the window (the last phase's only: it needs the ideal)."""
+    """The gap breakdown of the window (the last phase's only: it needs the ideal).
+    Its shares are of the window's wall time, so with the breakdown's own % of ideal
+    (``gap.pct_of_ideal``, the window's samples over its wall time) they make 100;
+    ``rate`` (the row's median interval) is the steady figure it is set beside."""
     if rate is None:
         return {}
     steps = {int(run.rank0[i]["step"]) for i in window if i < len(run.rank0)}
@@ -335,17 +374,13 @@ def _gap_columns(run: RunData, window: range, rate: float | None) -> dict[str, A
         intervals,
         solos_from_summary(run.summary),
         window=range(chosen[0], chosen[-1] + 1),
-        achieved_samples_per_s=rate,
+        steady_samples_per_s=rate,
     )
     if bd is None:
         return {}
     gap = bd.to_dict()
     cols = {f"gap_{name}_pct": gap["terms"][name]["pct"] for name in TERMS}
-    return cols | {
-        "gap_residual_pct": gap["residual"]["pct"],
-        "gap_verdict": bd.verdict,
-        "gap": gap,
-    }
+    return cols | {"gap_verdict": bd.verdict, "gap": gap}
 
 
 def build_rows(

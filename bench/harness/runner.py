@@ -31,7 +31,7 @@ from typing import Any
 from hetero.bench.harness.commands import SAFE_ENV, RunSpec, neighbour_argv, neighbour_stem
 from hetero.bench.harness.gpu_monitor import GpuMonitor, write_samples
 from hetero.bench.harness.neighbour import NeighbourProcess
-from hetero.bench.harness.scenario import Neighbour, Scenario
+from hetero.bench.harness.scenariospec import Neighbour, Scenario
 from hetero.core.errors import ConfigError
 
 POLL_S = 0.02

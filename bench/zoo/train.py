@@ -31,7 +31,7 @@ import torch
 from torch.utils.data import Dataset
 
 from hetero import trainer as ht
-from hetero.bench.zoo import DATA_PATHS, LOADER_PATHS
+from hetero.bench.zoo import DATA_PATHS, LOADER_PATHS, parse_sides
 from hetero.bench.zoo.delays import parse_input_cost, parse_jitter
 from hetero.bench.zoo.workloads import build_data, build_model, is_language_model, loss_fn
 from hetero.core.balancer import DeviceProfile
@@ -65,6 +65,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="SPEC",
         help="EMULATED decode cost: busy-wait per sample in the workers, MS on every rank or "
         "RANK:MS,... (e.g. 1:6 makes rank 1 input-bound); for CPU tests (loader, jpeg)",
+    )
+    p.add_argument(
+        "--jpeg-sides",
+        metavar="MIN-MAX",
+        default="320-480",
+        help="sides of the jpeg path's files, px (default 320-480: about ImageNet's training "
+        "images; smaller files decode faster)",
     )
     p.add_argument("--tokens", type=Path, help="token file of a language model (zoo.tokens)")
     p.add_argument("--seq-len", type=int, default=1024, help="tokens per sample")
@@ -156,9 +163,15 @@ def train(ctx: ht.Context, args: argparse.Namespace) -> dict[str, object]:
             return copy.to(ctx.device).to(memory_format=fmt)
 
         ctx.measure_ideal(
-            fresh_copy, optimizer, dataset, loss_fn,
-            steps=args.ideal_steps, amp=args.amp, memory_format=fmt, seed=args.seed,
-        )  # fmt: skip
+            fresh_copy,
+            optimizer,
+            dataset,
+            loss_fn,
+            steps=args.ideal_steps,
+            amp=args.amp,
+            memory_format=fmt,
+            seed=args.seed,
+        )
     summary = ctx.report()
     return summary | {
         "runner": "hetero-api",
@@ -189,6 +202,7 @@ def data_for(args: argparse.Namespace, rank: int) -> tuple[Dataset[Any], Callabl
         rank=rank,
         jitter=parse_jitter(args.loader_jitter),
         input_cost=parse_input_cost(args.input_cost_ms),
+        jpeg_sides=parse_sides(args.jpeg_sides),
     )
 
 
@@ -197,6 +211,7 @@ def pipeline_fields(args: argparse.Namespace) -> dict[str, object]:
     return {
         "loader_jitter": args.loader_jitter,
         "input_cost_ms": args.input_cost_ms,
+        "jpeg_sides": args.jpeg_sides if args.data == "jpeg" else None,
         "emulated_input_cost": bool(args.input_cost_ms),
     }
 

@@ -109,9 +109,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def alone(steps: int, factor: float) -> Solo:
         return solo_times(
-            fresh_copy, optimizer, dataset, loss_fn, mine, steps=steps, slowdown=factor,
-            device=device, seed=args.seed, amp=args.amp, memory_format=fmt,
-        )  # fmt: skip
+            fresh_copy,
+            optimizer,
+            dataset,
+            loss_fn,
+            mine,
+            steps=steps,
+            slowdown=factor,
+            device=device,
+            seed=args.seed,
+            amp=args.amp,
+            memory_format=fmt,
+        )
 
     # The emulated slowdown's unit (CPU only): this rank's own compute, measured alone.
     own_compute_s = (alone(2, 1.0).compute_s or 0.0) if slow else 0.0
@@ -144,9 +153,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def train(
-    args: Any, ddp: Any, optimizer: Any, batches: Iterator[Any], device: torch.device,
-    rank: int, mine: int, slow: Any, own_compute_s: float,
-) -> list[dict[str, Any]]:  # fmt: skip
+    args: Any,
+    ddp: Any,
+    optimizer: Any,
+    batches: Iterator[Any],
+    device: torch.device,
+    rank: int,
+    mine: int,
+    slow: Any,
+    own_compute_s: float,
+) -> list[dict[str, Any]]:
     """The training loop: per-step events, one metrics record per interval."""
     cuda = device.type == "cuda"
     fmt = torch.channels_last if args.channels_last else torch.contiguous_format
@@ -198,13 +214,20 @@ def train(
                 for name, a, b in (("data", 0, 1), ("backward", 1, 2), ("optimizer", 2, 3))
             }
             rec = {
-                "step": step + 1, "rank": rank, "time_s": time.time(), "interval_wall_s": wall,
-                "samples_per_s": args.global_batch * len(marks) / wall, "batch": mine,
-                "steps_measured": len(timed), "compute_s": None, "phases_s": phases,
+                "step": step + 1,
+                "rank": rank,
+                "time_s": time.time(),
+                "interval_wall_s": wall,
+                "samples_per_s": args.global_batch * len(marks) / wall,
+                "batch": mine,
+                "steps_measured": len(timed),
+                "compute_s": None,
+                "phases_s": phases,
                 "step_s": statistics.fmean(span(m[0], m[3]) for m in timed),
                 "loss": float(loss.detach().float().item()),
-                "emulated": bool(args.emulate_slowdown or args.input_cost_ms), "slowdown": factor,
-            }  # fmt: skip
+                "emulated": bool(args.emulate_slowdown or args.input_cost_ms),
+                "slowdown": factor,
+            }
             records.append(rec)
             if path is not None:
                 with path.open("a") as fh:
@@ -220,8 +243,13 @@ def gather_solos(mine: Solo, world: int, device: torch.device) -> list[Solo]:
     if world == 1:
         return [mine]
     nan = float("nan")
-    vals = [mine.batch, mine.samples_per_s, mine.data_s or nan, mine.compute_s or nan,
-            mine.optimizer_s or nan]  # fmt: skip
+    vals = [
+        mine.batch,
+        mine.samples_per_s,
+        mine.data_s or nan,
+        mine.compute_s or nan,
+        mine.optimizer_s or nan,
+    ]
     local = torch.tensor(vals, dtype=torch.float64, device=device)
     out = [torch.empty_like(local) for _ in range(world)]
     dist.all_gather(out, local)
@@ -237,24 +265,35 @@ def summarize(
     steady = statistics.median(rates[len(rates) // 2 :]) if rates else 0.0
     known = solos and all(s.samples_per_s > 0 for s in solos)
     ideal = sum(s.samples_per_s for s in solos) if known else None
-    bd = diagnose(intervals_from_records(every_rank), solos if known else None,
-                  achieved_samples_per_s=steady or None)  # fmt: skip
+    bd = diagnose(
+        intervals_from_records(every_rank),
+        solos if known else None,
+        steady_samples_per_s=steady or None,
+    )
     plan = [args.global_batch // world + (r < args.global_batch % world) for r in range(world)]
     return {
-        "runner": "torch-ddp", "policy": "ddp", "model": args.model, "model_source": source,
+        "runner": "torch-ddp",
+        "policy": "ddp",
+        "model": args.model,
+        "model_source": source,
         "data_path": args.data,
         "num_workers": args.num_workers if args.data in LOADER_PATHS else 0,
-        "world_size": world, "amp": args.amp, "optimizer": "AdamW",
-        "global_batch": args.global_batch, "steps": args.steps, "final_plan": plan,
+        "world_size": world,
+        "amp": args.amp,
+        "optimizer": "AdamW",
+        "global_batch": args.global_batch,
+        "steps": args.steps,
+        "final_plan": plan,
         "plans": [{"version": 0, "apply_at_step": 0, "batches": plan, "reason": "equal (DDP)"}],
         "steady_samples_per_s": steady,
         "standalone_samples_per_s": [s.samples_per_s for s in solos],
         "solo": [asdict(s) for s in solos] or None,
-        "ideal_samples_per_s": ideal, "pct_of_ideal": 100.0 * steady / ideal if ideal else None,
+        "ideal_samples_per_s": ideal,
+        "pct_of_ideal": 100.0 * steady / ideal if ideal else None,
         "gap": bd.to_dict() if bd is not None else None,
         "emulated": bool(args.emulate_slowdown or args.input_cost_ms),
         "emulated_slowdown": args.emulate_slowdown,
-    } | pipeline_fields(args)  # fmt: skip
+    } | pipeline_fields(args)
 
 
 if __name__ == "__main__":

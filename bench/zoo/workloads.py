@@ -293,6 +293,7 @@ def build_data(
     rank: int = 0,
     jitter: Jitter | None = None,
     input_cost: InputCost | None = None,
+    jpeg_sides: tuple[int, int] = (320, 480),
 ) -> tuple[Dataset[Any], Callable[[], str]]:
     """The dataset for data ``path`` (``loader``/``jpeg``: per-sample work in workers;
     ``device``: ``get_batch`` on the GPU) and a line describing it. ``jitter`` and
@@ -303,7 +304,7 @@ def build_data(
             f"{' or '.join(LOADER_PATHS)}, not {path}"
         )
     dataset, line = _source(
-        model_name, path, num_samples, image_size, num_classes, tokens, seq_len, seed
+        model_name, path, num_samples, image_size, num_classes, tokens, seq_len, seed, jpeg_sides
     )
     extra = [d.describe() for d in (jitter, input_cost) if d is not None]
     described = (lambda: "; ".join([line(), *extra])) if extra else line
@@ -323,6 +324,7 @@ def _source(
     tokens: Path | None,
     seq_len: int,
     seed: int,
+    jpeg_sides: tuple[int, int] = (320, 480),
 ) -> tuple[Dataset[Any], Callable[[], str]]:
     if is_language_model(model_name):
         if tokens is None:
@@ -342,7 +344,10 @@ def _source(
     if path == "jpeg":
         from hetero.bench.zoo.jpeg import JpegImages
 
-        jpegs = JpegImages(num_samples, image_size, num_classes, seed=seed)
+        low, high = jpeg_sides
+        jpegs = JpegImages(
+            num_samples, image_size, num_classes, seed=seed, min_side=low, max_side=high
+        )
         return jpegs, jpegs.describe
     images = MemoryImages(num_samples, image_size, num_classes, seed=seed)
 

@@ -10,17 +10,16 @@ lands in ``c_i``. Compute-only time alone would miss it: an AdamW step of an
 2.7 ms on a free one, imbalance no compute-only fit can see.
 
 A rank whose batches come from background workers (``RankInterval.input_s``)
-also gets its pipeline's rate, the median seconds per sample of its newest
-``window`` intervals (``model.StepModel.input_per_sample_s``): its time is the
-larger of its work and its input, so an input-bound rank gets no more samples
-than its workers make, and moving samples cannot buy a speed its input lacks.
-The wait such a rank exposes stays out of the work fit: it is the pipeline's
-rate showing, or its jitter, and neither says how fast the rank computes (fitted
-as work, a pipeline that jittered made alike GPUs look 20% apart and the plan
-wandered between [146, 110] and [112, 144]).
+also gets its pipeline's rate (``pipeline.py``): its time is the larger of its
+work and its input, so an input-bound rank gets no more samples than its
+workers make. The wait such a rank exposes stays out of the work fit: it is the
+pipeline's rate showing, or its jitter, and neither says how fast the rank
+computes (fitted as work, a pipeline that jittered made alike GPUs look 20%
+apart and the plan wandered between [146, 110] and [112, 144]).
 
 What to do with the fits (trust region, grid, order, warm shapes, confidence
-test and pay-back) is ``moves.py``'s.
+test and pay-back) is ``moves.py``'s; whether the move did any good, measured
+against the equal plan, is ``guard.py``'s (do no harm).
 
 A decision fits twice: the newest ``history_window`` intervals (what is known
 now) and the same number ending one interval earlier (what was known before the
@@ -35,19 +34,19 @@ from __future__ import annotations
 
 import functools
 import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from hetero.core.balancer import guard
 from hetero.core.balancer.changepoint import Point
 from hetero.core.balancer.decision import Decision
-from hetero.core.balancer.model import StepModel, predict_step_s
+from hetero.core.balancer.model import StepModel
 from hetero.core.balancer.moves import MoveRules, decide
 from hetero.core.balancer.order import SpeedOrder, Speeds
-from hetero.core.balancer.payback import Horizon, gain_threshold
+from hetero.core.balancer.payback import Horizon
+from hetero.core.balancer.pipeline import with_input_rates
 from hetero.core.balancer.plan import Batches, Constraints, equal_batches, round_to_plan
-from hetero.core.balancer.robust_fit import RankFit, fit_rank, robust_scale
+from hetero.core.balancer.robust_fit import RankFit, fit_rank
 from hetero.core.balancer.shared_load import MIN_SHARED_RANKS, divide_load, load_factors
 from hetero.core.balancer.stats import DeviceProfile, History, Interval, RankInterval
 from hetero.core.errors import ConfigError, PlanError
@@ -169,7 +168,7 @@ class Dynamic:
         grid = [[(ri.batch, ri.work_s) if _fitted(ri) else None for ri in iv] for iv in recent]
         first = self._fit_grid(grid, recent)
         if world < MIN_SHARED_RANKS:
-            return self._with_input(first, recent)
+            return with_input_rates(first, recent, self.window, self.default_cv)
         factors = load_factors(grid, [f.model for f in first])
         raw_noise = [f.noise_cv for f in first]
         fits = self._fit_grid(divide_load(grid, factors), recent, raw_noise)
@@ -178,36 +177,12 @@ class Dynamic:
         noises = sorted(f.noise_cv for f in fits if f.noise_cv is not None)
         if noises:
             typical = noises[len(noises) // 2]
-            fits = tuple(replace(f, noise_cv=max(f.noise_cv or 0.0, typical)) for f in fits)
-        return self._with_input(fits, recent)
-
-    def _with_input(
-        self, fits: tuple[RankFit, ...], recent: tuple[Interval, ...]
-    ) -> tuple[RankFit, ...]:
-        """Each fit with its rank's input pipeline rate (module doc): the median seconds
-        per sample of its newest ``window`` measured intervals, and that median's
-        relative standard error (``default_cv`` until three intervals give a spread).
-        None while the newest interval has no pipeline."""
-        out = []
-        for rank, fit in enumerate(fits):
-            if recent[-1][rank].input_per_sample_s is None:
-                out.append(fit)
-                continue
-            values = [
-                v
-                for iv in recent
-                if iv[rank].steps > 0 and (v := iv[rank].input_per_sample_s) is not None
-            ][-self.window :]
-            rate = statistics.median(values)
-            if rate <= 0:
-                out.append(fit)
-                continue
-            cv = robust_scale([v / rate - 1.0 for v in values]) if len(values) >= 3 else None
-            spread = self.default_cv if cv is None else cv
-            sigma = 1.2533 * spread / math.sqrt(len(values))
-            model = replace(fit.model, input_per_sample_s=rate)
-            out.append(replace(fit, model=model, input_sigma=sigma))
-        return tuple(out)
+            measured = any(f.noise_measured for f in fits)
+            fits = tuple(
+                replace(f, noise_cv=max(f.noise_cv or 0.0, typical), noise_measured=measured)
+                for f in fits
+            )
+        return with_input_rates(fits, recent, self.window, self.default_cv)
 
     def _fit_grid(
         self,
@@ -305,64 +280,16 @@ class Dynamic:
         decision = decide(
             history, tuple(current), constraints, models, fits, order, self.rules, horizon
         )
-        return self._guarded(decision, history, tuple(current), constraints, models, fits)
-
-    def _guarded(
-        self,
-        decision: Decision,
-        history: History,
-        current: Batches,
-        constraints: Constraints,
-        models: tuple[StepModel, ...],
-        fits: tuple[RankFit, ...],
-    ) -> Decision:
-        """``decision`` checked against what the equal plan measured in the current speed
-        regime (``guard``: do no harm), and, where the plan is or goes back to the equal
-        plan, why balancing does not help (``Decision.not_helping``)."""
-        equal = equal_batches(constraints)
         recent = _same_world_tail(history, self.history_window)
-        t_equal = predict_step_s(models, equal, comm_s=constraints.comm_s)
-
-        def predicted_gain(plan: Batches) -> float:
-            return 1.0 - predict_step_s(models, plan, comm_s=constraints.comm_s) / t_equal
-
-        verdict = guard.judge(
+        return guard.guarded(
+            decision,
             recent[_regime_start(recent, fits) :],
-            current,
-            equal,
-            dead_band=self.dead_band,
-            z=self.confidence_z,
-            predicted_gain=predicted_gain,
+            tuple(current),
+            constraints,
+            models,
+            fits,
+            self.rules,
         )
-        if verdict.action == "keep" and (decision.changed or current != equal):
-            return decision
-        alike = max(
-            self.dead_band,
-            gain_threshold(
-                models, fits, equal, equal, z=self.confidence_z, default_cv=self.default_cv
-            ),
-        )
-        why = guard.why_not(models, equal, constraints.comm_s, alike_within=alike)
-        if verdict.action == "revert":
-            return Decision(
-                equal,
-                True,
-                f"do no harm: {verdict.reason}; back to equal batches",
-                t_equal,
-                models,
-                settled=False,
-                not_helping=why or "the predicted gain did not show in the measured step time",
-            )
-        if verdict.action == "hold" and decision.changed:
-            return Decision(
-                current,
-                False,
-                f"holding equal batches until a rank's speed changes: {verdict.reason}",
-                t_equal,
-                models,
-                not_helping=why or "the predicted gain did not show in the measured step time",
-            )
-        return replace(decision, not_helping=why)
 
 
 @dataclass(frozen=True)

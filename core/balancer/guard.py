@@ -17,7 +17,9 @@ nothing else:
   from how much the regime's step times spread about their plans' medians, so on
   a quiet GPU a missing 3% shows within two intervals, while on a loaded CPU box,
   whose intervals swing by 20%, two intervals cannot refute a predicted 20% and
-  the move is kept until they can. A plan slower than the equal plan by more
+  the move is kept until they can. The spread of an interval's own steps
+  (``RankInterval.noise_floor``) bounds that noise from below, before the regime
+  has intervals enough to measure it. A plan slower than the equal plan by more
   than ``CLEAR_LOSS`` and that error goes back after one interval;
 - back at the equal plan, the planner holds it (``hold``) for as long as the
   regime lasts: the models that proposed the failed plan have seen nothing new,
@@ -37,11 +39,15 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
-from hetero.core.balancer.model import StepModel
-from hetero.core.balancer.plan import Batches
+from hetero.core.balancer.decision import Decision
+from hetero.core.balancer.model import StepModel, predict_step_s
+from hetero.core.balancer.moves import MoveRules
+from hetero.core.balancer.payback import gain_threshold
+from hetero.core.balancer.plan import Batches, Constraints, equal_batches
+from hetero.core.balancer.robust_fit import RankFit
 from hetero.core.balancer.stats import Interval
 
 #: Intervals a plan must be measured for before it is judged against the equal plan.
@@ -92,7 +98,7 @@ def judge(
     base = by_plan.get(tuple(equal))
     if not base:
         return Guard("keep")
-    noise = _noise(by_plan)
+    noise = max(_noise(by_plan), _floor(regime))
 
     def fails(plan: Batches) -> bool:
         times = by_plan.get(plan, [])
@@ -124,6 +130,18 @@ def _noise(by_plan: dict[Batches, list[float]]) -> float:
         return DEFAULT_NOISE
     mid = statistics.median(deviations)
     return max(1.4826 * statistics.median(abs(d - mid) for d in deviations), 1e-3)
+
+
+def _floor(regime: Sequence[Interval]) -> float:
+    """The noise of one interval's step time that its own steps measure: the median over
+    the regime of each interval's largest ``RankInterval.noise_floor`` (how well its
+    median is known from the spread of its steps); 0.0 where none reports one. Three
+    steps of a rank that shares two cores with others spread by 20% and more: an
+    interval of them cannot refute a move that its median misses by as much."""
+    floors = sorted(
+        max(fs) for iv in regime if (fs := [f for ri in iv if (f := ri.noise_floor) is not None])
+    )
+    return floors[len(floors) // 2] if floors else 0.0
 
 
 def _compare(plan: Sequence[int], times: Sequence[float], base: Sequence[float]) -> str:
@@ -159,3 +177,48 @@ def why_not(
             f"against {step * 1e3:.1f} ms of the slowest rank's work)"
         )
     return ", ".join(causes)
+
+
+def guarded(
+    decision: Decision,
+    regime: Sequence[Interval],
+    current: Batches,
+    constraints: Constraints,
+    models: Sequence[StepModel],
+    fits: Sequence[RankFit],
+    rules: MoveRules,
+) -> Decision:
+    """A measurement-driven policy's ``decision`` checked against what the equal plan
+    measured in the current speed ``regime`` (``judge``), and, where the plan is or
+    goes back to the equal plan, why balancing does not help (``why_not``, in
+    ``Decision.not_helping``)."""
+    equal = equal_batches(constraints)
+    t_equal = predict_step_s(models, equal, comm_s=constraints.comm_s)
+
+    def predicted_gain(plan: Batches) -> float:
+        return 1.0 - predict_step_s(models, plan, comm_s=constraints.comm_s) / t_equal
+
+    verdict = judge(
+        regime,
+        current,
+        equal,
+        dead_band=rules.dead_band,
+        z=rules.confidence_z,
+        predicted_gain=predicted_gain,
+    )
+    if verdict.action == "keep" and (decision.changed or current != equal):
+        return decision
+    threshold = gain_threshold(
+        models, fits, equal, equal, z=rules.confidence_z, default_cv=rules.default_cv
+    )
+    why = why_not(models, equal, constraints.comm_s, alike_within=max(rules.dead_band, threshold))
+    unseen = "the predicted gain did not show in the measured step time"
+    if verdict.action == "revert":
+        reason = f"do no harm: {verdict.reason}; back to equal batches"
+        return Decision(
+            equal, True, reason, t_equal, tuple(models), settled=False, not_helping=why or unseen
+        )
+    if verdict.action == "hold" and decision.changed:
+        reason = f"holding equal batches until a rank's speed changes: {verdict.reason}"
+        return Decision(current, False, reason, t_equal, tuple(models), not_helping=why or unseen)
+    return replace(decision, not_helping=why)

@@ -39,11 +39,15 @@ from hetero.core.balancer.model import StepModel, equal_time_plan, predict_step_
 from hetero.core.balancer.order import SpeedOrder
 from hetero.core.balancer.payback import Horizon, gain_threshold, switch_costs
 from hetero.core.balancer.plan import Batches, Box, Constraints
-from hetero.core.balancer.robust_fit import RankFit
+from hetero.core.balancer.robust_fit import CONFIRM_NOISE, RankFit
 from hetero.core.balancer.stats import History
 from hetero.core.balancer.trust import trust_box
 from hetero.core.errors import PlanError
 
+#: A move whose predicted gain is this many times its threshold rests on one interval even
+#: on a noisy host (an emulated 3x rank, a neighbour's arrival); a smaller one there
+#: waits for the next interval to confirm it (``confirmed``).
+STRONG_EVIDENCE = 2.0
 #: Share of its threshold a kept plan's best move may predict and the plan still count
 #: as settled (``Decision.settled``): a gain of half the noise is a move a few more
 #: intervals may well confirm.
@@ -172,6 +176,13 @@ def decide(
             paying,
             key=lambda c: (c.net_s, -sum(c.batches[i] != current[i] for i in range(len(current)))),
         )
+        strong = best.gain >= STRONG_EVIDENCE * best.threshold
+        if noisy(fits) and not strong and not confirmed(order, current, best):
+            reason = (
+                f"a gain of {best.gain:.1%} (> {best.threshold:.1%}) on a noisy host, waiting "
+                f"for the next interval to confirm it{note}"
+            )
+            return Decision(tuple(current), False, reason, t_now, models, settled=False)
         reason = (
             f"predicted step {t_now * 1e3:.1f} -> {best.step_s * 1e3:.1f} ms "
             f"(gain {best.gain:.1%} > {best.threshold:.1%}; pays {best.cost_s * 1e3:.0f} ms "
@@ -196,6 +207,31 @@ def decide(
             f"beyond the noise x {steps} steps < {top.cost_s * 1e3:.0f} ms switch){note}"
         )
     return Decision(tuple(current), False, reason, t_now, models, settled=settled)
+
+
+def noisy(fits: Sequence[RankFit]) -> bool:
+    """Whether any rank's intervals vary by ``CONFIRM_NOISE`` or more (a CPU rank on a
+    host whose cores other work takes, a loaded shared host): there one interval's
+    numbers are not yet evidence for a move short of ``STRONG_EVIDENCE``. Only measured
+    noise counts: a job's first report, without its steps' spread, is not yet known to be
+    noisy, and its first move rests on it as on a quiet host's."""
+    return any(
+        f.noise_measured and f.noise_cv is not None and f.noise_cv >= CONFIRM_NOISE for f in fits
+    )
+
+
+def confirmed(order: SpeedOrder, current: Sequence[int], move: _Candidate) -> bool:
+    """Whether what was known before the newest interval (``order.before``: the fits
+    without it) predicts the same move's gain beyond its threshold too. Where intervals
+    are noisy, a move needs two intervals that agree: one interval in which a CPU rank
+    lost its core for a while (a 2-core host running two ranks beside other work)
+    moved alike ranks to 9/23 and back within three intervals."""
+    before = order.before
+    if before is None:
+        return False
+    t_now = max(m.time(b) for m, b in zip(before.models, current, strict=True))
+    t_new = max(m.time(b) for m, b in zip(before.models, move.batches, strict=True))
+    return t_now > 0 and (t_now - t_new) / t_now > move.threshold
 
 
 def first_move_bound(

@@ -126,6 +126,9 @@ class RankFit:
     ``input_sigma``: the relative standard error of the model's input rate
     (``StepModel.input_per_sample_s``; 0 without one), set by the policy that
     measured it (``dynamic``), not by this fit.
+    ``noise_measured``: ``noise_cv`` rests on this job's numbers (consecutive
+    intervals, the steps' own spread or the model's residuals), not on the
+    caller's assumed prior alone.
     """
 
     model: StepModel
@@ -139,6 +142,7 @@ class RankFit:
     pending: bool = False
     serial_corr: float = 0.0
     input_sigma: float = 0.0
+    noise_measured: bool = False
 
     @property
     def changed_at_newest(self) -> bool:
@@ -293,7 +297,10 @@ def fit_rank(
     seen = (min(batches), max(batches))
     model = StepModel(a, c)
     rho = serial_correlation([points[i][1] / model.time(points[i][0]) - 1.0 for i in current])
-    return RankFit(model, regime, n, fixed_from, cv, n_eff, noise, seen, pending, rho)
+    known = measured is not None or step_noise is not None or cv is not None
+    return RankFit(
+        model, regime, n, fixed_from, cv, n_eff, noise, seen, pending, rho, noise_measured=known
+    )
 
 
 def _straddled(regime: Regime, spreads: Sequence[float | None] | None, n: int) -> list[int]:

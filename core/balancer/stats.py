@@ -22,7 +22,10 @@ class RankInterval:
 
     ``switch_s`` is the extra time, in seconds in all, that the rank's first
     steps at a new batch size took over its settled steps (allocator growth,
-    kernel selection for new shapes): what a plan change cost this rank.
+    kernel selection for new shapes): what a plan change cost this rank. In a
+    process's first interval it is what its first batch size cost its warm-up
+    steps (compute and optimizer only: the loader's first batches wait for its
+    workers to start, once): the same cost, measured before any plan change.
     ``None`` when the rank's batch did not change in this interval.
 
     ``busy_cv`` is the relative spread (robust, one standard deviation) of the

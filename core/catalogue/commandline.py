@@ -101,13 +101,20 @@ def build_parser(prog: str, description: str, epilog: str) -> argparse.ArgumentP
             )
         elif isinstance(option.kind, Switch):  # the bare flag is on, as when it was a Bool
             group.add_argument(
-                option.flag, dest=option.name, nargs="?", const="on", metavar="auto|on|off",
+                option.flag,
+                dest=option.name,
+                nargs="?",
+                const="on",
+                metavar="auto|on|off",
                 help=text,
-            )  # fmt: skip
+            )
             group.add_argument(
-                "--no-" + option.flag[2:], dest=option.name, action="store_const", const="off",
+                "--no-" + option.flag[2:],
+                dest=option.name,
+                action="store_const",
+                const="off",
                 help=f"the same as {option.flag} off",
-            )  # fmt: skip
+            )
         else:
             group.add_argument(
                 option.flag, dest=option.name, metavar=option.kind.metavar(), help=text

@@ -82,17 +82,20 @@ def _sharding(o: TrainingOptions) -> None:
         return
     if o.zero:
         raise OptionError(
-            "zero", f"give either {ref('shard')} or {ref('zero')}: shard already shards the "
+            "zero",
+            f"give either {ref('shard')} or {ref('zero')}: shard already shards the "
             "optimizer state",
-        )  # fmt: skip
+        )
     if o.comm != "auto":
         raise OptionError(
-            "comm", f"{o.comm} schedules DDP's all-reduce; with {ref('shard')} FSDP2 schedules "
+            "comm",
+            f"{o.comm} schedules DDP's all-reduce; with {ref('shard')} FSDP2 schedules "
             "its own reduce-scatters",
-        )  # fmt: skip
+        )
     if o.amp == "fp16":
-        raise OptionError("amp", f"fp16 needs a gradient scaler FSDP2 lacks here; with "
-                          f"{ref('shard')} use bf16")  # fmt: skip
+        raise OptionError(
+            "amp", f"fp16 needs a gradient scaler FSDP2 lacks here; with {ref('shard')} use bf16"
+        )
     if o.oom_retry:
         raise OptionError(
             "oom_retry", f"retries a step of replicated DDP, not of {ref('shard')} (FSDP2)"

@@ -10,6 +10,9 @@ is an ``OptionError`` that each entry point words in its own spelling.
 
 A default of ``None`` is one decided when the job runs (the model's image
 size, 96 samples or ``batch_size`` × ranks, ...); ``default_doc`` says which.
+
+Longer than the modules beside it on purpose: it is one table, a field per
+option, and split in two a job's options would be read in two places.
 """
 
 from __future__ import annotations
@@ -112,9 +115,11 @@ class TrainingOptions(Resolved):
         "job",
     )
     eval_samples: int = opt(
-        512, Int(0, 10**9), "samples rank 0 scores after training (CIFAR: its test split); 0: none",
+        512,
+        Int(0, 10**9),
+        "samples rank 0 scores after training (CIFAR: its test split); 0: none",
         "job",
-    )  # fmt: skip
+    )
     eval_every: int | None = opt(
         None,
         Int(1, limits.MAX_INTERVAL_STEPS, "steps"),
@@ -152,9 +157,12 @@ class TrainingOptions(Resolved):
         "length",
     )
     lr: float | None = opt(
-        None, Float(above=0.0, maximum=1e3), "learning rate", "length",
+        None,
+        Float(above=0.0, maximum=1e3),
+        "learning rate",
+        "length",
         default_doc=f"{limits.SGD_LR:g} for SGD, {limits.ADAMW_LR:g} for AdamW",
-    )  # fmt: skip
+    )
     optimizer: str = opt(
         "auto",
         Choice(limits.OPTIMIZERS),
@@ -194,11 +202,15 @@ class TrainingOptions(Resolved):
         init=True,
     )
     activation_checkpointing: str = opt(
-        "auto", Switch(), "recompute each block's activations in backward instead of keeping "
+        "auto",
+        Switch(),
+        "recompute each block's activations in backward instead of keeping "
         "them (about a third more compute, far less activation memory); auto: on for a rank "
         "whose memory holds it below its share of the first plan (docs/models.md); on, off: "
-        "every rank", "memory", init=True,
-    )  # fmt: skip
+        "every rank",
+        "memory",
+        init=True,
+    )
     sync_batchnorm: bool = opt(
         False, Bool(), "BatchNorm over the whole global batch (CUDA ranks)", "memory"
     )
@@ -212,9 +224,12 @@ class TrainingOptions(Resolved):
         True, Bool(), "measure each rank's memory and cap its batch to fit", "memory"
     )
     memory_probe: bool = opt(
-        True, Bool(), "before step 0, measure each rank's peak at two small batches and cap its "
-        f"first plan to fit (CUDA ranks; needs {ref('memory_caps')})", "memory",
-    )  # fmt: skip
+        True,
+        Bool(),
+        "before step 0, measure each rank's peak at two small batches and cap its "
+        f"first plan to fit (CUDA ranks; needs {ref('memory_caps')})",
+        "memory",
+    )
     memory_margin: float = opt(
         0.1, Float(minimum=0.0, below=1.0), "share of memory left free under a cap", "memory"
     )
@@ -255,9 +270,12 @@ class TrainingOptions(Resolved):
         init=True,
     )
     min_batch: int = opt(
-        1, Int(1, limits.MAX_GLOBAL_BATCH, "samples"), "smallest batch a plan gives a rank", "balancing",
+        1,
+        Int(1, limits.MAX_GLOBAL_BATCH, "samples"),
+        "smallest batch a plan gives a rank",
+        "balancing",
         init=True,
-    )  # fmt: skip
+    )
     compute_scores: str | None = opt(
         None,
         ListKind(score_item, "`S0,S1,...`, each > 0", "S0,S1,..."),
@@ -286,13 +304,19 @@ class TrainingOptions(Resolved):
         init=True,
     )
     warmup_steps: int = opt(
-        1, Int(0, 10**6, "steps"), "first steps of a run left out of the measurements", "balancing",
+        1,
+        Int(0, 10**6, "steps"),
+        "first steps of a run left out of the measurements",
+        "balancing",
         init=True,
-    )  # fmt: skip
+    )
     settle_steps: int = opt(
-        1, Int(0, 10**6, "steps"), "steps after a plan change left out of the measurements",
-        "balancing", init=True,
-    )  # fmt: skip
+        1,
+        Int(0, 10**6, "steps"),
+        "steps after a plan change left out of the measurements",
+        "balancing",
+        init=True,
+    )
     history_intervals: int = opt(
         32, Int(1, 10**6), "intervals of statistics the planner keeps", "balancing", init=True
     )
@@ -356,7 +380,9 @@ class TrainingOptions(Resolved):
         absent="each rank of a job.yaml job writes under its agent's state directory",
         init=True,
     )
-    tensorboard: str | None = opt(None, PathKind(), "per-rank TensorBoard scalars here", "output")
+    tensorboard: str | None = opt(
+        None, PathKind(), "per-rank TensorBoard scalars here", "output", init=True
+    )
     checkpoint_dir: str | None = opt(
         None,
         PathKind(),

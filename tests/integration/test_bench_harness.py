@@ -23,7 +23,8 @@ from hetero.bench.harness.gpu_monitor import GpuMonitor
 from hetero.bench.harness.neighbour import NeighbourProcess
 from hetero.bench.harness.resize import configure
 from hetero.bench.harness.runner import execute
-from hetero.bench.harness.scenario import Neighbour, load_scenario
+from hetero.bench.harness.scenario import load_scenario
+from hetero.bench.harness.scenariospec import Neighbour
 
 pytestmark = pytest.mark.slow
 

@@ -26,7 +26,7 @@ JOB = """\
 name: e2e
 model: debug
 global_batch: 32
-steps: 40
+steps: 60
 policy: dynamic
 rebalance_interval: 5
 resources:
@@ -122,7 +122,7 @@ def test_job_runs_through_coordinator_and_agents_and_rebalances_toward_the_fast_
     ).fetchone()[0]
     # Rank 0 reports each boundary through its agent without waiting; a boundary whose
     # predecessor's request is still out is skipped (trainer.control), so on a loaded box
-    # fewer than the job's 8 are sent. Every report sent is stored, and none failed.
+    # fewer than the job's 12 are sent. Every report sent is stored, and none failed.
     control = summary["control_plane"]
     assert control["failures"] == 0, control
     assert control["calls"] + control["skipped"] >= 5, control
@@ -135,10 +135,19 @@ def test_job_runs_through_coordinator_and_agents_and_rebalances_toward_the_fast_
             (job_id,),
         ).fetchall()
     )
-    last = [int(b) for b in plans[-1][1].split(",")]
     fast = next(r for r, name in ranks.items() if name == "node-fast")
     slow = next(r for r, name in ranks.items() if name == "node-slow")
-    assert last[slow] < last[fast], f"last plan {last} gives the slow node the smaller batch"
+    reasons = db.execute(
+        "SELECT version, batches, reason FROM plans WHERE job_id = ? ORDER BY version", (job_id,)
+    ).fetchall()
+    moved = [int(b) for b in plans[1][1].split(",")]
+    assert moved[slow] < moved[fast], f"the first re-plan favours the fast node: {reasons}"
+    # The emulated slowdown is a wait, which leaves the CPU to the other processes: on a
+    # host whose cores are taken, the move can measure no faster than equal batches, and
+    # the do-no-harm guard then takes the job back to them and says so.
+    last = [int(b) for b in plans[-1][1].split(",")]
+    reverted = reasons[-1][2].startswith("do no harm: ")
+    assert last[slow] < last[fast] or (last == [16, 16] and reverted), reasons
     assert sum(last) == 32, "the global batch never changes"
     # What the ranks ran: rank 0 adopts coordinator plans (one interval after they are
     # made) and broadcasts them, so every plan change it applied is a stored plan.
@@ -146,7 +155,7 @@ def test_job_runs_through_coordinator_and_agents_and_rebalances_toward_the_fast_
     applied = [tuple(p["batches"]) for p in summary["plans"][1:]]
     assert applied and set(applied) <= stored, f"applied {applied}, stored {plans}"
     final = summary["final_plan"]
-    assert final[slow] < final[fast], f"the ranks ended on {final}: smaller batch on the slow node"
+    assert final[slow] < final[fast] or reverted, f"the ranks ended on {final} ({reasons})"
 
 
 def test_agent_started_before_the_coordinator_retries_until_it_can_register(

@@ -47,8 +47,10 @@ def test_sharded_uneven_training_equals_single_process_over_the_global_batch(
     sizes = [torch.load(f"{out}.rank{r}.sizes") for r in range(3)]
     assert all(sum(s) == 24 for s in zip(*sizes, strict=True))
     if mode == "shard-dynamic":
-        # Compute-only timing through FSDP2's collectives: the 8x-slow rank 2 shrank.
-        assert got["plans"][-1][2] < 8, got["plans"]
+        # Compute-only timing through FSDP2's collectives: the planner's first move took
+        # samples off the 30x-slow rank 2, and steps ran uneven.
+        assert len(got["plans"]) > 1 and got["plans"][1][2] < 8, got["plans"]
+        assert any(len(set(s)) > 1 for s in zip(*sizes, strict=True))
     else:
         assert sizes[0][:5] == [14] * 5 and sizes[2][5:9] == [17] * 4 and sizes[1][9:] == [22] * 3
     assert got["comm"] == [], "FSDP2 has no DDP comm mode"

@@ -73,8 +73,9 @@ def test_uneven_ddp_equals_single_process_over_the_global_batch(three_ranks: Pat
     elif mode not in ("dynamic", "workers"):
         assert sizes[0][:5] == [14] * 5 and sizes[2][5:9] == [17] * 4 and sizes[1][9:] == [22] * 3
     else:
-        # The emulated 8x-slow rank 2 was given less than an equal share at the end.
-        assert got["plans"][-1][2] < 8, got["plans"]
+        # The planner's first move took samples off the emulated 30x-slow rank 2 (what
+        # it does next, on a loaded host, is the guard's: tests/unit/test_do_no_harm.py).
+        assert len(got["plans"]) > 1 and got["plans"][1][2] < 8, got["reasons"]
     assert got["recompute"] == ((False, True, False) if mode == "recompute" else (False,) * 3)
     held = got["held_at_last"]  # buckets deferral held when the step's last one arrived
     if mode == "overlap":
@@ -188,7 +189,9 @@ def test_plan_changes_keep_the_loader_workers_and_every_sample_is_seen_once(two_
     costs = []
     for rank in range(2):
         records = read_metrics(two_ranks / "loader.out" / "metrics" / f"rank{rank}.jsonl")
-        changed = [r for r in records if r["switch_s"] is not None]
+        # The first interval's is what the first batch size cost the warm-up steps.
+        assert records[0]["switch_s"] is not None and records[0]["switch_s"] >= 0.0
+        changed = [r for r in records[1:] if r["switch_s"] is not None]
         assert len(changed) == 4, [(r["step"], r["batch"], r["switch_s"]) for r in records]
         for r in changed:
             assert r["switch_steps"] == pytest.approx(r["switch_s"] / r["step_s"])

@@ -56,7 +56,7 @@ def test_cluster_and_jobs_show_the_simulated_cluster_and_detail_opens_by_mouse(
                 r for r in range(2) if jobs.coordinate_to_cell_key((r, 0)).row_key.value == job.id
             )
             text = " ".join(str(getattr(c, "plain", c)) for c in jobs.get_row_at(row))
-            assert "running" in text and "1.29k" in text and "674" in text and "▲1" in text
+            assert "running" in text and "1.26k" in text and "675" in text and "▲1" in text
             # A click moves the cursor to the row; a click on the cursor's row opens it.
             for _ in range(2):
                 if not isinstance(app.screen, JobDetailScreen):

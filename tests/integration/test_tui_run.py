@@ -138,7 +138,7 @@ def test_the_view_follows_records_as_they_are_written(run_dir: Path, tmp_path: P
 
 def test_evaluations_reach_tensorboard(run_dir: Path) -> None:
     accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
-    acc = accumulator.EventAccumulator(str(run_dir / "tb" / "rank0"))
+    acc = accumulator.EventAccumulator(str(run_dir / "tb" / "job"))
     acc.Reload()
     steps = [e.step for e in acc.Scalars("eval/accuracy")]
     assert steps == list(range(EVAL_EVERY, STEPS + 1, EVAL_EVERY)), steps
@@ -192,7 +192,7 @@ def _pinned_copy(src: Path, dst: Path) -> None:
     summary = json.loads((src / "summary.json").read_text())
     solos = [Solo(22, 11000.0, 0.0, 0.0012, 0.0004), Solo(10, 2500.0, 0.0, 0.0036, 0.0004)]
     steady = 780.0
-    bd = diagnose(intervals_from_records(ranks), solos, achieved_samples_per_s=steady)
+    bd = diagnose(intervals_from_records(ranks), solos, steady_samples_per_s=steady)
     assert bd is not None
     _pin(summary, {"gap": bd.to_dict(), "ideal_samples_per_s": 13500.0,
                    "steady_samples_per_s": steady, "name": None})  # fmt: skip

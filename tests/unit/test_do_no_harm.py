@@ -189,3 +189,56 @@ def test_an_input_bound_job_says_so() -> None:
     models = [StepModel(0.0002, 0.002, 0.0005), StepModel(0.0002, 0.002, 0.0005)]
     why = guard.why_not(models, (128, 128), 0.001, alike_within=0.02)
     assert "input-bound (rank" in why and "devices alike" in why
+
+
+def test_on_a_noisy_host_one_interval_short_of_strong_evidence_moves_nothing() -> None:
+    # Two alike CPU ranks whose intervals swing by ~10%; in the newest, rank 1 took 30%
+    # longer (its core lent to other work for a while). Not twice the threshold: wait.
+    policy = Dynamic()
+    noise = [1.00, 1.12, 0.91, 1.08, 0.95, 1.10, 0.90, 1.05]
+    history = [_iv((16, 16), 60.0 * f, (40.0 * f, 40.0 / f)) for f in noise]
+    history.append(_iv((16, 16), 70.0, (40.0, 52.0)))
+    d = policy.next_plan(history, (16, 16), Constraints(32, 2))
+    assert not d.changed, d.reason
+    # The same jump on a quiet host (GPU-like, 1% noise) is evidence at once.
+    quiet = [_iv((16, 16), 60.0, (40.0 * f, 40.0 / f)) for f in (1.0, 1.01, 0.99, 1.0)]
+    moved = policy.next_plan(
+        [*quiet, _iv((16, 16), 70.0, (40.0, 52.0))], (16, 16), Constraints(32, 2)
+    )
+    assert moved.changed and moved.batches[1] < 16, moved.reason
+
+
+def test_what_the_first_batch_size_cost_is_the_first_moves_price() -> None:
+    # The first interval reports what its size cost the warm-up steps (2.7 s: cuDNN
+    # building plans for a new shape); with 20% to win per 47 ms step over the next
+    # 100 steps (0.9 s), a move does not pay for a cold size. A warm size would.
+    from hetero.core.balancer import switch_costs
+
+    first = [
+        RankInterval(r, 128, 9, compute_s=0.045, step_s=0.047, switch_s=2.7, busy_cv=0.01)
+        for r in range(2)
+    ]
+    costs = switch_costs([first], [0.047, 0.047], prior_steps=1.0)
+    assert costs.measured and costs.cold == (2.7, 2.7)
+    history = [first] + [_iv((128, 128), t, (45.0, 58.0)) for t in (60.0, 60.1, 59.9)]
+    d = Dynamic().next_plan(history, (128, 128), Constraints(256, 2))
+    assert not d.changed and "does not pay back" in d.reason, d.reason
+
+
+def test_a_real_switch_replaces_the_first_sizes_cost_as_the_price_of_a_cold_one() -> None:
+    # ResNet-50 on 2x H200: its first size cost 1.8 s (process warm-up with it), its
+    # first real move to new sizes 0.3 s. The next cold move is priced at what a move
+    # cost, not at the median of the two.
+    from hetero.core.balancer import switch_costs
+
+    first = [RankInterval(r, 128, 9, compute_s=0.07, step_s=0.075, switch_s=1.8) for r in range(2)]
+    equal = [RankInterval(r, 128, 10, compute_s=0.07, step_s=0.075) for r in range(2)]
+    moved = [
+        RankInterval(0, 166, 10, compute_s=0.07, step_s=0.075, switch_s=0.3),
+        RankInterval(1, 90, 10, compute_s=0.07, step_s=0.075, switch_s=0.28),
+    ]
+    assert switch_costs([first, equal], [0.075] * 2, prior_steps=1.0).cold == (1.8, 1.8)
+    after = switch_costs([first, equal, moved], [0.075] * 2, prior_steps=1.0)
+    assert after.cold == (0.3, 0.28)
+    # Back to the first size is warm: the ranks ran it.
+    assert after.warm[0] <= 0.3

@@ -85,7 +85,8 @@ def _doubling(peak, share: int, floor: float = 0.0, limit: float = float("inf"))
 def _gpt2_medium_recomputing(b: int) -> int:
     """The shape of GPT-2 medium's peaks with recomputation, sharded over 2× H100 (bytes):
     a moment that does not grow with the batch sets the peak up to 4 samples, then one
-    that grows 0.27 GB a sample (the intervals' peaks of docs/benchmarks/h100)."""
+    that grows 0.27 GB a sample (the intervals' peaks of
+    results/benchmarks/2026-11-27-gpu-shard-neighbour-h100.tar.gz)."""
     return int(max(3.37 * GIB, 2.145 * GIB + 0.2655 * GIB * b))
 
 

@@ -1,0 +1,99 @@
+"""``ctx.loader``'s work: the plan a run starts from, and the loader its dataset needs.
+
+A map-style dataset (``__getitem__`` and ``__len__``) gets a ``HeteroLoader``, which
+cuts a seeded permutation of its indices (``trainer.loader``); a stream (a
+``torch.utils.data.IterableDataset``, or any iterable without ``__getitem__``) gets
+a ``StreamLoader``, whose readers draw each rank's share from its part of the stream
+(``trainer.streamloader``). Both start from the same first plan: under an agent the
+coordinator's (the same environment on every rank), else the policy's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+from torch.utils.data import Dataset, IterableDataset, default_collate
+
+from hetero.core.balancer import Constraints, make_policy
+from hetero.core.errors import ConfigError
+from hetero.trainer import control
+from hetero.trainer.exchange import EmbeddedPlanner
+from hetero.trainer.loader import HeteroLoader
+from hetero.trainer.rebalance import PlanRecord
+from hetero.trainer.sampler import UnevenBatchSampler
+from hetero.trainer.stream import StreamSampler
+from hetero.trainer.streamloader import StreamLoader
+
+if TYPE_CHECKING:
+    from hetero.trainer.context import Context
+
+#: What ``ctx.loader`` returns.
+Loader: TypeAlias = "HeteroLoader | StreamLoader"
+
+
+def is_stream(dataset: object) -> bool:
+    """Whether ``dataset`` is read by iterating it rather than by index."""
+    return isinstance(dataset, IterableDataset) or (
+        hasattr(dataset, "__iter__") and not hasattr(dataset, "__getitem__")
+    )
+
+
+def open_loader(
+    ctx: Context,
+    dataset: Dataset[Any] | Iterable[Any],
+    global_batch: int,
+    *,
+    seed: int,
+    num_workers: int,
+    prefetch_factor: int,
+    drop_last: bool,
+    pin_memory: bool,
+    collate_fn: Callable[[Any], Any] | None,
+    split: str | None,
+) -> Loader:
+    """The loader of ``dataset`` for ``ctx``, its first plan recorded in ``ctx.plans`` and
+    the planner set up if none was (module doc). ``split`` applies to streams only."""
+    constraints = Constraints(global_batch, ctx.world_size, ctx.config.min_batch, ctx.max_batch)
+    policy = make_policy(ctx.config.policy)
+    launched = control.launch_plan(constraints, ctx.env.plan)
+    initial = launched.batches if launched else policy.initial(constraints, ctx.profiles)
+    stream = is_stream(dataset)
+    if split is not None and not stream:
+        raise ConfigError(f"ctx.loader: split={split!r} is for streams, not a map-style dataset")
+    if ctx.planner is None:
+        ctx.planner = control.planner_from_env(
+            ctx.env,
+            EmbeddedPlanner(policy, constraints, ctx.profiles),
+            constraints,
+            lambda: (ctx.global_step, ctx.summaries[-1] if ctx.summaries else None),
+        )
+    ctx.plans = [PlanRecord(0, 0, initial, f"initial ({policy.name})")]
+    if stream:
+        return StreamLoader(
+            ctx,
+            dataset,  # type: ignore[arg-type]
+            StreamSampler(initial, ctx.rank, max(num_workers, 1)),
+            num_workers=num_workers,
+            prefetch_factor=prefetch_factor,
+            pin_memory=pin_memory,
+            collate_fn=collate_fn or default_collate,
+            split=split or "items",
+        )
+    sampler = UnevenBatchSampler(
+        len(dataset),  # type: ignore[arg-type]
+        initial,
+        ctx.rank,
+        seed=seed,
+        min_batch=ctx.config.min_batch,
+        drop_last=drop_last,
+    )
+    return HeteroLoader(
+        ctx,
+        dataset,  # type: ignore[arg-type]
+        sampler,
+        num_workers=num_workers,
+        prefetch_factor=prefetch_factor,
+        pin_memory=pin_memory,
+        collate_fn=collate_fn,
+    )
