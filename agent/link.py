@@ -27,7 +27,7 @@ from hetero.agent.network import CHANNEL_OPTIONS, measure_network
 from hetero.agent.outbox import Outbox
 from hetero.agent.profile import NodeProfile
 from hetero.agent.telemetry import TelemetrySampler
-from hetero.core.errors import UnknownNameError, UnreachableError, UnsupportedError
+from hetero.core.errors import UnknownNameError, UnreachableError
 from hetero.security.transport import ClientSecurity, client_channel, is_unreachable, remote_error
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
@@ -146,15 +146,9 @@ class CoordinatorLink:
 
     def _register(self) -> None:
         profile = self.profile
-        try:
-            if not self._reregister or profile.network_rtt_s is None:  # not for a new score
-                net = measure_network(self.stub, timeout_s=CALL_TIMEOUT_S)
-                profile = replace(
-                    profile, network_rtt_s=net.rtt_s, network_bytes_per_s=net.bytes_per_s
-                )
-        except grpc.RpcError as exc:
-            if not isinstance(remote_error(exc, "the coordinator"), UnsupportedError):
-                raise
+        if not self._reregister or profile.network_rtt_s is None:  # not for a new score
+            net = measure_network(self.stub, timeout_s=CALL_TIMEOUT_S)
+            profile = replace(profile, network_rtt_s=net.rtt_s, network_bytes_per_s=net.bytes_per_s)
         resp = self.stub.RegisterNode(
             pb.RegisterNodeRequest(
                 name=self.config.node_name,

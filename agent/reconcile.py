@@ -15,7 +15,7 @@ from collections import defaultdict
 
 from hetero.agent.config import AgentConfig
 from hetero.agent.local import PlanCache
-from hetero.agent.orders import rank_command, rank_environment
+from hetero.agent.orders import rank_process
 from hetero.agent.shipper import Shipper
 from hetero.agent.supervisor import Supervisor
 from hetero.core import cpus
@@ -92,10 +92,11 @@ class Reconciler:
         self.plans.offer(order.plan)
         out_dir = self.supervisor.job_dir(order.job_id) / f"rank{order.rank}"
         progress = out_dir / "progress"
-        argv = rank_command(order, self.config.python, out_dir)
         try:
-            env = rank_environment(
+            process = rank_process(
                 order,
+                python=self.config.python,
+                output_dir=out_dir,
                 agent_endpoint=self.endpoint,
                 threads=self._threads(order),
                 local_world_size=local_world_size,
@@ -123,14 +124,20 @@ class Reconciler:
             self.supervisor.launch(
                 order.job_id,
                 order.rank,
-                argv,
-                env,
+                process.argv,
+                process.env,
                 out_dir,
                 attempt=attempt,
                 progress_file=progress,
             )
         except OSError as exc:
-            log.error("job %s rank %d: cannot start %s: %s", order.job_id, order.rank, argv[0], exc)
+            log.error(
+                "job %s rank %d: cannot start %s: %s",
+                order.job_id,
+                order.rank,
+                process.argv[0],
+                exc,
+            )
             self.shipper.queue(
                 order.job_id, order.rank, pb.RANK_STATE_EXITED, 127, f"cannot start: {exc}", attempt
             )

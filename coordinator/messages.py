@@ -12,7 +12,6 @@ from hetero.coordinator import throughput, wire
 from hetero.coordinator.state import ClusterState, Device, Job, Node, Plan, Rank
 from hetero.core.balancer import detect_stragglers
 from hetero.core.balancer.straggler import LOOKBACK
-from hetero.core.rankenv import RankEnv
 from hetero.core.states import RankState
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
@@ -209,41 +208,15 @@ def _newest_first(job: Job) -> tuple[float, str]:
 
 
 def launch_message(job: Job, rank: Rank) -> pb.RankLaunch:
-    """A launch order: the torch.distributed environment plus what to train."""
+    """A launch order: the rank's place in the job, once, and the job's typed options,
+    once, as the catalogue's text (the agent makes the argv and environment of them:
+    ``hetero.agent.orders.rank_process``)."""
     spec = job.spec
     args = pb.TrainingArgs(
-        model=spec.model or "",
-        dataset=spec.dataset or "",
-        data_dir=spec.data_dir or "",
-        global_batch=spec.global_batch,
-        lr=spec.lr,
-        seed=spec.seed,
-        policy=spec.policy,
-        rebalance_interval=spec.rebalance_interval,
         command=list(spec.command),
         options=spec.launch_options(),
+        resume=spec.checkpoint is not None and job.restarts > 0,
     )
-    if spec.steps is not None:
-        args.steps = spec.steps
-    if spec.epochs is not None:
-        args.epochs = spec.epochs
-    if spec.checkpoint is not None:
-        args.checkpoint_dir = spec.checkpoint.dir
-        args.checkpoint_interval_steps = spec.checkpoint.interval_steps
-        args.resume = job.restarts > 0
-    env = RankEnv(
-        rank=rank.rank,
-        world_size=job.world_size,
-        local_rank=rank.local_rank,
-        master_addr=job.master_addr,
-        master_port=job.master_port,
-        backend=job.backend,
-        device="cpu" if rank.device_kind == "cpu" else f"cuda:{rank.device_index}",
-        job_id=job.id,
-        emulate_slowdown=rank.emulated_slowdown,
-        collective_timeout_s=spec.collective_timeout_s,
-        attempt=job.restarts,
-    ).to_env()
     msg = pb.RankLaunch(
         job_id=job.id,
         rank=rank.rank,
@@ -256,8 +229,8 @@ def launch_message(job: Job, rank: Rank) -> pb.RankLaunch:
         device_kind=wire.KIND_TO_PB.get(rank.device_kind, tpb.DEVICE_KIND_UNSPECIFIED),
         emulated_slowdown=rank.emulated_slowdown,
         args=args,
-        env=env,
         attempt=job.restarts,
+        collective_timeout_s=spec.collective_timeout_s or 0.0,
     )
     if job.plan is not None:
         msg.plan.CopyFrom(plan_message(job.id, job.plan))

@@ -2,8 +2,9 @@
 
 Every launcher writes a rank's variables through :meth:`RankEnv.to_env` and
 every rank reads them through :meth:`RankEnv.from_env`: the coordinator puts
-the job's part in a launch order (``RankLaunch.env``), the agent adds what only
-it knows and starts the process, ``hetero-train --nproc`` starts local ranks,
+the job's part in a launch order's fields (``RankLaunch``), the agent makes the
+rank's ``RankEnv`` of them with what only it knows and starts the process
+(``hetero.agent.orders.rank_process``), ``hetero-train --nproc`` starts local ranks,
 and the trainer reads the result. A value that does not parse or is out of
 range is a ``ConfigError`` naming the variable.
 

@@ -127,20 +127,22 @@ def test_roles_in_the_config_file_are_checked_by_name(tmp_path: Path) -> None:
 def test_a_ranks_token_is_good_for_its_own_job_only(served: Served) -> None:
     """Before: every rank of an agent shared one endpoint token, good for any job."""
     from hetero.agent.local import AgentLocalService, PlanCache, create_local_server
-    from hetero.agent.orders import rank_environment
+    from hetero.agent.orders import rank_process
     from hetero.security.auth import AGENT_TOKEN_ENV, JobTokens
     from hetero.v1 import agent_pb2_grpc
 
     tokens = JobTokens(new_token())
     order = pb.RankLaunch(job_id="job-a", rank=0, world_size=1, master_port=29500)
-    env = rank_environment(
+    env = rank_process(
         order,
+        python="python3",
+        output_dir=Path("/tmp/out"),
         agent_endpoint="127.0.0.1:7071",
         threads=1,
         local_world_size=1,
         base={"HETERO_TOKEN": served.tokens["cluster"].reveal(), "PATH": "/usr/bin"},
         agent_token=tokens.for_job("job-a"),
-    )
+    ).env
     assert served.tokens["cluster"].reveal() not in env.values(), "never the cluster's token"
     rank_token = Secret(env[AGENT_TOKEN_ENV])
     # The forward deadline is the test's, not the agent's 0.4 s: on a loaded two-core runner the

@@ -12,7 +12,7 @@ import pytest
 from simcluster import watch_orders
 
 from hetero import trainer as ht
-from hetero.agent.orders import rank_command
+from hetero.agent.orders import rank_process
 from hetero.core import catalogue
 from hetero.core.catalogue.commandline import build_parser, options_from_args
 from hetero.core.jobspec import parse_jobspec
@@ -83,7 +83,15 @@ def test_a_launch_order_carries_the_jobs_options_to_the_ranks_hetero_train(
     assert len(orders) == 2
     parser = build_parser("hetero-train", "", "")
     for order in orders:
-        argv = rank_command(order, "python3", tmp_path / f"rank{order.rank}")
+        argv = rank_process(
+            order,
+            python="python3",
+            output_dir=tmp_path / f"rank{order.rank}",
+            agent_endpoint="127.0.0.1:7071",
+            threads=1,
+            local_world_size=2,
+            base={},
+        ).argv
         assert argv[:3] == ["python3", "-m", "hetero.trainer.cli"]
         got = options_from_args(parser.parse_args(argv[3:]))
         assert got.global_batch == 12 and got.epochs == 2 and got.name == "lm"

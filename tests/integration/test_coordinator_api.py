@@ -99,12 +99,12 @@ def test_submit_places_ranks_and_agents_receive_launch_orders(coordinator) -> No
 
     orders = watch_orders(coordinator.stub, node_id)
     assert [o.rank for o in orders.launches] == [0, 1, 2]
-    env = dict(orders.launches[1].env)
-    assert env["RANK"] == "1" and env["WORLD_SIZE"] == "3" and env["LOCAL_RANK"] == "1"
-    assert env["MASTER_ADDR"] == "n1.local" and env["MASTER_PORT"] == str(job.master_port)
-    assert env["HETERO_JOB_ID"] == resp.job_id and orders.launches[1].backend == "gloo"
+    one = orders.launches[1]
+    assert (one.rank, one.world_size, one.local_rank) == (1, 3, 1)
+    assert one.master_addr == "n1.local" and one.master_port == job.master_port
+    assert one.job_id == resp.job_id and one.backend == "gloo"
     assert (
-        orders.launches[2].args.model == "simple_cnn"
+        orders.launches[2].args.options["model"] == "simple_cnn"
         and orders.launches[2].emulated_slowdown == 3.0
     )
 

@@ -300,16 +300,7 @@ def test_any_spec_text_parses_or_fails_with_one_line_naming_the_source(text: str
         assert message.startswith("fuzz.yaml") and "\n" not in message and len(message) <= 500
         return
     # Accepted: every value fits the wire messages that carry it to agents.
-    args = pb.TrainingArgs(
-        global_batch=spec.global_batch,
-        epochs=spec.epochs or 0,
-        seed=spec.seed,
-        rebalance_interval=spec.rebalance_interval,
-        checkpoint_interval_steps=spec.checkpoint.interval_steps if spec.checkpoint else 0,
-        command=list(spec.command),
-    )
-    if spec.steps is not None:
-        args.steps = spec.steps
+    pb.TrainingArgs(command=list(spec.command), options=spec.launch_options())
     try:
         placed = place(spec, SLOTS, 29500)
     except HeteroError:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hetero.agent.orders import order_rank_env, rank_environment
+from hetero.agent.orders import rank_process
 from hetero.core.errors import ConfigError
 from hetero.core.rankenv import LaunchPlan, RankEnv
 from hetero.trainer.launch import rank_env
@@ -111,39 +111,36 @@ def test_nccl_ranks_end_on_a_failed_collective_and_no_rank_uses_nvlink_multicast
     assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in RankEnv(backend="gloo").to_env()
 
 
-def test_the_agent_completes_the_coordinators_part_of_the_environment() -> None:
-    job_part = RankEnv(
-        rank=1,
-        world_size=2,
-        local_rank=0,
-        master_addr="10.0.0.1",
-        master_port=29501,
-        backend="gloo",
-        device="cpu",
-        job_id="j1",
-        emulate_slowdown=3.0,
-        collective_timeout_s=60.0,
-        attempt=2,
-    )
+def test_the_agent_makes_the_ranks_environment_from_the_orders_fields() -> None:
     order = pb.RankLaunch(
         job_id="j1",
         rank=1,
         world_size=2,
+        master_addr="10.0.0.1",
         master_port=29501,
+        backend="gloo",
         device_kind=tpb.DEVICE_KIND_CPU,
         emulated_slowdown=3.0,
-        env=job_part.to_env(),
+        collective_timeout_s=60.0,
+        attempt=2,
         plan=tpb.Plan(job_id="j1", version=4, batches=[24, 8]),
     )
-    env = order_rank_env(order, "127.0.0.1:7071", threads=2, local_world_size=1)
+    process = rank_process(
+        order,
+        python="python3",
+        output_dir=Path("/tmp/out"),
+        agent_endpoint="127.0.0.1:7071",
+        threads=2,
+        local_world_size=1,
+        base={},
+    )
+    env = process.rank_env
     assert env.master_addr == "10.0.0.1" and env.attempt == 2 and env.device == "cpu"
     assert env.plan == LaunchPlan(4, (24, 8)) and env.agent_endpoint == "127.0.0.1:7071"
     assert env.threads == 2 and env.local_world_size == 1 and env.launched
-    variables = rank_environment(
-        order, agent_endpoint="127.0.0.1:7071", threads=2, local_world_size=1, base={}
-    )
-    assert RankEnv.from_env(variables) == env
-    assert variables["HETERO_COLLECTIVE_TIMEOUT_S"] == "60"
+    assert env.job_id == "j1" and env.backend == "gloo" and env.emulate_slowdown == 3.0
+    assert RankEnv.from_env(process.env) == env
+    assert process.env["HETERO_COLLECTIVE_TIMEOUT_S"] == "60"
 
 
 def test_local_ranks_get_the_same_type() -> None:

@@ -356,7 +356,7 @@ class WatchOrdersRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ...) -> None: ...
 
 class TrainingArgs(_message.Message):
-    __slots__ = ("model", "dataset", "data_dir", "global_batch", "steps", "epochs", "lr", "seed", "policy", "rebalance_interval", "checkpoint_dir", "checkpoint_interval_steps", "command", "resume", "options")
+    __slots__ = ("command", "resume", "options")
     class OptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -364,47 +364,16 @@ class TrainingArgs(_message.Message):
         key: str
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
-    MODEL_FIELD_NUMBER: _ClassVar[int]
-    DATASET_FIELD_NUMBER: _ClassVar[int]
-    DATA_DIR_FIELD_NUMBER: _ClassVar[int]
-    GLOBAL_BATCH_FIELD_NUMBER: _ClassVar[int]
-    STEPS_FIELD_NUMBER: _ClassVar[int]
-    EPOCHS_FIELD_NUMBER: _ClassVar[int]
-    LR_FIELD_NUMBER: _ClassVar[int]
-    SEED_FIELD_NUMBER: _ClassVar[int]
-    POLICY_FIELD_NUMBER: _ClassVar[int]
-    REBALANCE_INTERVAL_FIELD_NUMBER: _ClassVar[int]
-    CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
-    CHECKPOINT_INTERVAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
-    model: str
-    dataset: str
-    data_dir: str
-    global_batch: int
-    steps: int
-    epochs: int
-    lr: float
-    seed: int
-    policy: str
-    rebalance_interval: int
-    checkpoint_dir: str
-    checkpoint_interval_steps: int
     command: _containers.RepeatedScalarFieldContainer[str]
     resume: bool
     options: _containers.ScalarMap[str, str]
-    def __init__(self, model: _Optional[str] = ..., dataset: _Optional[str] = ..., data_dir: _Optional[str] = ..., global_batch: _Optional[int] = ..., steps: _Optional[int] = ..., epochs: _Optional[int] = ..., lr: _Optional[float] = ..., seed: _Optional[int] = ..., policy: _Optional[str] = ..., rebalance_interval: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., checkpoint_interval_steps: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., resume: bool = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    def __init__(self, command: _Optional[_Iterable[str]] = ..., resume: bool = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class RankLaunch(_message.Message):
-    __slots__ = ("job_id", "rank", "world_size", "local_rank", "master_addr", "master_port", "backend", "device_index", "device_kind", "emulated_slowdown", "args", "env", "plan", "attempt")
-    class EnvEntry(_message.Message):
-        __slots__ = ("key", "value")
-        KEY_FIELD_NUMBER: _ClassVar[int]
-        VALUE_FIELD_NUMBER: _ClassVar[int]
-        key: str
-        value: str
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    __slots__ = ("job_id", "rank", "world_size", "local_rank", "master_addr", "master_port", "backend", "device_index", "device_kind", "emulated_slowdown", "args", "plan", "attempt", "collective_timeout_s")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -416,9 +385,9 @@ class RankLaunch(_message.Message):
     DEVICE_KIND_FIELD_NUMBER: _ClassVar[int]
     EMULATED_SLOWDOWN_FIELD_NUMBER: _ClassVar[int]
     ARGS_FIELD_NUMBER: _ClassVar[int]
-    ENV_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     world_size: int
@@ -430,10 +399,10 @@ class RankLaunch(_message.Message):
     device_kind: _types_pb2.DeviceKind
     emulated_slowdown: float
     args: TrainingArgs
-    env: _containers.ScalarMap[str, str]
     plan: _types_pb2.Plan
     attempt: int
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., local_rank: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., backend: _Optional[str] = ..., device_index: _Optional[int] = ..., device_kind: _Optional[_Union[_types_pb2.DeviceKind, str]] = ..., emulated_slowdown: _Optional[float] = ..., args: _Optional[_Union[TrainingArgs, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., plan: _Optional[_Union[_types_pb2.Plan, _Mapping]] = ..., attempt: _Optional[int] = ...) -> None: ...
+    collective_timeout_s: float
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., local_rank: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., backend: _Optional[str] = ..., device_index: _Optional[int] = ..., device_kind: _Optional[_Union[_types_pb2.DeviceKind, str]] = ..., emulated_slowdown: _Optional[float] = ..., args: _Optional[_Union[TrainingArgs, _Mapping]] = ..., plan: _Optional[_Union[_types_pb2.Plan, _Mapping]] = ..., attempt: _Optional[int] = ..., collective_timeout_s: _Optional[float] = ...) -> None: ...
 
 class RankStop(_message.Message):
     __slots__ = ("job_id", "rank", "reason", "attempt")
