@@ -1,5 +1,5 @@
 """The coordinator's own latency in ``hetero-bench load``: its ``/metrics`` histogram
-``hetero_rpc_duration_seconds`` (``coordinator.metrics``) read at the window's start
+``hetero_rpc_duration_seconds`` (``coordinator.rpclatency``) read at the window's start
 and end, subtracted, and its p50/p99 interpolated in the buckets.
 
 Beside the generators' latencies (the client's: the coordinator's handling plus the
@@ -10,9 +10,8 @@ calls the coordinator finished between the two reads, there the calls the genera
 started between the window's edges and saw answered; the calls in flight at either edge,
 and the moments the reads were made, move a few calls from one count to the other.
 
-The reads ask only for the histogram's buckets (``?name[]=``, prometheus-client's
-filter), which the coordinator answers without its cluster snapshot, so reading them
-costs the window little.
+The reads ask only for the histogram's buckets (``?name[]=``), which the coordinator
+answers without reading its cluster snapshot, so reading them costs the window little.
 """
 
 from __future__ import annotations

@@ -38,9 +38,9 @@ from hetero.coordinator import (
 )
 from hetero.coordinator.calls import STANDBY, PermissionDenied, invalid, rpc, state_name
 from hetero.coordinator.identity import Caller, Identities
-from hetero.coordinator.metrics import CoordinatorMetrics
 from hetero.coordinator.models import LogLineRow
 from hetero.coordinator.placement import PlacementError, place, predict
+from hetero.coordinator.rpclatency import RpcLatency
 from hetero.coordinator.scope import Scope, denied
 from hetero.coordinator.service import Service
 from hetero.coordinator.state import KEEP_FINISHED_S
@@ -61,12 +61,10 @@ MAX_PROBE_BYTES = 4 * 1024 * 1024 - 1024
 class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
     """Every RPC of ``hetero.v1.Coordinator`` on ``service``."""
 
-    def __init__(
-        self, service: Service, identities: Identities, metrics: CoordinatorMetrics
-    ) -> None:
+    def __init__(self, service: Service, identities: Identities, latency: RpcLatency) -> None:
         self.service = service
         self.identities = identities
-        self.metrics = metrics
+        self.latency = latency
         self.scope = Scope(SERVICE_NAME)
 
     @property
@@ -332,7 +330,6 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
     ) -> tpb.ReportIntervalStatsResponse:
         plan = reports.handle(self.cluster, req, self._now())
         await self.service.commit()
-        self.metrics.interval(req)
         return tpb.ReportIntervalStatsResponse(plan=messages.plan_message(req.job_id, plan))
 
     @rpc

@@ -2,7 +2,7 @@
 refused while this coordinator is a standby, its errors turned into status codes (a
 ``HeteroError`` with its ``grpc_code`` and message; anything else is INTERNAL, by
 ``security.guard``), and its time counted into ``/metrics``' histogram
-(``metrics.CoordinatorMetrics.rpc``)."""
+(``rpclatency``)."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def rpc(
             code = "INTERNAL"
             raise
         finally:
-            self.metrics.observe(name, code, time.perf_counter() - started)
+            self.latency.observe(name, code, time.perf_counter() - started)
         assert failed is not None
         status = getattr(grpc.StatusCode, failed.grpc_code, grpc.StatusCode.FAILED_PRECONDITION)
         await context.abort(status, str(failed))

@@ -1,115 +1,35 @@
-"""What the coordinator's ``/metrics`` exports, in one ``prometheus-client`` registry
-(served by ``metricsserver``):
+"""Prometheus ``/metrics`` for the coordinator: device telemetry, job throughput,
+per-rank batch sizes and straggler flags, in the text exposition format (0.0.4).
 
-- ``hetero_rpc_duration_seconds``: the library's ``Histogram`` by ``method`` and
-  ``code`` (the gRPC status's name), observed by every unary call's handler
-  (``calls.rpc``) from its start to its reply or abort: what happens before the
-  handler (decoding, the token check, a busy loop's queue) and after (encoding,
-  sending) is the client's share of its own latency;
-- ``hetero_job_samples_total`` and ``hetero_job_steps_total``: the library's
-  ``Counter`` by ``job``, counted as interval reports are accepted (``rate()`` of them
-  is the job's throughput), removed once the job has ended;
-- the cluster from memory, as gauges: nodes (up, draining, host and device telemetry),
-  placed jobs (state, plan, live figures) and their ranks (``families``). The state
-  is the event loop's, so a scrape never reads it: it reads the newest cluster
-  snapshot, which the loop builds at most once per ``snapshots.TTL_S`` whatever the
-  scrape rate (``snapshots.Snapshots``). A scrape filtered by name (``?name[]=``, the
-  library's) gets the histogram and counters only, without the snapshot.
+``render`` is pure (a ``ClusterSnapshot`` in, text out): it names the families
+and samples (``families``), and ``prometheus-client`` writes them (``write``:
+escaping, number format, ``_total`` for counters), so the exposition is the one
+every exporter speaks. The HTTP side (a bounded server, a cached snapshot, the
+listen rule, the RPC latency histogram of ``rpclatency`` beside it) is
+``metricsserver``.
 
-Conventions: base units (seconds, bytes, watts, hertz, ratios 0-1), ``_total`` for
-counters, ``_info`` gauges of 1 carrying descriptive labels; ``node`` is the node
-name, ``device`` the device index on its node, ``job`` the job id, ``rank`` the rank.
-A value a device cannot report is left out, not zero.
+Conventions: base units (seconds, bytes, watts, hertz, ratios 0–1), ``_total``
+for counters, ``_info`` gauges of 1 carrying descriptive labels; ``node`` is
+the node name, ``device`` the device index on its node, ``job`` the job id,
+``rank`` the rank. A value a device cannot report is left out, not zero.
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector, CollectorRegistry
 
-from hetero.coordinator.snapshots import Snapshots
 from hetero.core.states import job_label
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
 
-RPC_SECONDS = "hetero_rpc_duration_seconds"
-#: Upper bounds, seconds: fine enough to read a p99 anywhere between 1 ms and a few
-#: seconds (neighbours at most 2x apart), and to tell answers from memory from the rest.
-BUCKETS_S = (
-    *(0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02),
-    *(0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0),
-)
-_ENDED = (pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 Labels = tuple[tuple[str, str], ...]
-
-
-class CoordinatorMetrics:
-    """One coordinator's registry: the RPC histogram and the jobs' counters, written on
-    the event loop; the cluster's gauges, read from a snapshot at each scrape (``attach``)."""
-
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        self.rpc = Histogram(
-            RPC_SECONDS,
-            "Seconds the coordinator took to answer a call, from its handler's start to its "
-            "reply or abort.",
-            ("method", "code"),
-            buckets=BUCKETS_S,
-            registry=self.registry,
-        )
-        self.samples = Counter(
-            "hetero_job_samples", "Samples trained, as reported.", ("job",), registry=self.registry
-        )
-        self.steps = Counter(
-            "hetero_job_steps", "Steps trained, as reported.", ("job",), registry=self.registry
-        )
-        self._lock = threading.Lock()
-        self._counted: set[str] = set()
-
-    def observe(self, method: str, code: str, seconds: float) -> None:
-        """Count one call of ``method`` that ended with status ``code`` after ``seconds``."""
-        self.rpc.labels(method, code).observe(seconds)
-
-    def interval(self, report: tpb.IntervalReport) -> None:
-        """Count an accepted interval report's samples and steps for its job."""
-        with self._lock:
-            self._counted.add(report.job_id)
-        self.samples.labels(report.job_id).inc(sum(r.batch * r.steps for r in report.ranks))
-        self.steps.labels(report.job_id).inc(max((r.steps for r in report.ranks), default=0))
-
-    def keep_only(self, jobs: Iterable[str]) -> None:
-        """Remove the counters of every job not in ``jobs`` (those that ended)."""
-        live = set(jobs)
-        with self._lock:
-            gone, self._counted = self._counted - live, self._counted & live
-        for job in gone:
-            for counter in (self.samples, self.steps):
-                with contextlib.suppress(KeyError):  # not counted yet: nothing to remove
-                    counter.remove(job)
-
-    def attach(self, snapshots: Snapshots) -> None:
-        """Export the cluster of ``snapshots`` at each whole scrape (once per registry)."""
-        self.registry.register(_Cluster(self, snapshots))
-
-
-class _Cluster(Collector):  # type: ignore[misc, unused-ignore]
-    """The cluster's gauges of the newest snapshot; the counters of jobs that ended go."""
-
-    def __init__(self, metrics: CoordinatorMetrics, snapshots: Snapshots) -> None:
-        self._metrics = metrics
-        self._snapshots = snapshots
-
-    def collect(self) -> Iterator[Metric]:
-        snapshot = self._snapshots.message()
-        self._metrics.keep_only(j.id for j in snapshot.jobs if j.state not in _ENDED)
-        return iter(families(snapshot))
 
 
 @dataclass
@@ -134,8 +54,8 @@ class Family:
         return made
 
 
-class Exposition:
-    """Collects families; families without samples are left out."""
+class Exposition(Collector):  # type: ignore[misc, unused-ignore]
+    """Collects families, then writes them; families without samples are left out."""
 
     def __init__(self) -> None:
         self._families: dict[str, Family] = {}
@@ -147,21 +67,55 @@ class Exposition:
     def collect(self) -> Iterator[Metric]:
         return (f.metric() for f in self._families.values())
 
+    def text(self) -> str:
+        return write(self.collect()).decode("utf-8")
+
+
+class _Written(Collector):  # type: ignore[misc, unused-ignore]
+    """Families already collected, for ``generate_latest``."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families)
+
+
+def write(families: Iterable[Metric], names: frozenset[str] | None = None) -> bytes:
+    """The exposition text of ``families``; with ``names``, of only the samples so named
+    (``?name[]=`` as prometheus-client's own handler reads it: a histogram's are
+    ``NAME_bucket``, ``NAME_count``, ...). A family left without samples is left out."""
+    kept = []
+    for family in families:
+        if names is None:
+            if family.samples:
+                kept.append(family)
+            continue
+        samples = [s for s in family.samples if s.name in names]
+        if samples:
+            copy = Metric(family.name, family.documentation, family.type, family.unit)
+            copy.samples = samples
+            kept.append(copy)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Written(kept))
+    text: bytes = generate_latest(registry)
+    return text
+
 
 def families(snapshot: pb.ClusterSnapshot) -> list[Metric]:
     """The metric families of ``snapshot``."""
     out = Exposition()
     node_names = {n.id: n.name for n in snapshot.nodes}
-    counts = {"up": 0, "down": 0, "draining": 0}
     for node in snapshot.nodes:
-        counts["up" if node.healthy else "down"] += 1
-        counts["draining"] += node.draining
         _node(out, node)
-    for state, n in counts.items():
-        out.add("hetero_nodes", "gauge", "Nodes up, down, and draining.", (("state", state),), n)
     for job in snapshot.jobs:
         _job(out, job, node_names)
     return list(out.collect())
+
+
+def render(snapshot: pb.ClusterSnapshot) -> str:
+    """The exposition text of ``snapshot``."""
+    return write(families(snapshot)).decode("utf-8")
 
 
 def _node(out: Exposition, node: pb.Node) -> None:

@@ -1,36 +1,67 @@
-"""The HTTP side of ``/metrics``: the registry of ``metrics.CoordinatorMetrics`` served by
-``prometheus-client``'s own WSGI application on its threading server, on a daemon
-thread of the coordinator's process (never on the event loop), and the listen rule.
+"""The HTTP side of ``/metrics``: a bounded server, the shared cluster snapshot, the RPC
+latency histogram beside it, the listen rule.
 
-A scrape costs the process the text of a small registry (the RPC histogram, two
-counters a job) and, at most once per ``snapshots.TTL_S``, a cluster snapshot that
-the loop builds from memory; the loop's heartbeats are measured beside 200 scraping
-and half-open clients by ``hetero-bench load --scrapers``. A connection that sends no
-complete request within :data:`READ_TIMEOUT_S` is closed, so half-open connections
-hold a thread each for that long at most.
+Why not ``prometheus_client.start_http_server``: it starts a thread per
+connection with no limit and no read timeout, which is what let 200 half-open
+connections pile up threads and, with a snapshot per scrape, exhaust the
+coordinator's database pool (issue 17). Here ``metricshttp.WORKERS`` threads serve
+connections, at most ``QUEUED`` more wait, and any beyond are closed at
+once; a connection that sends no complete request within
+``metricshttp.READ_TIMEOUT_S`` is dropped. Whatever the scrape rate, the cluster
+snapshot is the coordinator's shared one (``snapshots.Snapshots``: built at most
+once a second and at most a tenth of the time, in a worker process of its own
+where there is one), so scrapers cost the database at most one read a second.
+
+The RPC latency histogram (``rpclatency``) follows the snapshot's families in
+every answer. The coordinator copies its counts (about 20 µs) and the HTTP
+process writes them as text, at each of its refreshes: writing them in the
+coordinator's process took 6.5 ms of its interpreter every quarter second under
+a scrape storm. ``?name[]=NAME&name[]=...`` (prometheus-client's own filter)
+naming only the histogram's samples (``hetero_rpc_duration_seconds_bucket``,
+``_count``, ``_sum``, ``_created``) answers those alone and does not read the
+snapshot: that is how ``hetero-bench load`` reads the coordinator's own latency at
+the edges of its window without a snapshot's cost inside it. Any other filter gets
+the whole exposition: filtering the cluster's families would cost a pass over them
+at every such scrape, outside the bounds above.
+
+The HTTP side runs in a process of its own (``spawn``, started by ``start``): a
+scrape storm is sockets to accept, read, time out and close, hundreds a second,
+and in the coordinator's process every one of them took the interpreter lock
+the event loop answering heartbeats needs (under ``hetero-bench load --scrapers
+200`` on a 2-core box the coordinator's own GetPlan p99 went from 0.3 to 128 ms
+and the heartbeats' p99 seen by the agents rose eightfold). The coordinator binds
+the socket, so a wrong address fails at once and port 0 has its port, and hands
+it to the process; that process asks the coordinator over a pipe at most every
+``metricshttp.REFRESH_S`` for the snapshot (serialized, sent only when it is a new one)
+and the histogram's counts, and for the counts alone at each scrape filtered to
+them. It writes the snapshot's Prometheus families itself, once per snapshot
+(about 0.3 s of Python for 1,000 nodes and 1,000 jobs, which in the coordinator's
+process stalled the heartbeats), and serves the text meanwhile from its copy. It
+runs at a lower CPU priority (``metricshttp.NICE``): on a host with cores to spare that
+changes nothing, on a busy one the kernel gives the coordinator the CPU first. It
+checks tokens against their SHA-256 digests and never holds a token. It exits
+within a second of a ``kill -9`` of the coordinator; one that dies is started
+again, logged.
 
 The listen rule is gRPC's (``hetero.security.transport.check_listen``): loopback by
-default; beyond it every scrape must carry the coordinator's token or a ``read``
-role's (``Authorization: Bearer``, Prometheus' ``authorization: {credentials_file:
-...}``), else ``--insecure``. Tokens are compared as SHA-256 digests in constant
-time; the server keeps no token. Loopback scrapes need no token: the figures are
-read-only and carry no spec, command or log.
+default, and a non-loopback address needs the coordinator's token, which every
+scrape must then carry (``Authorization: Bearer``, Prometheus'
+``authorization: {credentials_file: ...}``), or ``--insecure``. Loopback scrapes
+need no token: the figures are read-only and carry no spec, command or log.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
+import multiprocessing
+import os
 import socket
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client.exposition import ThreadingWSGIServer, make_wsgi_app
-
-from hetero.coordinator.metrics import CoordinatorMetrics
+from hetero.coordinator.metricshttp import Answer, digest, serve_http
+from hetero.coordinator.rpclatency import SAMPLE_NAMES, RpcLatency
 from hetero.coordinator.snapshots import TTL_S, Snapshots
 from hetero.core.errors import ConfigError
 from hetero.security.transport import ServerSecurity, is_loopback
@@ -38,8 +69,8 @@ from hetero.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger("hetero.coordinator.metrics")
 
-#: Seconds a connection may take to send its request before it is closed.
-READ_TIMEOUT_S = 5.0
+#: Seconds between starts of an HTTP process that keeps dying.
+RESTART_S = 1.0
 
 
 def check_metrics_listen(address: str, security: ServerSecurity) -> None:
@@ -59,10 +90,10 @@ def check_metrics_listen(address: str, security: ServerSecurity) -> None:
 
 
 class MetricsServer:
-    """``/metrics`` of ``metrics`` on ``address`` (``host:port``; port 0 = any), with the
-    cluster of ``snapshots`` (or of a function building a snapshot, kept ``ttl_s``).
-    ``security`` decides the listen rule and whether scrapes need a token; a connection
-    is closed ``read_timeout_s`` after it opened without a whole request."""
+    """``/metrics`` over HTTP from a process of its own, bounded as the module says, of
+    ``snapshots`` (the coordinator's shared ones, or a function building a snapshot,
+    kept ``ttl_s``). ``security`` decides the listen rule and whether scrapes need the
+    token; ``rpc_latency`` (the coordinator's ``Deps.rpc_latency``) follows the snapshot."""
 
     def __init__(
         self,
@@ -70,91 +101,124 @@ class MetricsServer:
         snapshots: Snapshots | Callable[[], pb.ClusterSnapshot],
         security: ServerSecurity | None = None,
         *,
-        metrics: CoordinatorMetrics | None = None,
         ttl_s: float = TTL_S,
-        read_timeout_s: float = READ_TIMEOUT_S,
+        rpc_latency: RpcLatency | None = None,
     ) -> None:
         host, sep, port = address.rpartition(":")
         if not sep or not port.isdigit():
             raise ConfigError(f"metrics_listen must be host:port, got {address!r}")
         security = security or ServerSecurity()
         check_metrics_listen(address, security)
+        # Beyond loopback a scrape sends the cluster token or the read role's.
         readers = [r.token for r in security.roles if r.role == "read"]
         tokens = [] if is_loopback(address) else [*filter(None, [security.token]), *readers]
-        digests = [_digest(t.reveal()) for t in tokens]
+        self._digests = [digest(t.reveal()) for t in tokens]
         if not isinstance(snapshots, Snapshots):
             snapshots = Snapshots.of(snapshots, ttl_s)
         self.snapshots = snapshots
-        self.metrics = metrics or CoordinatorMetrics()
-        self.metrics.attach(snapshots)
-        app = _guarded(make_wsgi_app(self.metrics.registry), digests)
-        server_class = _Server6 if ":" in host.strip("[]") else _Server
+        self.latency = rpc_latency
+        host = host.strip("[]") or "0.0.0.0"
+        self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         try:
-            self._httpd = make_server(
-                host.strip("[]") or "0.0.0.0",
-                int(port),
-                app,
-                server_class=server_class,
-                handler_class=type("Handler", (_Handler,), {"timeout": read_timeout_s}),
-            )
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._sock.bind((host, int(port)))
+            self._sock.listen(64)  # the backlog beyond the pool and its queue
         except OSError as exc:
+            self._sock.close()
             raise ConfigError(f"cannot listen for metrics on {address}: {exc.strerror}") from None
-        self.port: int = self._httpd.server_port
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, name="metrics", daemon=True
-        )
+        self.port: int = self._sock.getsockname()[1]
+        self._context = multiprocessing.get_context("spawn")
+        self._full = self._context.Value("q", 0, lock=False)
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._process: Any = None
+        self._thread = threading.Thread(target=self._run, name="metrics", daemon=True)
+
+    def answer(self, asked: tuple[frozenset[str] | None, int]) -> Answer:
+        """What the HTTP process asked for: ``(names, build)``. Names all of the latency
+        histogram's samples: its counts alone. Else the current snapshot's number, its
+        data unless it is ``build`` (the HTTP process has it), and the counts."""
+        names, have = asked
+        latency = self.latency.counts() if self.latency is not None else None
+        if names is not None and names <= SAMPLE_NAMES:
+            return Answer(latency=latency)
+        number, data = self.snapshots.latest()
+        return Answer(number, None if number == have else data, latency)
+
+    @property
+    def full(self) -> int:
+        """Times the HTTP process stopped accepting connections because every worker and
+        queue slot was taken (until one was free)."""
+        return int(self._full.value)
+
+    def pid(self) -> int | None:
+        """The HTTP process's id while one runs (for tests and logs)."""
+        with self._lock:
+            return None if self._process is None else self._process.pid
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
-        if self._thread.is_alive():
-            self._httpd.shutdown()
-            self._thread.join(timeout=5.0)
-        self._httpd.server_close()
+        self._stopping.set()
+        with self._lock:
+            process = self._process
+        if process is not None:
+            process.terminate()
+        self._thread.join(timeout=5.0)
+        self._sock.close()
 
-
-class _Server(ThreadingWSGIServer):  # type: ignore[misc, unused-ignore]
-    daemon_threads = True
-    request_queue_size = 128  # the listen backlog: socketserver's 5 drops a burst's SYNs
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # A client that timed out or hung up is routine here, not a traceback on stderr.
-        log.debug("metrics connection from %s failed", client_address, exc_info=True)
-
-
-class _Server6(_Server):
-    address_family = socket.AF_INET6
-
-
-class _Handler(WSGIRequestHandler):
-    timeout = READ_TIMEOUT_S  # no request within it: the connection is closed
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Scrapes are not logged (prometheus-client's own handler is silent too)."""
-
-
-def _digest(token: str) -> bytes:
-    return hashlib.sha256(token.encode("utf-8")).digest()
-
-
-def _guarded(app: Any, digests: list[bytes]) -> Any:
-    """``app`` at ``/metrics`` only, behind the bearer tokens of ``digests`` if any."""
-
-    def guarded(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
-        if environ.get("PATH_INFO") != "/metrics":
-            start_response("404 Not Found", [("Content-Type", "text/plain")])
-            return [b"not found: /metrics only\n"]
-        if digests:
-            scheme, _, token = str(environ.get("HTTP_AUTHORIZATION", "")).partition(" ")
-            given = _digest(token.strip()) if scheme.lower() == "bearer" else b""
-            if not any(hmac.compare_digest(given, d) for d in digests):
-                start_response(
-                    "401 Unauthorized",
-                    [("Content-Type", "text/plain"), ("WWW-Authenticate", "Bearer")],
+    def _run(self) -> None:
+        """Start the HTTP process and answer its requests for bodies; start another when
+        it dies, until ``stop``."""
+        while not self._stopping.is_set():
+            ours, theirs = self._context.Pipe()
+            process = self._context.Process(
+                target=serve_http,
+                args=(self._sock, theirs, self._digests, self._full, os.getpid()),
+                name="hetero-metrics",
+                daemon=True,
+            )
+            with self._lock:
+                if self._stopping.is_set():
+                    return
+                failed: OSError | None = None
+                try:
+                    process.start()
+                except OSError as exc:  # out of processes or memory: the host's, for now
+                    failed = exc
+                else:
+                    self._process = process
+            if failed is not None:
+                ours.close()
+                theirs.close()
+                log.warning("cannot start the /metrics process (%s); trying again", failed)
+                self._stopping.wait(RESTART_S)
+                continue
+            theirs.close()
+            self._answer(ours)
+            process.join(timeout=5.0)
+            if process.is_alive():
+                process.kill()
+            if not self._stopping.is_set():
+                log.warning(
+                    "the /metrics process exited (code %s); starting another", process.exitcode
                 )
-                return [b"unauthenticated: send the coordinator's token as a bearer token\n"]
-        result: Iterable[bytes] = app(environ, start_response)
-        return result
+                self._stopping.wait(RESTART_S)
 
-    return guarded
+    def _answer(self, conn: Any) -> None:
+        """The bodies the HTTP process asks for, until it exits."""
+        while True:
+            try:
+                asked = conn.recv()
+            except (EOFError, OSError):
+                return
+            try:
+                reply = self.answer(asked)
+            except Exception:
+                log.exception("metrics scrape failed")
+                reply = Answer(ok=False)
+            try:
+                conn.send(reply)
+            except OSError:
+                return

@@ -29,8 +29,8 @@ from hetero.coordinator.api import SERVICE_NAME, Api
 from hetero.coordinator.database import open_database
 from hetero.coordinator.dburl import masked
 from hetero.coordinator.identity import Caller, Identities
-from hetero.coordinator.metrics import CoordinatorMetrics
 from hetero.coordinator.metricsserver import MetricsServer
+from hetero.coordinator.rpclatency import RpcLatency
 from hetero.coordinator.service import Service, Settings
 from hetero.coordinator.snapshots import Snapshots
 from hetero.coordinator.standby import POLL_S, Leadership
@@ -76,7 +76,7 @@ class CoordinatorServer:
     ) -> None:
         self.settings = settings
         self.security = security or ServerSecurity()
-        self.metrics = CoordinatorMetrics()
+        self.latency = RpcLatency()
         self.engine = open_database(settings.db_url)
         self.leadership = Leadership(self.engine)
         try:  # a second coordinator on a SQLite file refuses here, in one line
@@ -107,7 +107,7 @@ class CoordinatorServer:
             max_message_bytes=limits.max_message_bytes,
         )
         identities = Identities(security.token, security.roles, security.named, certificates)
-        self.api = Api(self.service, identities, self.metrics)
+        self.api = Api(self.service, identities, self.latency)
         coordinator_pb2_grpc.add_CoordinatorServicer_to_server(self.api, self.server)  # type: ignore[no-untyped-call, unused-ignore]
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -283,7 +283,7 @@ def serve(
             metrics_listen,
             Snapshots.of(server.metrics_snapshot),
             security,
-            metrics=server.metrics,
+            rpc_latency=server.latency,
         )
         if metrics_listen
         else None

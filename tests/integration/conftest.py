@@ -157,7 +157,7 @@ def metrics(coordinator: Coordinator) -> Iterator[str]:
     """The base URL of a ``/metrics`` server on ``coordinator``'s snapshot and RPC
     latency histogram (port 0), as ``hetero-coord serve --metrics-listen`` wires it."""
     served = coordinator.server
-    server = MetricsServer("127.0.0.1:0", served.snapshot, metrics=served.metrics)
+    server = MetricsServer("127.0.0.1:0", served.snapshot, rpc_latency=served.latency)
     server.start()
     try:
         yield f"http://127.0.0.1:{server.port}"

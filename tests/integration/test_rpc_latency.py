@@ -5,6 +5,7 @@ SQLite and HTTP: every call counted once, by method and status code, and in ever
 from __future__ import annotations
 
 import re
+import time
 import urllib.request
 
 import grpc
@@ -12,18 +13,15 @@ import pytest
 from simcluster import watch_orders
 
 from hetero.bench.loadgen import device_profiles, heartbeat_request
-from hetero.coordinator.metrics import BUCKETS_S, RPC_SECONDS, CoordinatorMetrics
 from hetero.coordinator.metricsserver import MetricsServer
+from hetero.coordinator.rpclatency import BUCKETS_S, NAME, RpcLatency
 from hetero.v1 import coordinator_pb2 as pb
 
 DEADLINE_S = 5.0
 
 
-NAME = RPC_SECONDS
-
-
 def sample(
-    latency: CoordinatorMetrics, suffix: str, method: str, code: str, le: str | None = None
+    latency: RpcLatency, suffix: str, method: str, code: str, le: str | None = None
 ) -> float:
     labels = {"method": method, "code": code} | ({"le": le} if le is not None else {})
     value = latency.registry.get_sample_value(NAME + suffix, labels)
@@ -31,7 +29,7 @@ def sample(
 
 
 def test_every_call_is_counted_once_by_method_and_status(coordinator) -> None:  # type: ignore[no-untyped-def]
-    stub, latency = coordinator.stub, coordinator.server.metrics
+    stub, latency = coordinator.stub, coordinator.server.latency
     nodes = [
         stub.RegisterNode(
             pb.RegisterNodeRequest(name=f"n{i}", address=f"n{i}.local", devices=device_profiles(1)),
@@ -71,14 +69,12 @@ def _heartbeats_in(text: str) -> float | None:
     return None if found is None else float(found.group(1))
 
 
-def test_the_histogram_is_current_in_every_scrape_and_a_filtered_one_reads_no_snapshot(
-    coordinator, sim
-) -> None:  # type: ignore[no-untyped-def]
+def test_the_histogram_follows_the_snapshot_in_every_scrape(coordinator, sim) -> None:  # type: ignore[no-untyped-def]
     sim.register()
     sim.heartbeat()
     served = coordinator.server
     # A snapshot kept for an hour: the histogram is current however old the snapshot.
-    server = MetricsServer("127.0.0.1:0", served.snapshot, ttl_s=3600.0, metrics=served.metrics)
+    server = MetricsServer("127.0.0.1:0", served.snapshot, ttl_s=3600.0, rpc_latency=served.latency)
     server.start()
     try:
         text = _scrape(server.port)
@@ -90,9 +86,13 @@ def test_the_histogram_is_current_in_every_scrape_and_a_filtered_one_reads_no_sn
         )
         for _ in range(4):
             sim.heartbeat()
-        assert _heartbeats_in(_scrape(server.port)) == 15
+        # The HTTP process asks for the counts again at most every REFRESH_S.
+        deadline = time.monotonic() + 10.0
+        while (seen := _heartbeats_in(_scrape(server.port))) != 15:
+            assert seen == 3 and time.monotonic() < deadline, seen
+            time.sleep(0.1)
         assert server.snapshots.builds == 1
-        # ?name[]= (the library's filter) of the histogram's samples: no snapshot read.
+        # ?name[]= of the histogram's samples only: the snapshot is not read.
         server.snapshots.builds = 0
         count = f"?name[]={NAME}_count&name%5B%5D={NAME}_sum"
         only = _scrape(server.port, count)
@@ -100,5 +100,9 @@ def test_the_histogram_is_current_in_every_scrape_and_a_filtered_one_reads_no_sn
         assert f"{NAME}_sum{{" in only
         assert "_bucket" not in only and "hetero_node_up" not in only
         assert server.snapshots.builds == 0
+        # A name beyond the histogram gets the whole exposition.
+        whole = _scrape(server.port, f"{count}&name[]=hetero_node_up")
+        assert 'hetero_node_up{node="gpu-a"} 1.0' in whole and _heartbeats_in(whole) == 15
+        assert "hetero_device_info" in whole and f"{NAME}_bucket" in whole
     finally:
         server.stop()

@@ -10,16 +10,16 @@ import socket
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from prometheus_client import generate_latest
 
 from hetero.bench import loadserver
 from hetero.bench.loadconfig import LoadError
 from hetero.bench.loadserver import between, figures, parse, quantile
-from hetero.coordinator.metrics import BUCKETS_S, CoordinatorMetrics
+from hetero.coordinator.metrics import write
+from hetero.coordinator.rpclatency import BUCKETS_S, RpcLatency, families
 
 
-def _read(latency: CoordinatorMetrics) -> dict[tuple[str, str], dict[float, float]]:
-    return parse(generate_latest(latency.registry).decode())
+def _read(latency: RpcLatency) -> dict[tuple[str, str], dict[float, float]]:
+    return parse(write(families(latency.counts())).decode())
 
 
 def test_a_quantile_is_interpolated_inside_its_bucket() -> None:
@@ -33,7 +33,7 @@ def test_a_quantile_is_interpolated_inside_its_bucket() -> None:
 
 
 def test_the_window_holds_the_calls_between_two_reads_by_status() -> None:
-    latency = CoordinatorMetrics()
+    latency = RpcLatency()
     for seconds in (0.0004, 0.004, 0.04):
         latency.observe("Heartbeat", "OK", seconds)
     first = _read(latency)
@@ -60,7 +60,7 @@ def test_the_window_holds_the_calls_between_two_reads_by_status() -> None:
 def test_the_interpolated_quantile_lies_in_the_bucket_of_the_exact_one(
     latencies: list[float], q: float
 ) -> None:
-    latency = CoordinatorMetrics()
+    latency = RpcLatency()
     for seconds in latencies:
         latency.observe("Heartbeat", "OK", seconds)
     estimate = quantile(_read(latency)[("Heartbeat", "OK")], q)
