@@ -23,7 +23,7 @@ from hetero.core.catalogue import BY_NAME, OptionError, TrainingOptions
 from hetero.core.catalogue.commandline import build_parser, options_from_args
 from hetero.core.errors import ConfigError, HeteroError, Stopped
 from hetero.core.rankenv import RankEnv
-from hetero.trainer import slurm
+from hetero.trainer import preflight, slurm
 
 DESCRIPTION = (
     "Train a built-in model with per-rank batches sized to each rank's measured speed; the "
@@ -51,7 +51,15 @@ an injected wait proportional to the rank's measured compute, not real hardware.
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser("hetero-train", DESCRIPTION, EPILOG).parse_args(argv)
+    parser = build_parser("hetero-train", DESCRIPTION, EPILOG)
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the options, the data and the global batch against the ranks, say what "
+        "would run, and stop (nothing is trained)",
+    )
+    args = parser.parse_args(argv)
+    dry_run = bool(vars(args).pop("dry_run", False))
     if importlib.util.find_spec("torch") is None:
         # Here, not in each rank once --nproc started them: hetero.entry turns this into
         # one line naming the extra that brings torch (hetero[train]).
@@ -61,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = options_from_args(args)
         slurm.adopt()  # a rank srun started is one of a group, as one torchrun started
         launched = RankEnv.distributed()
+        if dry_run:
+            return _dry_run(cfg, launched)
         if cfg.top and not launched:
             return _with_top(cfg, raw_argv)
         if cfg.simulate_nodes and not launched:
@@ -163,15 +173,34 @@ def _follow(training: list[str], view: list[str], run_dir: Path, summary_path: P
     return 0
 
 
+def _dry_run(cfg: TrainingOptions, launched: bool) -> int:
+    """What ``--dry-run`` checks: the options against the ranks (``trainer.preflight``), then
+    the model and the dataset built as each rank would build them; one line says what would
+    run. A mistake is the same one line the run would print."""
+    from hetero.trainer.build import build
+
+    world = RankEnv.from_env().world_size if launched else cfg.simulate_nodes or cfg.nproc
+    preflight.check(cfg, world)
+    built = build(cfg)
+    global_batch = cfg.global_batch_for(world)
+    per_epoch = len(built.dataset) // global_batch
+    steps = cfg.steps_for(per_epoch)
+    ranks = f"{world} rank{'s' if world > 1 else ''}"
+    emulated = f", emulated slowdown {cfg.emulate_slowdown}" if cfg.emulate_slowdown else ""
+    print(
+        f"dry run: {cfg.model} on {cfg.dataset} ({len(built.dataset)} samples), {ranks}, "
+        f"global batch {global_batch}, {steps} steps, policy {cfg.policy}{emulated}; "
+        "the options and the data check out, nothing was trained"
+    )
+    return 0
+
+
 def _launch(cfg: TrainingOptions, argv: list[str]) -> int:
-    from hetero.core.slowdown import parse_slowdowns
     from hetero.trainer.launch import launch_local
 
     # Each rank checks this too (under torchrun or an agent no launcher does): here it is
-    # one line before any rank starts, not one per rank after each imported torch.
-    beyond = sorted(r for r in parse_slowdowns(cfg.emulate_slowdown) if r >= cfg.nproc)
-    if beyond:
-        raise ConfigError(f"--emulate-slowdown names rank {beyond[0]} of a {cfg.nproc}-rank job")
+    # one line before any rank starts, not one per rank and again from the launcher.
+    preflight.check(cfg, cfg.nproc)
     run_dir = cfg.run_dir
     log_dir = Path(run_dir) / "logs" if run_dir else None
     cmd = [sys.executable, "-m", "hetero.trainer.cli", *argv]

@@ -21,8 +21,9 @@ from torch import nn
 from hetero.core.catalogue.keywords import from_keywords
 from hetero.core.errors import DistributedError, HeteroError, Stopped
 from hetero.core.gap import Solo
+from hetero.core.rankenv import RankEnv
 from hetero.core.slowdown import format_slowdowns
-from hetero.trainer import report
+from hetero.trainer import preflight, report
 from hetero.trainer.activations import probe_choosing
 from hetero.trainer.build import Built, build, local_optimizer, make_optimizer
 from hetero.trainer.checkpoint import RunIdentity, load_checkpoint, save_checkpoint
@@ -70,6 +71,8 @@ def as_distributed_error(exc: RuntimeError, step: int) -> Exception:
 
 def run_job(cfg: JobConfig) -> dict[str, Any] | None:
     """Train; return the summary on rank 0 (``None`` elsewhere)."""
+    # Before the group forms: under torchrun or an agent no launcher checked this.
+    preflight.check(cfg, RankEnv.from_env().world_size)
     torch.manual_seed(cfg.seed)
     ctx = init(
         cfg.policy,

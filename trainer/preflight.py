@@ -1,0 +1,64 @@
+"""What a job's options say is wrong before any rank starts: one line, once.
+
+``hetero-train --nproc N`` runs :func:`check` in the launcher, so a mistake that
+every rank would find alike (a global batch smaller than its ranks, a data
+directory that is not there) is printed once, not once per rank and again by the
+launcher; ``hetero-train --dry-run`` runs it and stops; each rank runs it too
+(under torchrun or an agent no launcher did). Standard library and the
+catalogue only: the launcher decides this without importing torch.
+
+What needs the files read (a CIFAR batch that does not unpickle, a text file
+shorter than one sample) is found when the dataset is built: ``--dry-run``
+builds it, the launcher does not.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from hetero.core import catalogue
+from hetero.core.catalogue import TrainingOptions
+from hetero.core.errors import ConfigError
+from hetero.core.slowdown import parse_slowdowns
+
+
+def check(cfg: TrainingOptions, world_size: int) -> None:
+    """Raise a ``ConfigError`` (one line, flags as ``hetero-train`` spells them) for the
+    first mistake in ``cfg`` for a job of ``world_size`` ranks."""
+    check_data_dir(cfg)
+    global_batch = cfg.global_batch_for(world_size)
+    least = cfg.min_batch * world_size
+    if global_batch < least:
+        given = "--global-batch" if cfg.global_batch is not None else "the global batch"
+        raise ConfigError(too_small(given, global_batch, world_size, cfg.min_batch))
+    beyond = sorted(r for r in parse_slowdowns(cfg.emulate_slowdown) if r >= world_size)
+    if beyond:
+        raise ConfigError(f"--emulate-slowdown names rank {beyond[0]} of a {world_size}-rank job")
+
+
+def too_small(given: str, global_batch: int, world_size: int, min_batch: int) -> str:
+    """The one line for a global batch that cannot give each rank ``min_batch`` samples
+    (``given``: how the caller spells it, ``--global-batch`` or ``ctx.loader:
+    global_batch``): both numbers, and the least that fits."""
+    least = min_batch * world_size
+    return (
+        f"{given} {global_batch} is smaller than {world_size} ranks x min_batch {min_batch}: "
+        f"give at least {least}"
+    )
+
+
+def check_data_dir(cfg: TrainingOptions) -> None:
+    """A dataset that reads ``--data-dir`` has one, and it exists and is readable."""
+    entry = catalogue.dataset(cfg.dataset or catalogue.default_dataset(cfg.model))
+    if not entry.needs_data_dir:
+        return
+    if cfg.data_dir is None:
+        raise ConfigError(f"--dataset {entry.name} needs --data-dir")
+    path = Path(cfg.data_dir)
+    if not path.exists():
+        raise ConfigError(f"--data-dir {str(path)!r} does not exist (--dataset {entry.name})")
+    # A directory is listed (r) and entered (x); a file (the text dataset's) is read.
+    mode = os.R_OK | os.X_OK if path.is_dir() else os.R_OK
+    if not os.access(path, mode):
+        raise ConfigError(f"--data-dir {str(path)!r} is not readable by this user")
