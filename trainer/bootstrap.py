@@ -138,6 +138,27 @@ def emulated_slowdowns(
     return slowdowns
 
 
+def every_ranks_slowdowns(mine: dict[int, Slowdown]) -> dict[int, Slowdown]:
+    """The job's slowdowns as every rank knows them (collective, once the group formed).
+
+    A rank an agent started knows only its own (``HETERO_EMULATE_SLOWDOWN``, or its own
+    ``--emulate-slowdown R:F`` for a built-in job), yet rank 0 writes the report and the
+    summary, which must say EMULATED when any rank was. Each rank's entry for itself wins;
+    a rank's entries for others (a job-wide ``--emulate-slowdown``) fill in the rest.
+    """
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return mine
+    views: list[dict[int, Slowdown] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(views, mine)
+    merged: dict[int, Slowdown] = {}
+    for view in views:
+        merged.update(view or {})
+    for owner, view in enumerate(views):
+        if view and owner in view:
+            merged[owner] = view[owner]
+    return merged
+
+
 def join_process_group(
     backend: str, rank: int, world_size: int, device: torch.device, timeout_s: float
 ) -> None:

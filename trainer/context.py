@@ -48,6 +48,7 @@ from hetero.trainer.bootstrap import (
     TrainerConfig,
     default_backend,
     emulated_slowdowns,
+    every_ranks_slowdowns,
     join_process_group,
     pick_device,
 )
@@ -91,6 +92,8 @@ class Context:
         join_process_group(
             self.backend, self.rank, self.world_size, self.device, config.collective_timeout_s
         )
+        self.slowdowns = every_ranks_slowdowns(self.slowdowns)
+        self.emulated = bool(self.slowdowns)
         self.progress = ProgressFile(env.progress_file)
         self.progress.beat()
         self.clock = StepClock(self.device)

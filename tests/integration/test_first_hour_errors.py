@@ -129,3 +129,34 @@ def test_dry_run_checks_the_global_batch_against_nproc(capsys: pytest.CaptureFix
     code = main(["--model", "debug", "--nproc", "4", "--global-batch", "3", "--dry-run"])
     assert code == 2
     assert "--global-batch 3 is smaller than 4 ranks x min_batch 1" in capsys.readouterr().err
+
+
+AGENT_SLOWED = """\
+import os, sys
+import torch
+from torch.utils.data import TensorDataset
+from hetero import trainer as ht
+
+if os.environ["RANK"] == "1":  # as an agent with --emulate-slowdown 3 starts its rank
+    os.environ["HETERO_EMULATE_SLOWDOWN"] = "3"
+ctx = ht.init("equal", device="cpu", rebalance_interval=2)
+model = ctx.wrap(torch.nn.Linear(2, 1))
+loader = ctx.loader(TensorDataset(torch.randn(32, 2), torch.randn(32, 1)), global_batch=8)
+for x, y in loader:
+    ctx.backward(torch.nn.functional.mse_loss(model(x), y))
+    ctx.step()
+summary = ctx.report()
+print("flag", ctx.rank, summary["emulated"], flush=True)
+ctx.close()
+"""
+
+
+def test_report_says_emulated_when_only_another_ranks_environment_slowed_it(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    script = tmp_path / "mine.py"
+    script.write_text(AGENT_SLOWED)
+    code = launch_local([sys.executable, str(script)], 2, backend="gloo", timeout_s=120)
+    out = capfd.readouterr().out
+    assert code == 0
+    assert "flag 0 True" in out and "EMULATED" in out, out
