@@ -134,6 +134,8 @@ class _Run:
     guard: OomGuard | None
     #: What the start-up memory probe found (None: not run, or nothing measurable).
     probe: ProbeResult | None = None
+    #: Samples each evaluation scores (``eval_samples``, else proportionate to the run).
+    eval_samples: int = 0
 
     @property
     def zero(self) -> bool:
@@ -264,6 +266,7 @@ def _train(ctx: Context, cfg: JobConfig) -> dict[str, Any] | None:
     run, fraction = _setup(ctx, cfg)
     steps_per_epoch = run.loader.sampler.steps_per_epoch
     total_steps = cfg.steps_for(steps_per_epoch)  # epochs: from the dataset's real size
+    run.eval_samples = cfg.eval_samples_for(total_steps * cfg.global_batch_for(ctx.world_size))
     start_step = ctx.global_step
     _announce(run, total_steps)
 
@@ -313,13 +316,19 @@ def _eval_model(run: _Run) -> nn.Module:
 
 
 def _evaluate_now(run: _Run) -> dict[str, Any]:
-    """Rank 0 scores ``eval_samples`` samples at its own batch (the other ranks wait)."""
+    """Rank 0 scores ``run.eval_samples`` samples at its own batch (the other ranks wait)."""
     ctx = run.ctx
     model = _eval_model(run)
     if ctx.rank != 0:
         return {}
     result = report.evaluate_rank0(
-        ctx, run.cfg, run.built.task, model, run.built.dataset, ctx.running_plan[0]
+        ctx,
+        run.cfg,
+        run.built.task,
+        model,
+        run.built.dataset,
+        ctx.running_plan[0],
+        samples=run.eval_samples,
     )
     return {k.removeprefix("eval_"): v for k, v in result.items() if k in _CURVES}
 
@@ -367,13 +376,19 @@ def _finish(
 ) -> dict[str, Any] | None:
     ctx, cfg, built = run.ctx, run.cfg, run.built
     evaluation: dict[str, Any] = {}
-    if cfg.eval_samples:
+    if run.eval_samples:
         # Sharded, rank 0 scores an unsharded copy (gathering the weights is collective).
         raw = _eval_model(run)
         if ctx.rank == 0:
             # Rank 0's own batch: it trained at that size, so it fits its memory (cap).
             evaluation = report.evaluate_rank0(
-                ctx, cfg, built.task, raw, built.dataset, ctx.plan[ctx.rank]
+                ctx,
+                cfg,
+                built.task,
+                raw,
+                built.dataset,
+                ctx.plan[ctx.rank],
+                samples=run.eval_samples,
             )
             # The curve's last point (hetero-top --run), beside the summary's figures.
             metrics = finite_numbers(

@@ -114,11 +114,13 @@ class TrainingOptions(Resolved):
         "the whole run, whatever the plan",
         "job",
     )
-    eval_samples: int = opt(
-        512,
+    eval_samples: int | None = opt(
+        None,
         Int(0, 10**9),
         "samples rank 0 scores after training (CIFAR: its test split); 0: none",
         "job",
+        default_doc=f"the samples the run trains on (steps × global batch), at most "
+        f"{limits.DEFAULT_EVAL_SAMPLES}: a short run is not held up by its evaluation",
     )
     eval_every: int | None = opt(
         None,
