@@ -20,7 +20,12 @@ from pathlib import Path
 
 from hetero.core import rankenv
 from hetero.core.catalogue import BY_NAME, OptionError, TrainingOptions
-from hetero.core.catalogue.commandline import build_parser, options_from_args
+from hetero.core.catalogue.commandline import (
+    RENDEZVOUS_FLAGS,
+    build_parser,
+    options_from_args,
+    rendezvous_from_args,
+)
 from hetero.core.errors import ConfigError, HeteroError, Stopped
 from hetero.core.rankenv import RankEnv
 from hetero.trainer import preflight, slurm
@@ -44,6 +49,10 @@ origin documents' flags, accepted as aliases (docs/trainer.md has the table):
   --enable-load-balancing --load-balance-policy P   --policy P (without the switch: equal)
   --gpu-profiles FILE.json   a list, in rank order, of {name, compute_score, memory_bytes}
   --dataset synthetic_image  --dataset synthetic
+  --num-epochs N             --epochs N
+  --master-addr H --master-port P   MASTER_ADDR, MASTER_PORT (ranks started by hand)
+  --enable-profiling --profile-interval 1   always so: every step is timed
+  --num-nodes N              refused: nodes come from the launcher or the coordinator
 
 Every output of a run with --emulate-slowdown says 'emulated': the slowdown is
 an injected wait proportional to the rank's measured compute, not real hardware.
@@ -69,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = options_from_args(args)
         slurm.adopt()  # a rank srun started is one of a group, as one torchrun started
         launched = RankEnv.distributed()
+        _adopt_rendezvous(rendezvous_from_args(args), cfg, launched)
         if dry_run:
             return _dry_run(cfg, launched)
         if cfg.top and not launched:
@@ -171,6 +181,25 @@ def _follow(training: list[str], view: list[str], run_dir: Path, summary_path: P
         return code if code > 0 else 128 - code
     print(f"hetero-train: finished; its output is in {log}")
     return 0
+
+
+def _adopt_rendezvous(given: dict[str, str], cfg: TrainingOptions, launched: bool) -> None:
+    """``--master-addr`` / ``--master-port`` (the origin documents') as ``MASTER_ADDR`` /
+    ``MASTER_PORT`` for this rank; the environment's value wins only if it is the same."""
+    flags = {variable: flag for flag, variable in RENDEZVOUS_FLAGS.items()}
+    for variable, value in given.items():
+        flag = flags[variable]
+        if cfg.nproc > 1 and not launched:
+            raise ConfigError(
+                f"{flag}: --nproc's ranks meet on this machine (127.0.0.1); give {flag} to "
+                "ranks started by hand (RANK and WORLD_SIZE set) instead"
+            )
+        current = os.environ.get(variable)
+        if current is not None and current != value:
+            raise ConfigError(
+                f"{flag} {value} differs from {variable}={current} in the environment"
+            )
+        os.environ[variable] = value
 
 
 def _dry_run(cfg: TrainingOptions, launched: bool) -> int:

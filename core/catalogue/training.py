@@ -157,6 +157,7 @@ class TrainingOptions(Resolved):
         Int(1, limits.MAX_EPOCHS),
         f"passes over the dataset, counted from its real size once built; excludes {ref('steps')}",
         "length",
+        aliases=("--num-epochs",),
     )
     lr: float | None = opt(
         None,
