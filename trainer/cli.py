@@ -185,7 +185,8 @@ def _follow(training: list[str], view: list[str], run_dir: Path, summary_path: P
 
 def _adopt_rendezvous(given: dict[str, str], cfg: TrainingOptions, launched: bool) -> None:
     """``--master-addr`` / ``--master-port`` (the origin documents') as ``MASTER_ADDR`` /
-    ``MASTER_PORT`` for this rank; the environment's value wins only if it is the same."""
+    ``MASTER_PORT`` for this rank. An environment that sets either to another value (a
+    launcher's) is an error, as is a flag for ``--nproc``'s ranks, which meet locally."""
     flags = {variable: flag for flag, variable in RENDEZVOUS_FLAGS.items()}
     for variable, value in given.items():
         flag = flags[variable]

@@ -7,7 +7,8 @@ launcher; ``hetero-train --dry-run`` runs it and stops; each rank runs it too
 (under torchrun or an agent no launcher did). Standard library and the
 catalogue only: the launcher decides this without importing torch.
 
-What needs the files read (a CIFAR batch that does not unpickle, a text file
+The balancer's constraints (``max_batch`` caps that cannot hold the global
+batch) are checked here too. What needs the files read (a CIFAR batch that does not unpickle, a text file
 shorter than one sample) is found when the dataset is built: ``--dry-run``
 builds it, the launcher does not.
 """
@@ -18,8 +19,9 @@ import os
 from pathlib import Path
 
 from hetero.core import catalogue
+from hetero.core.balancer import Constraints
 from hetero.core.catalogue import TrainingOptions
-from hetero.core.errors import ConfigError
+from hetero.core.errors import ConfigError, PlanError
 from hetero.core.slowdown import parse_slowdowns
 
 
@@ -32,6 +34,8 @@ def check(cfg: TrainingOptions, world_size: int) -> None:
     if global_batch < least:
         given = "--global-batch" if cfg.global_batch is not None else "the global batch"
         raise ConfigError(too_small(given, global_batch, world_size, cfg.min_batch))
+    if cfg.max_batch:
+        _caps_hold(cfg.max_batch, global_batch, world_size, cfg.min_batch)
     beyond = sorted(r for r in parse_slowdowns(cfg.emulate_slowdown) if r >= world_size)
     if beyond:
         raise ConfigError(f"--emulate-slowdown names rank {beyond[0]} of a {world_size}-rank job")
@@ -46,6 +50,19 @@ def too_small(given: str, global_batch: int, world_size: int, min_batch: int) ->
         f"{given} {global_batch} is smaller than {world_size} ranks x min_batch {min_batch}: "
         f"give at least {least}"
     )
+
+
+def _caps_hold(text: str, global_batch: int, world_size: int, min_batch: int) -> None:
+    """``--max-batch``: a cap for every rank (or one for all), none below ``min_batch``, and
+    together room for the global batch: the balancer's own constraints, checked early."""
+    caps = tuple(None if p == "-" else int(p) for p in text.split(","))
+    caps = caps * world_size if len(caps) == 1 else caps
+    if len(caps) != world_size:
+        raise ConfigError(f"--max-batch has {len(caps)} caps for {world_size} ranks")
+    try:
+        Constraints(global_batch, world_size, min_batch, caps)
+    except PlanError as exc:
+        raise ConfigError(f"--max-batch {text}: {exc}") from None
 
 
 def check_data_dir(cfg: TrainingOptions) -> None:

@@ -67,6 +67,31 @@ def test_hetero_train_nproc_prints_a_too_small_global_batch_once_before_any_rank
     ]
 
 
+def test_hetero_train_nproc_prints_caps_that_cannot_hold_the_global_batch_once() -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hetero.trainer.cli",
+            "--nproc",
+            "2",
+            "--model",
+            "debug",
+            "--max-batch",
+            "2",
+            "--global-batch",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert _errors(done.stderr) == [
+        "error: --max-batch 2: the ranks' memory caps (2, 2) cannot hold global_batch 8"
+    ]
+
+
 def test_dry_run_refuses_a_missing_data_dir_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["--model", "debug", "--dataset", "cifar10", "--data-dir", "/nope", "--dry-run"])
     assert code == 2
