@@ -336,9 +336,10 @@ def test_a_process_of_the_agents_user_cannot_read_its_token_from_proc(root_dir: 
             time.sleep(0.2)
         reader = [sys.executable, "-c", READ_AGENT_SECRETS, str(agent.pid), token]
         seen = subprocess.run(_argv(NOBODY, *reader), capture_output=True, text=True, timeout=60)
-        assert seen.stdout.split("\n")[:2] == ["environ: PermissionError", "mem: PermissionError"], (
-            seen.stdout + seen.stderr
-        )
+        assert seen.stdout.split("\n")[:2] == [
+            "environ: PermissionError",
+            "mem: PermissionError",
+        ], seen.stdout + seen.stderr
     finally:
         agent.terminate()
         agent.wait(timeout=30)

@@ -29,14 +29,14 @@ def test_an_appended_file_that_is_a_link_is_refused(tmp_path: Path) -> None:
     canary.write_text("canary")
     (tmp_path / "metrics").mkdir()
     (tmp_path / "metrics" / "rank0.jsonl").symlink_to(canary)
-    with pytest.raises(UnsafePathError, match="rank0.jsonl is a symbolic link"):
+    with pytest.raises(UnsafePathError, match=r"rank0\.jsonl is a symbolic link"):
         safefile.open_file(tmp_path / "metrics" / "rank0.jsonl")
     assert canary.read_text() == "canary"
 
 
 def test_a_planted_fifo_is_refused_without_hanging(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "rank1.out")
-    with pytest.raises(UnsafePathError, match="rank1.out"):
+    with pytest.raises(UnsafePathError, match=r"rank1\.out"):
         safefile.open_file(tmp_path / "rank1.out", append=False)
 
 
