@@ -53,8 +53,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import gc
 import ipaddress
+import logging
 import os
 import socket
 from datetime import timedelta
@@ -68,6 +70,8 @@ from torch._C._distributed_c10d import TCPStore
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
+
+log = logging.getLogger("hetero.trainer.procgroup")
 
 #: The meshes :func:`device_mesh` made, whose groups :func:`leave` releases.
 _meshes: list[DeviceMesh] = []
@@ -105,7 +109,8 @@ def rendezvous_store(rank: int, world_size: int, timeout: timedelta) -> TCPStore
     that resolves to a loopback address here (Debian's ``127.0.1.1`` for the hostname)
     while ranks run on other hosts (``LOCAL_WORLD_SIZE`` below ``WORLD_SIZE``, or not
     set): other hosts reach that name at another address, so the server listens on
-    every interface, as before (docs/deploy.md)."""
+    every interface, as before (docs/deploy.md); so does a ``MASTER_ADDR`` that is no
+    address of this host (a NAT's), with a warning."""
     host, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
     if not host or not port.isdigit():
         raise ValueError("MASTER_ADDR and MASTER_PORT must be set to join a process group")
@@ -130,14 +135,30 @@ def _listen(host: str, port: int, one_host: bool) -> socket.socket:
         family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         literal = _is_ip(host)
         if ipaddress.ip_address(address[0]).is_loopback and not (literal or one_host):
-            if socket.has_dualstack_ipv6():
-                return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True)
-            return socket.create_server(("", port))
-        return socket.create_server(address[:2], family=family)
+            return _listen_everywhere(port)
+        try:
+            return socket.create_server(address[:2], family=family)
+        except OSError as exc:
+            if exc.errno != errno.EADDRNOTAVAIL:
+                raise
+            # An address other hosts reach this one at, not its own (a NAT's, a
+            # proxy's): listening on it is impossible, so listen as torch would.
+            log.warning(
+                "MASTER_ADDR %s is no address of this host: the rendezvous listens on "
+                "every interface",
+                host,
+            )
+            return _listen_everywhere(port)
     except OSError as exc:
         raise RuntimeError(
             f"cannot listen for the rendezvous on {host}:{port}: {exc.strerror or exc}"
         ) from None
+
+
+def _listen_everywhere(port: int) -> socket.socket:
+    if socket.has_dualstack_ipv6():
+        return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True)
+    return socket.create_server(("", port))
 
 
 def _is_ip(host: str) -> bool:

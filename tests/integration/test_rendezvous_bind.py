@@ -31,3 +31,13 @@ def test_a_name_that_is_loopback_here_listens_everywhere_only_for_a_multi_host_j
     finally:
         one_host.close()
         spread.close()
+
+
+def test_an_address_of_another_host_falls_back_to_every_interface() -> None:
+    """``MASTER_ADDR`` an address this host cannot listen on (a NAT's): the job still
+    starts, listening as torch would, rather than failing."""
+    elsewhere = _listen("192.0.2.1", 0, one_host=False)  # TEST-NET-1: no host's own
+    try:
+        assert elsewhere.getsockname()[0] in ("::", "0.0.0.0")
+    finally:
+        elsewhere.close()
