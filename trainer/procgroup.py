@@ -110,11 +110,15 @@ def rendezvous_store(rank: int, world_size: int, timeout: timedelta) -> TCPStore
     while ranks run on other hosts (``LOCAL_WORLD_SIZE`` below ``WORLD_SIZE``, or not
     set): other hosts reach that name at another address, so the server listens on
     every interface, as before (docs/deploy.md); so does a ``MASTER_ADDR`` that is no
-    address of this host (a NAT's), with a warning."""
+    address of this host (a NAT's), with a warning. Under torchrun
+    (``TORCHELASTIC_USE_AGENT_STORE``) torchrun's agent serves the store and every
+    rank is its client, as with ``env://``; where it listens is torchrun's choice."""
     host, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
     if not host or not port.isdigit():
         raise ValueError("MASTER_ADDR and MASTER_PORT must be set to join a process group")
-    if rank != 0:
+    # Under torchrun the elastic agent already serves the store at this address.
+    agent_serves = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    if rank != 0 or agent_serves:
         return TCPStore(host, int(port), world_size, is_master=False, timeout=timeout)
     local = os.environ.get("LOCAL_WORLD_SIZE", "")
     one_host = local.isdigit() and int(local) >= world_size
