@@ -28,7 +28,7 @@ from hetero.core.catalogue.commandline import (
 )
 from hetero.core.errors import ConfigError, HeteroError, Stopped
 from hetero.core.rankenv import RankEnv
-from hetero.trainer import preflight, slurm
+from hetero.trainer import preflight, safefile, slurm
 
 DESCRIPTION = (
     "Train a built-in model with per-rank batches sized to each rank's measured speed; the "
@@ -153,9 +153,8 @@ def _follow(training: list[str], view: list[str], run_dir: Path, summary_path: P
     the run ends stops it (SIGINT, as Ctrl-C)."""
     from hetero.trainer.metrics import run_ended
 
-    run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir / "train.log"
-    with log.open("ab") as out:
+    with safefile.open_file(log) as out:
         child = subprocess.Popen(training, stdout=out, stderr=subprocess.STDOUT)
     stopped = False
     try:

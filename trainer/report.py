@@ -18,6 +18,7 @@ from typing import Any
 from torch import nn
 
 from hetero.core.slowdown import format_slowdowns
+from hetero.trainer import safefile
 from hetero.trainer.context import Context
 from hetero.trainer.control import AgentPlanner
 from hetero.trainer.datasets import build_dataset
@@ -172,9 +173,7 @@ def summarize(
 def write(summary: dict[str, Any], path: str | None, as_json: bool) -> None:
     """The summary to ``path`` (if any) and to stdout, as JSON or as a table."""
     if path:
-        out = Path(path)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(summary, indent=2) + "\n")
+        safefile.write_text(Path(path), json.dumps(summary, indent=2) + "\n")
     if as_json:
         print(json.dumps(summary, indent=2))
     else:

@@ -241,3 +241,45 @@ def test_logs_filters_by_rank_prints_json_and_follow_ends_with_the_job(coordinat
     assert followed.returncode == 0 and len(followed.stdout.splitlines()) == 3
     unknown = _cli("logs", "nope", "--coordinator", coordinator.address)
     assert unknown.returncode != 0 and "nope" in _one_error_line(unknown)
+
+
+#: What a job's output or a node's fields carried in issue 33: title, clipboard, clear
+#: screen, alternate screen, and a C1 CSI.
+TERMINAL_ATTACK = "\x1b]0;pwned\x07\x1b]52;c;cm0gLXJmIH4=\x07\x1b[2J\x1b[?1049h\x9b2J"
+
+
+def _controls(text: str) -> list[str]:
+    """The control characters (C0 but newline, DEL, C1) in ``text``."""
+    return [c for c in text if (ord(c) < 0x20 and c != "\n") or 0x7F <= ord(c) < 0xA0]
+
+
+def test_job_output_and_node_fields_cannot_drive_the_terminal(coordinator) -> None:  # type: ignore[no-untyped-def]
+    coordinator.stub.RegisterNode(
+        pb.RegisterNodeRequest(
+            name="laptop",
+            address="127.0.0.1",
+            devices=[
+                tpb.DeviceProfile(
+                    index=0,
+                    name=f"cpu{TERMINAL_ATTACK}",
+                    kind=tpb.DEVICE_KIND_CPU,
+                    compute_score=1.0,
+                )
+            ],
+        ),
+        timeout=5,
+    )
+    job_id = _cli("submit", str(DEMO), "--coordinator", coordinator.address).stdout.strip()
+    line = pb.LogLine(rank=0, stream="stdout", text=f"step 1 {TERMINAL_ATTACK} loss 0.5")
+    coordinator.stub.AppendJobLogs(pb.AppendJobLogsRequest(job_id=job_id, lines=[line]), timeout=5)
+
+    logs = _cli("logs", job_id, "--coordinator", coordinator.address)
+    assert logs.returncode == 0, logs.stderr
+    assert _controls(logs.stdout) == []
+    assert "\\x1b]0;pwned\\x07" in logs.stdout and "\\x9b2J loss 0.5" in logs.stdout
+    raw = _cli("logs", job_id, "--raw", "--coordinator", coordinator.address)
+    assert TERMINAL_ATTACK in raw.stdout, "--raw gives the text as shipped"
+
+    nodes = _cli("nodes", "--coordinator", coordinator.address)
+    assert nodes.returncode == 0, nodes.stderr
+    assert _controls(nodes.stdout) == [] and "\\x1b" in nodes.stdout

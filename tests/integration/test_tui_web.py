@@ -109,6 +109,42 @@ def test_the_token_signs_a_browser_in_once_and_other_hosts_and_origins_are_refus
     assert _get(port, "/ws", Origin="http://evil.example", **upgrade).status == 403
 
 
+def test_a_loopback_view_without_a_token_asks_for_the_one_it_printed(tmp_path: Path) -> None:
+    """Issue 33: on loopback without a token, any local user drove the operator's view (a
+    plain websocket client cancelled another user's job with the operator's token)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HETERO_TOKEN")}
+    proc = subprocess.Popen(
+        _hetero_top("--web", "127.0.0.1:0", "--run", str(tmp_path / "run")),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        found = re.search(r"http://127\.0\.0\.1:(\d+)/\?token=([\w-]{40,})", line)
+        assert found, f"no URL with a token in {line!r}"
+        port, url_token = int(found.group(1)), found.group(2)
+        upgrade = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
+                   "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==", "Origin": f"http://127.0.0.1:{port}"}  # fmt: skip
+        assert _get(port, "/").status == 401
+        assert _get(port, "/ws", **upgrade).status == 401, "the app's socket without a token"
+        assert _get(port, "/", Authorization=f"Bearer {url_token}").status == 200
+        signed = _get(port, f"/?token={url_token}")
+        assert signed.status == 303 and url_token not in (signed.getheader("Set-Cookie") or "")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def test_a_window_is_bounded_however_large_the_page_asks() -> None:
+    from hetero.tui.web import MAX_COLUMNS, MAX_ROWS, window_cells
+
+    assert window_cells("1000000000", 80, MAX_COLUMNS) == MAX_COLUMNS
+    assert window_cells(10**12, 24, MAX_ROWS) == MAX_ROWS
+    assert window_cells("-5", 80, MAX_COLUMNS) == 1
+    assert window_cells("nan", 80, MAX_COLUMNS) == 80 and window_cells(None, 24, MAX_ROWS) == 24
+    assert window_cells("120", 80, MAX_COLUMNS) == 120
+
+
 # ---- the browser ------------------------------------------------------------------------
 
 
