@@ -23,12 +23,14 @@ from hetero.core.balancer import Constraints
 from hetero.core.catalogue import TrainingOptions
 from hetero.core.errors import ConfigError, PlanError
 from hetero.core.slowdown import parse_slowdowns
+from hetero.trainer import safefile
 
 
 def check(cfg: TrainingOptions, world_size: int) -> None:
     """Raise a ``ConfigError`` (one line, flags as ``hetero-train`` spells them) for the
     first mistake in ``cfg`` for a job of ``world_size`` ranks."""
     check_data_dir(cfg)
+    check_write_dirs(cfg)
     global_batch = cfg.global_batch_for(world_size)
     least = cfg.min_batch * world_size
     if global_batch < least:
@@ -63,6 +65,18 @@ def _caps_hold(text: str, global_batch: int, world_size: int, min_batch: int) ->
         Constraints(global_batch, world_size, min_batch, caps)
     except PlanError as exc:
         raise ConfigError(f"--max-batch {text}: {exc}") from None
+
+
+def check_write_dirs(cfg: TrainingOptions) -> None:
+    """``--checkpoint-dir`` and ``--output-dir``, where they exist already, are directories
+    the trainer may write into (``safefile``: its user's, writable by no one else). Found
+    here, before a rank forms its group, the refusal is one line: found by a rank at its
+    first checkpoint, the process exited with Gloo's threads running and C++ aborted
+    ("terminate called without an active exception") after the line."""
+    for path in (cfg.checkpoint_dir, cfg.output_dir):
+        if path is not None and os.path.lexists(path):
+            with safefile.open_dir(path, create=False):
+                pass
 
 
 def check_data_dir(cfg: TrainingOptions) -> None:
