@@ -16,7 +16,9 @@
 exact-weighting comm hook and the timing hooks. ``loader`` yields this rank's share of each
 global batch, of a map-style dataset or of a stream. ``step`` closes the step and, at each
 rebalance boundary, exchanges statistics and applies the next plan on every rank at the
-same step.
+same step. Slightly over the usual ~450 lines: it is the API's one object, and each of
+its methods already hands its work to a module of its own (``loading``, ``rebalance``,
+``bootstrap``, ``intervalhooks``).
 
 ``Context`` is the facade over the parts: ``bootstrap`` (config, device, backend, process
 group), ``timing`` (step phases, hooks), ``gradients`` and ``commsched`` (the comm hook and
