@@ -71,10 +71,21 @@ class TrainerConfig:
 
 #: The fields of ``TrainerConfig`` that are catalogue options checked by value.
 _CHECKED = (
-    "policy", "rebalance_interval", "min_batch", "emulate_slowdown", "device", "backend",
-    "warmup_steps", "settle_steps", "history_intervals", "collective_timeout_s", "comm",
-    "shard", "offload", "activation_checkpointing",
-)  # fmt: skip
+    "policy",
+    "rebalance_interval",
+    "min_batch",
+    "emulate_slowdown",
+    "device",
+    "backend",
+    "warmup_steps",
+    "settle_steps",
+    "history_intervals",
+    "collective_timeout_s",
+    "comm",
+    "shard",
+    "offload",
+    "activation_checkpointing",
+)
 
 
 def pick_device(choice: str, env: RankEnv) -> torch.device:

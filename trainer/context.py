@@ -132,8 +132,11 @@ class Context:
         #: ``grad_op`` or ``full`` once :meth:`wrap` sharded the model with FSDP2.
         self.shard = "none"
         #: Which ranks recompute activations in backward, and why (``trainer.activations``).
-        self.recompute = RecomputeChoice(config.activation_checkpointing, (False,) * env.world_size,
-                                         ("not wrapped yet",) * env.world_size)  # fmt: skip
+        self.recompute = RecomputeChoice(
+            config.activation_checkpointing,
+            (False,) * env.world_size,
+            ("not wrapped yet",) * env.world_size,
+        )
         self._step_sizes: tuple[int, ...] = ()
         self._last_batch = -1
         self._batch_since = 0  # global step from which this rank ran its current batch size
@@ -216,10 +219,16 @@ class Context:
         from hetero.trainer.wrapping import wrap_model
 
         return wrap_model(
-            self, model, sync_batchnorm=sync_batchnorm, comm=comm, shard=shard,
-            offload=offload, param_dtype=param_dtype,
-            activation_checkpointing=activation_checkpointing, **ddp_kwargs,
-        )  # fmt: skip
+            self,
+            model,
+            sync_batchnorm=sync_batchnorm,
+            comm=comm,
+            shard=shard,
+            offload=offload,
+            param_dtype=param_dtype,
+            activation_checkpointing=activation_checkpointing,
+            **ddp_kwargs,
+        )
 
     # -- data -------------------------------------------------------------------------
     def loader(
@@ -408,9 +417,17 @@ class Context:
         from hetero.trainer.ideal import measure_solo
 
         self.solo = measure_solo(
-            self, make_model, optimizer, dataset, loss_fn, self.running_plan,
-            steps=steps, seed=seed, amp=amp, memory_format=memory_format,
-        )  # fmt: skip
+            self,
+            make_model,
+            optimizer,
+            dataset,
+            loss_fn,
+            self.running_plan,
+            steps=steps,
+            seed=seed,
+            amp=amp,
+            memory_format=memory_format,
+        )
         return self.solo
 
     def report(self, *, print_table: bool = True, file: TextIO | None = None) -> dict[str, Any]:

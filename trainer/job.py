@@ -5,6 +5,8 @@
 the dataset's real size — under the chosen policy, checkpoints, measures each
 rank alone for the ideal throughput, and (on rank 0) returns the summary
 (``trainer.report``). ``ht.train(**options)`` is the same job from Python.
+A little over the usual ~450 lines as ruff formats it: the job's steps read in
+order, each handing its work to the module named in it.
 """
 
 from __future__ import annotations
@@ -224,9 +226,15 @@ def _setup(ctx: Context, cfg: JobConfig) -> tuple[_Run, float | None]:
         # Before the first step: the first plan must already fit every rank's memory.
         # Under activation_checkpointing auto it also decides which ranks recompute.
         run.probe = probe_choosing(
-            ctx, model, optimizer, loader.samples, run.loss, margin=cfg.memory_margin,
-            fraction=fraction, share=loader.sampler.global_batch // ctx.world_size,
-        )  # fmt: skip
+            ctx,
+            model,
+            optimizer,
+            loader.samples,
+            run.loss,
+            margin=cfg.memory_margin,
+            fraction=fraction,
+            share=loader.sampler.global_batch // ctx.world_size,
+        )
         if run.probe is not None:
             monitor.start_from(run.probe.caps, run.probe.step_points(ctx.rank))
     return run, fraction

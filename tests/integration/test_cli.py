@@ -163,8 +163,15 @@ def test_a_job_file_that_is_not_utf8_or_endless_is_one_line(coordinator, tmp_pat
 def test_a_database_password_is_never_printed_and_a_missing_driver_is_named(tmp_path: Path) -> None:
     """Issue 17: ``--db`` with a password printed it; a URL whose driver is absent traced back."""
     secret = "s3cret-pw"
-    no_driver = _cli("serve", "--db", f"postgresql+psycopg2://hetero:{secret}@db/x",
-                     "--listen", "127.0.0.1:0", "--state-dir", str(tmp_path))  # fmt: skip
+    no_driver = _cli(
+        "serve",
+        "--db",
+        f"postgresql+psycopg2://hetero:{secret}@db/x",
+        "--listen",
+        "127.0.0.1:0",
+        "--state-dir",
+        str(tmp_path),
+    )
     assert no_driver.returncode == 3
     assert _one_error_line(no_driver) == (
         "error: database URL postgresql+psycopg2://hetero:***@db/x needs the Python driver "
@@ -197,10 +204,20 @@ def test_hetero_top_with_a_wrong_token_exits_non_zero_with_one_line(tmp_path: Pa
     wrong.chmod(0o600)
     try:
         top = subprocess.run(
-            [sys.executable, "-c", "import sys; from hetero.tui.app import main; sys.exit(main())",
-             "--coordinator", f"127.0.0.1:{port}", "--token-file", str(wrong)],
-            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-c",
+                "import sys; from hetero.tui.app import main; sys.exit(main())",
+                "--coordinator",
+                f"127.0.0.1:{port}",
+                "--token-file",
+                str(wrong),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
     finally:
         deps.stopping.set()
         server.stop(0).wait()

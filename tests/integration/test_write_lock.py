@@ -58,9 +58,11 @@ def _holding(url: str) -> Iterator[Holder]:
     """Another process, holding a write transaction on ``url`` that added one to the
     counter, until ``commit``; it exits at the end."""
     proc = subprocess.Popen(
-        [sys.executable, str(WORKER), "hold", url], stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [sys.executable, str(WORKER), "hold", url],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdin is not None and proc.stdout is not None
     try:
         line = proc.stdout.readline()
@@ -187,8 +189,10 @@ def test_a_read_only_directory_leaves_the_waiting_to_sqlite_with_one_log_line(
     try:
         done = subprocess.run(
             [*prefix, sys.executable, str(WORKER), "bump", url, "2"],
-            capture_output=True, text=True, timeout=DEADLINE_S,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE_S,
+        )
     finally:
         state.chmod(0o755)
     assert done.returncode == 0, done.stderr[-4000:]

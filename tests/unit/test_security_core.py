@@ -74,9 +74,13 @@ def test_ranks_inherit_no_credential_and_get_only_the_agent_endpoint_token(tmp_p
     order.args.model, order.args.global_batch, order.args.steps = "debug", 8, 10
     local = new_token()
     env = rank_environment(
-        order, agent_endpoint="127.0.0.1:7071", threads=1, local_world_size=1, base=base,
+        order,
+        agent_endpoint="127.0.0.1:7071",
+        threads=1,
+        local_world_size=1,
+        base=base,
         agent_token=local,
-    )  # fmt: skip
+    )
     assert env[AGENT_TOKEN_ENV] == local.reveal()
     assert not set(base) - {"PATH"} & set(env), "the agent's credentials stay with the agent"
     argv = rank_command(order, "python", tmp_path)
