@@ -25,8 +25,9 @@ from hetero.agent.config import AgentConfig, load_config, with_flags
 from hetero.core import defaults, heap
 from hetero.core.errors import ConfigError, HeteroError
 from hetero.core.logs import configure_logging
+from hetero.security.auth import AGENT_TOKEN_ENV, TOKEN_ENV
 from hetero.security.credentials import check_holder
-from hetero.security.permissions import private_dir, refuse_root, set_daemon_umask
+from hetero.security.permissions import private_dir, refuse_root, seal_secrets, set_daemon_umask
 from hetero.security.transport import (
     ServerSecurity,
     add_client_arguments,
@@ -244,6 +245,8 @@ def _run(config: AgentConfig, refresh: bool) -> int:
         config.tls_key,
         address=config.coordinator,
     )
+    # Read: now out of reach of the ranks, which run as this user (security.permissions).
+    seal_secrets((TOKEN_ENV, AGENT_TOKEN_ENV))
     check_holder(security.token, "node", config.node_name)
     if not security.secured and not config.insecure:  # the listen rule, before the profile
         check_listen(config.local_listen, ServerSecurity(), "agent endpoint")

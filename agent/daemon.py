@@ -152,8 +152,10 @@ class Agent:
         for rec, n in self.leftovers:
             log.warning(
                 "job %s rank %d outlived the last agent: ended %d leftover processes",
-                rec.job_id, rec.rank, n,
-            )  # fmt: skip
+                rec.job_id,
+                rec.rank,
+                n,
+            )
             message = f"the agent restarted: ended the rank's {n} leftover processes"
             self.shipper.queue(
                 rec.job_id, rec.rank, pb.RANK_STATE_EXITED, 137, message, rec.attempt

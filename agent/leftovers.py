@@ -94,8 +94,11 @@ class RankRecords:
             if alive:
                 log.error(
                     "job %s rank %d: %d leftover processes survived SIGKILL: %s",
-                    rec.job_id, rec.rank, len(alive), [p.pid for p in alive],
-                )  # fmt: skip
+                    rec.job_id,
+                    rec.rank,
+                    len(alive),
+                    [p.pid for p in alive],
+                )
             self.forget(rec.job_id, rec.rank)
             ended.append((rec, len(procs)))
         return ended

@@ -24,6 +24,7 @@ from hetero.coordinator.roles import load_roles
 from hetero.core import defaults
 from hetero.core.errors import HeteroError
 from hetero.core.logs import configure_logging
+from hetero.core.textsafe import printable
 from hetero.security.auth import ensure_token, local_token_path
 from hetero.security.permissions import private_dir, set_daemon_umask
 from hetero.security.transport import add_client_arguments, check_listen, server_security
@@ -230,6 +231,9 @@ def _parser() -> argparse.ArgumentParser:
     logs.add_argument(
         "--follow", action="store_true", help="keep printing new lines until the job ends"
     )
+    logs.add_argument(
+        "--raw", action="store_true", help="control characters as shipped (default: escaped)"
+    )
     exp = client("export", "write a job's interval statistics and plans", json_flag=False)
     exp.add_argument("job_id")
     exp.add_argument("--format", choices=FORMATS, default="csv", help="default csv")
@@ -261,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return access.print_credential(args)
         return commands.run(args)
     except HeteroError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {printable(str(exc))}", file=sys.stderr)  # may quote a user's text
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

@@ -27,6 +27,7 @@ from hetero.coordinator import export, render
 from hetero.core.errors import ConfigError, HeteroError, UnknownNameError
 from hetero.core.jobspec import check_priority, parse_jobspec, read_job_file
 from hetero.core.states import JobState, job_terminal
+from hetero.core.textsafe import printable
 from hetero.security.transport import client_channel, client_security_from_args, remote_error
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
@@ -154,7 +155,8 @@ def _logs(args: argparse.Namespace, stub: Any, call: Callable[[Callable[[], Any]
                 )
                 print(json.dumps(entry))
             else:
-                print(f"[rank {line.rank} {line.stream}] {line.text.rstrip()}")
+                text = line.text.rstrip()  # --raw: the bytes as shipped, for a pipe
+                print(f"[rank {line.rank} {line.stream}] {text if args.raw else printable(text)}")
         after = max(after, resp.next_seq)
         if resp.lines:
             continue  # more pages may be waiting

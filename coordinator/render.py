@@ -1,6 +1,8 @@
 """Human output of ``hetero-coord``: rich tables of nodes, jobs, plans and predictions.
 
 Unset telemetry prints as "n/a". ``--json`` output does not come through here.
+Every field a job, a node or a user chose goes through :func:`shown`: no control
+character reaches the terminal (``core.textsafe``) and no ``[...]`` is read as markup.
 """
 
 from __future__ import annotations
@@ -9,13 +11,20 @@ import time
 from collections.abc import Sequence
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from hetero.core.states import job_label, rank_label
+from hetero.core.textsafe import printable
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
 
 NA = "n/a"
+
+
+def shown(text: str) -> str:
+    """A field from a job, a node or a user, safe to print through rich (module doc)."""
+    return escape(printable(text))
 
 
 def state_name(job: pb.Job) -> str:
@@ -42,7 +51,7 @@ def nodes_table(nodes: Sequence[pb.Node]) -> Table:
     table = Table("node", "id", "health", "devices", "cpu", "ram", "gpu util / mem / temp")
     for n in nodes:
         devices = ", ".join(
-            f"{_kind(d.kind)}:{d.index} {d.name} (score {d.compute_score:g}"
+            f"{_kind(d.kind)}:{d.index} {shown(d.name)} (score {d.compute_score:g}"
             + (f", emulated x{d.emulated_slowdown:g}" if d.emulated_slowdown != 1.0 else "")
             + "".join(f"; {note}" for note in profile_notes(d))
             + ")"
@@ -56,7 +65,7 @@ def nodes_table(nodes: Sequence[pb.Node]) -> Table:
         )
         gpus = "; ".join(_device_telemetry(t) for t in n.telemetry) or NA
         health = "[green]up[/]" if n.healthy else f"[red]down[/] ({_age(n.last_heartbeat_unix_s)})"
-        table.add_row(n.name, n.id, health, devices or "none", cpu, ram, gpus)
+        table.add_row(shown(n.name), n.id, health, devices or "none", cpu, ram, gpus)
     return table
 
 
@@ -64,7 +73,9 @@ def profile_notes(d: tpb.DeviceProfile) -> list[str]:
     """Warnings about a device's profile: suspect figures, sharing with other processes."""
     notes = []
     if d.suspect:
-        names = ", ".join(f.removesuffix("_bytes_per_s").replace("_", " ") for f in d.suspect)
+        names = ", ".join(
+            shown(f.removesuffix("_bytes_per_s").replace("_", " ")) for f in d.suspect
+        )
         notes.append(f"[yellow]SUSPECT {names}[/] (above the device's limits; not scored)")
     if d.shared_while_profiled:
         notes.append("profiled while shared")
@@ -98,12 +109,12 @@ def jobs_table(jobs: Sequence[pb.Job]) -> Table:
         plan = "/".join(str(b) for b in j.plan.batches)
         row = [
             j.id,
-            j.name,
-            j.owner or "-",
+            shown(j.name),
+            shown(j.owner) or "-",
             state_name(j),
             str(j.world_size),
-            j.backend or "-",
-            j.policy,
+            shown(j.backend) or "-",
+            shown(j.policy),
             f"v{j.plan.version} {plan}" if j.plan.version else "-",
             str(j.last_step),
             _age(j.submitted_at_unix_s),
@@ -118,7 +129,7 @@ def queue_note(job: pb.Job) -> str:
     """A queued job's reason (and priority, when not 0); "" for any other job."""
     if job.state != pb.JOB_STATE_QUEUED:
         return ""
-    reason = job.message.removeprefix("waiting for ")
+    reason = shown(job.message.removeprefix("waiting for "))
     return f"priority {job.priority}: {reason}" if job.priority else reason
 
 
@@ -131,8 +142,10 @@ def ranks_table(job: pb.Job) -> Table:
         if r.HasField("exit_code"):
             state += f" ({r.exit_code})"
         note = f"emulated x{r.emulated_slowdown:g}" if r.emulated_slowdown != 1.0 else ""
-        device = f"{_kind(r.device_kind)}:{r.device_index} {r.device_name}"
-        table.add_row(str(r.rank), r.node_name, str(r.local_rank), device, batch, state, note)
+        device = f"{_kind(r.device_kind)}:{r.device_index} {shown(r.device_name)}"
+        table.add_row(
+            str(r.rank), shown(r.node_name), str(r.local_rank), device, batch, state, note
+        )
     return table
 
 
@@ -165,25 +178,29 @@ def print_job(console: Console, job: pb.Job) -> None:
     if job.priority:
         state += f", priority {job.priority}"
     restarts = f"  restarts: {job.restarts}" if job.restarts else ""
-    owner = f"  owner: {job.owner}" if job.owner else ""
-    console.print(f"[bold]{job.name}[/] ({job.id or 'no id'})  state: {state}{restarts}{owner}")
+    owner = f"  owner: {shown(job.owner)}" if job.owner else ""
+    console.print(
+        f"[bold]{shown(job.name)}[/] ({job.id or 'no id'})  state: {state}{restarts}{owner}"
+    )
     where = (
         "not placed yet"
         if job.state == pb.JOB_STATE_QUEUED
-        else f"backend {job.backend}, rendezvous {job.master_addr}:{job.master_port}"
+        else f"backend {shown(job.backend)}, rendezvous {shown(job.master_addr)}:{job.master_port}"
     )
     console.print(
-        f"global batch {job.global_batch} over {job.world_size} ranks, policy {job.policy}, "
+        f"global batch {job.global_batch} over {job.world_size} ranks, policy {shown(job.policy)}, "
         + where
     )
     if job.message:
         label = "queued" if job.state == pb.JOB_STATE_QUEUED else "message"
-        console.print(f"{label}: {job.message}")
+        console.print(f"{label}: {shown(job.message)}")
     if job.plan.version:
         console.print(
             f"plan v{job.plan.version} from step {job.plan.apply_at_step}: "
-            f"{list(job.plan.batches)} ({job.plan.reason})"
+            f"{list(job.plan.batches)} ({shown(job.plan.reason)})"
         )
         console.print(ranks_table(job))
     for e in job.events:
-        console.print(f"  {time.strftime('%H:%M:%S', time.localtime(e.time_unix_s))} {e.message}")
+        console.print(
+            f"  {time.strftime('%H:%M:%S', time.localtime(e.time_unix_s))} {shown(e.message)}"
+        )

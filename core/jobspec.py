@@ -9,6 +9,8 @@ same names, defaults and bounds. What only a cluster job has — ``resources``,
 too. Every error is a ``ConfigError`` naming the file, line and field;
 unknown keys get a "did you mean" hint. ``docs/jobspec.md``'s table of keys is
 generated from the catalogue (``python -m hetero.core.catalogue.reference``).
+A little over the usual ~450 lines as ruff formats it: one file format, read in
+one place, so that its errors all name the file, line and field the same way.
 """
 
 from __future__ import annotations
@@ -96,11 +98,20 @@ _SPECIAL = ("name", "checkpoint_dir", "checkpoint_interval", "emulate_slowdown")
 #: describe a built-in job, which a user's script builds for itself.
 COMMAND_OPTIONS = frozenset(
     {
-        "name", "global_batch", "batch_size", "steps", "epochs", "policy",
-        "rebalance_interval", "min_batch", "collective_timeout_s", "emulate_slowdown",
-        "checkpoint_dir", "checkpoint_interval",
+        "name",
+        "global_batch",
+        "batch_size",
+        "steps",
+        "epochs",
+        "policy",
+        "rebalance_interval",
+        "min_batch",
+        "collective_timeout_s",
+        "emulate_slowdown",
+        "checkpoint_dir",
+        "checkpoint_interval",
     }
-)  # fmt: skip
+)
 #: Options never sent to a rank: the coordinator resolves them (``batch_size`` into the
 #: global batch) or hands them over by other means (slowdowns per rank, the timeout in
 #: the rank's environment).

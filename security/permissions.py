@@ -9,13 +9,24 @@ exists with permissions for others is tightened when this user owns it.
 
 The agent runs every rank as its own user, so an agent running as root would run
 every job's ``command:`` as root: it refuses unless told ``--allow-root``.
+
+A rank of the agent's own user could still read the agent's secrets through
+``/proc/<agent>/environ`` (``$HETERO_TOKEN`` in a container) and
+``/proc/<agent>/mem``: the kernel lets a process of the same uid read those of a
+*dumpable* process. Once it has read its credentials the agent makes itself
+undumpable (:func:`seal_secrets`): those files then belong to root and ptrace is
+refused to the same uid. The token files themselves stay readable by the agent's
+user, so by its ranks: only a rank under another uid is kept from them (docs/deploy.md).
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import stat
+import sys
+from collections.abc import MutableMapping
 from pathlib import Path
 
 from hetero.core.errors import ConfigError
@@ -53,3 +64,28 @@ def refuse_root(allow_root: bool, euid: int | None = None) -> None:
             "refusing to run ranks as root: every job's command would run as root; run the "
             "agent as a service user (docs/deploy.md), or pass --allow-root"
         )
+
+
+#: ``prctl`` option that sets whether this process can be dumped or traced (linux/prctl.h).
+PR_SET_DUMPABLE = 4
+
+
+def seal_secrets(names: tuple[str, ...], environ: MutableMapping[str, str] | None = None) -> bool:
+    """After the credentials are read: make this process undumpable, so that another
+    process of the same uid (a rank) cannot read its ``/proc/<pid>/environ`` or
+    ``/proc/<pid>/mem`` nor trace it, and remove the variables ``names`` from
+    ``environ`` (default ``os.environ``), so no child inherits them by accident.
+
+    Removing a variable does not change ``/proc/<pid>/environ``, which shows the
+    environment the process was started with: the undumpable flag is what guards it.
+    Returns whether the flag is set (False where there is no ``prctl``: not Linux)."""
+    env = os.environ if environ is None else environ
+    for name in names:
+        env.pop(name, None)
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        log.warning("cannot make this process undumpable: %s", os.strerror(ctypes.get_errno()))
+        return False
+    return True

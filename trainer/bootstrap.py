@@ -71,10 +71,21 @@ class TrainerConfig:
 
 #: The fields of ``TrainerConfig`` that are catalogue options checked by value.
 _CHECKED = (
-    "policy", "rebalance_interval", "min_batch", "emulate_slowdown", "device", "backend",
-    "warmup_steps", "settle_steps", "history_intervals", "collective_timeout_s", "comm",
-    "shard", "offload", "activation_checkpointing",
-)  # fmt: skip
+    "policy",
+    "rebalance_interval",
+    "min_batch",
+    "emulate_slowdown",
+    "device",
+    "backend",
+    "warmup_steps",
+    "settle_steps",
+    "history_intervals",
+    "collective_timeout_s",
+    "comm",
+    "shard",
+    "offload",
+    "activation_checkpointing",
+)
 
 
 def pick_device(choice: str, env: RankEnv) -> torch.device:
@@ -136,6 +147,27 @@ def emulated_slowdowns(
     if slowdowns and device.type == "cuda":
         raise ConfigError("emulated slowdown is for CPU ranks; on GPUs use real load")
     return slowdowns
+
+
+def every_ranks_slowdowns(mine: dict[int, Slowdown]) -> dict[int, Slowdown]:
+    """The job's slowdowns as every rank knows them (collective, once the group formed).
+
+    A rank an agent started knows only its own (``HETERO_EMULATE_SLOWDOWN``, or its own
+    ``--emulate-slowdown R:F`` for a built-in job), yet rank 0 writes the report and the
+    summary, which must say EMULATED when any rank was. Each rank's entry for itself wins;
+    a rank's entries for others (a job-wide ``--emulate-slowdown``) fill in the rest.
+    """
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return mine
+    views: list[dict[int, Slowdown] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(views, mine)
+    merged: dict[int, Slowdown] = {}
+    for view in views:
+        merged.update(view or {})
+    for owner, view in enumerate(views):
+        if view and owner in view:
+            merged[owner] = view[owner]
+    return merged
 
 
 def join_process_group(

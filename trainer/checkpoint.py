@@ -43,7 +43,6 @@ other's training. A job's restarts keep its id and spec, so they resume.
 
 from __future__ import annotations
 
-import os
 import pickle
 import random
 import shutil
@@ -59,6 +58,7 @@ from hetero.core.balancer import RankInterval
 from hetero.core.errors import CheckpointError
 from hetero.trainer.context import Context
 from hetero.trainer.rebalance import PlanRecord
+from hetero.trainer.safefile import ensure_dir, write_atomic
 from hetero.trainer.shardstate import load_shards, remove_old_shards, save_shards, shards_dir
 
 #: v2: read with ``weights_only=True`` and carries the run's identity. A v1 file
@@ -156,6 +156,7 @@ def save_checkpoint(
     shards = shards_dir(path, ctx.global_step) if ctx.shard != "none" else None
     if shards is not None:
         if ctx.rank == 0:
+            ensure_dir(path.parent)  # the shards are written by path, by every rank
             shutil.rmtree(shards, ignore_errors=True)  # a save of this step that crashed
         ctx.barrier()
         save_shards(shards, model, optimizer)
@@ -178,13 +179,11 @@ def save_checkpoint(
             "rng": rng,
             "extra": extra or {},
         }
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
         try:
-            torch.save(state, tmp)
-            os.replace(tmp, path)
+            # A fresh temporary name in a checked directory, then a rename: a link
+            # planted in ``checkpoint.dir`` is never followed (``trainer.safefile``).
+            write_atomic(path, lambda fh: torch.save(state, fh))
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
             raise CheckpointError(
                 f"cannot write checkpoint {path}: {exc.strerror or exc}"
             ) from None

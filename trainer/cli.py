@@ -20,10 +20,15 @@ from pathlib import Path
 
 from hetero.core import rankenv
 from hetero.core.catalogue import BY_NAME, OptionError, TrainingOptions
-from hetero.core.catalogue.commandline import build_parser, options_from_args
+from hetero.core.catalogue.commandline import (
+    RENDEZVOUS_FLAGS,
+    build_parser,
+    options_from_args,
+    rendezvous_from_args,
+)
 from hetero.core.errors import ConfigError, HeteroError, Stopped
 from hetero.core.rankenv import RankEnv
-from hetero.trainer import slurm
+from hetero.trainer import preflight, safefile, slurm
 
 DESCRIPTION = (
     "Train a built-in model with per-rank batches sized to each rank's measured speed; the "
@@ -44,6 +49,10 @@ origin documents' flags, accepted as aliases (docs/trainer.md has the table):
   --enable-load-balancing --load-balance-policy P   --policy P (without the switch: equal)
   --gpu-profiles FILE.json   a list, in rank order, of {name, compute_score, memory_bytes}
   --dataset synthetic_image  --dataset synthetic
+  --num-epochs N             --epochs N
+  --master-addr H --master-port P   MASTER_ADDR, MASTER_PORT (ranks started by hand)
+  --enable-profiling --profile-interval 1   always so: every step is timed
+  --num-nodes N              refused: nodes come from the launcher or the coordinator
 
 Every output of a run with --emulate-slowdown says 'emulated': the slowdown is
 an injected wait proportional to the rank's measured compute, not real hardware.
@@ -51,7 +60,15 @@ an injected wait proportional to the rank's measured compute, not real hardware.
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser("hetero-train", DESCRIPTION, EPILOG).parse_args(argv)
+    parser = build_parser("hetero-train", DESCRIPTION, EPILOG)
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the options, the data and the global batch against the ranks, say what "
+        "would run, and stop (nothing is trained)",
+    )
+    args = parser.parse_args(argv)
+    dry_run = bool(vars(args).pop("dry_run", False))
     if importlib.util.find_spec("torch") is None:
         # Here, not in each rank once --nproc started them: hetero.entry turns this into
         # one line naming the extra that brings torch (hetero[train]).
@@ -61,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = options_from_args(args)
         slurm.adopt()  # a rank srun started is one of a group, as one torchrun started
         launched = RankEnv.distributed()
+        _adopt_rendezvous(rendezvous_from_args(args), cfg, launched)
+        if dry_run:
+            return _dry_run(cfg, launched)
         if cfg.top and not launched:
             return _with_top(cfg, raw_argv)
         if cfg.simulate_nodes and not launched:
@@ -133,9 +153,8 @@ def _follow(training: list[str], view: list[str], run_dir: Path, summary_path: P
     the run ends stops it (SIGINT, as Ctrl-C)."""
     from hetero.trainer.metrics import run_ended
 
-    run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir / "train.log"
-    with log.open("ab") as out:
+    with safefile.open_file(log) as out:
         child = subprocess.Popen(training, stdout=out, stderr=subprocess.STDOUT)
     stopped = False
     try:
@@ -163,15 +182,54 @@ def _follow(training: list[str], view: list[str], run_dir: Path, summary_path: P
     return 0
 
 
+def _adopt_rendezvous(given: dict[str, str], cfg: TrainingOptions, launched: bool) -> None:
+    """``--master-addr`` / ``--master-port`` (the origin documents') as ``MASTER_ADDR`` /
+    ``MASTER_PORT`` for this rank. An environment that sets either to another value (a
+    launcher's) is an error, as is a flag for ``--nproc``'s ranks, which meet locally."""
+    flags = {variable: flag for flag, variable in RENDEZVOUS_FLAGS.items()}
+    for variable, value in given.items():
+        flag = flags[variable]
+        if cfg.nproc > 1 and not launched:
+            raise ConfigError(
+                f"{flag}: --nproc's ranks meet on this machine (127.0.0.1); give {flag} to "
+                "ranks started by hand (RANK and WORLD_SIZE set) instead"
+            )
+        current = os.environ.get(variable)
+        if current is not None and current != value:
+            raise ConfigError(
+                f"{flag} {value} differs from {variable}={current} in the environment"
+            )
+        os.environ[variable] = value
+
+
+def _dry_run(cfg: TrainingOptions, launched: bool) -> int:
+    """What ``--dry-run`` checks: the options against the ranks (``trainer.preflight``), then
+    the model and the dataset built as each rank would build them; one line says what would
+    run. A mistake is the same one line the run would print."""
+    from hetero.trainer.build import build
+
+    world = RankEnv.from_env().world_size if launched else cfg.simulate_nodes or cfg.nproc
+    preflight.check(cfg, world)
+    built = build(cfg)
+    global_batch = cfg.global_batch_for(world)
+    per_epoch = len(built.dataset) // global_batch
+    steps = cfg.steps_for(per_epoch)
+    ranks = f"{world} rank{'s' if world > 1 else ''}"
+    emulated = f", emulated slowdown {cfg.emulate_slowdown}" if cfg.emulate_slowdown else ""
+    print(
+        f"dry run: {cfg.model} on {cfg.dataset} ({len(built.dataset)} samples), {ranks}, "
+        f"global batch {global_batch}, {steps} steps, policy {cfg.policy}{emulated}; "
+        "the options and the data check out, nothing was trained"
+    )
+    return 0
+
+
 def _launch(cfg: TrainingOptions, argv: list[str]) -> int:
-    from hetero.core.slowdown import parse_slowdowns
     from hetero.trainer.launch import launch_local
 
     # Each rank checks this too (under torchrun or an agent no launcher does): here it is
-    # one line before any rank starts, not one per rank after each imported torch.
-    beyond = sorted(r for r in parse_slowdowns(cfg.emulate_slowdown) if r >= cfg.nproc)
-    if beyond:
-        raise ConfigError(f"--emulate-slowdown names rank {beyond[0]} of a {cfg.nproc}-rank job")
+    # one line before any rank starts, not one per rank and again from the launcher.
+    preflight.check(cfg, cfg.nproc)
     run_dir = cfg.run_dir
     log_dir = Path(run_dir) / "logs" if run_dir else None
     cmd = [sys.executable, "-m", "hetero.trainer.cli", *argv]

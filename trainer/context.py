@@ -16,7 +16,9 @@
 exact-weighting comm hook and the timing hooks. ``loader`` yields this rank's share of each
 global batch, of a map-style dataset or of a stream. ``step`` closes the step and, at each
 rebalance boundary, exchanges statistics and applies the next plan on every rank at the
-same step.
+same step. Slightly over the usual ~450 lines: it is the API's one object, and each of
+its methods already hands its work to a module of its own (``loading``, ``rebalance``,
+``bootstrap``, ``intervalhooks``).
 
 ``Context`` is the facade over the parts: ``bootstrap`` (config, device, backend, process
 group), ``timing`` (step phases, hooks), ``gradients`` and ``commsched`` (the comm hook and
@@ -48,6 +50,7 @@ from hetero.trainer.bootstrap import (
     TrainerConfig,
     default_backend,
     emulated_slowdowns,
+    every_ranks_slowdowns,
     join_process_group,
     pick_device,
 )
@@ -91,6 +94,8 @@ class Context:
         join_process_group(
             self.backend, self.rank, self.world_size, self.device, config.collective_timeout_s
         )
+        self.slowdowns = every_ranks_slowdowns(self.slowdowns)
+        self.emulated = bool(self.slowdowns)
         self.progress = ProgressFile(env.progress_file)
         self.progress.beat()
         self.clock = StepClock(self.device)
@@ -127,8 +132,11 @@ class Context:
         #: ``grad_op`` or ``full`` once :meth:`wrap` sharded the model with FSDP2.
         self.shard = "none"
         #: Which ranks recompute activations in backward, and why (``trainer.activations``).
-        self.recompute = RecomputeChoice(config.activation_checkpointing, (False,) * env.world_size,
-                                         ("not wrapped yet",) * env.world_size)  # fmt: skip
+        self.recompute = RecomputeChoice(
+            config.activation_checkpointing,
+            (False,) * env.world_size,
+            ("not wrapped yet",) * env.world_size,
+        )
         self._step_sizes: tuple[int, ...] = ()
         self._last_batch = -1
         self._batch_since = 0  # global step from which this rank ran its current batch size
@@ -211,10 +219,16 @@ class Context:
         from hetero.trainer.wrapping import wrap_model
 
         return wrap_model(
-            self, model, sync_batchnorm=sync_batchnorm, comm=comm, shard=shard,
-            offload=offload, param_dtype=param_dtype,
-            activation_checkpointing=activation_checkpointing, **ddp_kwargs,
-        )  # fmt: skip
+            self,
+            model,
+            sync_batchnorm=sync_batchnorm,
+            comm=comm,
+            shard=shard,
+            offload=offload,
+            param_dtype=param_dtype,
+            activation_checkpointing=activation_checkpointing,
+            **ddp_kwargs,
+        )
 
     # -- data -------------------------------------------------------------------------
     def loader(
@@ -403,9 +417,17 @@ class Context:
         from hetero.trainer.ideal import measure_solo
 
         self.solo = measure_solo(
-            self, make_model, optimizer, dataset, loss_fn, self.running_plan,
-            steps=steps, seed=seed, amp=amp, memory_format=memory_format,
-        )  # fmt: skip
+            self,
+            make_model,
+            optimizer,
+            dataset,
+            loss_fn,
+            self.running_plan,
+            steps=steps,
+            seed=seed,
+            amp=amp,
+            memory_format=memory_format,
+        )
         return self.solo
 
     def report(self, *, print_table: bool = True, file: TextIO | None = None) -> dict[str, Any]:

@@ -5,6 +5,8 @@
 the dataset's real size — under the chosen policy, checkpoints, measures each
 rank alone for the ideal throughput, and (on rank 0) returns the summary
 (``trainer.report``). ``ht.train(**options)`` is the same job from Python.
+A little over the usual ~450 lines as ruff formats it: the job's steps read in
+order, each handing its work to the module named in it.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from torch import nn
 from hetero.core.catalogue.keywords import from_keywords
 from hetero.core.errors import DistributedError, HeteroError, Stopped
 from hetero.core.gap import Solo
+from hetero.core.rankenv import RankEnv
 from hetero.core.slowdown import format_slowdowns
-from hetero.trainer import report
+from hetero.trainer import preflight, report
 from hetero.trainer.activations import probe_choosing
 from hetero.trainer.build import Built, build, local_optimizer, make_optimizer
 from hetero.trainer.checkpoint import RunIdentity, load_checkpoint, save_checkpoint
@@ -70,6 +73,8 @@ def as_distributed_error(exc: RuntimeError, step: int) -> Exception:
 
 def run_job(cfg: JobConfig) -> dict[str, Any] | None:
     """Train; return the summary on rank 0 (``None`` elsewhere)."""
+    # Before the group forms: under torchrun or an agent no launcher checked this.
+    preflight.check(cfg, RankEnv.from_env().world_size)
     torch.manual_seed(cfg.seed)
     ctx = init(
         cfg.policy,
@@ -131,6 +136,8 @@ class _Run:
     guard: OomGuard | None
     #: What the start-up memory probe found (None: not run, or nothing measurable).
     probe: ProbeResult | None = None
+    #: Samples each evaluation scores (``eval_samples``, else proportionate to the run).
+    eval_samples: int = 0
 
     @property
     def zero(self) -> bool:
@@ -219,9 +226,15 @@ def _setup(ctx: Context, cfg: JobConfig) -> tuple[_Run, float | None]:
         # Before the first step: the first plan must already fit every rank's memory.
         # Under activation_checkpointing auto it also decides which ranks recompute.
         run.probe = probe_choosing(
-            ctx, model, optimizer, loader.samples, run.loss, margin=cfg.memory_margin,
-            fraction=fraction, share=loader.sampler.global_batch // ctx.world_size,
-        )  # fmt: skip
+            ctx,
+            model,
+            optimizer,
+            loader.samples,
+            run.loss,
+            margin=cfg.memory_margin,
+            fraction=fraction,
+            share=loader.sampler.global_batch // ctx.world_size,
+        )
         if run.probe is not None:
             monitor.start_from(run.probe.caps, run.probe.step_points(ctx.rank))
     return run, fraction
@@ -261,6 +274,7 @@ def _train(ctx: Context, cfg: JobConfig) -> dict[str, Any] | None:
     run, fraction = _setup(ctx, cfg)
     steps_per_epoch = run.loader.sampler.steps_per_epoch
     total_steps = cfg.steps_for(steps_per_epoch)  # epochs: from the dataset's real size
+    run.eval_samples = cfg.eval_samples_for(total_steps * cfg.global_batch_for(ctx.world_size))
     start_step = ctx.global_step
     _announce(run, total_steps)
 
@@ -310,13 +324,19 @@ def _eval_model(run: _Run) -> nn.Module:
 
 
 def _evaluate_now(run: _Run) -> dict[str, Any]:
-    """Rank 0 scores ``eval_samples`` samples at its own batch (the other ranks wait)."""
+    """Rank 0 scores ``run.eval_samples`` samples at its own batch (the other ranks wait)."""
     ctx = run.ctx
     model = _eval_model(run)
     if ctx.rank != 0:
         return {}
     result = report.evaluate_rank0(
-        ctx, run.cfg, run.built.task, model, run.built.dataset, ctx.running_plan[0]
+        ctx,
+        run.cfg,
+        run.built.task,
+        model,
+        run.built.dataset,
+        ctx.running_plan[0],
+        samples=run.eval_samples,
     )
     return {k.removeprefix("eval_"): v for k, v in result.items() if k in _CURVES}
 
@@ -364,13 +384,19 @@ def _finish(
 ) -> dict[str, Any] | None:
     ctx, cfg, built = run.ctx, run.cfg, run.built
     evaluation: dict[str, Any] = {}
-    if cfg.eval_samples:
+    if run.eval_samples:
         # Sharded, rank 0 scores an unsharded copy (gathering the weights is collective).
         raw = _eval_model(run)
         if ctx.rank == 0:
             # Rank 0's own batch: it trained at that size, so it fits its memory (cap).
             evaluation = report.evaluate_rank0(
-                ctx, cfg, built.task, raw, built.dataset, ctx.plan[ctx.rank]
+                ctx,
+                cfg,
+                built.task,
+                raw,
+                built.dataset,
+                ctx.plan[ctx.rank],
+                samples=run.eval_samples,
             )
             # The curve's last point (hetero-top --run), beside the summary's figures.
             metrics = finite_numbers(

@@ -30,6 +30,7 @@ from types import FrameType
 
 from hetero.core import cpus
 from hetero.core.rankenv import RankEnv
+from hetero.trainer import safefile
 
 #: A rank that stopped on SIGTERM with its state checkpointed (``trainer.drain``).
 STOPPED = 128 + signal.SIGTERM
@@ -103,8 +104,7 @@ def launch_local(
             stdout = None
             if rank > 0:
                 if log_dir is not None:
-                    log_dir.mkdir(parents=True, exist_ok=True)
-                    fh = (log_dir / f"rank{rank}.out").open("wb")
+                    fh = safefile.open_file(log_dir / f"rank{rank}.out", append=False)
                     logs.append(fh)
                     stdout = fh
                 else:

@@ -20,6 +20,7 @@ from hetero.core.errors import ConfigError
 from hetero.trainer import control
 from hetero.trainer.exchange import EmbeddedPlanner
 from hetero.trainer.loader import HeteroLoader
+from hetero.trainer.preflight import too_small
 from hetero.trainer.rebalance import PlanRecord
 from hetero.trainer.sampler import UnevenBatchSampler
 from hetero.trainer.stream import StreamSampler
@@ -54,6 +55,9 @@ def open_loader(
 ) -> Loader:
     """The loader of ``dataset`` for ``ctx``, its first plan recorded in ``ctx.plans`` and
     the planner set up if none was (module doc). ``split`` applies to streams only."""
+    if global_batch < ctx.config.min_batch * ctx.world_size:
+        given = "ctx.loader: global_batch"
+        raise ConfigError(too_small(given, global_batch, ctx.world_size, ctx.config.min_batch))
     constraints = Constraints(global_batch, ctx.world_size, ctx.config.min_batch, ctx.max_batch)
     policy = make_policy(ctx.config.policy)
     launched = control.launch_plan(constraints, ctx.env.plan)

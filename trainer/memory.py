@@ -268,10 +268,15 @@ class MemoryMonitor:
             cap = cap_from(budget, base, mine.peak_memory_bytes, self._max_batch, self.margin)
         self.estimates.append(
             Estimate(
-                ctx.global_step, budget, base, mine.peak_memory_bytes, self._max_batch, cap,
+                ctx.global_step,
+                budget,
+                base,
+                mine.peak_memory_bytes,
+                self._max_batch,
+                cap,
                 predicted,
             )
-        )  # fmt: skip
+        )
         return cap
 
 

@@ -331,9 +331,15 @@ def probe_memory(
     if fraction is None and ctx.device.type == "cuda":
         fraction = torch.cuda.get_per_process_memory_fraction(ctx.device)
     result = probe_choosing(
-        ctx, model, optimizer, batch_fn or loader.samples, loss_fn, margin=margin,
-        fraction=fraction, share=loader.sampler.global_batch // ctx.world_size,
-    )  # fmt: skip
+        ctx,
+        model,
+        optimizer,
+        batch_fn or loader.samples,
+        loss_fn,
+        margin=margin,
+        fraction=fraction,
+        share=loader.sampler.global_batch // ctx.world_size,
+    )
     if result is None or all(c is None for c in result.caps):
         return None
     caps = combine(ctx.max_batch, result.caps)

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import socket
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from hetero.core.slowdown import format_slowdowns
+from hetero.trainer.safefile import open_file, write_text
 
 if TYPE_CHECKING:
     from hetero.trainer.context import Context
@@ -41,8 +43,8 @@ class MetricsWriter:
         self._run: dict[str, Any] | None = None
         if output_dir is not None:
             self.path = Path(output_dir) / "metrics" / f"rank{rank}.jsonl"
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = self.path.open("a", encoding="utf-8")
+            # Opened without following a link, in a directory of ours (``trainer.safefile``).
+            self._fh = io.TextIOWrapper(open_file(self.path), encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
         if self._fh is not None:
@@ -52,17 +54,15 @@ class MetricsWriter:
     def write_eval(self, record: dict[str, Any]) -> None:
         """Rank 0: append one evaluation record to ``metrics/eval.jsonl``."""
         if self.path is not None and self.rank == 0:
-            with (self.path.parent / EVAL_FILE).open("a", encoding="utf-8") as fh:
-                fh.write(json.dumps(record, separators=(",", ":")) + "\n")
+            with open_file(self.path.parent / EVAL_FILE) as fh:
+                fh.write((json.dumps(record, separators=(",", ":")) + "\n").encode("utf-8"))
 
     def write_run(self, info: dict[str, Any]) -> None:
         """Rank 0: (re)write ``metrics/run.json`` whole (a reader never sees half of it)."""
         if self.path is None or self.rank != 0:
             return
         self._run = info
-        tmp = self.path.parent / f".{RUN_FILE}.tmp"
-        tmp.write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp, self.path.parent / RUN_FILE)
+        write_text(self.path.parent / RUN_FILE, json.dumps(info, indent=1) + "\n")
 
     def close(self) -> None:
         if self._run is not None and "ended_unix_s" not in self._run:

@@ -53,15 +53,25 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import gc
+import ipaddress
+import logging
+import os
+import socket
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
+# torch.distributed re-exports it without naming it public; this is where it lives.
+from torch._C._distributed_c10d import TCPStore
+
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
+
+log = logging.getLogger("hetero.trainer.procgroup")
 
 #: The meshes :func:`device_mesh` made, whose groups :func:`leave` releases.
 _meshes: list[DeviceMesh] = []
@@ -79,8 +89,88 @@ def join(
     import torch.distributed.nn.functional  # noqa: F401  (binds group.WORLD while None)
 
     dist.init_process_group(
-        backend, rank=rank, world_size=world_size, timeout=timeout, device_id=device_id
+        backend,
+        store=rendezvous_store(rank, world_size, timeout),
+        rank=rank,
+        world_size=world_size,
+        timeout=timeout,
+        device_id=device_id,
     )
+
+
+def rendezvous_store(rank: int, world_size: int, timeout: timedelta) -> TCPStore:
+    """The job's rendezvous store at ``MASTER_ADDR:MASTER_PORT``, its server on rank 0
+    listening on ``MASTER_ADDR`` alone.
+
+    ``init_process_group``'s own (``env://``) server listens on every interface, so on
+    a one-host job any local user (or any host, through the firewall) could read and
+    write the job's keys. Rank 0 binds the listening socket itself and hands it to the
+    store. One exception keeps multi-host jobs working: a ``MASTER_ADDR`` given by name
+    that resolves to a loopback address here (Debian's ``127.0.1.1`` for the hostname)
+    while ranks run on other hosts (``LOCAL_WORLD_SIZE`` below ``WORLD_SIZE``, or not
+    set): other hosts reach that name at another address, so the server listens on
+    every interface, as before (docs/deploy.md); so does a ``MASTER_ADDR`` that is no
+    address of this host (a NAT's), with a warning. Under torchrun
+    (``TORCHELASTIC_USE_AGENT_STORE``) torchrun's agent serves the store and every
+    rank is its client, as with ``env://``; where it listens is torchrun's choice."""
+    host, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    if not host or not port.isdigit():
+        raise ValueError("MASTER_ADDR and MASTER_PORT must be set to join a process group")
+    # Under torchrun the elastic agent already serves the store at this address.
+    agent_serves = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    if rank != 0 or agent_serves:
+        return TCPStore(host, int(port), world_size, is_master=False, timeout=timeout)
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    one_host = local.isdigit() and int(local) >= world_size
+    listener = _listen(host, int(port), one_host)
+    return TCPStore(
+        host,
+        int(port),
+        world_size,
+        is_master=True,
+        timeout=timeout,
+        master_listen_fd=listener.detach(),  # the store's server owns the socket now
+    )
+
+
+def _listen(host: str, port: int, one_host: bool) -> socket.socket:
+    """A listening socket on ``host``'s address (:func:`rendezvous_store`)."""
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        literal = _is_ip(host)
+        if ipaddress.ip_address(address[0]).is_loopback and not (literal or one_host):
+            return _listen_everywhere(port)
+        try:
+            return socket.create_server(address[:2], family=family)
+        except OSError as exc:
+            if exc.errno != errno.EADDRNOTAVAIL:
+                raise
+            # An address other hosts reach this one at, not its own (a NAT's, a
+            # proxy's): listening on it is impossible, so listen as torch would.
+            log.warning(
+                "MASTER_ADDR %s is no address of this host: the rendezvous listens on "
+                "every interface",
+                host,
+            )
+            return _listen_everywhere(port)
+    except OSError as exc:
+        raise RuntimeError(
+            f"cannot listen for the rendezvous on {host}:{port}: {exc.strerror or exc}"
+        ) from None
+
+
+def _listen_everywhere(port: int) -> socket.socket:
+    if socket.has_dualstack_ipv6():
+        return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True)
+    return socket.create_server(("", port))
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def device_mesh(device_type: str) -> DeviceMesh:

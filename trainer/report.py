@@ -18,12 +18,18 @@ from typing import Any
 from torch import nn
 
 from hetero.core.slowdown import format_slowdowns
+from hetero.trainer import safefile
 from hetero.trainer.context import Context
 from hetero.trainer.control import AgentPlanner
 from hetero.trainer.datasets import build_dataset
 from hetero.trainer.jobconfig import JobConfig
 from hetero.trainer.precision import Autocast
+from hetero.trainer.runsummary import unmeasured
 from hetero.trainer.tasks import Task, evaluate
+
+#: Seconds of scoring after which rank 0 says how far it got, and then every how many.
+EVAL_QUIET_S = 5.0
+EVAL_PROGRESS_S = 10.0
 
 
 def progress(ctx: Context, cfg: JobConfig, total_steps: int, t0: float) -> None:
@@ -49,9 +55,18 @@ def progress(ctx: Context, cfg: JobConfig, total_steps: int, t0: float) -> None:
 
 
 def evaluate_rank0(
-    ctx: Context, cfg: JobConfig, task: Task, raw: nn.Module, train_set: Any, batch: int
+    ctx: Context,
+    cfg: JobConfig,
+    task: Task,
+    raw: nn.Module,
+    train_set: Any,
+    batch: int,
+    *,
+    samples: int,
 ) -> dict[str, Any]:
-    """Rank 0 only, on the unwrapped model (no collectives): CIFAR's test split, else training data."""
+    """Rank 0 only, on the unwrapped model (no collectives): ``samples`` of CIFAR's test
+    split, else of the training data. Unless ``quiet``, a scoring that runs past
+    ``EVAL_QUIET_S`` says how far it got every ``EVAL_PROGRESS_S`` seconds."""
     split = "train"
     data = train_set
     if cfg.dataset in ("cifar10", "cifar100"):
@@ -61,8 +76,18 @@ def evaluate_rank0(
         if len(test):  # type: ignore[arg-type]
             data, split = task.prepare(test, raw, seed=cfg.seed), "test"
     model = Autocast(raw, ctx.device, cfg.amp) if cfg.amp != "none" else raw
+    t0 = time.perf_counter()
+    shown = [t0 + EVAL_QUIET_S - EVAL_PROGRESS_S]
+
+    def progress(done: int, total: int) -> None:
+        now = time.perf_counter()
+        if cfg.quiet or now - shown[0] < EVAL_PROGRESS_S:
+            return
+        shown[0] = now
+        print(f"evaluating on rank 0: {done}/{total} samples, {now - t0:.0f}s", flush=True)
+
     result: dict[str, Any] = evaluate(
-        model, data, task, ctx.device, samples=cfg.eval_samples, batch=batch
+        model, data, task, ctx.device, samples=samples, batch=batch, progress=progress
     )
     result["eval_split"] = split
     return result
@@ -134,7 +159,8 @@ def summarize(
             else "not measured (ideal_steps 0)"
         ),
         "standalone_samples_per_s": standalone,
-        "pct_of_ideal": 100.0 * steady / ideal if ideal else None,
+        "pct_of_ideal": 100.0 * steady / ideal if ideal and rates else None,
+        "throughput_note": None if rates else unmeasured(ctx),
         # CPU only: the ranks measured at the same time, sharing the host's cores.
         "side_by_side_samples_per_s": sum(side_by_side) if side_by_side else None,
         "pct_of_side_by_side": 100.0 * steady / sum(side_by_side) if side_by_side else None,
@@ -147,9 +173,7 @@ def summarize(
 def write(summary: dict[str, Any], path: str | None, as_json: bool) -> None:
     """The summary to ``path`` (if any) and to stdout, as JSON or as a table."""
     if path:
-        out = Path(path)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(summary, indent=2) + "\n")
+        safefile.write_text(Path(path), json.dumps(summary, indent=2) + "\n")
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
@@ -183,11 +207,22 @@ def print_summary(summary: dict[str, Any]) -> None:
             f"{summary['epochs']:.2f} ({summary['steps_per_epoch']} steps of "
             f"{summary['samples_per_epoch']:,} samples each)",
         )
-    t.add_row("throughput (steady)", rate(summary["steady_samples_per_s"]))
-    t.add_row("throughput (whole run)", rate(summary["throughput_samples_per_s"]))
-    t.add_row("ideal", rate(summary["ideal_samples_per_s"]))
+    note = summary.get("throughput_note")
+    if note:
+        t.add_row("throughput", note)
+    else:
+        t.add_row("throughput (steady)", rate(summary["steady_samples_per_s"]))
+        t.add_row("throughput (whole run)", rate(summary["throughput_samples_per_s"]))
+    ideal = summary["ideal_samples_per_s"]
+    if ideal:
+        t.add_row("ideal", rate(ideal))
+    elif summary.get("standalone_samples_per_s"):
+        t.add_row("ideal", "not measured: a rank ran out of memory alone")
+    else:
+        t.add_row("ideal", "not measured (--ideal-steps 0)")
     pct = summary["pct_of_ideal"]
-    t.add_row("% of ideal", f"{pct:.1f}%" if pct is not None else "n/a")
+    if pct is not None:
+        t.add_row("% of ideal", f"{pct:.1f}%")
     if summary.get("side_by_side_samples_per_s"):
         t.add_row(
             "ranks side by side, no sync",
@@ -217,7 +252,7 @@ def print_summary(summary: dict[str, Any]) -> None:
         "loss first -> last",
         f"{summary['loss_first']:.4f} -> {summary['loss_last']:.4f}"
         if summary["loss_first"] is not None
-        else "n/a",
+        else "not measured (no whole rebalance interval ran)",
     )
     if summary["emulated"]:
         t.add_row("heterogeneity", f"EMULATED ({summary['emulated_slowdown']})")

@@ -73,6 +73,15 @@ def rates(ctx: Context) -> tuple[float, float]:
     return steady, samples / wall_sum if wall_sum > 0 else steady
 
 
+def unmeasured(ctx: Context) -> str:
+    """Why a run has no throughput: it is measured over whole rebalance intervals."""
+    every = ctx.config.rebalance_interval
+    return (
+        f"not measured: {ctx.global_step} steps ran, throughput is timed over whole "
+        f"rebalance intervals of {every} steps (run more steps, or lower --rebalance-interval)"
+    )
+
+
 def gap_fields(
     ctx: Context, solos: Sequence[Solo] | None, steady_samples_per_s: float
 ) -> dict[str, Any]:
@@ -114,7 +123,8 @@ def api_summary(ctx: Context) -> dict[str, Any]:
         "on the device (ctx.measure_ideal)"
         if solos
         else "not measured (call ctx.measure_ideal before ctx.report)",
-        "pct_of_ideal": 100.0 * steady / ideal if ideal else None,
+        "pct_of_ideal": 100.0 * steady / ideal if ideal and ctx.summaries else None,
+        "throughput_note": None if ctx.summaries else unmeasured(ctx),
         "emulated": ctx.emulated,
         "recompute": ctx.recompute.as_dict(),
     }
@@ -127,13 +137,24 @@ def print_report(summary: dict[str, Any], file: TextIO | None = None) -> None:
     pct = summary.get("pct_of_ideal")
     ideal = summary.get("ideal_samples_per_s")
     emu = " (EMULATED slowdown)" if summary.get("emulated") else ""
+    note = summary.get("throughput_note")
+    throughput = (
+        f"throughput {note}"
+        if note
+        else f"throughput {summary['steady_samples_per_s']:,.1f} samples/s steady, "
+        f"{summary['throughput_samples_per_s']:,.1f} whole run"
+    )
+    if ideal and pct is not None:
+        ideal_text = f"ideal {ideal:,.1f} ({pct:.1f}%)"
+    elif ideal:
+        ideal_text = f"ideal {ideal:,.1f}"
+    else:
+        ideal_text = "ideal not measured (ctx.measure_ideal)"
     print(
         f"hetero: {summary['policy']}, {summary['world_size']} ranks, global batch "
         f"{summary['global_batch']}, {summary['steps']} steps{emu}\n"
-        f"  throughput {summary['steady_samples_per_s']:,.1f} samples/s steady, "
-        f"{summary['throughput_samples_per_s']:,.1f} whole run; ideal "
-        + (f"{ideal:,.1f} ({pct:.1f}%)" if ideal and pct is not None else "n/a")
-        + f"; final plan {summary['final_plan']}, {summary['plan_changes']} plan changes",
+        f"  {throughput}; {ideal_text}; final plan {summary['final_plan']}, "
+        f"{summary['plan_changes']} plan changes",
         file=out,
     )
     if summary.get("not_helping"):

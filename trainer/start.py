@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from hetero.core import defaults
 from hetero.core.balancer import DeviceProfile
+from hetero.core.errors import HeteroError
 from hetero.core.rankenv import RankEnv
 from hetero.trainer import slurm
 from hetero.trainer.bootstrap import TrainerConfig
@@ -35,10 +38,15 @@ def init(
     ``compute_scores``, ``gpu_profiles``, ``comm``, ``shard``, ``offload``, ``tensorboard``
     (a directory: rank 0 writes every interval's figures there, ``trainer.tensorboard``). A
     bad one is a ``ConfigError`` naming it.
+
+    A ``HeteroError`` (a user's mistake, such as a global batch smaller than the ranks)
+    that the script leaves uncaught is printed as one line, ``error: ...``, and the
+    process exits non-zero, as for hetero-train (:func:`one_line_errors`).
     """
     from hetero.core.catalogue.keywords import init_keywords
 
     slurm.adopt()  # first: everything below reads RANK, WORLD_SIZE, ... from the environment
+    one_line_errors(RankEnv.from_env().rank)
 
     given = init_keywords(
         {
@@ -60,3 +68,20 @@ def init(
         caps = tuple(None if p == "-" else int(p) for p in given["max_batch"].split(","))
         given["max_batch"] = caps * RankEnv.from_env().world_size if len(caps) == 1 else caps
     return Context(TrainerConfig(**given), profiles=profiles)
+
+
+def one_line_errors(rank: int) -> None:
+    """Print a ``HeteroError`` the script does not catch as ``error: [rank R: ]message``
+    (exit status 1, as for any uncaught exception) instead of a traceback; every other
+    exception keeps its traceback. A hook the user installed is left alone."""
+    if sys.excepthook is not sys.__excepthook__:
+        return
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        if isinstance(exc, HeteroError):
+            where = f"rank {rank}: " if rank else ""
+            print(f"error: {where}{exc}", file=sys.stderr, flush=True)
+        else:
+            sys.__excepthook__(kind, exc, tb)
+
+    sys.excepthook = hook

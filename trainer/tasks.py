@@ -21,6 +21,7 @@ other samples of the batch: then ``ctx.backward`` weights rank *i* by
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -144,8 +145,10 @@ def evaluate(
     *,
     samples: int,
     batch: int,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, float]:
-    """Mean loss and accuracy of ``model`` over the first ``samples`` samples of ``dataset``.
+    """Mean loss and accuracy of ``model`` over the first ``samples`` samples of ``dataset``;
+    ``progress(done, total)`` after each batch, if given.
 
     Run on one rank with the unwrapped model (no collectives). The loss is the
     task's per-sample mean, averaged over samples; accuracy is per sample for
@@ -169,6 +172,8 @@ def evaluate(
             c, s = task.correct(out, y)
             correct += int(c.item())
             scored += s
+            if progress is not None:
+                progress(idx[-1] + 1, n)
     finally:
         model.train(was_training)
     return {

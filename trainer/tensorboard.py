@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hetero.core.errors import ConfigError
+from hetero.trainer.safefile import ensure_dir
 
 
 def require_tensorboard() -> None:
@@ -52,7 +53,8 @@ class TensorBoardWriter:
 
     def _writer(self, run: str) -> Any:
         if run not in self._writers:
-            self._writers[run] = self._new(log_dir=str(self.log_dir / run))
+            # SummaryWriter opens its files by path: the directory must be ours alone.
+            self._writers[run] = self._new(log_dir=str(ensure_dir(self.log_dir / run)))
         return self._writers[run]
 
     def __call__(self, figures: dict[str, Any]) -> None:

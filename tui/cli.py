@@ -130,7 +130,9 @@ def _serve_web(args: argparse.Namespace) -> int:
     view = WebView(
         shlex.join(view_command(args)), host, port, token=token, title=f"hetero-top: {what}"
     )
-    auth = "token required: open /?token=TOKEN once" if token is not None else "no token"
+    auth = "open this address once to sign in" + (
+        ", or /?token=TOKEN with the token given" if token is not None else ""
+    )
     serve(view, lambda url: print(f"hetero-top: web view of {what} at {url} ({auth})", flush=True))
     return 0
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hetero.core.textsafe import printable
 from hetero.tui.state import JobView, RankStats, job_view, rank_stats
 from hetero.v1 import coordinator_pb2 as pb
 
@@ -102,7 +103,11 @@ def detail_view(msg: pb.JobDetail) -> JobDetailView:
         loss=tuple(loss),
         breakdown=tuple(phases(rank_stats(r)) for r in newest),
         plans=tuple(
-            PlanView(p.version, p.apply_at_step, tuple(p.batches), p.reason) for p in msg.plans
+            PlanView(p.version, p.apply_at_step, tuple(p.batches), printable(p.reason))
+            for p in msg.plans
         ),
-        events=tuple(EventView(e.time_unix_s, e.kind, e.message) for e in msg.job.events),
+        events=tuple(
+            EventView(e.time_unix_s, printable(e.kind), printable(e.message))
+            for e in msg.job.events
+        ),
     )

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hetero.core.gap import intervals_from_records, solos_from_summary
+from hetero.core.textsafe import printable
 from hetero.core.verdict import diagnose
 from hetero.tui.detail import EventView, JobDetailView, PlanView, phases
 from hetero.tui.runfiles import Record, RunFiles
@@ -138,7 +139,9 @@ def run_view(files: RunFiles, now_unix_s: float) -> RunView:
             plans.append(PlanView(0, 0, tuple(r0["plan"]), "initial"))
         if r0.get("plan_changed") and isinstance(r0.get("next_plan"), list):
             at = int(r0.get("apply_at_step") or step)
-            plan = PlanView(len(plans), at, tuple(r0["next_plan"]), str(r0.get("reason") or ""))
+            plan = PlanView(
+                len(plans), at, tuple(r0["next_plan"]), printable(str(r0.get("reason") or ""))
+            )
             plans.append(plan)
             what = f"v{plan.version} {list(plan.batches)} from step {plan.apply_at_step}"
             events.append(
@@ -187,7 +190,7 @@ def _job(
     last = rows[-1][1] if rows else []
     r0 = last[0] if last else None
     plan = list(r0.get("next_plan") or r0.get("plan") or []) if r0 else []
-    device = str(info.get("device") or summary.get("device") or "?")
+    device = printable(str(info.get("device") or summary.get("device") or "?"))
     live = None
     if r0 is not None:
         ideal = _num(summary.get("ideal_samples_per_s")) or (
@@ -207,7 +210,7 @@ def _job(
     total = info.get("total_steps") or (summary.get("steps") if summary else None)
     return JobView(
         id=files.path.name,
-        name=str(summary.get("name") or files.path.name),
+        name=printable(str(summary.get("name") or files.path.name)),
         state=status,
         policy=str(info.get("policy") or summary.get("policy") or "?"),
         global_batch=int(info.get("global_batch") or summary.get("global_batch") or sum(plan)),

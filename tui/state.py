@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hetero.core.states import TERMINAL_LABELS, job_label, rank_label
+from hetero.core.textsafe import printable
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
 
@@ -210,9 +211,9 @@ def _node(
         devices.append(
             DeviceView(
                 node_id=n.id,
-                node_name=n.name,
+                node_name=printable(n.name),
                 index=d.index,
-                name=d.name,
+                name=printable(d.name),
                 kind=str(tpb.DeviceKind.Name(d.kind)).removeprefix("DEVICE_KIND_").lower(),
                 compute_score=d.compute_score,
                 emulated_slowdown=d.emulated_slowdown or 1.0,
@@ -230,8 +231,8 @@ def _node(
     status = "down" if not n.healthy else "draining" if n.draining else "up"
     return NodeView(
         id=n.id,
-        name=n.name,
-        address=n.address,
+        name=printable(n.name),
+        address=printable(n.address),
         status=status,
         draining=n.draining,
         heartbeat_age_s=now - n.last_heartbeat_unix_s,
@@ -271,30 +272,31 @@ def job_view(j: pb.Job) -> JobView:
             emulated=lv.emulated,
             ranks=tuple(rank_stats(r) for r in lv.ranks),
             stragglers=tuple(
-                StragglerView(f.rank, f.ratio, f.intervals, f.message) for f in lv.stragglers
+                StragglerView(f.rank, f.ratio, f.intervals, printable(f.message))
+                for f in lv.stragglers
             ),
         )
     return JobView(
         id=j.id,
-        name=j.name,
+        name=printable(j.name),
         state=job_label(j.state),
-        policy=j.policy,
+        policy=printable(j.policy),
         global_batch=j.global_batch,
         world_size=j.world_size,
-        backend=j.backend,
+        backend=printable(j.backend),
         last_step=j.last_step,
         total_steps=j.total_steps if j.HasField("total_steps") else None,
         restarts=j.restarts,
-        message=j.message,
-        owner=j.owner,
+        message=printable(j.message),
+        owner=printable(j.owner),
         plan_version=j.plan.version,
         ranks=tuple(
             RankView(
                 rank=r.rank,
                 node_id=r.node_id,
-                node_name=r.node_name,
+                node_name=printable(r.node_name),
                 device_index=r.device_index,
-                device_name=r.device_name,
+                device_name=printable(r.device_name),
                 state=rank_label(r.state),
                 emulated_slowdown=r.emulated_slowdown or 1.0,
                 batch=batches[r.rank] if r.rank < len(batches) else None,

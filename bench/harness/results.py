@@ -4,7 +4,8 @@ Inputs per run directory ``runs/<name>/``: ``run.json`` (the harness's record),
 ``summary.json`` (the run's own summary, with the ideal), ``metrics/rank*.jsonl``
 and ``gpu_util.jsonl``. ``build_rows`` recomputes every figure from those, so
 ``hetero-bench report`` after a change to a figure's definition rewrites the
-numbers from the same raw data.
+numbers from the same raw data. Slightly over the usual ~450 lines: one row's figures,
+each a few lines, read together; the gap terms and targets are modules of their own.
 
 One row per run for a scenario without changes (``window = "steady"``); with
 changes, one row per phase (``p0``, ``p1``, …) plus ``whole-run``. The ideal is

@@ -43,6 +43,30 @@ ORIGIN_FLAGS: tuple[tuple[str, str, str], ...] = (
         "`batch_size: B`",
     ),
     ("--epochs N", "`--epochs N`: N passes over the dataset's real size", "`epochs: N`"),
+    ("--num-epochs N", "`--epochs N`", "`epochs: N`"),
+    (
+        "--master-addr HOST --master-port PORT",
+        "`MASTER_ADDR`, `MASTER_PORT` of a rank started by hand (torchrun sets them; "
+        "`--nproc` ranks meet on 127.0.0.1)",
+        "(the coordinator chooses them)",
+    ),
+    (
+        "--enable-profiling",
+        "always on: every step of every rank is timed; `--output-dir` or `--name` keeps "
+        "the figures (DIR/metrics)",
+        "always on",
+    ),
+    (
+        "--profile-interval 1",
+        "always so; the figures are written every `--rebalance-interval` steps (another "
+        "value is refused)",
+        "`rebalance_interval: N`",
+    ),
+    (
+        "--num-nodes N",
+        "refused: nodes come from the launcher (`torchrun --nnodes`, `srun -N`)",
+        "(the coordinator places ranks on its agents' nodes)",
+    ),
     (
         "--gpu-profiles FILE.json",
         "`--gpu-profiles FILE.json`: the ranks' compute scores from the file",
@@ -60,6 +84,11 @@ ORIGIN_FLAGS: tuple[tuple[str, str, str], ...] = (
 
 _ENABLE = "origin_enable_load_balancing"
 _ORIGIN_POLICY = "origin_load_balance_policy"
+_NUM_NODES = "origin_num_nodes"
+_PROFILING = "origin_enable_profiling"
+_PROFILE_INTERVAL = "origin_profile_interval"
+#: ``--master-addr`` / ``--master-port``: the rendezvous variables they stand for.
+RENDEZVOUS_FLAGS = {"--master-addr": "MASTER_ADDR", "--master-port": "MASTER_PORT"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -139,7 +168,48 @@ def build_parser(prog: str, description: str, epilog: str) -> argparse.ArgumentP
         metavar=policy.kind.metavar(),
         help="origin documents: the policy with --enable-load-balancing",
     )
+    origin = p.add_argument_group("origin documents' launch and profiling flags")
+    origin.add_argument(
+        "--num-nodes",
+        dest=_NUM_NODES,
+        metavar="N",
+        help="refused: nodes come from the launcher (torchrun --nnodes, srun -N) or the "
+        "coordinator; on one machine, --nproc N",
+    )
+    for flag, variable in RENDEZVOUS_FLAGS.items():
+        origin.add_argument(
+            flag,
+            dest=_rendezvous_dest(flag),
+            metavar=variable.split("_")[1],
+            help=f"{variable} of a rank started by hand (torchrun and --nproc set it)",
+        )
+    origin.add_argument(
+        "--enable-profiling",
+        dest=_PROFILING,
+        action="store_true",
+        help="always on: every step is timed; keep the figures with --output-dir or --name",
+    )
+    origin.add_argument(
+        "--profile-interval",
+        dest=_PROFILE_INTERVAL,
+        metavar="1",
+        help="1 only (every step, always so); figures are written every --rebalance-interval",
+    )
     return p
+
+
+def _rendezvous_dest(flag: str) -> str:
+    return "origin_" + flag[2:].replace("-", "_")
+
+
+def rendezvous_from_args(args: argparse.Namespace) -> dict[str, str]:
+    """``--master-addr`` / ``--master-port`` as the environment variables they stand for."""
+    found = vars(args)
+    return {
+        variable: str(found[_rendezvous_dest(flag)])
+        for flag, variable in RENDEZVOUS_FLAGS.items()
+        if _rendezvous_dest(flag) in found
+    }
 
 
 def _help(option: Option) -> str:
@@ -178,9 +248,32 @@ def options_from_args(args: argparse.Namespace) -> TrainingOptions:
     if typed_policy is not None:
         given["policy"], typed["policy"] = typed_policy
     try:
-        return TrainingOptions(**given)
+        options = TrainingOptions(**given)
     except OptionError as exc:
         raise exc.spelled(lambda n: typed.get(n, BY_NAME[n].flag)) from None
+    _origin_launch_and_profiling(found, options)
+    return options
+
+
+def _origin_launch_and_profiling(found: Mapping[str, Any], options: TrainingOptions) -> None:
+    """The origin documents' flags with no option of their own: refused with a pointer to
+    what does their work here, or accepted where hetero already does what they asked."""
+    if _NUM_NODES in found:
+        raise ConfigError(
+            "--num-nodes: hetero-train takes no node count: nodes come from the launcher "
+            "(torchrun --nnodes, srun -N) or the coordinator; on one machine, --nproc N"
+        )
+    interval = found.get(_PROFILE_INTERVAL)
+    if interval is not None and interval.strip() != "1":
+        raise ConfigError(
+            f"--profile-interval {interval}: every step is timed; the figures are written "
+            f"every --rebalance-interval steps (give that instead)"
+        )
+    if found.get(_PROFILING) and options.run_dir is None:
+        raise ConfigError(
+            "--enable-profiling: every step is always timed; give --output-dir DIR or "
+            "--name NAME to keep the per-interval figures (DIR/metrics)"
+        )
 
 
 def _origin_policy(

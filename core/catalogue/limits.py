@@ -15,6 +15,9 @@ MAX_RANKS = 4096
 
 DEFAULT_GLOBAL_BATCH = 96
 DEFAULT_STEPS = 100
+#: Samples scored after training when ``eval_samples`` is not given (fewer for a run
+#: that trains on fewer: ``Resolved.eval_samples_for``).
+DEFAULT_EVAL_SAMPLES = 512
 #: Steps between checkpoints when a checkpoint directory is given without an interval.
 DEFAULT_CHECKPOINT_INTERVAL = 500
 SGD_LR = 0.05

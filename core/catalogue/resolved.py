@@ -21,6 +21,7 @@ class Resolved:
         name: str | None
         model: str
         global_batch: int | None
+        eval_samples: int | None
         batch_size: int | None
         steps: int | None
         epochs: int | None
@@ -37,6 +38,14 @@ class Resolved:
         if self.batch_size is not None:
             return self.batch_size * world_size
         return limits.DEFAULT_GLOBAL_BATCH
+
+    def eval_samples_for(self, trained_samples: int) -> int:
+        """Samples to score, for a run of ``trained_samples`` (steps × global batch): the
+        option if given, else as many, at most ``DEFAULT_EVAL_SAMPLES``. Proportionate: a
+        two-step smoke test is not held up scoring 512 samples of a large model."""
+        if self.eval_samples is not None:
+            return self.eval_samples
+        return min(limits.DEFAULT_EVAL_SAMPLES, max(trained_samples, 1))
 
     def steps_for(self, steps_per_epoch: int) -> int:
         """Optimizer steps in total, given the dataset's steps per epoch."""

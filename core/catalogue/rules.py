@@ -105,7 +105,7 @@ def _sharding(o: TrainingOptions) -> None:
 def _outputs(o: TrainingOptions) -> None:
     if o.top and o.run_dir is None:
         raise OptionError("top", f"needs {ref('output_dir')} or {ref('name')} (the run it shows)")
-    if o.eval_every is not None and not o.eval_samples:
+    if o.eval_every is not None and o.eval_samples == 0:
         raise OptionError("eval_every", f"needs {ref('eval_samples')} above 0")
     if o.checkpoint_interval and o.checkpoint_file is None:
         raise OptionError(

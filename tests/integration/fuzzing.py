@@ -124,10 +124,25 @@ VALID_SPEC: dict[str, Any] = {
     "resources": {"ranks": 1, "device": "cpu"},
 }
 TOP_KEYS = (
-    "name", "model", "dataset", "data_dir", "command", "global_batch", "min_batch", "steps",
-    "epochs", "policy", "rebalance_interval", "checkpoint", "max_restarts", "emulate_slowdown",
-    "lr", "seed", "resources", "unknown_key",
-)  # fmt: skip
+    "name",
+    "model",
+    "dataset",
+    "data_dir",
+    "command",
+    "global_batch",
+    "min_batch",
+    "steps",
+    "epochs",
+    "policy",
+    "rebalance_interval",
+    "checkpoint",
+    "max_restarts",
+    "emulate_slowdown",
+    "lr",
+    "seed",
+    "resources",
+    "unknown_key",
+)
 NESTED_KEYS = {
     "resources": ("ranks", "nodes", "allow_cpu", "device", "gpus"),
     "checkpoint": ("dir", "interval_steps", "every"),

@@ -97,9 +97,18 @@ class PgServer:
             if not durable:
                 options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
             self._run(
-                "pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"),
-                "-o", options, "-w", "-t", str(START_TIMEOUT_S), "start",
-            )  # fmt: skip
+                "pg_ctl",
+                "-D",
+                str(self.data),
+                "-l",
+                str(self.root / "server.log"),
+                "-o",
+                options,
+                "-w",
+                "-t",
+                str(START_TIMEOUT_S),
+                "start",
+            )
         except Unavailable:
             shutil.rmtree(self.root, ignore_errors=True)
             raise

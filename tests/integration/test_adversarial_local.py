@@ -294,3 +294,52 @@ def test_the_agent_refuses_to_run_ranks_as_root_without_allow_root(tmp_path: Pat
         "agent as a service user (docs/deploy.md), or pass --allow-root"
     ]
     assert not (tmp_path / "agent" / "profiles").exists(), "refused before the profile"
+
+
+READ_AGENT_SECRETS = """
+import sys
+pid, token = sys.argv[1], sys.argv[2]
+for name in ("environ", "mem"):
+    try:
+        with open(f"/proc/{pid}/{name}", "rb") as fh:
+            data = fh.read() if name == "environ" else fh.read(1)
+    except OSError as exc:
+        print(f"{name}: {type(exc).__name__}")
+    else:
+        print(f"{name}: {'TOKEN' if token.encode() in data else 'read'}")
+"""
+
+
+@needs_root
+def test_a_process_of_the_agents_user_cannot_read_its_token_from_proc(root_dir: Path) -> None:
+    """Issue 33: the agent held ``$HETERO_TOKEN`` (the container deployment) and a rank,
+    of the same uid, read it from ``/proc/<agent>/environ`` and drained a node with it.
+    Now the agent makes itself undumpable once its credentials are read."""
+    home, token = root_dir / "home", "t0ken-" + os.urandom(12).hex()
+    home.mkdir()
+    os.chown(home, NOBODY, NOBODY)
+    log = root_dir / "agent.log"
+    argv = [sys.executable, "-m", "hetero.agent.cli", "run", "--coordinator", "127.0.0.1:1"]
+    argv += ["--state-dir", str(home / "agent"), "--quick"]
+    with log.open("wb") as out:
+        agent = subprocess.Popen(
+            _argv(NOBODY, *argv),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**_env(home), "HETERO_TOKEN": token},
+        )
+    try:
+        # The profile is measured after the credentials are read.
+        deadline = time.monotonic() + 60
+        while not (home / "agent" / "profiles").exists():
+            assert agent.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        reader = [sys.executable, "-c", READ_AGENT_SECRETS, str(agent.pid), token]
+        seen = subprocess.run(_argv(NOBODY, *reader), capture_output=True, text=True, timeout=60)
+        assert seen.stdout.split("\n")[:2] == [
+            "environ: PermissionError",
+            "mem: PermissionError",
+        ], seen.stdout + seen.stderr
+    finally:
+        agent.terminate()
+        agent.wait(timeout=30)

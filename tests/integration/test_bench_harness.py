@@ -31,9 +31,20 @@ pytestmark = pytest.mark.slow
 
 def _neighbour_argv(tmp: Path) -> list[str]:
     return [
-        sys.executable, "-m", "hetero.bench.harness.neighbour", "--device", "cpu", "--size", "32",
-        "--control", str(tmp / "ctl"), "--log", str(tmp / "log.jsonl"), "--ready", str(tmp / "ready"),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "hetero.bench.harness.neighbour",
+        "--device",
+        "cpu",
+        "--size",
+        "32",
+        "--control",
+        str(tmp / "ctl"),
+        "--log",
+        str(tmp / "log.jsonl"),
+        "--ready",
+        str(tmp / "ready"),
+    ]
 
 
 def test_neighbour_starts_switches_and_stops_leaving_no_process(tmp_path: Path) -> None:
@@ -194,10 +205,32 @@ def test_plain_ddp_baseline_trains_a_language_model_on_token_windows(tmp_path: P
     from hetero.bench.baseline_ddp import main as baseline
 
     out = tmp_path / "b"
-    args = ["--model", "gpt2-tiny", "--dataset", "synthetic-text", "--seq-len", "32",
-            "--global-batch", "8", "--steps", "12", "--rebalance-interval", "3",
-            "--nproc", "2", "--device", "cpu", "--ideal-steps", "1", "--lr", "0.003",
-            "--output-dir", str(out), "--summary-json", str(out / "summary.json")]  # fmt: skip
+    args = [
+        "--model",
+        "gpt2-tiny",
+        "--dataset",
+        "synthetic-text",
+        "--seq-len",
+        "32",
+        "--global-batch",
+        "8",
+        "--steps",
+        "12",
+        "--rebalance-interval",
+        "3",
+        "--nproc",
+        "2",
+        "--device",
+        "cpu",
+        "--ideal-steps",
+        "1",
+        "--lr",
+        "0.003",
+        "--output-dir",
+        str(out),
+        "--summary-json",
+        str(out / "summary.json"),
+    ]
     assert baseline(args) == 0
     records = [json.loads(x) for x in (out / "metrics" / "rank0.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [3, 6, 9, 12]

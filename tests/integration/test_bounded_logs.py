@@ -57,8 +57,13 @@ def test_a_flooding_rank_keeps_its_log_files_within_the_cap_and_counts_what_it_d
 
 def test_lines_the_coordinator_refused_or_that_no_longer_fit_are_counted(tmp_path: Path) -> None:
     sup = Supervisor(tmp_path, max_pending_lines=10)
-    sup.launch("job-a", 3, [sys.executable, "-c", "print('\\n'.join(map(str, range(8))))"], {},
-               tmp_path / "work")  # fmt: skip
+    sup.launch(
+        "job-a",
+        3,
+        [sys.executable, "-c", "print('\\n'.join(map(str, range(8))))"],
+        {},
+        tmp_path / "work",
+    )
     _run_to_end(sup, "job-a", 3)
     first = sup.take_lines()
     assert [x.text for x in first] == [str(i) for i in range(8)]

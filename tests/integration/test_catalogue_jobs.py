@@ -57,10 +57,22 @@ def test_every_model_of_the_catalogue_submits_as_a_job(coordinator, tmp_path: Pa
     path = tmp_path / "job.yaml"
     path.write_text(_job_yaml(model))
     result = subprocess.run(
-        [sys.executable, "-m", "hetero.coordinator.cli", "submit", str(path), "--dry-run",
-         "--json", "--coordinator", coordinator.address],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "hetero.coordinator.cli",
+            "submit",
+            str(path),
+            "--dry-run",
+            "--json",
+            "--coordinator",
+            coordinator.address,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     job = json.loads(result.stdout)["job"]
     assert job["global_batch"] == 8 and job["policy"] == "hybrid" and len(job["ranks"]) == 2
@@ -97,19 +109,34 @@ def test_a_launch_order_carries_the_jobs_options_to_the_ranks_hetero_train(
         assert got.global_batch == 12 and got.epochs == 2 and got.name == "lm"
         assert got.checkpoint_every == 7 and got.device == "cpu" and got.json
         # Everything else is what the file said, by the same description.
-        assert got.replace(
-            global_batch=None, batch_size=6, device="auto", output_dir=None,
-            summary_json=None, json=False,
-        ) == spec.options  # fmt: skip
+        assert (
+            got.replace(
+                global_batch=None,
+                batch_size=6,
+                device="auto",
+                output_dir=None,
+                summary_json=None,
+                json=False,
+            )
+            == spec.options
+        )
 
 
 def test_epochs_are_counted_from_the_datasets_real_size(tmp_path: Path) -> None:
     corpus = tmp_path / "corpus.txt"
     corpus.write_bytes(bytes(range(256)) * 5)  # 1280 bytes: 79 windows of 16 + 1
     summary = ht.train(
-        model="gpt2-tiny", dataset="text", data_dir=str(corpus), seq_len=16, epochs=3,
-        global_batch=8, ideal_steps=0, eval_samples=0, quiet=True, device="cpu",
-    )  # fmt: skip
+        model="gpt2-tiny",
+        dataset="text",
+        data_dir=str(corpus),
+        seq_len=16,
+        epochs=3,
+        global_batch=8,
+        ideal_steps=0,
+        eval_samples=0,
+        quiet=True,
+        device="cpu",
+    )
     assert summary is not None
     windows = (1280 - 1) // 16
     steps_per_epoch = -(-windows // 8)  # the short last step of 7 samples is kept
@@ -125,16 +152,40 @@ def test_origin_flags_batch_size_gpu_profiles_and_experiment_name(
 ) -> None:  # type: ignore[no-untyped-def]
     profiles = tmp_path / "profiles.json"
     profiles.write_text(
-        json.dumps([{"name": "fast", "compute_score": 3.0, "memory_bytes": 2**30},
-                    {"name": "slow", "compute_score": 1.0}])
-    )  # fmt: skip
+        json.dumps(
+            [
+                {"name": "fast", "compute_score": 3.0, "memory_bytes": 2**30},
+                {"name": "slow", "compute_score": 1.0},
+            ]
+        )
+    )
     proc = hetero_train(
-        "--model", "debug", "--nproc", "2", "--batch-size", "12", "--epochs", "1",
-        "--num-samples", "96", "--enable-load-balancing", "--load-balance-policy",
-        "proportional", "--gpu-profiles", str(profiles), "--experiment-name", "origin",
-        "--output-dir", str(tmp_path / "out"), "--ideal-steps", "0", "--eval-samples", "0",
-        "--quiet", "--json",
-    )  # fmt: skip
+        "--model",
+        "debug",
+        "--nproc",
+        "2",
+        "--batch-size",
+        "12",
+        "--epochs",
+        "1",
+        "--num-samples",
+        "96",
+        "--enable-load-balancing",
+        "--load-balance-policy",
+        "proportional",
+        "--gpu-profiles",
+        str(profiles),
+        "--experiment-name",
+        "origin",
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--ideal-steps",
+        "0",
+        "--eval-samples",
+        "0",
+        "--quiet",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["name"] == "origin" and summary["policy"] == "proportional"

@@ -98,3 +98,49 @@ def test_a_run_with_other_training_options_does_not_resume(hetero_train, tmp_pat
     assert other.returncode != 0
     assert "refusing to resume from another run's checkpoint" in other.stderr
     assert "Traceback" not in other.stderr
+
+
+def test_a_planted_tmp_link_is_not_followed_and_the_checkpoint_is_written(
+    hetero_train, tmp_path: Path
+) -> None:
+    """Issue 33: ``last.pt.tmp`` planted as a link to a file of ours (the coordinator's
+    database, here a canary) before the job checkpoints: the canary stays as it was."""
+    out, canary = tmp_path / "run", tmp_path / "coordinator.db"
+    canary.write_bytes(b"canary")
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "checkpoints" / "last.pt.tmp").symlink_to(canary)
+    proc = hetero_train(*RUN, "--steps", "4", "--output-dir", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert canary.read_bytes() == b"canary", "the checkpoint followed the planted link"
+    assert read_checkpoint(out / "checkpoints" / "last.pt")["global_step"] == 4
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770], ids=["others", "group"])
+def test_a_checkpoint_directory_others_can_write_is_refused_in_one_line(
+    hetero_train, tmp_path: Path, mode: int
+) -> None:
+    out = tmp_path / "run"
+    shared = tmp_path / "shared-checkpoints"
+    shared.mkdir()
+    shared.chmod(mode)
+    proc = hetero_train(*RUN, "--steps", "4", "--checkpoint-dir", str(shared))
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in proc.stderr and len(errors) == 1, proc.stderr
+    assert "writable by group or others" in errors[0]
+    assert not list(shared.iterdir()), "something was written in the shared directory"
+    assert not out.exists()
+
+
+def test_a_linked_output_directory_is_refused_in_one_line(hetero_train, tmp_path: Path) -> None:
+    """A metrics directory that is a link (to a directory another user controls)."""
+    out, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out.mkdir()
+    (out / "metrics").symlink_to(elsewhere)
+    proc = hetero_train(*RUN, "--steps", "2", "--output-dir", str(out))
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in proc.stderr and len(errors) == 1, proc.stderr
+    assert "symbolic link" in errors[0]
+    assert not list(elsewhere.iterdir())

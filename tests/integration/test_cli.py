@@ -146,8 +146,15 @@ def test_a_job_file_that_is_not_utf8_or_endless_is_one_line(coordinator, tmp_pat
 def test_a_database_password_is_never_printed_and_a_missing_driver_is_named(tmp_path: Path) -> None:
     """Issue 17: ``--db`` with a password printed it; a URL whose driver is absent traced back."""
     secret = "s3cret-pw"
-    no_driver = _cli("serve", "--db", f"postgresql+psycopg2://hetero:{secret}@db/x",
-                     "--listen", "127.0.0.1:0", "--state-dir", str(tmp_path))  # fmt: skip
+    no_driver = _cli(
+        "serve",
+        "--db",
+        f"postgresql+psycopg2://hetero:{secret}@db/x",
+        "--listen",
+        "127.0.0.1:0",
+        "--state-dir",
+        str(tmp_path),
+    )
     assert no_driver.returncode == 3
     assert _one_error_line(no_driver) == (
         "error: database URL postgresql+psycopg2://hetero:***@db/x needs the Python driver "
@@ -177,10 +184,20 @@ def test_hetero_top_with_a_wrong_token_exits_non_zero_with_one_line(tmp_path: Pa
     wrong.chmod(0o600)
     try:
         top = subprocess.run(
-            [sys.executable, "-c", "import sys; from hetero.tui.app import main; sys.exit(main())",
-             "--coordinator", f"127.0.0.1:{port}", "--token-file", str(wrong)],
-            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-c",
+                "import sys; from hetero.tui.app import main; sys.exit(main())",
+                "--coordinator",
+                f"127.0.0.1:{port}",
+                "--token-file",
+                str(wrong),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
     finally:
         server.stop(0).wait()
     assert top.returncode != 0
@@ -219,3 +236,45 @@ def test_logs_filters_by_rank_prints_json_and_follow_ends_with_the_job(coordinat
     assert followed.returncode == 0 and len(followed.stdout.splitlines()) == 3
     unknown = _cli("logs", "nope", "--coordinator", coordinator.address)
     assert unknown.returncode != 0 and "nope" in _one_error_line(unknown)
+
+
+#: What a job's output or a node's fields carried in issue 33: title, clipboard, clear
+#: screen, alternate screen, and a C1 CSI.
+TERMINAL_ATTACK = "\x1b]0;pwned\x07\x1b]52;c;cm0gLXJmIH4=\x07\x1b[2J\x1b[?1049h\x9b2J"
+
+
+def _controls(text: str) -> list[str]:
+    """The control characters (C0 but newline, DEL, C1) in ``text``."""
+    return [c for c in text if (ord(c) < 0x20 and c != "\n") or 0x7F <= ord(c) < 0xA0]
+
+
+def test_job_output_and_node_fields_cannot_drive_the_terminal(coordinator) -> None:  # type: ignore[no-untyped-def]
+    coordinator.stub.RegisterNode(
+        pb.RegisterNodeRequest(
+            name="laptop",
+            address="127.0.0.1",
+            devices=[
+                tpb.DeviceProfile(
+                    index=0,
+                    name=f"cpu{TERMINAL_ATTACK}",
+                    kind=tpb.DEVICE_KIND_CPU,
+                    compute_score=1.0,
+                )
+            ],
+        ),
+        timeout=5,
+    )
+    job_id = _cli("submit", str(DEMO), "--coordinator", coordinator.address).stdout.strip()
+    line = pb.LogLine(rank=0, stream="stdout", text=f"step 1 {TERMINAL_ATTACK} loss 0.5")
+    coordinator.stub.AppendJobLogs(pb.AppendJobLogsRequest(job_id=job_id, lines=[line]), timeout=5)
+
+    logs = _cli("logs", job_id, "--coordinator", coordinator.address)
+    assert logs.returncode == 0, logs.stderr
+    assert _controls(logs.stdout) == []
+    assert "\\x1b]0;pwned\\x07" in logs.stdout and "\\x9b2J loss 0.5" in logs.stdout
+    raw = _cli("logs", job_id, "--raw", "--coordinator", coordinator.address)
+    assert TERMINAL_ATTACK in raw.stdout, "--raw gives the text as shipped"
+
+    nodes = _cli("nodes", "--coordinator", coordinator.address)
+    assert nodes.returncode == 0, nodes.stderr
+    assert _controls(nodes.stdout) == [] and "\\x1b" in nodes.stdout

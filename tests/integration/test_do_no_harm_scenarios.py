@@ -32,10 +32,20 @@ pytestmark = pytest.mark.slow
 def _run(scenario: str, out: Path) -> dict[str, Any]:
     """``hetero-bench run SCENARIO --no-baseline``: the dynamic run's row, summary and log."""
     proc = subprocess.run(
-        [sys.executable, "-m", "hetero.bench.cli", "run", scenario, "--no-baseline",
-         "--out", str(out)],
-        capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "hetero.bench.cli",
+            "run",
+            scenario,
+            "--no-baseline",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (row,) = json.loads((out / "results.json").read_text())["rows"]
     run = out / "runs" / "dynamic-loader"
@@ -99,9 +109,13 @@ def test_a_neighbour_arriving_and_leaving_during_a_user_loop_is_switched_at_its_
     outcome = execute(spec, scenario, GpuMonitor(0), timeout_s=180)
     assert outcome.ok, (outcome.error, (spec.out_dir / "stderr.log").read_text()[-2000:])
     assert [(s["step"], s["on"]) for s in outcome.switches] == [(0, False), (20, True), (40, False)]
-    manifest = {"scenario": asdict(scenario), "runs": [spec.name],
-                "changes": [list(c) for c in scenario.change_steps],
-                "date": "2026-01-01T00:00:00+00:00", "device": "CPU"}  # fmt: skip
+    manifest = {
+        "scenario": asdict(scenario),
+        "runs": [spec.name],
+        "changes": [list(c) for c in scenario.change_steps],
+        "date": "2026-01-01T00:00:00+00:00",
+        "device": "CPU",
+    }
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     result = write_outputs(tmp_path, draw_plots=False)
     windows = {r["window"]: r for r in result["rows"]}

@@ -24,8 +24,8 @@ pytestmark = pytest.mark.slow
 
 JOB = """\
 name: e2e
-model: debug
-global_batch: 32
+model: simple_cnn
+global_batch: 256
 steps: 60
 policy: dynamic
 rebalance_interval: 5
@@ -147,8 +147,8 @@ def test_job_runs_through_coordinator_and_agents_and_rebalances_toward_the_fast_
     # the do-no-harm guard then takes the job back to them and says so.
     last = [int(b) for b in plans[-1][1].split(",")]
     reverted = reasons[-1][2].startswith("do no harm: ")
-    assert last[slow] < last[fast] or (last == [16, 16] and reverted), reasons
-    assert sum(last) == 32, "the global batch never changes"
+    assert last[slow] < last[fast] or (last == [128, 128] and reverted), reasons
+    assert sum(last) == 256, "the global batch never changes"
     # What the ranks ran: rank 0 adopts coordinator plans (one interval after they are
     # made) and broadcasts them, so every plan change it applied is a stored plan.
     stored = {tuple(int(b) for b in batches.split(",")) for _, batches, _ in plans}

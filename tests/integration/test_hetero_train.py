@@ -128,7 +128,10 @@ def test_resume_gives_the_losses_of_an_uninterrupted_run(
         (["--global-batch", "0"], "--global-batch: must be >= 1"),
         (["--resume", "/nonexistent/ckpt.pt"], "does not exist"),
         (["--dataset", "imagefolder"], "--data-dir: required when --dataset is imagefolder"),
-        (["--dataset", "imagefolder", "--data-dir", "/nonexistent"], "not a directory"),
+        (
+            ["--dataset", "imagefolder", "--data-dir", "/nonexistent"],
+            "'/nonexistent' does not exist",
+        ),
     ],
 )
 def test_bad_input_is_one_line_error_and_nonzero_exit(hetero_train, args, message):

@@ -21,11 +21,32 @@ def test_amp_must_be_a_known_mode() -> None:
 def test_bf16_channels_last_run_trains_and_reports_its_precision(hetero_train, tmp_path: Path):
     summary = tmp_path / "summary.json"
     proc = hetero_train(
-        "--model", "simple_cnn", "--num-samples", "256", "--global-batch", "32",
-        "--steps", "6", "--rebalance-interval", "3", "--nproc", "2", "--device", "cpu",
-        "--backend", "gloo", "--amp", "bf16", "--channels-last", "--ideal-steps", "1",
-        "--summary-json", str(summary), "--json", "--quiet",
-    )  # fmt: skip
+        "--model",
+        "simple_cnn",
+        "--num-samples",
+        "256",
+        "--global-batch",
+        "32",
+        "--steps",
+        "6",
+        "--rebalance-interval",
+        "3",
+        "--nproc",
+        "2",
+        "--device",
+        "cpu",
+        "--backend",
+        "gloo",
+        "--amp",
+        "bf16",
+        "--channels-last",
+        "--ideal-steps",
+        "1",
+        "--summary-json",
+        str(summary),
+        "--json",
+        "--quiet",
+    )
     assert proc.returncode == 0, proc.stderr
     s = json.loads(summary.read_text())
     assert s["amp"] == "bf16" and s["channels_last"] is True and s["backend"] == "gloo"

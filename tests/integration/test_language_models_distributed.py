@@ -146,18 +146,41 @@ def test_bert_tiny_on_a_text_file_and_cifar10_train(tmp_path: Path):
     text = tmp_path / "corpus.txt"
     text.write_bytes(b"the quick brown fox jumps over the lazy dog. " * 40)
     proc = _train(
-        *TINY_LM, "--model", "bert-tiny", "--dataset", "text", "--data-dir", str(text),
-        "--steps", "6", "--amp", "fp16", "--json",
-    )  # fmt: skip
+        *TINY_LM,
+        "--model",
+        "bert-tiny",
+        "--dataset",
+        "text",
+        "--data-dir",
+        str(text),
+        "--steps",
+        "6",
+        "--amp",
+        "fp16",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     s = json.loads(proc.stdout[proc.stdout.index("{") :])
     assert s["task"] == "masked-lm" and s["steps"] == 6 and s["amp"] == "fp16"
     write_cifar(tmp_path / "cifar", "cifar10", train=96, test=20)
     proc = _train(
-        "--model", "debug", "--image-size", "32", "--dataset", "cifar10",
-        "--data-dir", str(tmp_path / "cifar"), "--global-batch", "16", "--steps", "6",
-        "--ideal-steps", "0", "--quiet", "--json",
-    )  # fmt: skip
+        "--model",
+        "debug",
+        "--image-size",
+        "32",
+        "--dataset",
+        "cifar10",
+        "--data-dir",
+        str(tmp_path / "cifar"),
+        "--global-batch",
+        "16",
+        "--steps",
+        "6",
+        "--ideal-steps",
+        "0",
+        "--quiet",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     s = json.loads(proc.stdout[proc.stdout.index("{") :])
     assert s["eval_split"] == "test" and s["eval_samples"] == 20
@@ -165,11 +188,28 @@ def test_bert_tiny_on_a_text_file_and_cifar10_train(tmp_path: Path):
 
 def test_bench_compares_one_process_with_simulated_nodes(tmp_path: Path):
     proc = subprocess.run(
-        [sys.executable, "-m", "hetero.bench.cli", "simulate-nodes", "--nodes", "2",
-         "--memory-fraction", "0.5", "--output-dir", str(tmp_path), "--",
-         *TINY_LM, "--steps", "8", "--rebalance-interval", "4"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "hetero.bench.cli",
+            "simulate-nodes",
+            "--nodes",
+            "2",
+            "--memory-fraction",
+            "0.5",
+            "--output-dir",
+            str(tmp_path),
+            "--",
+            *TINY_LM,
+            "--steps",
+            "8",
+            "--rebalance-interval",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads((tmp_path / "comparison.json").read_text())
     rows = {r["metric"]: r for r in report["rows"]}

@@ -31,8 +31,15 @@ def sessions(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
     factory = session_factory(engine)
     with factory.begin() as s:
         device = DeviceRow(index=0, name="cpu0", kind="cpu", compute_score=1.0)
-        store.register_node(s, name="n1", address="n1.local", agent_endpoint="",
-                            agent_version="test", devices=[device], now=NOW - 50 * DAY)  # fmt: skip
+        store.register_node(
+            s,
+            name="n1",
+            address="n1.local",
+            agent_endpoint="",
+            agent_version="test",
+            devices=[device],
+            now=NOW - 50 * DAY,
+        )
     try:
         yield factory
     finally:

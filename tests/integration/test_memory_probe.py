@@ -42,8 +42,9 @@ def test_a_run_with_the_probe_has_the_losses_of_one_without(
     b = hetero_train(*common, "--output-dir", str(off), "--no-memory-probe")
     assert b.returncode == 0, b.stderr
     probed = json.loads((on / "s.json").read_text())["memory_probe"]
-    assert [row["cap"] for row in probed] == [int((0.9e12 - 1e6 - row["optimizer_bytes"]) // 1e5)
-                                              for row in probed]  # fmt: skip
+    assert [row["cap"] for row in probed] == [
+        int((0.9e12 - 1e6 - row["optimizer_bytes"]) // 1e5) for row in probed
+    ]
     got, ref = _losses(on), _losses(off)
     assert sorted(got) == [2, 4, 6, 8]
     assert got == ref
@@ -58,8 +59,9 @@ def test_a_small_rank_gets_its_cap_from_step_0_and_one_too_small_stops_the_job(
     cannot hold one sample: a one-line error before step 0, naming the rank and the figures."""
     monkeypatch.setenv(INJECT_ENV, "1:4e9:1e9:5e8")
     out = tmp_path / "capped"
-    a = hetero_train(*RUN, "--shard", "full", "--output-dir", str(out), "--summary-json",
-                     str(out / "s.json"))  # fmt: skip
+    a = hetero_train(
+        *RUN, "--shard", "full", "--output-dir", str(out), "--summary-json", str(out / "s.json")
+    )
     assert a.returncode == 0, a.stderr
     assert "memory probe caps [-, 5]" in a.stdout.splitlines()[0]
     summary = json.loads((out / "s.json").read_text())
@@ -97,8 +99,15 @@ def test_a_rank_whose_memory_binds_recomputes_alone_and_the_losses_stay_the_same
     assert summary["recompute"]["ranks"] == [False, True]
     assert summary["recompute"]["reasons"][0] == "off: no memory cap measured"
     assert summary["plans"][-1]["batches"] == [24, 24]
-    b = hetero_train(*RUN, "--output-dir", str(off), "--summary-json", str(off / "s.json"),
-                     "--activation-checkpointing", "off")  # fmt: skip
+    b = hetero_train(
+        *RUN,
+        "--output-dir",
+        str(off),
+        "--summary-json",
+        str(off / "s.json"),
+        "--activation-checkpointing",
+        "off",
+    )
     assert b.returncode == 0, b.stderr
     forced = json.loads((off / "s.json").read_text())
     assert forced["recompute"]["ranks"] == [False, False]

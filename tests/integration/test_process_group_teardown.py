@@ -20,8 +20,22 @@ pytestmark = [
     ),
 ]
 
-COMMON = ["--model", "debug", "--num-samples", "64", "--global-batch", "8", "--steps", "4",
-          "--rebalance-interval", "2", "--ideal-steps", "1", "--device", "cpu"]  # fmt: skip
+COMMON = [
+    "--model",
+    "debug",
+    "--num-samples",
+    "64",
+    "--global-batch",
+    "8",
+    "--steps",
+    "4",
+    "--rebalance-interval",
+    "2",
+    "--ideal-steps",
+    "1",
+    "--device",
+    "cpu",
+]
 
 
 def test_hetero_train_ranks_end_their_process_group(run_ranks) -> None:

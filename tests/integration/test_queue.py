@@ -85,8 +85,12 @@ def test_a_job_waits_queued_with_its_reason_and_runs_when_devices_free_up(small)
 
     table = subprocess.run(
         [sys.executable, "-m", "hetero.coordinator.cli", "jobs", "--coordinator", small.address],
-        capture_output=True, text=True, timeout=60, check=True, env={**os.environ, "COLUMNS": "200"},
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={**os.environ, "COLUMNS": "200"},
+    ).stdout
     assert "queued" in table and "2 CPU slots; 1 free on n1" in table
 
     small.clock.now += 4.0

@@ -296,11 +296,24 @@ def test_hetero_coord_with_a_token_and_a_wrong_token_file(tmp_path: Path) -> Non
             time.sleep(0.1)
         port = log_path.read_text().split("(port ")[1].split(",")[0]
         address = f"127.0.0.1:{port}"
-        ok = _run("hetero.coordinator.cli", "nodes", "--coordinator", address,
-                  "--token-file", str(token_file), env=env)  # fmt: skip
+        ok = _run(
+            "hetero.coordinator.cli",
+            "nodes",
+            "--coordinator",
+            address,
+            "--token-file",
+            str(token_file),
+            env=env,
+        )
         assert ok.returncode == 0, ok.stderr
-        by_env = _run("hetero.coordinator.cli", "jobs", "--coordinator", address, "--json",
-                      env={**env, "HETERO_TOKEN": TOKEN})  # fmt: skip
+        by_env = _run(
+            "hetero.coordinator.cli",
+            "jobs",
+            "--coordinator",
+            address,
+            "--json",
+            env={**env, "HETERO_TOKEN": TOKEN},
+        )
         assert by_env.returncode == 0, by_env.stderr
         denied = _run("hetero.coordinator.cli", "nodes", "--coordinator", address, env=env)
         assert denied.returncode == 1
@@ -308,8 +321,15 @@ def test_hetero_coord_with_a_token_and_a_wrong_token_file(tmp_path: Path) -> Non
             "error: unauthenticated: the coordinator requires a token "
             "(--token-file or $HETERO_TOKEN_FILE)\n"
         )
-        missing = _run("hetero.coordinator.cli", "nodes", "--coordinator", address,
-                       "--token-file", str(tmp_path / "absent"), env=env)  # fmt: skip
+        missing = _run(
+            "hetero.coordinator.cli",
+            "nodes",
+            "--coordinator",
+            address,
+            "--token-file",
+            str(tmp_path / "absent"),
+            env=env,
+        )
         assert missing.returncode == 2 and missing.stderr.startswith(
             "error: cannot read token file"
         )

@@ -160,3 +160,35 @@ def test_a_coordinator_restart_shows_a_banner_until_it_reconnects(tmp_path: Path
     finally:
         sim.close()
         server.stop(0).wait()  # type: ignore[attr-defined]
+
+
+def test_node_fields_with_escape_sequences_are_shown_escaped(coordinator) -> None:  # type: ignore[no-untyped-def]
+    """Issue 33: a node credential registered device names with OSC 52 and friends, and
+    hetero-top wrote them raw (16 clipboard buffers filled with ``rm -rf ~``)."""
+    from hetero.v1 import types_pb2 as tpb
+
+    attack = "\x1b]52;c;cm0gLXJmIH4=\x07\x1b[2J\x9b?1049h"
+    coordinator.stub.RegisterNode(
+        pb.RegisterNodeRequest(
+            name="evil",
+            address=f"10.0.0.9{attack}",
+            devices=[
+                tpb.DeviceProfile(
+                    index=0, name=f"{attack}gpu", kind=tpb.DEVICE_KIND_CPU, compute_score=1.0
+                )
+            ],
+        ),
+        timeout=5,
+    )
+
+    async def drive() -> None:
+        app = HeteroTop(coordinator.address, period_s=PERIOD_S)
+        async with app.run_test(size=(160, 30)) as pilot:
+            cluster = app.query_one(ClusterTable)
+            await until(pilot, lambda: cluster.row_count == 1)
+            cells = _cells(cluster)
+            controls = [c for cell in cells for c in cell if ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0]
+            assert controls == [], cells
+            assert any(cell.startswith("\\x1b]52;c;") for cell in cells), cells
+
+    asyncio.run(drive())

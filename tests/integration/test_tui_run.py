@@ -42,13 +42,40 @@ pytestmark = pytest.mark.slow
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("run") / "demo"
     cmd = [
-        sys.executable, "-m", "hetero.trainer.cli", "--nproc", "2", "--device", "cpu",
-        "--model", "debug", "--policy", "dynamic", "--emulate-slowdown", "1:3",
-        "--steps", str(STEPS), "--rebalance-interval", str(INTERVAL), "--global-batch", "32",
-        "--eval-every", str(EVAL_EVERY), "--eval-samples", "64", "--ideal-steps", "2",
-        "--output-dir", str(out), "--summary-json", str(out / "summary.json"),
-        "--tensorboard", str(out / "tb"), "--quiet", "--json",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "hetero.trainer.cli",
+        "--nproc",
+        "2",
+        "--device",
+        "cpu",
+        "--model",
+        "debug",
+        "--policy",
+        "dynamic",
+        "--emulate-slowdown",
+        "1:3",
+        "--steps",
+        str(STEPS),
+        "--rebalance-interval",
+        str(INTERVAL),
+        "--global-batch",
+        "32",
+        "--eval-every",
+        str(EVAL_EVERY),
+        "--eval-samples",
+        "64",
+        "--ideal-steps",
+        "2",
+        "--output-dir",
+        str(out),
+        "--summary-json",
+        str(out / "summary.json"),
+        "--tensorboard",
+        str(out / "tb"),
+        "--quiet",
+        "--json",
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stderr[-2000:]
     return out
@@ -165,19 +192,37 @@ def _pinned_copy(src: Path, dst: Path) -> None:
             plan = [16, 16] if k < 2 else [22, 10]
             slow = 3.0 if r == 1 else 1.0
             compute = 0.004 * plan[r] / 16 * slow
-            _pin(rec, {
-                "time_s": FIXED_NOW - 60 + k, "interval_wall_s": 0.05 * INTERVAL,
-                "samples_per_s": 500.0 + 40 * k + (300 if k >= 3 else 0),
-                "loss": 2.3 - 0.08 * k, "local_loss": 2.3 - 0.08 * k, "batch": plan[r],
-                "compute_s": compute, "per_sample_compute_s": compute / plan[r],
-                "phases_s": {"data": 0.002, "forward": compute / 3, "backward": 2 * compute / 3,
-                             "comm": 0.012 - compute if k >= 3 else 0.01, "optimizer": 0.001},
-                "step_s": 0.03, "busy_s": compute + 0.003, "peak_memory_bytes": 300_000_000,
-                "plan": plan, "plan_changed": k == 1, "next_plan": [22, 10] if k == 1 else None,
-                "apply_at_step": rec["step"] + 1 if k == 1 else None,
-                "reason": ("dynamic: +31% predicted" if k == 1 else "within dead-band") if r == 0 else None,
-                "slowdown": slow,
-            })  # fmt: skip
+            _pin(
+                rec,
+                {
+                    "time_s": FIXED_NOW - 60 + k,
+                    "interval_wall_s": 0.05 * INTERVAL,
+                    "samples_per_s": 500.0 + 40 * k + (300 if k >= 3 else 0),
+                    "loss": 2.3 - 0.08 * k,
+                    "local_loss": 2.3 - 0.08 * k,
+                    "batch": plan[r],
+                    "compute_s": compute,
+                    "per_sample_compute_s": compute / plan[r],
+                    "phases_s": {
+                        "data": 0.002,
+                        "forward": compute / 3,
+                        "backward": 2 * compute / 3,
+                        "comm": 0.012 - compute if k >= 3 else 0.01,
+                        "optimizer": 0.001,
+                    },
+                    "step_s": 0.03,
+                    "busy_s": compute + 0.003,
+                    "peak_memory_bytes": 300_000_000,
+                    "plan": plan,
+                    "plan_changed": k == 1,
+                    "next_plan": [22, 10] if k == 1 else None,
+                    "apply_at_step": rec["step"] + 1 if k == 1 else None,
+                    "reason": ("dynamic: +31% predicted" if k == 1 else "within dead-band")
+                    if r == 0
+                    else None,
+                    "slowdown": slow,
+                },
+            )
         lines = "".join(json.dumps(x) + "\n" for x in recs)
         (dst / "metrics" / f"rank{r}.jsonl").write_text(lines)
     evals = [json.loads(x) for x in (src / "metrics" / "eval.jsonl").read_text().splitlines()]
@@ -186,16 +231,30 @@ def _pinned_copy(src: Path, dst: Path) -> None:
         _pin(e["metrics"], {"accuracy": 0.2 + 0.1 * k, "loss": 2.2 - 0.1 * k})
     (dst / "metrics" / "eval.jsonl").write_text("".join(json.dumps(x) + "\n" for x in evals))
     info = json.loads((src / "metrics" / "run.json").read_text())
-    _pin(info, {"host": "node-a", "pid": 1, "started_unix_s": FIXED_NOW - 70,
-                "ended_unix_s": FIXED_NOW - 5})  # fmt: skip
+    _pin(
+        info,
+        {
+            "host": "node-a",
+            "pid": 1,
+            "started_unix_s": FIXED_NOW - 70,
+            "ended_unix_s": FIXED_NOW - 5,
+        },
+    )
     (dst / "metrics" / "run.json").write_text(json.dumps(info))
     summary = json.loads((src / "summary.json").read_text())
     solos = [Solo(22, 11000.0, 0.0, 0.0012, 0.0004), Solo(10, 2500.0, 0.0, 0.0036, 0.0004)]
     steady = 780.0
     bd = diagnose(intervals_from_records(ranks), solos, steady_samples_per_s=steady)
     assert bd is not None
-    _pin(summary, {"gap": bd.to_dict(), "ideal_samples_per_s": 13500.0,
-                   "steady_samples_per_s": steady, "name": None})  # fmt: skip
+    _pin(
+        summary,
+        {
+            "gap": bd.to_dict(),
+            "ideal_samples_per_s": 13500.0,
+            "steady_samples_per_s": steady,
+            "name": None,
+        },
+    )
     (dst / "summary.json").write_text(json.dumps(summary))
     for p in dst.rglob("*"):
         os.utime(p, (FIXED_NOW - 5, FIXED_NOW - 5))
@@ -225,11 +284,31 @@ def test_hetero_train_top_trains_under_the_view_and_prints_the_summary(tmp_path:
 
     out = tmp_path / "top"
     cmd = [
-        sys.executable, "-m", "hetero.trainer.cli", "--top", "--nproc", "2", "--device", "cpu",
-        "--model", "debug", "--emulate-slowdown", "1:2", "--steps", "20",
-        "--rebalance-interval", "5", "--global-batch", "16", "--ideal-steps", "0",
-        "--eval-samples", "0", "--output-dir", str(out),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "hetero.trainer.cli",
+        "--top",
+        "--nproc",
+        "2",
+        "--device",
+        "cpu",
+        "--model",
+        "debug",
+        "--emulate-slowdown",
+        "1:2",
+        "--steps",
+        "20",
+        "--rebalance-interval",
+        "5",
+        "--global-batch",
+        "16",
+        "--ideal-steps",
+        "0",
+        "--eval-samples",
+        "0",
+        "--output-dir",
+        str(out),
+    ]
     pid, fd = pty.fork()
     if pid == 0:  # the child: the command on the pseudo-terminal
         os.environ.update(COLUMNS="120", LINES="40", TERM="xterm-256color")

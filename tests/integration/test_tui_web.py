@@ -71,8 +71,11 @@ def test_a_web_view_beyond_loopback_without_a_token_is_refused_in_one_line() -> 
     env = {k: v for k, v in os.environ.items() if not k.startswith("HETERO_TOKEN")}
     done = subprocess.run(
         _hetero_top("--web", "0.0.0.0:0", "--run", "."),
-        capture_output=True, text=True, timeout=60, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert done.returncode == 2
     assert done.stderr.startswith("error: hetero-top: refusing to serve the web view on 0.0.0.0:0")
     assert len(done.stderr.strip().splitlines()) == 1
@@ -104,9 +107,58 @@ def test_the_token_signs_a_browser_in_once_and_other_hosts_and_origins_are_refus
     # DNS rebinding: another name for this loopback server is refused, token or not.
     assert _get(port, "/", Host=f"evil.example:{port}", Cookie=session).status == 403
     # Cross-site websocket: the app's socket only from the page's own origin.
-    upgrade = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
-               "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==", "Cookie": session}  # fmt: skip
+    upgrade = {
+        "Connection": "Upgrade",
+        "Upgrade": "websocket",
+        "Sec-WebSocket-Version": "13",
+        "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+        "Cookie": session,
+    }
     assert _get(port, "/ws", Origin="http://evil.example", **upgrade).status == 403
+
+
+def test_a_loopback_view_without_a_token_asks_for_the_one_it_printed(tmp_path: Path) -> None:
+    """Issue 33: on loopback without a token, any local user drove the operator's view (a
+    plain websocket client cancelled another user's job with the operator's token)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HETERO_TOKEN")}
+    proc = subprocess.Popen(
+        _hetero_top("--web", "127.0.0.1:0", "--run", str(tmp_path / "run")),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        found = re.search(r"http://127\.0\.0\.1:(\d+)/\?token=([\w-]{40,})", line)
+        assert found, f"no URL with a token in {line!r}"
+        port, url_token = int(found.group(1)), found.group(2)
+        upgrade = {
+            "Connection": "Upgrade",
+            "Upgrade": "websocket",
+            "Sec-WebSocket-Version": "13",
+            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+            "Origin": f"http://127.0.0.1:{port}",
+        }
+        assert _get(port, "/").status == 401
+        assert _get(port, "/ws", **upgrade).status == 401, "the app's socket without a token"
+        assert _get(port, "/", Authorization=f"Bearer {url_token}").status == 200
+        signed = _get(port, f"/?token={url_token}")
+        assert signed.status == 303 and url_token not in (signed.getheader("Set-Cookie") or "")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def test_a_window_is_bounded_however_large_the_page_asks() -> None:
+    from hetero.tui.web import MAX_COLUMNS, MAX_ROWS, window_cells
+
+    assert window_cells("1000000000", 80, MAX_COLUMNS) == MAX_COLUMNS
+    assert window_cells(10**12, 24, MAX_ROWS) == MAX_ROWS
+    assert window_cells("-5", 80, MAX_COLUMNS) == 1
+    assert window_cells("nan", 80, MAX_COLUMNS) == 80 and window_cells(None, 24, MAX_ROWS) == 24
+    assert window_cells("120", 80, MAX_COLUMNS) == 120
 
 
 # ---- the browser ------------------------------------------------------------------------
@@ -157,10 +209,20 @@ def test_the_page_shows_the_cluster_and_a_job_in_chromium(
     token_file.write_text(TOKEN)
     token_file.chmod(0o600)
     server = subprocess.Popen(
-        _hetero_top("--web", "127.0.0.1:0", "--token-file", str(token_file),
-                    "--coordinator", coordinator.address, "--period", "0.5"),
-        stdout=subprocess.PIPE, stderr=(tmp_path / "web.err").open("w"), text=True,
-    )  # fmt: skip
+        _hetero_top(
+            "--web",
+            "127.0.0.1:0",
+            "--token-file",
+            str(token_file),
+            "--coordinator",
+            coordinator.address,
+            "--period",
+            "0.5",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=(tmp_path / "web.err").open("w"),
+        text=True,
+    )
     driver = None
     try:
         assert server.stdout is not None

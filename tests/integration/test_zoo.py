@@ -62,10 +62,34 @@ def test_a_language_model_learns_from_a_token_file_through_the_api(
     tokens = tmp_path / "tokens.bin"
     write_tokens(tokens, 20_000)
     out = tmp_path / path
-    args = ["--model", "gpt2-tiny", "--tokens", str(tokens), "--seq-len", "32", "--data", path,
-            "--num-workers", "1", "--global-batch", "8", "--steps", "20", "--device", "cpu",
-            "--amp", "none", "--lr", "0.003", "--ideal-steps", "1", "--output-dir", str(out),
-            "--summary-json", str(out / "summary.json")]  # fmt: skip
+    args = [
+        "--model",
+        "gpt2-tiny",
+        "--tokens",
+        str(tokens),
+        "--seq-len",
+        "32",
+        "--data",
+        path,
+        "--num-workers",
+        "1",
+        "--global-batch",
+        "8",
+        "--steps",
+        "20",
+        "--device",
+        "cpu",
+        "--amp",
+        "none",
+        "--lr",
+        "0.003",
+        "--ideal-steps",
+        "1",
+        "--output-dir",
+        str(out),
+        "--summary-json",
+        str(out / "summary.json"),
+    ]
     assert train(args) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["model_source"] == "hetero.trainer.models gpt2-tiny"

@@ -17,9 +17,17 @@ from hetero.core.jobspec import JobSpec, parse_jobspec
 
 def cpu(node: str, running: int = 0, capacity: int = 2, **kw: object) -> DeviceSlot:
     return DeviceSlot(
-        node, node, f"{node}.local", 0, "cpu", "cpu", 1.0,
-        ranks_running=running, capacity=capacity, **kw,  # type: ignore[arg-type]
-    )  # fmt: skip
+        node,
+        node,
+        f"{node}.local",
+        0,
+        "cpu",
+        "cpu",
+        1.0,
+        ranks_running=running,
+        capacity=capacity,
+        **kw,  # type: ignore[arg-type]
+    )
 
 
 def gpu(node: str, index: int, running: int = 0) -> DeviceSlot:

@@ -21,9 +21,18 @@ def test_sim_prints_a_table_marked_simulated_and_writes_json_rows(
 ) -> None:
     out = tmp_path / "sim.json"
     code = main(
-        ["sim", "--scenario", "two-workers", "--policy", "equal", "--policy", "dynamic",
-         "--json", str(out)]
-    )  # fmt: skip
+        [
+            "sim",
+            "--scenario",
+            "two-workers",
+            "--policy",
+            "equal",
+            "--policy",
+            "dynamic",
+            "--json",
+            str(out),
+        ]
+    )
     assert code == 0
     assert "SIMULATED" in capsys.readouterr().out
     rows = json.loads(out.read_text())

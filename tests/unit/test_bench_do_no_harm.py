@@ -104,11 +104,23 @@ def test_targets_pass_miss_or_say_not_measured_on_the_runs_they_name() -> None:
     )
     rows = [
         {"run": "ddp-w8", "policy": "ddp", "num_workers": 8, "window": "steady"},
-        {"run": "dyn-w8", "policy": "dynamic", "num_workers": 8, "window": "steady",
-         "speedup_vs_ddp": 1.05, "plan_changes_per_20": 0.0},
-        {"run": "dyn-w12", "policy": "dynamic", "num_workers": 12, "window": "steady",
-         "speedup_vs_ddp": 1.2, "plan_changes_per_20": None},
-    ]  # fmt: skip
+        {
+            "run": "dyn-w8",
+            "policy": "dynamic",
+            "num_workers": 8,
+            "window": "steady",
+            "speedup_vs_ddp": 1.05,
+            "plan_changes_per_20": 0.0,
+        },
+        {
+            "run": "dyn-w12",
+            "policy": "dynamic",
+            "num_workers": 12,
+            "window": "steady",
+            "speedup_vs_ddp": 1.2,
+            "plan_changes_per_20": None,
+        },
+    ]
     got = [(c["target"], c["run"], c["result"]) for c in check([every, twelve, still], rows)]
     assert got == [
         ("vs_ddp >= 1", "dyn-w8", "pass"),
@@ -121,10 +133,21 @@ def test_targets_pass_miss_or_say_not_measured_on_the_runs_they_name() -> None:
 
 
 def _record(rank: int, k: int, **kw: Any) -> dict[str, Any]:
-    rec = {"step": 10 * (k + 1), "rank": rank, "time_s": 1000.0 + k, "interval_wall_s": 1.0,
-           "samples_per_s": 100.0, "batch": 16, "steps_measured": 9, "compute_s": 0.05,
-           "step_s": 0.1, "phases_s": {"data": 0.01, "optimizer": 0.002}, "switch_s": None,
-           "plan_changed": False, "reason": None}  # fmt: skip
+    rec = {
+        "step": 10 * (k + 1),
+        "rank": rank,
+        "time_s": 1000.0 + k,
+        "interval_wall_s": 1.0,
+        "samples_per_s": 100.0,
+        "batch": 16,
+        "steps_measured": 9,
+        "compute_s": 0.05,
+        "step_s": 0.1,
+        "phases_s": {"data": 0.01, "optimizer": 0.002},
+        "switch_s": None,
+        "plan_changed": False,
+        "reason": None,
+    }
     return rec | kw
 
 
@@ -185,10 +208,19 @@ def _write_pair_run(root: Path, name: str, repeat: int, rate: float, **kw: Any) 
     ]
     summary = {"final_plan": [16, 16], "plans": plans, "steps": 200, "num_workers": 6}
     (d / "summary.json").write_text(json.dumps(summary))
-    outcome = {"name": name, "runner": "torch-ddp" if ddp else "hetero-api",
-               "policy": "ddp" if ddp else "dynamic", "data_path": "loader", "num_workers": 6,
-               "repeat": repeat, "returncode": 0, "error": None, "switches": [],
-               "command": "x", "wall_s": 1.0}  # fmt: skip
+    outcome = {
+        "name": name,
+        "runner": "torch-ddp" if ddp else "hetero-api",
+        "policy": "ddp" if ddp else "dynamic",
+        "data_path": "loader",
+        "num_workers": 6,
+        "repeat": repeat,
+        "returncode": 0,
+        "error": None,
+        "switches": [],
+        "command": "x",
+        "wall_s": 1.0,
+    }
     (d / "run.json").write_text(json.dumps(outcome))
 
 
@@ -197,8 +229,13 @@ def test_the_report_checks_each_pair_against_its_targets_and_says_why_the_plan_h
 ) -> None:
     scenario = replace(load_scenario("zoo-alike-jitter"), repeats=2)
     names = list(scenario.run_names())
-    manifest = {"scenario": asdict(scenario), "runs": names, "changes": [],
-                "date": "2026-01-01T00:00:00+00:00", "device": "2x Test GPU"}  # fmt: skip
+    manifest = {
+        "scenario": asdict(scenario),
+        "runs": names,
+        "changes": [],
+        "date": "2026-01-01T00:00:00+00:00",
+        "device": "2x Test GPU",
+    }
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     _write_pair_run(tmp_path, "ddp-loader-r1", 1, 1000.0)
     _write_pair_run(tmp_path, "dynamic-loader-r1", 1, 995.0, changes=[5])

@@ -18,8 +18,15 @@ def _ranks(per_sample_s: list[float], batches: list[int], wall_s: float) -> list
         recs = []
         for k in range(1, 9):
             bb = b + (k % 3) if rank else b - 2 * (k % 3)  # some spread for the fit
-            recs.append({"step": 2 * k, "batch": bb, "steps_measured": 2,
-                         "compute_s": 0.005 + a * bb, "step_s": wall_s})  # fmt: skip
+            recs.append(
+                {
+                    "step": 2 * k,
+                    "batch": bb,
+                    "steps_measured": 2,
+                    "compute_s": 0.005 + a * bb,
+                    "step_s": wall_s,
+                }
+            )
         out.append(recs)
     return out
 

@@ -53,8 +53,10 @@ def test_resizing_keeps_change_steps_at_their_fraction_on_interval_boundaries() 
 def test_several_neighbours_of_different_weights() -> None:
     s = load_scenario("gpu-neighbour-4")
     assert [(n.gpu, n.weight) for n in s.neighbours] == [
-        (1, "light (35% duty)"), (2, "heavy"), (3, "heavy"),
-    ]  # fmt: skip
+        (1, "light (35% duty)"),
+        (2, "heavy"),
+        (3, "heavy"),
+    ]
     assert s.ranks == s.gpus == 4 and s.change_steps == ()
     lm = load_scenario("gpu-neighbour-4-gpt2")
     assert (lm.model, lm.dataset, lm.seq_len) == ("gpt2-small", "synthetic-text", 1024)
@@ -74,8 +76,9 @@ def test_scenario_errors_name_the_field() -> None:
     with pytest.raises(ConfigError, match=r"scenario x: unknown key 'stpes'; did you mean 'steps'"):
         parse_scenario("x", base + "stpes: 3\n")
     with pytest.raises(ConfigError, match=r"x.neighbour.gpu"):
-        parse_scenario("x", base.replace("cpu", "cuda").replace("gpus: 0", "gpus: 2")
-                       + "neighbour: {gpu: 2}\n")  # fmt: skip
+        parse_scenario(
+            "x", base.replace("cpu", "cuda").replace("gpus: 0", "gpus: 2") + "neighbour: {gpu: 2}\n"
+        )
     with pytest.raises(ConfigError, match="unknown policy 'fastest'"):
         parse_scenario("x", base + "policies: [fastest]\n")
     with pytest.raises(ConfigError, match="leave_step"):
@@ -114,15 +117,25 @@ def test_commands_run_as_modules_with_the_multicast_switches_off(tmp_path: Path)
 def test_zoo_runs_each_policy_on_each_data_path_under_torchrun(tmp_path: Path) -> None:
     vit = load_scenario("zoo-vit")
     assert vit.run_names() == (
-        "ddp-loader", "equal-loader", "dynamic-loader", "ddp-device", "equal-device",
+        "ddp-loader",
+        "equal-loader",
+        "dynamic-loader",
+        "ddp-device",
+        "equal-device",
         "dynamic-device",
-    )  # fmt: skip
+    )
     specs = {s.name: s for s in run_specs(vit, tmp_path, python="py")}
     loader, device = specs["dynamic-loader"], specs["ddp-device"]
     assert (loader.policy, loader.data_path, loader.runner) == ("dynamic", "loader", "hetero-api")
     assert (device.policy, device.data_path, device.runner) == ("ddp", "device", "torch-ddp")
-    assert loader.argv[:6] == ("py", "-m", "torch.distributed.run", "--standalone",
-                               "--nproc-per-node", "2")  # fmt: skip
+    assert loader.argv[:6] == (
+        "py",
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+    )
     assert loader.argv[6:8] == ("-m", "hetero.bench.zoo.train")
     assert device.argv[7] == "hetero.bench.zoo.train_ddp"
     for flag in ("--data", "--amp", "--num-classes"):
@@ -190,9 +203,17 @@ def _write_run(
         with (d / "metrics" / f"rank{rank}.jsonl").open("w") as fh:
             for k, rate in enumerate(rates):
                 compute = None if runner == "torch-ddp" else (0.1 if rank == 0 else 0.1 + 0.01 * k)
-                rec = {"step": 10 * (k + 1), "rank": rank, "time_s": 1000.0 + k,
-                       "interval_wall_s": 1.0, "samples_per_s": rate, "batch": 8,
-                       "steps_measured": 10, "compute_s": compute, "step_s": 0.2}  # fmt: skip
+                rec = {
+                    "step": 10 * (k + 1),
+                    "rank": rank,
+                    "time_s": 1000.0 + k,
+                    "interval_wall_s": 1.0,
+                    "samples_per_s": rate,
+                    "batch": 8,
+                    "steps_measured": 10,
+                    "compute_s": compute,
+                    "step_s": 0.2,
+                }
                 fh.write(json.dumps(rec) + "\n")
     (d / "summary.json").write_text(
         json.dumps(
@@ -227,8 +248,13 @@ def _write_run(
 
 def test_outputs_from_synthetic_runs_have_phases_speedups_and_adaptation(tmp_path: Path) -> None:
     scenario = configure(load_scenario("gpu-neighbour-dynamic"), steps=80)
-    manifest = {"scenario": asdict(scenario), "runs": ["ddp", "dynamic"], "changes": [],
-                "date": "2026-01-01T00:00:00+00:00", "device": "2x Test GPU"}  # fmt: skip
+    manifest = {
+        "scenario": asdict(scenario),
+        "runs": ["ddp", "dynamic"],
+        "changes": [],
+        "date": "2026-01-01T00:00:00+00:00",
+        "device": "2x Test GPU",
+    }
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     sw = [{"step": 0, "on": False}, {"step": 30, "on": True}, {"step": 50, "on": False}]
     _write_run(tmp_path, "ddp", "torch-ddp", [50, 100, 100, 60, 60, 100, 100, 100], sw)
@@ -252,8 +278,16 @@ def test_outputs_from_synthetic_runs_have_phases_speedups_and_adaptation(tmp_pat
     assert all(r["predicted_samples_per_s"] is None for r in ddp_rows)
     doc = json.loads((tmp_path / "results.json").read_text())
     for row in doc["rows"]:
-        for key in ("scenario", "model", "policy", "samples_per_s", "pct_of_ideal",
-                    "speedup_vs_ddp", "device", "date"):  # fmt: skip
+        for key in (
+            "scenario",
+            "model",
+            "policy",
+            "samples_per_s",
+            "pct_of_ideal",
+            "speedup_vs_ddp",
+            "device",
+            "date",
+        ):
             assert key in row
     with (tmp_path / "results.csv").open() as fh:
         assert len(list(csv.DictReader(fh))) == len(rows) == 8
@@ -270,8 +304,13 @@ def test_report_on_a_directory_without_a_manifest_is_one_line(
 
 def test_gpu_cpu_report_sets_the_planners_forecast_beside_the_gpu_alone_run(tmp_path: Path) -> None:
     scenario = load_scenario("gpu-cpu-hybrid")
-    manifest = {"scenario": asdict(scenario), "runs": ["gpu-only", "dynamic"], "changes": [],
-                "date": "2026-01-01T00:00:00+00:00", "device": "1x Test GPU + 2 CPU ranks"}  # fmt: skip
+    manifest = {
+        "scenario": asdict(scenario),
+        "runs": ["gpu-only", "dynamic"],
+        "changes": [],
+        "date": "2026-01-01T00:00:00+00:00",
+        "device": "1x Test GPU + 2 CPU ranks",
+    }
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     _write_run(tmp_path, "gpu-only", "hetero-train", [3000.0] * 6, [], ranks=1)
     _write_run(tmp_path, "dynamic", "hetero-train", [1000.0] * 6, [], ranks=3)
@@ -297,20 +336,50 @@ def _write_zoo_run(root: Path, policy: str, path: str, rate: float, compute: lis
     for rank, c in enumerate(compute):
         with (d / "metrics" / f"rank{rank}.jsonl").open("w") as fh:
             for k in range(6):
-                rec = {"step": 10 * (k + 1), "rank": rank, "time_s": 1000.0 + k,
-                       "interval_wall_s": 10 * 32 / rate, "samples_per_s": rate, "batch": 16,
-                       "steps_measured": 9, "compute_s": None if ddp else c, "step_s": 32 / rate - 1e-3,
-                       "phases_s": {"data": 0.004 if path == "loader" else 0.0, "optimizer": 0.002}}  # fmt: skip
+                rec = {
+                    "step": 10 * (k + 1),
+                    "rank": rank,
+                    "time_s": 1000.0 + k,
+                    "interval_wall_s": 10 * 32 / rate,
+                    "samples_per_s": rate,
+                    "batch": 16,
+                    "steps_measured": 9,
+                    "compute_s": None if ddp else c,
+                    "step_s": 32 / rate - 1e-3,
+                    "phases_s": {"data": 0.004 if path == "loader" else 0.0, "optimizer": 0.002},
+                }
                 fh.write(json.dumps(rec) + "\n")
-    solo = [{"batch": 16, "samples_per_s": 16 / (c + 0.002), "data_s": 0.001, "compute_s": c,
-             "optimizer_s": 0.002} for c in (0.05, 0.1)]  # fmt: skip
+    solo = [
+        {
+            "batch": 16,
+            "samples_per_s": 16 / (c + 0.002),
+            "data_s": 0.001,
+            "compute_s": c,
+            "optimizer_s": 0.002,
+        }
+        for c in (0.05, 0.1)
+    ]
     ideal = sum(s["samples_per_s"] for s in solo)
-    summary = {"final_plan": [16, 16], "plans": [{}], "steps": 60, "ideal_samples_per_s": ideal,
-               "standalone_samples_per_s": [s["samples_per_s"] for s in solo], "solo": solo}  # fmt: skip
+    summary = {
+        "final_plan": [16, 16],
+        "plans": [{}],
+        "steps": 60,
+        "ideal_samples_per_s": ideal,
+        "standalone_samples_per_s": [s["samples_per_s"] for s in solo],
+        "solo": solo,
+    }
     (d / "summary.json").write_text(json.dumps(summary))
-    outcome = {"name": name, "runner": "torch-ddp" if ddp else "hetero-api", "policy": policy,
-               "data_path": path, "returncode": 0, "error": None, "switches": [],
-               "command": "x", "wall_s": 1.0}  # fmt: skip
+    outcome = {
+        "name": name,
+        "runner": "torch-ddp" if ddp else "hetero-api",
+        "policy": policy,
+        "data_path": path,
+        "returncode": 0,
+        "error": None,
+        "switches": [],
+        "command": "x",
+        "wall_s": 1.0,
+    }
     (d / "run.json").write_text(json.dumps(outcome))
 
 
@@ -319,8 +388,13 @@ def test_zoo_rows_carry_the_data_path_and_a_gap_breakdown_that_accounts_for_the_
 ) -> None:
     scenario = load_scenario("zoo-cpu")
     runs = ["ddp-loader", "dynamic-loader", "ddp-device", "dynamic-device"]
-    manifest = {"scenario": asdict(scenario), "runs": runs, "changes": [],
-                "date": "2026-01-01T00:00:00+00:00", "device": "CPU"}  # fmt: skip
+    manifest = {
+        "scenario": asdict(scenario),
+        "runs": runs,
+        "changes": [],
+        "date": "2026-01-01T00:00:00+00:00",
+        "device": "CPU",
+    }
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     _write_zoo_run(tmp_path, "ddp", "loader", 280.0, [0.05, 0.1])
     _write_zoo_run(tmp_path, "dynamic", "loader", 350.0, [0.07, 0.075])

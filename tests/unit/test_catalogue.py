@@ -312,13 +312,28 @@ def test_sharding_refuses_what_fsdp2_cannot_do_in_one_line(
 
 def test_the_origin_documents_flags_are_aliases() -> None:
     o = _cli(
-        "--batch-size", "32", "--epochs", "3", "--experiment-name", "exp1",
-        "--gpu-profiles", "/tmp/p.json", "--dataset", "synthetic_image",
-        "--enable-load-balancing", "--load-balance-policy", "proportional",
-    )  # fmt: skip
+        "--batch-size",
+        "32",
+        "--epochs",
+        "3",
+        "--experiment-name",
+        "exp1",
+        "--gpu-profiles",
+        "/tmp/p.json",
+        "--dataset",
+        "synthetic_image",
+        "--enable-load-balancing",
+        "--load-balance-policy",
+        "proportional",
+    )
     assert (o.batch_size, o.epochs, o.name, o.gpu_profiles, o.dataset, o.policy) == (
-        32, 3, "exp1", "/tmp/p.json", "synthetic", "proportional",
-    )  # fmt: skip
+        32,
+        3,
+        "exp1",
+        "/tmp/p.json",
+        "synthetic",
+        "proportional",
+    )
     assert o.global_batch_for(4) == 128 and o.run_dir == "runs/exp1"
     assert _cli("--load-balance-policy", "dynamic").policy == "equal"  # balancing off
     assert _cli("--enable-load-balancing").policy == "dynamic"

@@ -17,7 +17,7 @@ FAST = ["--num-samples", "64", "--global-batch", "8", "--steps", "4", "--ideal-s
         (["--model", "debug", "--dataset", "synthetic-text"], "needs an image dataset"),
         (["--seq-len", "500"], "exceeds gpt2-tiny's 64 positions"),
         (["--activation-checkpointing", "sometimes"], "unknown value 'sometimes'"),
-        (["--model", "debug", "--dataset", "cifar10", "--data-dir", "/nope"], "/nope/cifar-10"),
+        (["--model", "debug", "--dataset", "cifar10", "--data-dir", "/nope"], "'/nope' does not"),
         (["--dataset", "text", "--data-dir", "/nope.txt"], "does not exist"),
         (["--simulate-nodes", "2", "--nproc", "3"], "leave out --nproc"),
         (["--memory-fraction", "2"], "must be in (0, 1]"),

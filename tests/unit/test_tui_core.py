@@ -116,10 +116,21 @@ def _cluster_and_job(*ranks: RankStats) -> tuple[ClusterState, JobView]:
     )
     live = LiveView(10, 1, 100.0, 50.0, 120.0, None, False, tuple(ranks), ())
     job = JobView(
-        "j1", "job", "running", "dynamic", 64, len(ranks), "nccl", 10, 100, 0, "", 1,
+        "j1",
+        "job",
+        "running",
+        "dynamic",
+        64,
+        len(ranks),
+        "nccl",
+        10,
+        100,
+        0,
+        "",
+        1,
         tuple(RankView(r.rank, "n1", "node1", r.rank, "gpu", "running", 1.0, 32) for r in ranks),
         live,
-    )  # fmt: skip
+    )
     return cluster, job
 
 
@@ -146,9 +157,16 @@ def test_detail_view_aligns_series_by_interval_and_splits_the_step() -> None:
         iv = msg.intervals.add(job_id="j", end_step=step)
         for rank, b in enumerate(batches):
             iv.ranks.add(
-                rank=rank, batch=b, steps=10, compute_s=0.01 * b, step_s=0.05,
-                forward_s=0.004 * b, backward_s=0.006 * b, loss_sum=2.0 * b * 10, samples=b * 10,
-            )  # fmt: skip
+                rank=rank,
+                batch=b,
+                steps=10,
+                compute_s=0.01 * b,
+                step_s=0.05,
+                forward_s=0.004 * b,
+                backward_s=0.006 * b,
+                loss_sum=2.0 * b * 10,
+                samples=b * 10,
+            )
     view = detail_view(msg)
     assert view.steps == (10, 20) and view.batches == ((2, 3), (2, 1))
     assert view.per_sample_s[1] == pytest.approx((0.01, 0.01))

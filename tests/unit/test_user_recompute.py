@@ -28,9 +28,15 @@ def _resnet() -> nn.Module:
 
 def _vit() -> nn.Module:
     return timm.create_model(
-        "vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=4,
-        num_classes=10, proj_drop_rate=0.1, attn_drop_rate=0.1,
-    )  # fmt: skip
+        "vit_tiny_patch16_224",
+        pretrained=False,
+        img_size=32,
+        patch_size=8,
+        depth=4,
+        num_classes=10,
+        proj_drop_rate=0.1,
+        attn_drop_rate=0.1,
+    )
 
 
 ZOO: list[tuple[str, Callable[[], nn.Module], str]] = [

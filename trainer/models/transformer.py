@@ -73,11 +73,19 @@ CONFIGS: dict[str, TransformerConfig] = {
     "gpt2-large": TransformerConfig(50257, 1024, 1280, 36, 20, 5120, causal=True),
     "gpt2-tiny": TransformerConfig(256, 64, 64, 2, 4, 256, causal=True),
     "bert-base": TransformerConfig(
-        30522, 512, 768, 12, 12, 3072, causal=False, dropout=0.1, layer_norm_eps=1e-12,
+        30522,
+        512,
+        768,
+        12,
+        12,
+        3072,
+        causal=False,
+        dropout=0.1,
+        layer_norm_eps=1e-12,
         default_seq_len=128,
     ),
     "bert-tiny": TransformerConfig(257, 64, 64, 2, 4, 256, causal=False, layer_norm_eps=1e-12),
-}  # fmt: skip
+}
 
 
 class SelfAttention(nn.Module):

@@ -155,9 +155,12 @@ def main(argv: list[str]) -> None:
     else:
         # Tiny buckets (bytes), so DDP hands the hook several per step and deferral holds some.
         ddp = ctx.wrap(
-            model, sync_batchnorm=mode == "syncbn", comm=comm, bucket_cap_mb=0.0001,
+            model,
+            sync_batchnorm=mode == "syncbn",
+            comm=comm,
+            bucket_cap_mb=0.0001,
             activation_checkpointing=recompute,
-        )  # fmt: skip
+        )
     # Buckets the hook held back when the step's last one arrived, per step (deferral).
     held_at_last: list[int] = []
     grads_ready = ctx.weighting.on_grads_ready
