@@ -328,8 +328,15 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
     async def ReportIntervalStats(
         self, req: tpb.IntervalReport, caller: Caller
     ) -> tpb.ReportIntervalStatsResponse:
+        job = self.service.state.jobs.get(req.job_id)
+        before = (job.plan, job.state) if job is not None else None
         plan = reports.handle(self.cluster, req, self._now())
-        await self.service.commit()
+        if job is not None and before == (plan, job.state):
+            # Nothing the rank is told waits on the disk: the interval's rows and events
+            # are written with the next batch (a crash loses at most that batch's).
+            self.service.commit_later()
+        else:  # a new plan or a restart: durable before anyone acts on it
+            await self.service.commit()
         return tpb.ReportIntervalStatsResponse(plan=messages.plan_message(req.job_id, plan))
 
     @rpc

@@ -159,8 +159,9 @@ class Cluster:
         devices: Sequence[Device],
         now: float,
     ) -> Node:
-        """Create the node, or refresh it (same id, devices replaced) if the name is known;
-        then place what waits (new devices: the queue may move)."""
+        """Create the node, or refresh it (same id, devices replaced) if the name is known.
+        New devices may let the queue move: ``capacity`` counts it, and the service runs
+        the pass soon (one pass for a burst of registrations, not one each)."""
         node = self.state.node_named(name)
         if node is None:
             node = Node(uuid.uuid4().hex[:12], name, address, "", "", now, now)
@@ -175,7 +176,6 @@ class Cluster:
         self._heard(node, now)
         self._ops.append(persist.save_node(node, devices=True))
         self.capacity += 1
-        self.admit(now=now)
         return node
 
     def heartbeat(self, node_id: str, now: float) -> Node:
@@ -208,7 +208,6 @@ class Cluster:
             self.event(kind, f"node {node.name} {what}", now=now, node_id=node.id)
             self._ops.append(persist.save_node(node))
             self.capacity += 1
-            self.admit(now=now)
         return node
 
     # ---- jobs ----------------------------------------------------------------------------
@@ -339,7 +338,6 @@ class Cluster:
         self.event("job_cancelled", f"job {job.name} cancelled", now=now, job=job)
         self.capacity += 1
         self.save(job)
-        self.admit(now=now)
         return job
 
     def rank_status(

@@ -6,8 +6,9 @@ one history: ``state.Job.history``, the current attempt's newest complete interv
 flags new stragglers, leaves a rank out when that pays (``exclusion``), and fits the
 job's policy (``core.replan``, the balancer the trainer embeds) once. A new plan is
 stored only if it changes the batches of the newest plan; the answer is the newest
-plan. The caller commits what was collected (``cluster.Cluster.take``) before it
-answers: the interval and a new plan are durable once the rank hears of them.
+plan. The caller writes what was collected (``cluster.Cluster.take``): a new plan or
+a restart is committed before the rank hears of it; an interval that changed neither
+is answered at once and written with the writer's next batch.
 
 The fit runs on the event loop: for a job of 8 ranks it is a few milliseconds of CPU
 (``docs/control-plane.md``), less than a process pool's round trip would save the loop,

@@ -46,6 +46,13 @@ READ_THREADS = 2
 #: Seconds between the sweeper's admission passes when nothing it can see has changed
 #: (the reasons of the jobs still waiting are refreshed then).
 REFRESH_S = 30.0
+#: The queue's pass takes at most this share of the loop's time when changes come in
+#: a burst: after a pass of d s the next waits d·(1/share − 1) s at least, so a thousand
+#: agents registering at once cost a few passes, not a thousand (each looks at up to
+#: ``cluster.MAX_EXAMINED`` queued jobs against every device).
+ADMISSION_SHARE = 0.2
+#: Seconds a change waits for its pass, at least: the changes of a burst go together.
+ADMISSION_DELAY_S = 0.05
 #: Seconds between pruning passes; batches a pass runs at most.
 PRUNE_PERIOD_S = 60.0
 MAX_PRUNE_BATCHES = 100
@@ -105,7 +112,10 @@ class Service:
         self._tasks: list[asyncio.Task[None]] = []
         #: Each node's order streams' events, set when its orders changed (committed).
         self._watchers: dict[str, set[asyncio.Event]] = {}
+        #: The cluster's ``capacity`` and the time at the last admission pass.
         self._admitted: tuple[int, float] | None = None
+        #: Set when ``capacity`` moved since that pass: the admission task runs one.
+        self._moved = asyncio.Event()
         self._prune = PruneState()
         #: Telemetry rows and nodes' liveness kept since the last flush.
         self._samples: list[dict[str, object]] = []
@@ -155,6 +165,7 @@ class Service:
                 ("telemetry", TELEMETRY_FLUSH_S, self.flush_telemetry),
             )
         ]
+        self._tasks.append(asyncio.get_running_loop().create_task(self._admission()))
 
     async def stop(self) -> None:
         """End the periodic work, write what is queued, close the reading threads."""
@@ -183,6 +194,7 @@ class Service:
         """Write what the rules changed and wait for the commit; then tell the nodes whose
         orders changed. Raises ``StoreUnavailable`` if the write failed."""
         ops, touched = self.cluster.take()
+        self._note_capacity()
         if ops:
             await self.writer.write(*ops)
         self._tell(touched)
@@ -191,6 +203,7 @@ class Service:
         """Write what the rules changed without waiting (a heartbeat's liveness change and
         telemetry: nobody waits for those)."""
         ops, touched = self.cluster.take()
+        self._note_capacity()
         if ops:
             try:
                 self.writer.put(*ops)
@@ -302,6 +315,31 @@ class Service:
             log.debug("telemetry not written: %s", exc)
 
     # ---- periodic work ---------------------------------------------------------------
+
+    def _note_capacity(self) -> None:
+        if self._admitted is None or self.cluster.capacity != self._admitted[0]:
+            self._moved.set()
+
+    async def _admission(self) -> None:
+        """The queue's pass after a change that may let a waiting job fit (a node joined,
+        was undrained or came back, a job ended or was cancelled): soon, and once for
+        a burst of them (:data:`ADMISSION_SHARE`). Submit runs its own pass at once."""
+        while True:
+            await self._moved.wait()
+            await asyncio.sleep(ADMISSION_DELAY_S)
+            self._moved.clear()
+            started, now = time.perf_counter(), self.now()
+            try:
+                self.cluster.place_waiting(now=now)
+            except Exception:  # the next change tries again; never let the task die
+                log.exception("admission failed")
+            self._admitted = (self.cluster.capacity, now)
+            spent = time.perf_counter() - started
+            try:
+                await self.commit()
+            except StoreUnavailable as exc:
+                log.warning("admission: %s", exc)
+            await asyncio.sleep(spent * (1 / ADMISSION_SHARE - 1))
 
     async def sweep(self) -> None:
         """Mark silent nodes down, place restarts, run the queue's pass when what waits
