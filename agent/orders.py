@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hetero.core.catalogue.commandline import argv_for
-from hetero.core.rankenv import LaunchPlan, RankEnv
+from hetero.core.rankenv import JobTerms, LaunchPlan, RankEnv
 from hetero.security.auth import AGENT_TOKEN_ENV, Secret, scrub_environment
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
@@ -68,6 +68,7 @@ def rank_process(
         attempt=order.attempt,
         launched=True,
         threads=threads,
+        job=JobTerms.of_options(order.args.options),
     )
     env = dict(scrub_environment(os.environ if base is None else base))
     env.update(rank_env.to_env())

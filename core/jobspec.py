@@ -227,16 +227,17 @@ class JobSpec:
     def launch_options(self) -> dict[str, str]:
         """The options a rank's ``hetero-train`` gets, by name, as command-line text: every
         option the file set, the resolved global batch and length, and those the
-        coordinator plans with. Empty for a ``command`` job."""
-        if not self.builtin:
-            return {}
+        coordinator plans with. A ``command`` job gets the last two alone: they are the
+        terms its script must agree with (``hetero.core.rankenv.JobTerms``)."""
         o = self.options
-        names = [n for n in self.given if n not in _NOT_LAUNCHED and n not in _SPECIAL]
-        names += [*_ALWAYS_LAUNCHED, "model", "dataset"]
+        names: list[str] = list(_ALWAYS_LAUNCHED)
+        if self.builtin:
+            names += [n for n in self.given if n not in _NOT_LAUNCHED and n not in _SPECIAL]
+            names += ["model", "dataset"]
         texts = {n: BY_NAME[n].to_text(getattr(o, n)) for n in names if getattr(o, n) is not None}
         texts["global_batch"] = str(self.global_batch)
         texts.update({"epochs": str(o.epochs)} if o.epochs else {"steps": str(self.steps)})
-        if self.checkpoint is not None:
+        if self.checkpoint is not None and self.builtin:
             texts["checkpoint_dir"] = self.checkpoint.dir
             texts["checkpoint_interval"] = str(self.checkpoint.interval_steps)
         return texts

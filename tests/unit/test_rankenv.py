@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from hetero.agent.orders import rank_process
 from hetero.core.errors import ConfigError
-from hetero.core.rankenv import LaunchPlan, RankEnv
+from hetero.core.rankenv import JobTerms, LaunchPlan, RankEnv, term
 from hetero.trainer.launch import rank_env
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
@@ -54,6 +54,24 @@ def rank_envs(draw: st.DrawFn) -> RankEnv:
         attempt=draw(st.one_of(st.none(), st.integers(0, 1000))),
         launched=draw(st.booleans()),
         threads=draw(st.one_of(st.none(), st.integers(1, 256))),
+        job=draw(st.one_of(st.none(), job_terms())),
+    )
+
+
+def job_terms() -> st.SearchStrategy[JobTerms]:
+    count = st.sampled_from(["steps", "epochs"]).flatmap(
+        lambda k: st.fixed_dictionaries({k: st.integers(1, 10**6)})
+    )
+    return count.flatmap(
+        lambda c: st.builds(
+            JobTerms,
+            name=st.text(min_size=0, max_size=30),
+            global_batch=st.integers(1, 10**6),
+            policy=st.sampled_from(["dynamic", "equal", "static"]),
+            rebalance_interval=st.integers(1, 1000),
+            min_batch=st.integers(1, 64),
+            **{k: st.just(v) for k, v in c.items()},
+        )
     )
 
 
@@ -156,3 +174,63 @@ def test_local_ranks_get_the_same_type() -> None:
         threads=2,
         launched=True,
     )
+
+
+def test_a_command_jobs_order_carries_the_job_files_terms_to_its_script() -> None:
+    """The coordinator's order for a ``command:`` job carries the terms its script must
+    keep (issue #34: a script asking for another global batch ran without hetero's plans)."""
+    from hetero.core.jobspec import parse_jobspec
+
+    spec = parse_jobspec(
+        "name: mine\ncommand: [python, train.py]\nglobal_batch: 128\nsteps: 40\n"
+        "policy: equal\nresources: {ranks: 2}\n"
+    )
+    order = pb.RankLaunch(job_id="j9", rank=0, world_size=2, device_kind=tpb.DEVICE_KIND_CPU)
+    order.args.command.extend(spec.command)
+    order.args.options.update(spec.launch_options())
+    process = rank_process(
+        order,
+        python="python3",
+        output_dir=Path("/tmp/out"),
+        agent_endpoint="127.0.0.1:7071",
+        threads=1,
+        local_world_size=2,
+        base={},
+    )
+    assert process.argv == ["python", "train.py"]
+    terms = JobTerms("mine", 128, "equal", spec.rebalance_interval, 1, steps=40)
+    assert process.rank_env.job == terms
+    assert process.env["HETERO_JOB_NAME"] == "mine"
+    assert RankEnv.from_env(process.env).job == terms
+    assert "model" not in spec.launch_options()  # a script builds its own model
+
+
+def test_a_script_takes_the_jobs_terms_and_is_refused_others_in_one_line() -> None:
+    job = JobTerms("mine", 128, "equal", 10, steps=40)
+    assert term(job, "global_batch", None, None, "ctx.loader") == 128
+    assert term(job, "global_batch", 128, None, "ctx.loader") == 128
+    with pytest.raises(ConfigError) as err:
+        term(job, "global_batch", 256, None, "ctx.loader")
+    assert str(err.value) == (
+        "ctx.loader: global_batch=256, but job 'mine' says global_batch: 128 "
+        "(leave it out to take the job's, or make the two agree)"
+    )
+    assert term(None, "policy", None, "dynamic", "ht.init") == "dynamic"
+    assert term(None, "global_batch", 64, None, "ctx.loader") == 64
+    with pytest.raises(ConfigError, match="ctx.loader: give global_batch="):
+        term(None, "global_batch", None, None, "ctx.loader")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"name": "x"}',
+        "[1]",
+        "not json",
+        '{"name": "x", "global_batch": "8", "policy": "d", "rebalance_interval": 1}',
+        '{"bogus": 1}',
+    ],
+)
+def test_a_bad_job_variable_is_a_config_error_naming_it(text: str) -> None:
+    with pytest.raises(ConfigError, match="HETERO_JOB="):
+        RankEnv.from_env({"HETERO_JOB": text})
