@@ -217,7 +217,7 @@ def test_a_script_takes_the_jobs_terms_and_is_refused_others_in_one_line() -> No
     )
     assert term(None, "policy", None, "dynamic", "ht.init") == "dynamic"
     assert term(None, "global_batch", 64, None, "ctx.loader") == 64
-    with pytest.raises(ConfigError, match="ctx.loader: give global_batch="):
+    with pytest.raises(ConfigError, match=r"ctx\.loader: give global_batch="):
         term(None, "global_batch", None, None, "ctx.loader")
 
 
