@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from hetero.coordinator import (
     admission,
+    attach,
     exclusion,
     jobpages,
     lifecycle,
@@ -203,6 +204,7 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
         and place it at once when nothing ahead of it waits for its devices."""
         settings = self.service.settings
         admission.check_spec_bytes(req.spec_yaml, settings.limits)  # before the parser sees it
+        attach.check_submitted(req.spec_yaml, source_name(req.source_name))
         spec = parse_jobspec(
             req.spec_yaml,
             source=source_name(req.source_name),
@@ -235,6 +237,28 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
             [wire.prediction_message(p) for p in predict(as_placed, placed)] if placed else []
         )
         return pb.SubmitJobResponse(job_id=job.id, job=msg, predictions=predictions)
+
+    @rpc
+    async def AttachJob(self, req: pb.AttachJobRequest, caller: Caller) -> pb.AttachJobResponse:
+        """A job its own launcher started, RUNNING with its first plan (``attach``)."""
+        settings = self.service.settings
+        admission.check_jobs_per_user(
+            caller.label, self.service.state.jobs_of(caller.label), settings.limits
+        )
+        job, plan = attach.attach_job(self.cluster, req, now=self._now(), owner=caller.label)
+        await self.service.commit()
+        log.info(
+            "job %s (%s) attached: %d ranks of %s", job.id, job.name, job.world_size, job.launcher
+        )
+        return pb.AttachJobResponse(job_id=job.id, plan=messages.plan_message(job.id, plan))
+
+    @rpc
+    async def DetachJob(self, req: pb.DetachJobRequest, caller: Caller) -> pb.Job:
+        job = attach.detach_job(
+            self.cluster, req.job_id, failed=req.failed, message=req.message, now=self._now()
+        )
+        await self.service.commit()
+        return messages.job_message(self.service.state, job)
 
     @rpc
     async def ListJobs(self, req: pb.ListJobsRequest, caller: Caller) -> pb.ListJobsResponse:

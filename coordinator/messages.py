@@ -95,6 +95,7 @@ def job_message(state: ClusterState, job: Job, *, detail: bool = False) -> pb.Jo
         restarts=job.restarts,
         priority=job.priority,
         owner=job.owner,
+        launcher=job.launcher,
         ranks=[rank_message(r, names[r.node_id]) for r in job.ranks],
         last_step=job.last_step,
         spec_yaml=job.spec_yaml if detail else "",

@@ -25,7 +25,7 @@ from typing import Any, cast
 from sqlalchemy import Table, bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
-from hetero.coordinator import lifecycle
+from hetero.coordinator import attach, lifecycle
 from hetero.coordinator.models import (
     DeviceRow,
     EventRow,
@@ -50,7 +50,6 @@ from hetero.coordinator.state import (
 )
 from hetero.coordinator.store.intervals import interval_steps, latest_interval
 from hetero.coordinator.wire import interval_message
-from hetero.core.jobspec import parse_jobspec
 
 Values = Mapping[str, Any]
 
@@ -222,7 +221,8 @@ def job_values(job: Job) -> dict[str, Any]:
 
 def save_job(job: Job, *, ranks: bool = True) -> SaveJob:
     """The operation that writes ``job`` as it is now (with its ranks if ``ranks``)."""
-    rows = tuple(dataclasses.asdict(r) for r in job.ranks) if ranks else None
+    # An attached job's ranks are on no node: its spec's ``attached:`` section keeps them.
+    rows = tuple(dataclasses.asdict(r) for r in job.ranks) if ranks and not job.launcher else None
     return SaveJob(job_values(job), rows)
 
 
@@ -284,7 +284,7 @@ def load(s: Session, *, now: float, history: int) -> ClusterState:
     plans = _newest_plans(s, ids)
     events = _recent_events(s, ids)
     for row in rows:
-        job = _job(row, ranks.get(row.id, []), plans.get(row.id), events.get(row.id, []))
+        job = _job(row, ranks.get(row.id, []), plans.get(row.id), events.get(row.id, []), now)
         if job.placed:
             steps = interval_steps(s, row, history)
             job.history = deque(((step, tuple(rs)) for step, rs in steps), maxlen=history)
@@ -312,11 +312,14 @@ def _device(d: DeviceRow) -> Device:
     )
 
 
-def _job(row: JobRow, ranks: list[Rank], plan: Plan | None, events: Sequence[Event]) -> Job:
+def _job(
+    row: JobRow, ranks: list[Rank], plan: Plan | None, events: Sequence[Event], now: float
+) -> Job:
+    spec, attached = attach.parse_stored(row.spec_yaml, source=f"job {row.id}")
     return Job(
         id=row.id,
         name=row.name,
-        spec=parse_jobspec(row.spec_yaml, source=f"job {row.id}"),
+        spec=spec,
         spec_yaml=row.spec_yaml,
         state=row.state,
         submitted_at_unix_s=row.submitted_at_unix_s,
@@ -334,7 +337,9 @@ def _job(row: JobRow, ranks: list[Rank], plan: Plan | None, events: Sequence[Eve
         restarting_since_unix_s=row.restarting_since_unix_s,
         excluded=row.excluded,
         exclusion_restarts=row.exclusion_restarts,
-        ranks=ranks,
+        ranks=ranks if attached is None else attached.job_ranks(),
+        launcher="" if attached is None else attached.shown,
+        heard_at_unix_s=now,
         plan=plan,
         events=deque(events, maxlen=JOB_EVENTS),
         not_helping=next((e.message for e in reversed(events) if e.kind == NOT_HELPING), ""),

@@ -54,6 +54,7 @@ def handle(cluster: Cluster, req: tpb.IntervalReport, now: float) -> Plan:
     stored = tuple({**row, **common, "received_at_unix_s": now} for row in rows)
     cluster.add(persist.AddRows(IntervalStatRow, stored))
     job.last_step = max(job.last_step, req.end_step)
+    job.heard_at_unix_s = now  # an attached job's rank 0 is alive (``attach.sweep``)
     cluster.save(job, ranks=False)
     plan = job.plan
     if req.plan_version < job.attempt_first_plan or plan is None:

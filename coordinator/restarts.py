@@ -13,7 +13,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from hetero.coordinator import admission, exclusion, lifecycle, persist
+from hetero.coordinator import admission, attach, exclusion, lifecycle, persist
 from hetero.coordinator.placement import InitialPlan, Placement, PlacementError, initial_plan, place
 from hetero.coordinator.state import KEEP_FINISHED_S, Job, Node, Rank
 from hetero.core.errors import HeteroError
@@ -54,6 +54,7 @@ def sweep(c: Cluster, *, now: float, admit: bool = True) -> None:
             lose_node(c, node, now=now)
             c.capacity += 1
     place_waiting(c, now=now, admit=admit or c.capacity != before)
+    attach.sweep(c, now=now)
     for job_id in c.state.finished_before(now - KEEP_FINISHED_S):
         c.state.forget_job(job_id)
 

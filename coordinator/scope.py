@@ -18,6 +18,10 @@ A node's credential (``node:gpu-3``) may
 
 A user's credential (``user:ana``) may cancel only the jobs it submitted (a
 job's ``owner``); the cluster token and an "admin" certificate may cancel any.
+A caller that may not act for nodes (a user's credential, the user role's token)
+reports intervals, reads the plan and detaches only for jobs attached by their
+launcher (``attach``), and a user's credential only for its own: the jobs the
+coordinator launched hear from their agents alone.
 
 Every check reads the coordinator's state in memory (node names, where each job's
 ranks are, who submitted it). Every refusal is one line naming the caller and what
@@ -38,6 +42,8 @@ from hetero.coordinator.state import ClusterState
 _NODE_ID_METHODS = ("Heartbeat", "WatchOrders", "ReportRankStatus")
 #: Methods whose request names a job that must have a rank on the caller's node.
 _JOB_METHODS = ("ReportIntervalStats", "GetPlan")
+#: Methods an attached job's rank 0 calls (``attach``).
+_ATTACHED_METHODS = (*_JOB_METHODS, "DetachJob")
 
 
 def denied(caller: Caller, what: str) -> str:
@@ -57,12 +63,20 @@ class Scope:
         role = f" ({caller.role} role)" if caller.role else ""
         return denied(caller, f"call {method}") + role
 
+    def _acts_for_nodes(self, caller: Caller) -> bool:
+        """Whether ``caller`` may act for nodes (an agent: it may register one)."""
+        if caller.named is not None:
+            return caller.named.kind == "node"
+        return self.method_refusal(caller, "RegisterNode") is None
+
     def check(self, state: ClusterState, caller: Caller, method: str, request: Any) -> str | None:
         """Why ``caller`` may not make this call, or None."""
         refused = self.method_refusal(caller, method)
         if refused is not None:
             return refused
         who = caller.named
+        if method in _ATTACHED_METHODS and not self._acts_for_nodes(caller):
+            return _attached_refusal(state, caller, method, request)
         if who is None:
             return None
         if who.kind == "user":
@@ -92,6 +106,18 @@ class Scope:
             }
             return _job_refusal(caller, method, request, places)
         return None  # Probe
+
+
+def _attached_refusal(state: ClusterState, caller: Caller, method: str, request: Any) -> str | None:
+    job = state.jobs.get(request.job_id)
+    if job is None:
+        return None
+    if not job.launcher:
+        return denied(caller, f"call {method} for job {job.id} (its agents report for it)")
+    who = caller.named
+    if who is not None and who.kind == "user" and job.owner != who.label:
+        return denied(caller, f"call {method} for job {job.id} (attached by {job.owner})")
+    return None
 
 
 def _job_refusal(caller: Caller, method: str, request: Any, places: dict[int, str]) -> str | None:

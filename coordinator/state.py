@@ -168,6 +168,11 @@ class Job:
     #: Seconds the current attempt took from its placement to its first step (None: not
     #: measured yet, or measured before this coordinator started).
     start_up_s: float | None = None
+    #: An attached job's launcher as shown ("slurm job 4242", ``attach``); "" for a job
+    #: the coordinator launched.
+    launcher: str = ""
+    #: When an attached job's rank 0 last spoke (Unix s; this coordinator's start at most).
+    heard_at_unix_s: float = 0.0
 
     @property
     def policy(self) -> str:

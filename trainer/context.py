@@ -477,7 +477,7 @@ class Context:
                 self._loader.ends.close(failed=failed)
         close_planner = getattr(self.planner, "close", None)
         if close_planner is not None:
-            close_planner()
+            close_planner(failed=failed)
         if self._stop is not None:
             stop, self._stop = self._stop, None
             stop.close(failed=failed)

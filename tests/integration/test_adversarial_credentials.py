@@ -458,3 +458,27 @@ def test_a_nodes_plan_reads_come_from_memory_and_follow_a_restart_off_the_node(
         refused = _denied(lambda: b.GetPlan(plan, timeout=DEADLINE_S))
         assert refused.endswith("(no rank on node node-b)")
         assert c.GetPlan(plan, timeout=DEADLINE_S).version == job.plan.version
+
+
+def test_a_user_reports_and_detaches_only_the_jobs_it_attached(served: Served) -> None:
+    """Attaching lets a user's credential report intervals (issue #35): only for jobs it
+    attached, never for a job the coordinator launched, whose agents report for it."""
+    placed, _, _ = _placed_pair(served)
+    ana, bob = served.user("ana"), served.user("bob")
+    rank = pb.AttachedRank(host="h", device_name="cpu", device_kind=tpb.DEVICE_KIND_CPU)
+    request = pb.AttachJobRequest(name="mine", launcher="slurm", global_batch=8, ranks=[rank] * 2)
+    attached = ana.AttachJob(request, timeout=DEADLINE_S)
+    assert attached.plan.batches == [4, 4]
+    ask = tpb.GetPlanRequest(job_id=placed)
+    message = _denied(lambda: ana.GetPlan(ask, timeout=DEADLINE_S))
+    assert message == (
+        f"permission denied: user:ana may not call GetPlan for job {placed} (its agents report for it)"
+    )
+    detach = pb.DetachJobRequest(job_id=attached.job_id)
+    message = _denied(lambda: bob.DetachJob(detach, timeout=DEADLINE_S))
+    assert message == (
+        f"permission denied: user:bob may not call DetachJob for job {attached.job_id} "
+        "(attached by user:ana)"
+    )
+    assert ana.GetPlan(tpb.GetPlanRequest(job_id=attached.job_id), timeout=DEADLINE_S).version == 1
+    assert ana.DetachJob(detach, timeout=DEADLINE_S).state == pb.JOB_STATE_SUCCEEDED

@@ -178,7 +178,7 @@ class JobEvent(_message.Message):
     def __init__(self, id: _Optional[int] = ..., time_unix_s: _Optional[float] = ..., kind: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "name", "state", "policy", "global_batch", "world_size", "backend", "master_addr", "master_port", "submitted_at_unix_s", "finished_at_unix_s", "message", "restarts", "ranks", "plan", "spec_yaml", "events", "last_step", "live", "total_steps", "priority", "owner")
+    __slots__ = ("id", "name", "state", "policy", "global_batch", "world_size", "backend", "master_addr", "master_port", "submitted_at_unix_s", "finished_at_unix_s", "message", "restarts", "ranks", "plan", "spec_yaml", "events", "last_step", "live", "total_steps", "priority", "owner", "launcher")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -201,6 +201,7 @@ class Job(_message.Message):
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
+    LAUNCHER_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     state: JobState
@@ -223,7 +224,62 @@ class Job(_message.Message):
     total_steps: int
     priority: int
     owner: str
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., policy: _Optional[str] = ..., global_batch: _Optional[int] = ..., world_size: _Optional[int] = ..., backend: _Optional[str] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., submitted_at_unix_s: _Optional[float] = ..., finished_at_unix_s: _Optional[float] = ..., message: _Optional[str] = ..., restarts: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankPlacement, _Mapping]]] = ..., plan: _Optional[_Union[_types_pb2.Plan, _Mapping]] = ..., spec_yaml: _Optional[str] = ..., events: _Optional[_Iterable[_Union[JobEvent, _Mapping]]] = ..., last_step: _Optional[int] = ..., live: _Optional[_Union[JobLive, _Mapping]] = ..., total_steps: _Optional[int] = ..., priority: _Optional[int] = ..., owner: _Optional[str] = ...) -> None: ...
+    launcher: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., policy: _Optional[str] = ..., global_batch: _Optional[int] = ..., world_size: _Optional[int] = ..., backend: _Optional[str] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., submitted_at_unix_s: _Optional[float] = ..., finished_at_unix_s: _Optional[float] = ..., message: _Optional[str] = ..., restarts: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankPlacement, _Mapping]]] = ..., plan: _Optional[_Union[_types_pb2.Plan, _Mapping]] = ..., spec_yaml: _Optional[str] = ..., events: _Optional[_Iterable[_Union[JobEvent, _Mapping]]] = ..., last_step: _Optional[int] = ..., live: _Optional[_Union[JobLive, _Mapping]] = ..., total_steps: _Optional[int] = ..., priority: _Optional[int] = ..., owner: _Optional[str] = ..., launcher: _Optional[str] = ...) -> None: ...
+
+class AttachedRank(_message.Message):
+    __slots__ = ("host", "device_name", "device_kind", "compute_score", "emulated_slowdown")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_NAME_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_KIND_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_SCORE_FIELD_NUMBER: _ClassVar[int]
+    EMULATED_SLOWDOWN_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    device_name: str
+    device_kind: _types_pb2.DeviceKind
+    compute_score: float
+    emulated_slowdown: float
+    def __init__(self, host: _Optional[str] = ..., device_name: _Optional[str] = ..., device_kind: _Optional[_Union[_types_pb2.DeviceKind, str]] = ..., compute_score: _Optional[float] = ..., emulated_slowdown: _Optional[float] = ...) -> None: ...
+
+class AttachJobRequest(_message.Message):
+    __slots__ = ("name", "launcher", "launcher_job_id", "global_batch", "steps", "policy", "rebalance_interval", "min_batch", "ranks")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    LAUNCHER_FIELD_NUMBER: _ClassVar[int]
+    LAUNCHER_JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_BATCH_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    REBALANCE_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    MIN_BATCH_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    launcher: str
+    launcher_job_id: str
+    global_batch: int
+    steps: int
+    policy: str
+    rebalance_interval: int
+    min_batch: int
+    ranks: _containers.RepeatedCompositeFieldContainer[AttachedRank]
+    def __init__(self, name: _Optional[str] = ..., launcher: _Optional[str] = ..., launcher_job_id: _Optional[str] = ..., global_batch: _Optional[int] = ..., steps: _Optional[int] = ..., policy: _Optional[str] = ..., rebalance_interval: _Optional[int] = ..., min_batch: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[AttachedRank, _Mapping]]] = ...) -> None: ...
+
+class AttachJobResponse(_message.Message):
+    __slots__ = ("job_id", "plan")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    plan: _types_pb2.Plan
+    def __init__(self, job_id: _Optional[str] = ..., plan: _Optional[_Union[_types_pb2.Plan, _Mapping]] = ...) -> None: ...
+
+class DetachJobRequest(_message.Message):
+    __slots__ = ("job_id", "failed", "message")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    failed: bool
+    message: str
+    def __init__(self, job_id: _Optional[str] = ..., failed: bool = ..., message: _Optional[str] = ...) -> None: ...
 
 class StragglerFlag(_message.Message):
     __slots__ = ("rank", "ratio", "intervals", "message")

@@ -75,6 +75,16 @@ class CoordinatorStub(object):
                 request_serializer=hetero_dot_v1_dot_types__pb2.GetPlanRequest.SerializeToString,
                 response_deserializer=hetero_dot_v1_dot_types__pb2.Plan.FromString,
                 _registered_method=True)
+        self.AttachJob = channel.unary_unary(
+                '/hetero.v1.Coordinator/AttachJob',
+                request_serializer=hetero_dot_v1_dot_coordinator__pb2.AttachJobRequest.SerializeToString,
+                response_deserializer=hetero_dot_v1_dot_coordinator__pb2.AttachJobResponse.FromString,
+                _registered_method=True)
+        self.DetachJob = channel.unary_unary(
+                '/hetero.v1.Coordinator/DetachJob',
+                request_serializer=hetero_dot_v1_dot_coordinator__pb2.DetachJobRequest.SerializeToString,
+                response_deserializer=hetero_dot_v1_dot_coordinator__pb2.Job.FromString,
+                _registered_method=True)
         self.SubmitJob = channel.unary_unary(
                 '/hetero.v1.Coordinator/SubmitJob',
                 request_serializer=hetero_dot_v1_dot_coordinator__pb2.SubmitJobRequest.SerializeToString,
@@ -175,6 +185,22 @@ class CoordinatorServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def GetPlan(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AttachJob(self, request, context):
+        """Jobs their own launcher started (torchrun, srun, a Kubernetes Job): rank 0 attaches
+        the job to take the coordinator's plans and to show as external; it reports its
+        intervals with ReportIntervalStats and detaches at its end. Placement and restarts
+        stay with its launcher.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DetachJob(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -281,6 +307,16 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.GetPlan,
                     request_deserializer=hetero_dot_v1_dot_types__pb2.GetPlanRequest.FromString,
                     response_serializer=hetero_dot_v1_dot_types__pb2.Plan.SerializeToString,
+            ),
+            'AttachJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.AttachJob,
+                    request_deserializer=hetero_dot_v1_dot_coordinator__pb2.AttachJobRequest.FromString,
+                    response_serializer=hetero_dot_v1_dot_coordinator__pb2.AttachJobResponse.SerializeToString,
+            ),
+            'DetachJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.DetachJob,
+                    request_deserializer=hetero_dot_v1_dot_coordinator__pb2.DetachJobRequest.FromString,
+                    response_serializer=hetero_dot_v1_dot_coordinator__pb2.Job.SerializeToString,
             ),
             'SubmitJob': grpc.unary_unary_rpc_method_handler(
                     servicer.SubmitJob,
@@ -544,6 +580,60 @@ class Coordinator(object):
             '/hetero.v1.Coordinator/GetPlan',
             hetero_dot_v1_dot_types__pb2.GetPlanRequest.SerializeToString,
             hetero_dot_v1_dot_types__pb2.Plan.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AttachJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hetero.v1.Coordinator/AttachJob',
+            hetero_dot_v1_dot_coordinator__pb2.AttachJobRequest.SerializeToString,
+            hetero_dot_v1_dot_coordinator__pb2.AttachJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DetachJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hetero.v1.Coordinator/DetachJob',
+            hetero_dot_v1_dot_coordinator__pb2.DetachJobRequest.SerializeToString,
+            hetero_dot_v1_dot_coordinator__pb2.Job.FromString,
             options,
             channel_credentials,
             insecure,
