@@ -73,8 +73,10 @@ class Rules:
 
 class Cluster:
     """The state and the rules that change it. ``capacity`` counts changes that may let a
-    waiting job fit (the sweeper's admission pass runs when it moved). The sweep and
-    restarts are ``restarts``' rules, which the methods below hand over to."""
+    waiting job fit: only a submission runs the queue's pass itself (its caller learns
+    whether it was placed); for every other change the service's admission task runs
+    one pass soon, once for a burst. The sweep and restarts are ``restarts``' rules,
+    which the methods below hand over to."""
 
     def __init__(self, state: ClusterState, rules: Rules) -> None:
         self.state = state
@@ -353,8 +355,9 @@ class Cluster:
         message: str = "",
     ) -> Job:
         """Record what an agent saw of one rank, then move the job along its lifecycle: a
-        restart whose old ranks are all gone is placed now, and a job that ended frees
-        its devices for what waits. A report about an earlier ``attempt`` changes nothing."""
+        restart whose old ranks are all gone is placed now; a rank that exited, or a job
+        that ended, frees devices, which ``capacity`` counts for the queue's next pass (the
+        service's admission task). A report about an earlier ``attempt`` changes nothing."""
         job = self.job(job_id)
         if attempt != job.restarts:
             return job
@@ -367,11 +370,10 @@ class Cluster:
         self.transition(
             job, lifecycle.job_state(job.state, statuses, restarts, job.max_restarts), now=now
         )
-        self.capacity += 1
+        if state == lifecycle.EXITED:
+            self.capacity += 1
         self.save(job)
         self.replace_if_ready(job, now=now)
-        if job.finished:
-            self.place_waiting(now=now)
         return job
 
     def transition(

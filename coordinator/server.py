@@ -182,10 +182,12 @@ class CoordinatorServer:
             await self.health.set(name, status)
 
     def flush(self) -> None:
-        """Hand the telemetry kept so far to the writer and wait until everything queued
-        is committed (tests read what heartbeats wrote)."""
+        """Run the queue's pass a change asked for, hand the telemetry kept so far to the
+        writer and wait until everything queued is committed (tests read what heartbeats
+        wrote, and what a pass placed)."""
 
         async def flush() -> None:
+            await self.service.admit_pending()
             await self.service.flush_telemetry()
             await self.service.writer.barrier()
 

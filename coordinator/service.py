@@ -35,7 +35,7 @@ from hetero.coordinator.retention import IntervalRetention, LogRetention
 from hetero.coordinator.state import ClusterState, Node
 from hetero.coordinator.store.telemetry import TelemetryPolicy
 from hetero.coordinator.writer import StoreUnavailable, Writer
-from hetero.core import defaults
+from hetero.core import defaults, heap
 
 log = logging.getLogger("hetero.coordinator")
 
@@ -142,6 +142,10 @@ class Service:
     async def load(self) -> None:
         """Read the state from the database (the recovery): before anything is served."""
         self.cluster.state = await self.read(self._load)
+        # The state just read (ten thousand queued jobs are about a million objects) lives
+        # as long as the process, or as long as its job: out of every full collection,
+        # which would walk it all and stall the loop (``core.heap``).
+        heap.settle()
         jobs = self.state.jobs.values()
         log.info(
             "state loaded: %d nodes, %d jobs (%d queued, %d placed)",
@@ -320,6 +324,16 @@ class Service:
         if self._admitted is None or self.cluster.capacity != self._admitted[0]:
             self._moved.set()
 
+    async def admit_pending(self) -> None:
+        """The pass a change asked for, now, if it has not run yet (tests; the admission
+        task's pacing is for bursts)."""
+        if self._moved.is_set():
+            self._moved.clear()
+            now = self.now()
+            self.cluster.place_waiting(now=now)
+            self._admitted = (self.cluster.capacity, now)
+            await self.commit()
+
     async def _admission(self) -> None:
         """The queue's pass after a change that may let a waiting job fit (a node joined,
         was undrained or came back, a job ended or was cancelled): soon, and once for
@@ -350,6 +364,7 @@ class Service:
         self.cluster.sweep(now=now, admit=due)
         if due:
             self._admitted = (self.cluster.capacity, now)
+            self._moved.clear()
         await self.commit()
 
     async def prune(self) -> None:

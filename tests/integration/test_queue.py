@@ -59,6 +59,7 @@ def _finish(coordinator, job: pb.Job) -> None:  # type: ignore[no-untyped-def]
             ),
             timeout=DEADLINE_S,
         )
+    coordinator.flush()  # the queue's pass the freed devices asked for, run now
 
 
 @pytest.fixture
