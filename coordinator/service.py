@@ -13,6 +13,7 @@ their commit before it answers; nodes whose orders changed are told after it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -112,6 +113,8 @@ class Service:
         self._tasks: list[asyncio.Task[None]] = []
         #: Each node's order streams' events, set when its orders changed (committed).
         self._watchers: dict[str, set[asyncio.Event]] = {}
+        #: When the last sweep ran (monotonic s): a late one means this process was paused.
+        self._swept: float | None = None
         #: The cluster's ``capacity`` and the time at the last admission pass.
         self._admitted: tuple[int, float] | None = None
         #: Set when ``capacity`` moved since that pass: the admission task runs one.
@@ -357,8 +360,23 @@ class Service:
 
     async def sweep(self) -> None:
         """Mark silent nodes down, place restarts, run the queue's pass when what waits
-        may fit (a change since the last pass, or every ``REFRESH_S``)."""
+        may fit (a change since the last pass, or every ``REFRESH_S``).
+
+        A coordinator that was paused (SIGSTOP, a suspended VM, a host starved of CPU)
+        heard no heartbeat meanwhile, through no fault of the nodes: a sweep that comes a
+        heartbeat interval or more late counts every node's silence from now, as after a
+        restart, instead of declaring the cluster down."""
         now = self.now()
+        ticked = time.monotonic()
+        late = ticked - self._swept - self.sweep_period_s if self._swept is not None else 0.0
+        self._swept = ticked
+        if late >= self.settings.heartbeat_interval_s:
+            log.warning(
+                "the coordinator was paused for %.1f s (stopped, or starved of CPU): every "
+                "node's silence counts from now, as after a restart",
+                late,
+            )
+            self.cluster.rules = dataclasses.replace(self.cluster.rules, started_at=now)
         last = self._admitted
         due = last is None or self.cluster.capacity != last[0] or now - last[1] >= REFRESH_S
         self.cluster.sweep(now=now, admit=due)
