@@ -87,6 +87,8 @@ class CoordinatorServer:
         #: Called (on the loop) if the database's lock is lost while serving.
         self.on_lost: Callable[[], None] | None = None
         self._standby: asyncio.Task[None] | None = None
+        #: The newest change of the health status the writer asked for (kept: a task alone may be collected).
+        self._health_set: asyncio.Task[None] | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rpc-loop", daemon=True)
         self._thread.start()
@@ -112,6 +114,8 @@ class CoordinatorServer:
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         await self._serving(False)
+        # NOT_SERVING while the database takes no writes (a full disk, a broken database).
+        self.service.on_health = self._database_health
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
         )
@@ -171,6 +175,11 @@ class CoordinatorServer:
         await self._serving(False)
         if self.on_lost is not None:
             self.on_lost()
+
+    def _database_health(self, takes_writes: bool) -> None:
+        self._health_set = asyncio.get_running_loop().create_task(
+            self._serving(takes_writes and self.service.ready)
+        )
 
     async def _serving(self, serving: bool) -> None:
         status = (

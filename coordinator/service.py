@@ -35,7 +35,7 @@ from hetero.coordinator.reports import HISTORY
 from hetero.coordinator.retention import IntervalRetention, LogRetention
 from hetero.coordinator.state import ClusterState, Node
 from hetero.coordinator.store.telemetry import TelemetryPolicy
-from hetero.coordinator.writer import StoreUnavailable, Writer
+from hetero.coordinator.writer import FAILURE_LOG_S, StoreUnavailable, Writer
 from hetero.core import defaults, heap
 
 log = logging.getLogger("hetero.coordinator")
@@ -107,7 +107,11 @@ class Service:
             ranks_per_cpu_device=settings.limits.ranks_per_cpu_device,
         )
         self.cluster = Cluster(ClusterState(), rules)
-        self.writer = Writer(session_factory(engine), on_failure=self._reload)
+        self.writer = Writer(
+            session_factory(engine), on_failure=self._reload, on_health=self._health_changed
+        )
+        #: Told whether the database takes writes (the server's health check).
+        self.on_health: Callable[[bool], None] | None = None
         self._reader = futures.ThreadPoolExecutor(READ_THREADS, thread_name_prefix="hetero-read")
         self._readers = read_session_factory(engine)
         self._tasks: list[asyncio.Task[None]] = []
@@ -227,15 +231,27 @@ class Service:
 
         return await asyncio.get_running_loop().run_in_executor(self._reader, run)
 
+    def _health_changed(self, takes_writes: bool) -> None:
+        if self.on_health is not None:
+            self.on_health(takes_writes)
+
     async def _reload(self, error: StoreUnavailable) -> None:
         """After a failed write: the state again as the database has it, the changes not
         kept gone from memory too. Nodes keep their liveness and newest telemetry."""
+        tries = 0
         while True:
             try:
                 state = await self.read(self._load)
                 break
             except Exception as exc:
-                log.warning("reloading the state after %s failed (%s); trying again", error, exc)
+                if tries % int(FAILURE_LOG_S / RELOAD_RETRY_S) == 0:  # a line a minute
+                    log.warning(
+                        "reloading the state after %s failed %d times (%s); trying again",
+                        error,
+                        tries + 1,
+                        exc,
+                    )
+                tries += 1
                 await asyncio.sleep(RELOAD_RETRY_S)
         for node_id, node in state.nodes.items():
             old = self.state.nodes.get(node_id)

@@ -22,6 +22,13 @@ are in memory only, and memory is not to be trusted past them. The error is
 full, else ``StoreUnavailable`` (UNAVAILABLE). Then ``on_failure`` runs (the
 coordinator reloads its state from the database: the changes not kept are gone from
 memory too), and until it returns every ``put`` fails at once with the same error.
+
+The writer says whether the database takes writes (``on_health``: False at the first
+failed batch, True at the first commit after it), so the coordinator's health check
+answers NOT_SERVING while it does not: a full disk or a broken database is seen by
+whoever watches health, not only by the callers it fails. While batches keep failing
+the error is logged once a minute (:data:`FAILURE_LOG_S`) with the count, not once a
+batch.
 """
 
 from __future__ import annotations
@@ -44,6 +51,8 @@ log = logging.getLogger("hetero.coordinator.writer")
 LINGER_S = 0.002
 #: Operations one batch (one transaction) holds at most.
 MAX_OPS = 2000
+#: Seconds between log lines about batches that keep failing.
+FAILURE_LOG_S = 60.0
 
 
 class Op(Protocol):
@@ -102,11 +111,16 @@ class Writer:
         linger_s: float = LINGER_S,
         max_ops: int = MAX_OPS,
         on_failure: Callable[[StoreUnavailable], Awaitable[None]] | None = None,
+        on_health: Callable[[bool], None] | None = None,
     ) -> None:
         self.sessions = sessions
         self.linger_s = linger_s
         self.max_ops = max_ops
         self.on_failure = on_failure
+        self.on_health = on_health
+        #: Batches failed in a row (0: the database takes writes), and when it was last said.
+        self.failing = 0
+        self._said_at = 0.0
         self._thread = futures.ThreadPoolExecutor(1, thread_name_prefix="hetero-writer")
         self._queue: list[tuple[Op, asyncio.Future[None]]] = []
         self._wake: asyncio.Event | None = None
@@ -183,6 +197,11 @@ class Writer:
                 continue
             self.batches += 1
             self.written += len(batch)
+            if self.failing:
+                log.warning("the database takes writes again after %d failed batches", self.failing)
+                self.failing = 0
+                if self.on_health is not None:
+                    self.on_health(True)
             for _, done in batch:
                 if not done.done():
                     done.set_result(None)
@@ -198,12 +217,19 @@ class Writer:
         """Fail ``batch`` and everything queued behind it; let the owner recover."""
         error = classify(exc)
         behind, self._queue = self._queue, []
-        log.error(
-            "a write of %d operations failed (%s); %d queued behind it fail with it",
-            len(batch),
-            error,
-            len(behind),
-        )
+        self.failing += 1
+        now = time.monotonic()
+        if self.failing == 1 or now - self._said_at >= FAILURE_LOG_S:
+            self._said_at = now
+            log.error(
+                "a write of %d operations failed (%s); %d queued behind it fail with it%s",
+                len(batch),
+                error,
+                len(behind),
+                f" ({self.failing} batches in a row)" if self.failing > 1 else "",
+            )
+        if self.failing == 1 and self.on_health is not None:
+            self.on_health(False)
         self._failed = error
         for _, done in (*batch, *behind):
             if not done.done():
