@@ -1,5 +1,6 @@
 """Retention of rank log lines and events on a real SQLite file (issue 17 item 6): the
-store's functions write them (dated by hand), the ``IntervalPruner`` prunes them."""
+store's functions write them (dated by hand), ``logpruning.prune_logs_batch`` prunes them in
+batches of their own transactions, as ``service.Service.prune`` runs it through the writer."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from hetero.coordinator import store
 from hetero.coordinator.config import load_config
 from hetero.coordinator.database import open_database, session_factory
+from hetero.coordinator.logpruning import prune_logs_batch
 from hetero.coordinator.models import DeviceRow, EventRow, LogLineRow
 from hetero.coordinator.placement import place
-from hetero.coordinator.pruning import IntervalPruner
-from hetero.coordinator.retention import IntervalRetention, LogRetention
+from hetero.coordinator.retention import LogRetention
 from hetero.core.errors import ConfigError
 from hetero.core.jobspec import parse_jobspec
 
@@ -65,6 +66,17 @@ def _count(sessions: sessionmaker[Session], table: type, job_id: str | None = No
         return int(s.scalar(query) or 0)
 
 
+def _prune_logs(sessions: sessionmaker[Session], policy: LogRetention) -> int:
+    """Batches until one finds nothing more to do; the rows removed."""
+    removed = 0
+    while True:
+        with sessions.begin() as s:
+            batch, more = prune_logs_batch(s, policy, now=NOW)
+        removed += batch
+        if not more:
+            return removed
+
+
 def test_old_lines_and_events_go_and_a_chatty_job_keeps_its_newest_lines(
     sessions: sessionmaker[Session],
 ) -> None:
@@ -79,10 +91,7 @@ def test_old_lines_and_events_go_and_a_chatty_job_keeps_its_newest_lines(
         for age in (40 * DAY, 31 * DAY, 29 * DAY, 1.0):
             store.add_event(s, kind="note", message=f"{age}", job_id=quiet, now=NOW - age)
     events_before = _count(sessions, EventRow)
-    pruner = IntervalPruner(
-        sessions, IntervalRetention(), clock=lambda: NOW, max_batches=100, pause_s=0.0, logs=policy
-    )
-    removed = pruner.run_log_pass()
+    removed = _prune_logs(sessions, policy)
     assert _count(sessions, LogLineRow, quiet) == 200
     assert _count(sessions, LogLineRow, chatty) == 1_000
     with sessions() as s:  # the newest lines stay, in order
@@ -94,7 +103,7 @@ def test_old_lines_and_events_go_and_a_chatty_job_keeps_its_newest_lines(
         kept = s.scalars(select(EventRow.message).order_by(EventRow.id)).all()
     assert kept == [f"{29 * DAY}", "1.0"]
     assert removed == 300 + 4_000 + events_before - 2
-    assert pruner.run_log_pass() == 0  # caught up: a second pass finds nothing
+    assert _prune_logs(sessions, policy) == 0  # caught up: a second pass finds nothing
 
 
 def test_log_retention_keys_in_coordinator_yaml(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """Retention of interval statistics on a real SQLite file, then PostgreSQL: the store's own functions
-write jobs and interval reports (dated by hand), ``pruning.prune_batch`` and the
-``IntervalPruner`` prune them."""
+write jobs and interval reports (dated by hand), ``pruning.prune_batch`` prunes them in
+batches of their own transactions, as ``service.Service.prune`` runs it through the writer."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from hetero.coordinator.config import load_config, with_flags
 from hetero.coordinator.database import open_database, session_factory
 from hetero.coordinator.models import DeviceRow, IntervalStatRow
 from hetero.coordinator.placement import place
-from hetero.coordinator.pruning import IntervalPruner, PruneState, prune_batch
+from hetero.coordinator.pruning import PruneState, prune_batch
 from hetero.coordinator.retention import IntervalRetention
 from hetero.coordinator.views import HISTORY_FOR_REPORT
 from hetero.core.errors import ConfigError
@@ -169,15 +169,14 @@ def test_a_running_jobs_newest_intervals_are_never_pruned_until_newer_ones_repla
             _report(s, job_id, 5 * (k + 1), at)
     with sessions() as s:
         history = store.interval_history(s, store.get_job(s, job_id), HISTORY_FOR_REPORT)
-    pruner = IntervalPruner(sessions, policy, clock=lambda: NOW)
-    pruner.run_pass()
+    state = _prune_all(sessions, policy, PruneState(), NOW)[1]
     assert NOW - times[8] > policy.keep_s and NOW - times[7] > policy.keep_s, "the setup"
     # Outside the window every row is past keep_s: gone. Inside it nothing is.
     assert _kept(sessions, job_id) == {5 * (k + 1): 2 for k in range(8, n)}
     with sessions() as s:
         after = store.interval_history(s, store.get_job(s, job_id), HISTORY_FOR_REPORT)
     assert after == history, "what reports read is untouched"
-    assert pruner.state.deferred, "the thinning walk passed protected rows and remembers them"
+    assert state.deferred, "the thinning walk passed protected rows and remembers them"
 
     # Eight intervals a minute apart push the window's oldest eight out of it: pruned
     # like any other row (past keep_s: deleted; else thinned).
@@ -186,8 +185,7 @@ def test_a_running_jobs_newest_intervals_are_never_pruned_until_newer_ones_repla
         for k in range(n, n + 8):
             _report(s, job_id, 5 * (k + 1), times[k])
     later = times[-1]
-    pruner.clock = lambda: later
-    pruner.run_pass()
+    state = _prune_all(sessions, policy, state, later)[1]
     released = [
         5 * (k + 1)
         for k in range(8, 16)
@@ -201,8 +199,8 @@ def test_a_running_jobs_newest_intervals_are_never_pruned_until_newer_ones_repla
     # The job ends: only the age rules are left.
     with sessions.begin() as s:
         store.cancel_job(s, job_id, now=later)
-    pruner.run_pass()
-    assert not pruner.state.deferred
+    state = _prune_all(sessions, policy, state, later)[1]
+    assert not state.deferred
     assert _kept(sessions, job_id) == {
         5 * (k + 1): 2
         for k, at in enumerate(times)
@@ -236,20 +234,6 @@ def test_each_batch_deletes_at_most_batch_rows_and_the_batches_finish_the_job(
     thinned = [step for step in range(81, 141) if step % 4 == 0]
     assert _kept(sessions, job_id) == dict.fromkeys([*thinned, *range(141, 201)], 3)
     assert removed == 600 - 3 * (len(thinned) + 60) and batches >= removed / 25
-
-
-def test_the_pruner_stops_a_pass_after_max_batches(sessions: sessionmaker[Session]) -> None:
-    policy = IntervalRetention(raw_s=HOUR, thin_every=1, keep_s=HOUR, batch_rows=10)
-    with sessions.begin() as s:
-        job_id = _job(s, interval=1, ranks=1)
-        store.cancel_job(s, job_id, now=NOW)
-        for k in range(45):
-            _report(s, job_id, k + 1, NOW - 2 * HOUR + k)
-    pruner = IntervalPruner(sessions, policy, clock=lambda: NOW, max_batches=2, pause_s=0.0)
-    assert pruner.run_pass() == 20
-    assert pruner.run_pass() == 20
-    assert pruner.run_pass() == 5
-    assert _kept(sessions, job_id) == {}
 
 
 @pytest.mark.parametrize(
