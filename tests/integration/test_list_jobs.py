@@ -16,7 +16,8 @@ import grpc
 import pytest
 from sqlalchemy import event
 
-from hetero.coordinator import store, views
+from hetero.bench import seed
+from hetero.coordinator import persist, views
 from hetero.core.jobspec import parse_jobspec
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
@@ -33,10 +34,10 @@ def _flood(coordinator, n: int, owner: str = "user:ana") -> list[str]:  # type: 
     ids = []
     with coordinator.sessions.begin() as s:
         for i in range(n):
-            job = store.new_job(
+            job = seed.queued_job(
                 spec, QUEUED, now=coordinator.clock.now - n + i, priority=0, owner=owner
             )
-            s.add(job)
+            seed.save(s, persist.save_job(job))
             ids.append(job.id)
     coordinator.restart()
     return ids[::-1]

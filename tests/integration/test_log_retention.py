@@ -1,6 +1,7 @@
 """Retention of rank log lines and events on a real SQLite file (issue 17 item 6): the
-store's functions write them (dated by hand), ``logpruning.prune_logs_batch`` prunes them in
-batches of their own transactions, as ``service.Service.prune`` runs it through the writer."""
+coordinator's write operations (``persist``) write them (dated by hand), and
+``logpruning.prune_logs_batch`` prunes them in batches of their own transactions, as
+``service.Service.prune`` runs it through the writer."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from hetero.coordinator import store
+from hetero.bench import seed
+from hetero.coordinator import persist
 from hetero.coordinator.config import load_config
 from hetero.coordinator.database import open_database, session_factory
 from hetero.coordinator.logpruning import prune_logs_batch
-from hetero.coordinator.models import DeviceRow, EventRow, LogLineRow
-from hetero.coordinator.placement import place
+from hetero.coordinator.models import EventRow, LogLineRow
 from hetero.coordinator.retention import LogRetention
 from hetero.core.errors import ConfigError
 from hetero.core.jobspec import parse_jobspec
@@ -29,33 +30,30 @@ SPEC = "name: chatty\nmodel: debug\nglobal_batch: 8\nsteps: 100\nresources: {ran
 @pytest.fixture
 def sessions(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
     engine = open_database(f"sqlite:///{tmp_path / 'coordinator.db'}")
-    factory = session_factory(engine)
-    with factory.begin() as s:
-        device = DeviceRow(index=0, name="cpu0", kind="cpu", compute_score=1.0)
-        store.register_node(
-            s,
-            name="n1",
-            address="n1.local",
-            agent_endpoint="",
-            agent_version="test",
-            devices=[device],
-            now=NOW - 50 * DAY,
-        )
     try:
-        yield factory
+        yield session_factory(engine)
     finally:
         engine.dispose()
 
 
 def _job(s: Session) -> str:
-    spec = parse_jobspec(SPEC)
-    slots = store.device_slots(s, now=NOW, timeout_s=1e9)
-    return store.create_job(s, spec, SPEC, place(spec, slots, 29500), now=NOW - 50 * DAY).id
+    """A job's row as the coordinator writes it (``persist.save_job``)."""
+    job = seed.queued_job(parse_jobspec(SPEC), SPEC, now=NOW - 50 * DAY, priority=0, owner="")
+    seed.save(s, persist.save_job(job))
+    return job.id
 
 
 def _lines(s: Session, job_id: str, n: int, at: float) -> None:
-    rows = [LogLineRow(rank=0, stream="stdout", text=f"l{i}", time_unix_s=at) for i in range(n)]
-    store.append_logs(s, job_id, rows)
+    """``n`` lines of rank 0's stdout, shipped at ``at``, as ``AppendJobLogs`` writes them."""
+    rows = tuple(
+        {"job_id": job_id, "rank": 0, "stream": "stdout", "text": f"l{i}", "time_unix_s": at}
+        for i in range(n)
+    )
+    seed.save(s, persist.AddRows(LogLineRow, rows))
+
+
+def _event(s: Session, job_id: str, message: str, at: float) -> None:
+    s.add(EventRow(time_unix_s=at, job_id=job_id, kind="note", message=message))
 
 
 def _count(sessions: sessionmaker[Session], table: type, job_id: str | None = None) -> int:
@@ -89,7 +87,7 @@ def test_old_lines_and_events_go_and_a_chatty_job_keeps_its_newest_lines(
         _lines(s, quiet, 200, NOW - 1 * DAY)
         _lines(s, chatty, 5_000, NOW - 60)  # young, but over the job's budget
         for age in (40 * DAY, 31 * DAY, 29 * DAY, 1.0):
-            store.add_event(s, kind="note", message=f"{age}", job_id=quiet, now=NOW - age)
+            _event(s, quiet, f"{age}", NOW - age)
     events_before = _count(sessions, EventRow)
     removed = _prune_logs(sessions, policy)
     assert _count(sessions, LogLineRow, quiet) == 200
