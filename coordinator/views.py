@@ -17,12 +17,6 @@ from hetero.core.balancer import StragglerEvidence, detect_stragglers
 from hetero.core.balancer.straggler import LOOKBACK
 from hetero.v1 import coordinator_pb2 as pb
 
-#: Finished jobs stay in cluster snapshots this long, in seconds.
-WATCH_FINISHED_JOBS_S = 3600.0
-#: Newest jobs a snapshot looks at besides the placed ones (queued, finished).
-WATCH_JOBS = 1000
-#: Placed jobs a snapshot shows at most (devices bound them far below this).
-MAX_PLACED_JOBS = 10_000
 #: Events a job's detail carries, newest last.
 DETAIL_EVENTS = 50
 #: Default and largest number of intervals in one GetJobDetail reply.

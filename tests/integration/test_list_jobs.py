@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import event
 
 from hetero.bench import seed
-from hetero.coordinator import persist, views
+from hetero.coordinator import messages, persist
 from hetero.core.jobspec import parse_jobspec
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
@@ -120,7 +120,7 @@ def test_a_flood_of_queued_jobs_does_not_hide_a_running_job_from_the_snapshot(co
     running = coordinator.stub.SubmitJob(pb.SubmitJobRequest(spec_yaml=QUEUED)).job
     coordinator.clock.now += 5000.0
     assert running.state == pb.JOB_STATE_PENDING
-    _flood(coordinator, views.WATCH_JOBS + 10)
+    _flood(coordinator, messages.WATCH_JOBS + 10)
     snapshot = coordinator.server.snapshot()
     assert running.id in [j.id for j in snapshot.jobs]
     assert snapshot.jobs[-1].id == running.id, "newest first"
