@@ -5,7 +5,7 @@ The load benchmark's queue and ``listjobs`` need thousands of jobs in the store 
 the coordinator loads them (its recovery); submitting them one by one would measure
 the submission, not the steady state. What is written here is what ``SubmitJob``
 would have left: the job's row as ``cluster.Cluster.submit`` makes the job, saved by
-``persist.save_job``. Tests that seed a store use it too.
+``persist.save_job``. Tests that seed a store use it too, and its interval rows.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ import uuid
 
 from sqlalchemy.orm import Session
 
-from hetero.coordinator import lifecycle
-from hetero.coordinator.state import Device, Job, Node
+from hetero.coordinator import lifecycle, persist
+from hetero.coordinator.models import IntervalStatRow
+from hetero.coordinator.state import Device, Interval, Job, Node
 from hetero.coordinator.writer import Op
 from hetero.core.jobspec import JobSpec
 
@@ -55,3 +56,32 @@ def save(s: Session, *ops: Op) -> None:
     """Apply ``ops`` in ``s``'s transaction, as the writer applies a batch."""
     for op in ops:
         op.apply(s)
+
+
+def interval_rows(
+    job_id: str, interval: Interval, plan_version: int, now: float
+) -> persist.AddRows:
+    """One complete interval's rows as the balancer sees them, received at ``now``
+    (reports store their full statistics, ``wire.interval_rows``)."""
+    end_step, ranks = interval
+    rows = tuple(
+        {
+            "job_id": job_id,
+            "end_step": end_step,
+            "plan_version": plan_version,
+            "received_at_unix_s": now,
+            "rank": r.rank,
+            "batch": r.batch,
+            "steps": r.steps,
+            "compute_s": r.compute_s,
+            "step_s": r.step_s,
+            "peak_memory_bytes": r.peak_memory_bytes,
+            "data_s": r.data_s,
+            "optimizer_s": r.optimizer_s,
+            "switch_s": r.switch_s,
+            "busy_cv": r.busy_cv,
+            "input_s": r.input_s,
+        }
+        for r in ranks
+    )
+    return persist.AddRows(IntervalStatRow, rows)

@@ -69,7 +69,7 @@ def _report(s: Session, job_id: str, end_step: int, at: float) -> None:
         RankInterval(rank=r, batch=8, steps=5, compute_s=0.5, step_s=0.6)
         for r in range(job.world_size)
     )
-    seed.save(s, persist.interval_rows(job_id, (end_step, ranks), job.attempt_first_plan, at))
+    seed.save(s, seed.interval_rows(job_id, (end_step, ranks), job.attempt_first_plan, at))
 
 
 def _kept(sessions: sessionmaker[Session], job_id: str) -> dict[int, int]:
