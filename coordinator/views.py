@@ -6,12 +6,12 @@ Each function takes an open session and the current time; none writes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from sqlalchemy.orm import Session
 
 from hetero.coordinator import store, wire
-from hetero.coordinator.models import JobRow, PlanRow, TelemetryRow
+from hetero.coordinator.models import JobRow, PlanRow
 from hetero.core import replan
 from hetero.core.balancer import StragglerEvidence, detect_stragglers
 from hetero.core.balancer.straggler import LOOKBACK
@@ -53,10 +53,6 @@ def _job_message(s: Session, job: JobRow, plan: PlanRow | None, detail: bool = F
     latest = store.latest_interval(s, job) if job.ranks else []
     live = wire.job_live(job, latest, stragglers(s, job)) if latest else None
     return wire.job_message(job, plan, names, events, with_spec=detail, live=live)
-
-
-#: A node's newest telemetry not yet in the database (``HeartbeatIngest.current``).
-Live = Callable[[str], dict[int | None, TelemetryRow] | None]
 
 
 def job_detail(s: Session, job_id: str, max_intervals: int, after_step: int | None) -> pb.JobDetail:
