@@ -248,7 +248,7 @@ def add_events(events: Iterable[Event]) -> AddRows:
 def load(s: Session, *, now: float, history: int) -> ClusterState:
     """The state as the database holds it (see the module doc); ``history`` complete
     intervals of each placed job's current attempt (what straggler detection and the
-    balancer read: ``views.HISTORY_FOR_REPORT``)."""
+    balancer read: ``reports.HISTORY``)."""
     count = s.scalar(select(func.count()).select_from(JobRow)) or 0
     restarts = s.scalar(select(func.sum(JobRow.restarts))) or 0
     newest_event = s.scalar(select(func.max(EventRow.id))) or 0

@@ -1,13 +1,11 @@
 """Applying ``retention.IntervalRetention`` to the ``interval_stats`` table.
 
-Never pruned, whatever their age: the rows the balancer and straggler detection
-read, i.e. the current attempt's newest ``views.HISTORY_FOR_REPORT`` complete
-intervals (and any newer rows) of every job not finished. A job whose intervals
-take longer than ``raw_s / HISTORY_FOR_REPORT`` has such rows beyond ``raw_s``.
-
-The protected rows are still needed with the history in memory: recovery
-(``persist.load``) rebuilds each job's history from its newest stored intervals,
-so a restart reads exactly the rows kept here.
+Never pruned, whatever their age: the rows of each job's history, i.e. the current
+attempt's newest ``reports.HISTORY`` complete intervals (and any newer rows) of every
+job not finished. The history is kept in memory, but recovery (``persist.load``)
+rebuilds it from these rows, so a restarted coordinator plans from the same
+intervals. A job whose intervals take longer than ``raw_s / HISTORY`` has such rows
+beyond ``raw_s``.
 
 ``prune_batch`` does one bounded batch in the caller's transaction: it deletes
 at most ``batch_rows`` rows and scans a bounded range of ids, so one batch keeps
@@ -28,8 +26,8 @@ from sqlalchemy.orm import Session
 
 from hetero.coordinator import lifecycle, store
 from hetero.coordinator.models import IntervalStatRow, JobRow
+from hetero.coordinator.reports import HISTORY
 from hetero.coordinator.retention import IntervalRetention
-from hetero.coordinator.views import HISTORY_FOR_REPORT
 
 #: Ids one batch's thinning walk covers (the database reads them, not Python).
 SCAN_IDS = 50_000
@@ -80,9 +78,9 @@ class _Protected:
         job = self.s.get(JobRow, job_id)
         if job is None or job.state in lifecycle.FINISHED:
             return None
-        steps = store.complete_steps(self.s, job, HISTORY_FOR_REPORT)
+        steps = store.complete_steps(self.s, job, HISTORY)
         # Fewer complete intervals than the window: the balancer reads all there are.
-        floor = steps[-1] if len(steps) == HISTORY_FOR_REPORT else -1
+        floor = steps[-1] if len(steps) == HISTORY else -1
         return job.attempt_first_plan, floor
 
 

@@ -12,7 +12,6 @@ from sqlalchemy.orm import Session
 
 from hetero.coordinator import store, wire
 from hetero.coordinator.models import JobRow, PlanRow
-from hetero.core import replan
 from hetero.core.balancer import StragglerEvidence, detect_stragglers
 from hetero.core.balancer.straggler import LOOKBACK
 from hetero.v1 import coordinator_pb2 as pb
@@ -70,8 +69,3 @@ def job_detail(s: Session, job_id: str, max_intervals: int, after_step: int | No
         plans=[wire.plan_message(p) for p in store.job_plans(s, job.id)],
         more=more and after_step is not None,
     )
-
-
-#: Intervals a stats report reads: enough for straggler events (``LOOKBACK`` and the
-#: interval before) and the balancer (``replan``).
-HISTORY_FOR_REPORT = max(LOOKBACK + 1, replan.HISTORY_WINDOW + 1)

@@ -18,8 +18,8 @@ from hetero.coordinator.config import load_config, with_flags
 from hetero.coordinator.database import open_database, session_factory
 from hetero.coordinator.models import IntervalStatRow
 from hetero.coordinator.pruning import PruneState, prune_batch
+from hetero.coordinator.reports import HISTORY
 from hetero.coordinator.retention import IntervalRetention
-from hetero.coordinator.views import HISTORY_FOR_REPORT
 from hetero.core.balancer import RankInterval
 from hetero.core.errors import ConfigError
 from hetero.core.jobspec import parse_jobspec
@@ -134,24 +134,24 @@ def test_old_rows_are_deleted_older_ones_thinned_per_job_and_recent_ones_kept_wh
 def test_a_running_jobs_newest_intervals_are_never_pruned_until_newer_ones_replace_them(
     sessions: sessionmaker[Session],
 ) -> None:
-    """Intervals of 30 minutes: the window of HISTORY_FOR_REPORT intervals that reports
+    """Intervals of 30 minutes: the window of HISTORY intervals that reports
     read (balancer, straggler detection) reaches far beyond the raw minute, and its
     oldest beyond keep_s."""
     policy = IntervalRetention(raw_s=60.0, thin_every=4, keep_s=14 * HOUR)
-    n = HISTORY_FOR_REPORT + 8
+    n = HISTORY + 8
     times = [NOW - (n - 1 - k) * 1800 for k in range(n)]
     with sessions.begin() as s:
         job_id = _job(s, interval=5, ranks=2)
         for k, at in enumerate(times):
             _report(s, job_id, 5 * (k + 1), at)
     with sessions() as s:
-        history = store.interval_history(s, store.get_job(s, job_id), HISTORY_FOR_REPORT)
+        history = store.interval_history(s, store.get_job(s, job_id), HISTORY)
     state = _prune_all(sessions, policy, PruneState(), NOW)[1]
     assert NOW - times[8] > policy.keep_s and NOW - times[7] > policy.keep_s, "the setup"
     # Outside the window every row is past keep_s: gone. Inside it nothing is.
     assert _kept(sessions, job_id) == {5 * (k + 1): 2 for k in range(8, n)}
     with sessions() as s:
-        after = store.interval_history(s, store.get_job(s, job_id), HISTORY_FOR_REPORT)
+        after = store.interval_history(s, store.get_job(s, job_id), HISTORY)
     assert after == history, "what reports read is untouched"
     assert state.deferred, "the thinning walk passed protected rows and remembers them"
 
