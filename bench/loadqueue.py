@@ -9,7 +9,7 @@ run then measures is the coordinator's steady state with a long queue: every adm
 pass (the sweeper's, each registration's and each rank exit's) and every per-call path
 must cost the same with 10,000 jobs waiting as with none.
 
-The rows are the ones ``SubmitJob`` stores for a job that waits (``store.new_job``),
+The rows are the ones ``SubmitJob`` stores for a job that waits (``seed.queued_job``),
 written under an owner of their own (:data:`OWNER`) before the coordinator starts,
 which loads them as it does after a restart (its recovery: each spec parsed once):
 10,000 submissions took minutes to set up a figure that is about the steady state, not
@@ -24,7 +24,7 @@ import time
 
 from hetero.bench.loadconfig import LoadConfig
 
-#: The owner of the rows written through the store: the load's own submissions (no
+#: The owner of the rows written before the coordinator starts: the load's own submissions (no
 #: credential) stay within ``Limits.jobs_per_user``.
 OWNER = "load-queue"
 #: Rows written per transaction.
@@ -52,7 +52,8 @@ def queued_world_size(config: LoadConfig) -> int:
 def write_queued(db_url: str, config: LoadConfig) -> int:
     """Write ``config.queued`` queued jobs to the database at ``db_url`` (its schema created
     here), before the coordinator starts; how many."""
-    from hetero.coordinator import store
+    from hetero.bench import seed
+    from hetero.coordinator import persist
     from hetero.coordinator.database import open_database, session_factory
     from hetero.core.jobspec import parse_jobspec
 
@@ -68,7 +69,8 @@ def write_queued(db_url: str, config: LoadConfig) -> int:
                     spec = parse_jobspec(spec_yaml, source=f"queued job {i}")
                     # Distinct submission times keep the queue's order the insertion order.
                     now = time.time() + i * 1e-6
-                    s.add(store.new_job(spec, spec_yaml, now=now, priority=PRIORITY, owner=OWNER))
+                    job = seed.queued_job(spec, spec_yaml, now=now, priority=PRIORITY, owner=OWNER)
+                    seed.save(s, persist.save_job(job))
             written = min(rows, written + BATCH)
     finally:
         engine.dispose()

@@ -29,7 +29,6 @@ from hetero.coordinator import attach, lifecycle
 from hetero.coordinator.models import (
     DeviceRow,
     EventRow,
-    IntervalStatRow,
     JobRow,
     NodeRow,
     PlanRow,
@@ -42,7 +41,6 @@ from hetero.coordinator.state import (
     ClusterState,
     Device,
     Event,
-    Interval,
     Job,
     Node,
     Plan,
@@ -250,7 +248,7 @@ def add_events(events: Iterable[Event]) -> AddRows:
 def load(s: Session, *, now: float, history: int) -> ClusterState:
     """The state as the database holds it (see the module doc); ``history`` complete
     intervals of each placed job's current attempt (what straggler detection and the
-    balancer read: ``views.HISTORY_FOR_REPORT``)."""
+    balancer read: ``reports.HISTORY``)."""
     count = s.scalar(select(func.count()).select_from(JobRow)) or 0
     restarts = s.scalar(select(func.sum(JobRow.restarts))) or 0
     newest_event = s.scalar(select(func.max(EventRow.id))) or 0
@@ -416,30 +414,3 @@ def _recent_events(s: Session, ids: Sequence[str]) -> dict[str, list[Event]]:
                 Event(e.id, e.time_unix_s, e.kind, e.message, e.job_id, e.node_id)
             )
     return {job_id: list(events) for job_id, events in out.items()}
-
-
-def interval_rows(job_id: str, interval: Interval, plan_version: int, now: float) -> AddRows:
-    """One complete interval's rows as the balancer sees them (tests and tools; reports
-    store their full statistics, ``wire.interval_rows``)."""
-    end_step, ranks = interval
-    rows = tuple(
-        {
-            "job_id": job_id,
-            "end_step": end_step,
-            "plan_version": plan_version,
-            "received_at_unix_s": now,
-            "rank": r.rank,
-            "batch": r.batch,
-            "steps": r.steps,
-            "compute_s": r.compute_s,
-            "step_s": r.step_s,
-            "peak_memory_bytes": r.peak_memory_bytes,
-            "data_s": r.data_s,
-            "optimizer_s": r.optimizer_s,
-            "switch_s": r.switch_s,
-            "busy_cv": r.busy_cv,
-            "input_s": r.input_s,
-        }
-        for r in ranks
-    )
-    return AddRows(IntervalStatRow, rows)

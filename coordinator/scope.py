@@ -12,7 +12,7 @@ A node's credential (``node:gpu-3``) may
 - register only under its own name;
 - heartbeat and poll orders only for the node id registered under that name;
 - report rank states only as that node (the store then checks that the rank is
-  placed there, ``store.set_rank_status``);
+  placed there, ``cluster.Cluster``);
 - append log lines only for ranks placed on that node;
 - report interval statistics and read the plan only of jobs with a rank there.
 

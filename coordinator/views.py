@@ -6,23 +6,16 @@ Each function takes an open session and the current time; none writes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from sqlalchemy.orm import Session
 
 from hetero.coordinator import store, wire
-from hetero.coordinator.models import JobRow, PlanRow, TelemetryRow
-from hetero.core import replan
+from hetero.coordinator.models import JobRow, PlanRow
 from hetero.core.balancer import StragglerEvidence, detect_stragglers
 from hetero.core.balancer.straggler import LOOKBACK
 from hetero.v1 import coordinator_pb2 as pb
 
-#: Finished jobs stay in cluster snapshots this long, in seconds.
-WATCH_FINISHED_JOBS_S = 3600.0
-#: Newest jobs a snapshot looks at besides the placed ones (queued, finished).
-WATCH_JOBS = 1000
-#: Placed jobs a snapshot shows at most (devices bound them far below this).
-MAX_PLACED_JOBS = 10_000
 #: Events a job's detail carries, newest last.
 DETAIL_EVENTS = 50
 #: Default and largest number of intervals in one GetJobDetail reply.
@@ -61,10 +54,6 @@ def _job_message(s: Session, job: JobRow, plan: PlanRow | None, detail: bool = F
     return wire.job_message(job, plan, names, events, with_spec=detail, live=live)
 
 
-#: A node's newest telemetry not yet in the database (``HeartbeatIngest.current``).
-Live = Callable[[str], dict[int | None, TelemetryRow] | None]
-
-
 def job_detail(s: Session, job_id: str, max_intervals: int, after_step: int | None) -> pb.JobDetail:
     """A job with its intervals (see ``GetJobDetailRequest``) and every plan."""
     job = store.get_job(s, job_id)
@@ -80,8 +69,3 @@ def job_detail(s: Session, job_id: str, max_intervals: int, after_step: int | No
         plans=[wire.plan_message(p) for p in store.job_plans(s, job.id)],
         more=more and after_step is not None,
     )
-
-
-#: Intervals a stats report reads: enough for straggler events (``LOOKBACK`` and the
-#: interval before) and the balancer (``replan``).
-HISTORY_FOR_REPORT = max(LOOKBACK + 1, replan.HISTORY_WINDOW + 1)

@@ -16,10 +16,8 @@ from hetero.coordinator.models import (
     EventRow,
     IntervalStatRow,
     JobRow,
-    NodeRow,
     PlanRow,
     RankRow,
-    TelemetryRow,
 )
 from hetero.coordinator.state import Device
 from hetero.core.balancer import StragglerEvidence
@@ -132,39 +130,6 @@ def telemetry_values(req: pb.HeartbeatRequest) -> tuple[dict[str, object], ...]:
         row["throttle_reasons"] = reasons if d.HasField("throttle") else None
         rows.append(row)
     return tuple(rows)
-
-
-def node_message(
-    node: NodeRow, telemetry: dict[int | None, TelemetryRow], healthy: bool
-) -> pb.Node:
-    msg = pb.Node(
-        id=node.id,
-        name=node.name,
-        address=node.address,
-        agent_endpoint=node.agent_endpoint,
-        agent_version=node.agent_version,
-        healthy=healthy,
-        registered_at_unix_s=node.registered_at_unix_s,
-        last_heartbeat_unix_s=node.last_heartbeat_unix_s,
-        devices=[device_profile(d) for d in node.devices],
-        draining=node.draining,
-    )
-    host = telemetry.get(None)
-    if host is not None:
-        for field in _HOST_FIELDS:
-            value = getattr(host, field)
-            if value is not None:
-                setattr(msg.host, field, value)
-    for index, row in sorted((k, v) for k, v in telemetry.items() if k is not None):
-        d = msg.telemetry.add(device_index=index)
-        for field in _DEVICE_FIELDS:
-            value = getattr(row, field)
-            if value is not None:
-                setattr(d, field, value)
-        if row.throttle_reasons is not None:
-            d.throttle.SetInParent()
-            d.throttle.reasons.extend(r for r in row.throttle_reasons.split(",") if r)
-    return msg
 
 
 def plan_message(plan: PlanRow) -> tpb.Plan:

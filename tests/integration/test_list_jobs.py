@@ -16,7 +16,8 @@ import grpc
 import pytest
 from sqlalchemy import event
 
-from hetero.coordinator import store, views
+from hetero.bench import seed
+from hetero.coordinator import messages, persist
 from hetero.core.jobspec import parse_jobspec
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
@@ -33,10 +34,10 @@ def _flood(coordinator, n: int, owner: str = "user:ana") -> list[str]:  # type: 
     ids = []
     with coordinator.sessions.begin() as s:
         for i in range(n):
-            job = store.new_job(
+            job = seed.queued_job(
                 spec, QUEUED, now=coordinator.clock.now - n + i, priority=0, owner=owner
             )
-            s.add(job)
+            seed.save(s, persist.save_job(job))
             ids.append(job.id)
     coordinator.restart()
     return ids[::-1]
@@ -119,7 +120,7 @@ def test_a_flood_of_queued_jobs_does_not_hide_a_running_job_from_the_snapshot(co
     running = coordinator.stub.SubmitJob(pb.SubmitJobRequest(spec_yaml=QUEUED)).job
     coordinator.clock.now += 5000.0
     assert running.state == pb.JOB_STATE_PENDING
-    _flood(coordinator, views.WATCH_JOBS + 10)
+    _flood(coordinator, messages.WATCH_JOBS + 10)
     snapshot = coordinator.server.snapshot()
     assert running.id in [j.id for j in snapshot.jobs]
     assert snapshot.jobs[-1].id == running.id, "newest first"

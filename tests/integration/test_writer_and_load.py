@@ -15,6 +15,7 @@ import pytest
 from sqlalchemy import Engine, func, insert, select, text
 from sqlalchemy.orm import Session
 
+from hetero.bench import seed
 from hetero.coordinator import lifecycle, persist
 from hetero.coordinator.database import open_database, session_factory
 from hetero.coordinator.models import EventRow, JobRow, NodeRow, PlanRow
@@ -220,8 +221,8 @@ def test_the_load_reads_back_what_the_operations_wrote(engine: Engine) -> None:
         ops += [persist.save_job(j) for j in (*queued, running, old, recent)]
         ops += [persist.add_plan("r", p) for p in plans]
         # An interval of the attempt before (plan 1) is not part of the current history.
-        ops.append(persist.interval_rows("r", intervals[0], 1, now))
-        ops += [persist.interval_rows("r", iv, 2, now) for iv in intervals[1:]]
+        ops.append(seed.interval_rows("r", intervals[0], 1, now))
+        ops += [seed.interval_rows("r", iv, 2, now) for iv in intervals[1:]]
         ops.append(persist.add_events(events))
         await writer.write(*ops)
         await writer.stop()

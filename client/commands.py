@@ -1,5 +1,6 @@
 """The client commands of ``hetero-coord``: submit, jobs, job, nodes, cancel, drain,
-logs, export and health, each a thin gRPC client of the coordinator.
+logs, export and health, each a thin gRPC client of the coordinator. The daemon's
+``coordinator.cli`` adds their parsers (``add_commands``) and hands them to ``run``.
 
 Every call carries a deadline (``--timeout``); a failed one becomes the
 ``HeteroError`` its status maps to (``transport.remote_error``), with the
@@ -12,9 +13,11 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
@@ -23,15 +26,23 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
 
-from hetero.coordinator import export, render
+from hetero.client import export, render
+from hetero.core import defaults
 from hetero.core.errors import ConfigError, HeteroError, UnknownNameError
 from hetero.core.jobspec import check_priority, parse_jobspec, read_job_file
 from hetero.core.states import JobState, job_terminal
 from hetero.core.textsafe import printable
-from hetero.security.transport import client_channel, client_security_from_args, remote_error
+from hetero.security.transport import (
+    add_client_arguments,
+    client_channel,
+    client_security_from_args,
+    remote_error,
+)
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 
+#: Seconds each RPC may take, unless ``--timeout``.
+DEFAULT_TIMEOUT_S = 10.0
 #: Seconds between job polls of ``submit --wait``.
 WAIT_POLL_S = 1.0
 
@@ -50,6 +61,88 @@ def _emit(args: argparse.Namespace, message: Message, human: Callable[[Console],
         print(json.dumps(MessageToDict(message, preserving_proto_field_name=True), indent=2))
     else:
         human(Console())
+
+
+def add_commands(sub: argparse._SubParsersAction[Any]) -> None:
+    """The client commands' parsers, added to ``hetero-coord``'s subcommands."""
+
+    def client(name: str, help_text: str, json_flag: bool = True) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = sub.add_parser(name, help=help_text)
+        p.add_argument(
+            "--coordinator",
+            default=os.environ.get("HETERO_COORDINATOR", defaults.COORDINATOR_ADDRESS),
+            help="coordinator host:port",
+        )
+        p.add_argument(
+            "--timeout",
+            type=float,
+            default=DEFAULT_TIMEOUT_S,
+            help="seconds per request (default 10)",
+        )
+        if json_flag:
+            p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+        add_client_arguments(p)
+        return p
+
+    submit = client("submit", "submit a job file; prints the job id")
+    submit.add_argument("job_file", type=Path, help="job spec (YAML, see docs/jobspec.md)")
+    submit.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="validate and show placement, initial plan and predicted throughput; store nothing",
+    )
+    submit.add_argument(
+        "--wait",
+        action="store_true",
+        help="follow the job to its end; exit non-zero unless it succeeds",
+    )
+    submit.add_argument(
+        "--priority",
+        type=int,
+        metavar="N",
+        help="queue priority while devices are busy, higher first (default: the spec's "
+        "priority, else 0)",
+    )
+    jobs = client("jobs", "list jobs, newest first (the 100 newest unless told)")
+    shown = jobs.add_mutually_exclusive_group()
+    shown.add_argument(
+        "--limit", type=int, default=100, metavar="N", help="show the N newest jobs (default 100)"
+    )
+    shown.add_argument("--all", action="store_true", help="show every job (page by page)")
+    job = client("job", "show one job: ranks, plan, recent events")
+    job.add_argument("job_id")
+    client("nodes", "list nodes, their devices and latest telemetry")
+    cancel = client("cancel", "cancel a job")
+    cancel.add_argument("job_id")
+    drain = client("drain", "drain a node: it keeps its running ranks but gets no new ones")
+    drain.add_argument("node", help="node name or id")
+    drain.add_argument("--undo", action="store_true", help="undrain: the node takes ranks again")
+    logs = client("logs", "print a job's rank output, as its agents shipped it")
+    logs.add_argument("job_id")
+    logs.add_argument("--rank", type=int, help="only this rank's lines")
+    logs.add_argument(
+        "--follow", action="store_true", help="keep printing new lines until the job ends"
+    )
+    logs.add_argument(
+        "--raw", action="store_true", help="control characters as shipped (default: escaped)"
+    )
+    exp = client("export", "write a job's interval statistics and plans", json_flag=False)
+    exp.add_argument("job_id")
+    exp.add_argument("--format", choices=export.FORMATS, default="csv", help="default csv")
+    exp.add_argument(
+        "--table",
+        choices=export.TABLES,
+        default="intervals",
+        help="CSV only: one row per interval and rank, or one per plan (default intervals)",
+    )
+    exp.add_argument("--out", type=Path, help="file to write (default: stdout)")
+    health = client("health", "gRPC health check: prints SERVING and exits 0, else 1", False)
+    health.add_argument(
+        "--service",
+        default="",
+        help="service name to check (default: the server as a whole; "
+        "hetero.v1.Coordinator for the API)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
