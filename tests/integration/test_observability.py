@@ -73,6 +73,7 @@ def test_a_drained_node_gets_no_new_ranks_until_undrained(sim, coordinator) -> N
     nodes = sim.stub.ListNodes(pb.ListNodesRequest(), timeout=DEADLINE_S).nodes
     assert {n.name: n.draining for n in nodes} == {"cpu-c": True, "gpu-a": False, "gpu-b": False}
     assert cli.main(["drain", "cpu-c", "--undo", "--coordinator", coordinator.address]) == 0
+    coordinator.flush()  # the queue's pass the undrain asked for
     placed = sim.stub.GetJob(pb.GetJobRequest(job_id=queued.id), timeout=DEADLINE_S)
     assert placed.state == pb.JOB_STATE_PENDING and placed.message == ""
     assert placed.ranks[0].node_name == "cpu-c"

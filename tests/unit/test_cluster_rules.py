@@ -61,7 +61,10 @@ def test_a_job_that_fits_is_placed_with_its_first_plan_and_one_that_does_not_wai
     second, placed = _submit(cluster, "second", 1, T0 + 2)
     assert placed is None and second.state == lifecycle.QUEUED
     assert second.message.startswith("waiting for 1 CPU slot")
+    before = cluster.capacity
     cluster.cancel(first.id, now=T0 + 3)
+    assert cluster.capacity > before, "a cancel frees devices: the service's pass is due"
+    cluster.place_waiting(now=T0 + 3)  # the pass the service's admission task runs
     assert second.state == lifecycle.PENDING, "a cancel frees devices and the queue moves"
     assert first.ranks[0].state == lifecycle.EXITED, "a rank never started is simply dropped"
     assert cluster.state.ports_in_use() == {second.master_port}
