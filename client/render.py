@@ -28,7 +28,8 @@ def shown(text: str) -> str:
 
 
 def state_name(job: pb.Job) -> str:
-    return job_label(job.state)
+    """The job's state; an attached job's says who launched it: "running (slurm job 42)"."""
+    return job_label(job.state) + (f" ({shown(job.launcher)})" if job.launcher else "")
 
 
 def _age(unix_s: float) -> str:
@@ -182,11 +183,12 @@ def print_job(console: Console, job: pb.Job) -> None:
     console.print(
         f"[bold]{shown(job.name)}[/] ({job.id or 'no id'})  state: {state}{restarts}{owner}"
     )
-    where = (
-        "not placed yet"
-        if job.state == pb.JOB_STATE_QUEUED
-        else f"backend {shown(job.backend)}, rendezvous {shown(job.master_addr)}:{job.master_port}"
-    )
+    if job.launcher:
+        where = f"attached: its ranks started by {shown(job.launcher)}, which places and restarts them"
+    elif job.state == pb.JOB_STATE_QUEUED:
+        where = "not placed yet"
+    else:
+        where = f"backend {shown(job.backend)}, rendezvous {shown(job.master_addr)}:{job.master_port}"
     console.print(
         f"global batch {job.global_batch} over {job.world_size} ranks, policy {shown(job.policy)}, "
         + where

@@ -14,8 +14,10 @@ from pathlib import Path
 import grpc
 import pytest
 
+from hetero.client import render
 from hetero.coordinator import attach
 from hetero.core.errors import ConfigError
+from hetero.tui import state
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
 from tests.integration.conftest import Coordinator
@@ -56,6 +58,8 @@ def test_torchrun_ranks_attach_take_the_coordinators_plans_and_detach(
     # The coordinator planned it: the 4x slow rank 1 got fewer samples, and rank 0 ran it.
     assert job.plan.version > 1 and job.plan.batches[1] < job.plan.batches[0], job.plan
     assert f"final plan {list(job.plan.batches)}" in out, out[-2000:]
+    assert render.state_name(job).startswith("succeeded (torchrun")  # hetero-coord jobs
+    assert state.job_view(job).launcher.startswith("torchrun")  # hetero-top's " ext"
     kinds = [e.kind for e in job.events]
     assert kinds[0] == "job_attached" and "job_detached" in kinds
 
