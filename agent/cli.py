@@ -68,6 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     common.add_argument("--state-dir", type=Path, help="profile cache and rank logs")
     common.add_argument(
+        "--data-dir", type=Path, help="where jobs read data: its disk's read speed is profiled"
+    )
+    common.add_argument(
         "--coordinator", help=f"coordinator host:port (default {defaults.COORDINATOR_ADDRESS})"
     )
     common.add_argument(
@@ -125,6 +128,7 @@ def _config(args: argparse.Namespace) -> AgentConfig:
     flags = {
         "coordinator": args.coordinator,
         "state_dir": args.state_dir,
+        "data_dir": args.data_dir,
         "emulate_slowdown": args.emulate_slowdown,
         "quick_profile": args.quick,
         "log_format": args.log_format,
@@ -150,6 +154,14 @@ def device_notes(suspect: list[str], shared: bool, foreign_percent: float | None
     return "; ".join(notes)
 
 
+def disk_read(bytes_per_s: float | None, method: str) -> str:
+    """The data disk's read figure for a title, with how the cache was avoided."""
+    if bytes_per_s is None:
+        return ""
+    how = {"o_direct": "O_DIRECT", "fadvise": "cache dropped", "cached": "from the page cache"}
+    return f", disk read {bytes_per_s / 1e6:.0f} MB/s ({how.get(method, method)})"
+
+
 def _profile(config: AgentConfig, refresh: bool) -> Any:
     from hetero.agent.profile import load_or_measure
     from hetero.core.nvml import Nvml
@@ -159,7 +171,9 @@ def _profile(config: AgentConfig, refresh: bool) -> Any:
         state.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"cannot create state directory {state}: {exc.strerror}") from None
-    return load_or_measure(state, Nvml(), quick=config.quick_profile, refresh=refresh)
+    return load_or_measure(
+        state, Nvml(), quick=config.quick_profile, refresh=refresh, data_dir=config.data_dir
+    )
 
 
 def _print_profile(profile: Any, as_json: bool) -> None:
@@ -175,7 +189,8 @@ def _print_profile(profile: Any, as_json: bool) -> None:
         else ""
     )
     t = Table(
-        title=f"{profile.cpu_model}, {profile.cpu_count} CPUs, {profile.cpu_gflops:.0f} CPU GFLOP/s{emu}"
+        title=f"{profile.cpu_model}, {profile.cpu_count} CPUs, {profile.cpu_gflops:.0f} CPU GFLOP/s"
+        f"{disk_read(profile.disk_read_bytes_per_s, profile.disk_read_method)}{emu}"
     )
     for col in (
         "device",

@@ -4,7 +4,7 @@ Nothing here imports grpc, torch or sqlalchemy: the trainer embeds this package
 in every training process and the coordinator runs the same code.
 """
 
-from hetero.core.balancer.allreduce import all_reduce_s
+from hetero.core.balancer.allreduce import all_reduce_s, ring_all_reduce_s
 from hetero.core.balancer.changepoint import Regime, find_regimes
 from hetero.core.balancer.decision import Decision, Policy
 from hetero.core.balancer.dynamic import Dynamic, Hybrid
@@ -75,6 +75,7 @@ __all__ = [
     "make_policy",
     "predict_exclusion",
     "predict_step_s",
+    "ring_all_reduce_s",
     "round_to_plan",
     "snap_to_warm",
     "switch_costs",

@@ -45,3 +45,17 @@ def all_reduce_s(measured_s: float, measured_world: int, world: int) -> float:
     if measured_world <= 1:
         return measured_s  # nothing was measured to scale from (a one-rank job has none)
     return measured_s * ring_fraction(world) / ring_fraction(measured_world)
+
+
+def ring_all_reduce_s(gradient_bytes: float, world: int, bytes_per_s: float, rtt_s: float) -> float:
+    """Seconds of one ring all-reduce of ``gradient_bytes`` over ``world`` ranks whose
+    slowest link carries ``bytes_per_s`` with round trip ``rtt_s``: ``2(W−1)/W`` of the
+    gradient through that link plus ``2(W−1)`` one-way hops (half a round trip each).
+    0 for one rank. A prediction from the node-to-node probe (``agent.peerprobe``)
+    for ``Constraints.comm_s`` before a job has measured its own (``estimate_comm_s``);
+    an upper bound where DDP overlaps the all-reduce with the backward pass."""
+    if world <= 1:
+        return 0.0
+    if not (bytes_per_s > 0 and rtt_s >= 0):
+        raise ValueError(f"a link needs bytes_per_s > 0 and rtt_s >= 0, got {bytes_per_s}, {rtt_s}")
+    return ring_fraction(world) * gradient_bytes / bytes_per_s + (world - 1) * rtt_s

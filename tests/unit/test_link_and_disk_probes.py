@@ -1,0 +1,79 @@
+"""The profile's node-to-node link probe, the data disk's read probe, and the
+all-reduce time the planner predicts from a link."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from hetero.agent.diskprobe import measure_disk_read
+from hetero.agent.peerprobe import TOKEN_BYTES, PeerLink, PeerProbeServer, measure_peer
+from hetero.agent.profile import NodeProfile, with_disk_read
+from hetero.core.balancer import ring_all_reduce_s
+
+
+def test_peer_probe_measures_a_round_trip_and_both_directions_over_loopback() -> None:
+    token = os.urandom(TOKEN_BYTES)
+    with PeerProbeServer(token, "127.0.0.1") as server:
+        link = measure_peer("node-b", "127.0.0.1", server.port, token, probe_bytes=1 << 20)
+    assert link.peer == "node-b"
+    assert 0 < link.rtt_s < 1.0
+    assert link.send_bytes_per_s and link.receive_bytes_per_s
+    assert link.bytes_per_s == min(link.send_bytes_per_s, link.receive_bytes_per_s)
+
+
+def test_peer_probe_server_closes_a_connection_without_the_token_unanswered() -> None:
+    with PeerProbeServer(os.urandom(TOKEN_BYTES), "127.0.0.1") as server, pytest.raises(OSError):
+        measure_peer("x", "127.0.0.1", server.port, os.urandom(TOKEN_BYTES))
+
+
+def test_peer_probe_server_refuses_a_transfer_larger_than_its_cap() -> None:
+    token = os.urandom(TOKEN_BYTES)
+    with PeerProbeServer(token, "127.0.0.1", max_bytes=1024) as server, pytest.raises(OSError):
+        measure_peer("x", "127.0.0.1", server.port, token, probe_bytes=1 << 20)
+
+
+def test_an_unreachable_peer_is_an_oserror() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, never listening: refused
+    with pytest.raises(OSError):
+        measure_peer("x", "127.0.0.1", port, os.urandom(TOKEN_BYTES), timeout_s=2.0)
+
+
+def test_disk_read_probe_reports_a_rate_and_how_it_avoided_the_cache(tmp_path: Path) -> None:
+    read = measure_disk_read(tmp_path, size=4 << 20)
+    assert read is not None
+    assert read.size == 4 << 20 and read.bytes_per_s > 0
+    assert read.method in {"o_direct", "fadvise", "cached"}
+    assert list(tmp_path.iterdir()) == []  # the probe's file is gone
+
+
+def test_disk_read_probe_of_a_missing_directory_gives_no_figure(tmp_path: Path) -> None:
+    assert measure_disk_read(tmp_path / "absent") is None
+
+
+def test_profile_carries_disk_read_and_peer_links_in_its_host_message(tmp_path: Path) -> None:
+    base = NodeProfile("cpu", 2, 100.0, 1 << 30, ())
+    profile = replace(with_disk_read(base, tmp_path), peer_links=(PeerLink("n2", 1e-4, 1e9, None),))
+    msg = profile.host_message()
+    assert msg.HasField("disk_read_bytes_per_s") and msg.disk_read_bytes_per_s > 0
+    assert msg.disk_read_method == profile.disk_read_method
+    (link,) = msg.peer_links
+    assert (link.peer, link.rtt_s, link.send_bytes_per_s) == ("n2", 1e-4, 1e9)
+    assert not link.HasField("receive_bytes_per_s")
+    assert not base.host_message().HasField("disk_read_bytes_per_s")
+
+
+def test_ring_all_reduce_time_moves_two_w_minus_one_over_w_of_the_gradient() -> None:
+    # 100 MB of gradient over a 1 GB/s link, 2 ranks: 100 MB each way = 0.1 s, + one hop.
+    assert ring_all_reduce_s(100e6, 2, 1e9, 0.002) == pytest.approx(0.1 + 0.002)
+    # 4 ranks: 1.5x the gradient, 6 hops of half a round trip.
+    assert ring_all_reduce_s(100e6, 4, 1e9, 0.002) == pytest.approx(0.15 + 0.006)
+    assert ring_all_reduce_s(100e6, 1, 1e9, 0.002) == 0.0
+    with pytest.raises(ValueError):
+        ring_all_reduce_s(1.0, 2, 0.0, 0.0)
