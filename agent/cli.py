@@ -21,6 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from hetero.agent import peercli
 from hetero.agent.config import AgentConfig, load_config, with_flags
 from hetero.core import defaults, heap
 from hetero.core.errors import ConfigError, HeteroError
@@ -39,6 +40,7 @@ EPILOG = """\
 examples:
   hetero-agent run --coordinator 10.0.0.1:7070          # the daemon (systemd runs this)
   hetero-agent profile --json                           # measure this node, print, exit
+  hetero-agent peer --serve                             # then the line it prints, on another node
   hetero-agent run --emulate-slowdown 3 --name slow-b   # a CPU node made 3x slower (EMULATED)
 
 Flags override /etc/hetero/agent.yaml (or --config FILE). State (profile cache,
@@ -121,6 +123,7 @@ def _parser() -> argparse.ArgumentParser:
         "profile", parents=[common], help="measure and print this node's profile"
     )
     profile.add_argument("--json", action="store_true", help="print JSON")
+    peercli.add_parser(sub)
     return parser
 
 
@@ -229,6 +232,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args_list.insert(0, "run")  # `hetero-agent --coordinator X` means `run`
     args = _parser().parse_args(args_list)
     try:
+        if args.command == "peer":
+            return peercli.run(args)
         config = _config(args)
         configure_logging(config.log_format)
         if args.command == "profile":

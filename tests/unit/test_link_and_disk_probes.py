@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from hetero.agent.cli import main
 from hetero.agent.diskprobe import measure_disk_read
 from hetero.agent.peerprobe import TOKEN_BYTES, PeerLink, PeerProbeServer, measure_peer
 from hetero.agent.profile import NodeProfile, with_disk_read
@@ -77,3 +80,30 @@ def test_ring_all_reduce_time_moves_two_w_minus_one_over_w_of_the_gradient() -> 
     assert ring_all_reduce_s(100e6, 1, 1e9, 0.002) == 0.0
     with pytest.raises(ValueError):
         ring_all_reduce_s(1.0, 2, 0.0, 0.0)
+
+
+def test_agent_peer_command_measures_the_link_to_a_serving_node(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    serve = (
+        "from hetero.agent.cli import main; "
+        "raise SystemExit(main(['peer', '--serve', '--listen', '127.0.0.1']))"
+    )
+    server = subprocess.Popen([sys.executable, "-c", serve], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        line = server.stdout.readline().split()  # hetero-agent peer HOST:PORT --token HEX
+        assert line[:2] == ["hetero-agent", "peer"] and line[3] == "--token"
+        assert main(line[1:]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith(f"{line[2]}: rtt ") and "send " in out and "receive " in out
+    finally:
+        server.terminate()
+    assert server.wait(timeout=10) == 0  # SIGTERM closes it as Ctrl-C does
+
+
+def test_agent_peer_command_without_a_target_is_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["peer"]) == 2
+    assert capsys.readouterr().err.strip().startswith("error: peer: give HOST:PORT and --token")
