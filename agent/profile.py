@@ -300,15 +300,19 @@ def load_or_measure(
 ) -> NodeProfile:
     """The cached profile for this hardware, else a fresh measurement (then cached),
     with the sequential read of ``data_dir`` (default ``state_dir``) measured now."""
-    return with_disk_read(
-        _load_or_measure(state_dir, nvml, quick=quick, refresh=refresh), data_dir or state_dir
-    )
+    profile = _load_or_measure(state_dir, nvml, quick=quick, refresh=refresh)
+    return with_disk_read(profile, data_dir or state_dir, QUICK_DISK_BYTES if quick else None)
 
 
-def with_disk_read(profile: NodeProfile, data_dir: Path) -> NodeProfile:
-    """``profile`` with the sequential read of ``data_dir``'s disk; unchanged (and a
-    warning logged) where the directory cannot hold the probe's file."""
-    read = measure_disk_read(data_dir)
+#: The disk probe's file with ``quick``: the test clusters start many agents at once.
+QUICK_DISK_BYTES = 4 * 1024 * 1024
+
+
+def with_disk_read(profile: NodeProfile, data_dir: Path, size: int | None = None) -> NodeProfile:
+    """``profile`` with the sequential read of ``data_dir``'s disk (a ``size``-byte
+    file, default ``diskprobe.PROBE_BYTES``); unchanged (and a warning logged) where
+    the directory cannot hold the probe's file."""
+    read = measure_disk_read(data_dir) if size is None else measure_disk_read(data_dir, size)
     if read is None:
         log.warning("cannot measure the disk read of %s (not writable): no figure", data_dir)
         return profile
