@@ -107,3 +107,14 @@ def test_agent_peer_command_without_a_target_is_one_line(
 ) -> None:
     assert main(["peer"]) == 2
     assert capsys.readouterr().err.strip().startswith("error: peer: give HOST:PORT and --token")
+
+
+def test_disk_read_probe_falls_back_and_says_how_the_cache_was_avoided(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delattr(os, "O_DIRECT", raising=False)  # as on a system without it
+    read = measure_disk_read(tmp_path, size=2 << 20)
+    assert read is not None and read.method == "fadvise" and read.bytes_per_s > 0
+    monkeypatch.delattr(os, "posix_fadvise", raising=False)
+    read = measure_disk_read(tmp_path, size=2 << 20)
+    assert read is not None and read.method == "cached"
