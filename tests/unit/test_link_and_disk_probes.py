@@ -16,7 +16,9 @@ from hetero.agent.cli import main
 from hetero.agent.diskprobe import measure_disk_read
 from hetero.agent.peerprobe import TOKEN_BYTES, PeerLink, PeerProbeServer, measure_peer
 from hetero.agent.profile import NodeProfile, with_disk_read
-from hetero.core.balancer import ring_all_reduce_s
+from hetero.core.balancer import Link, StepModel, link_comm_s, ring_all_reduce_s
+from hetero.core.balancer.guard import why_not
+from hetero.core.catalogue.entries import model
 
 
 def test_peer_probe_measures_a_round_trip_and_both_directions_over_loopback() -> None:
@@ -118,3 +120,21 @@ def test_disk_read_probe_falls_back_and_says_how_the_cache_was_avoided(
     monkeypatch.delattr(os, "posix_fadvise", raising=False)
     read = measure_disk_read(tmp_path, size=2 << 20)
     assert read is not None and read.method == "cached"
+
+
+def test_a_job_spanning_a_slow_link_expects_the_slowest_links_all_reduce() -> None:
+    links = [Link(1e9, 0.001), Link(0.1e9, 0.0002)]  # the second is 10x slower
+    # 10M fp32 parameters, 2 ranks: 40 MB through 100 MB/s, plus the longest hop.
+    assert link_comm_s(10_000_000, 2, links) == pytest.approx(0.4 + 0.001)
+    assert link_comm_s(10_000_000, 2, []) == 0.0  # one node: nothing measured
+    assert link_comm_s(10_000_000, 1, links) == 0.0
+
+
+def test_a_measured_slow_link_makes_the_planner_call_gpt2_small_communication_bound() -> None:
+    # Two ranks of 0.20 and 0.28 s of work a step at batch 8, gpt2-small's gradient:
+    models = [StepModel(0.02, 0.04), StepModel(0.03, 0.04)]
+    parameters = model("gpt2-small").parameters
+    over_lan = link_comm_s(parameters, 2, [Link(0.125e9, 0.0005)])  # 1 Gbit/s
+    assert over_lan == pytest.approx(parameters * 4 / 0.125e9 + 0.0005)
+    assert "communication-bound" in why_not(models, (8, 8), over_lan, alike_within=0.05)
+    assert "communication-bound" not in why_not(models, (8, 8), 0.0, alike_within=0.05)
