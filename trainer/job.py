@@ -349,12 +349,7 @@ def _ideal(run: _Run) -> tuple[list[Solo], list[float]]:
     if cfg.ideal_steps <= 0:
         return solos, side_by_side
 
-    if ctx.rank == 0 and not cfg.quiet:  # on a CPU, a large model's solo steps take minutes
-        print(
-            f"measuring the ideal: each rank alone for {cfg.ideal_steps} steps "
-            "(--ideal-steps 0 skips it)",
-            flush=True,
-        )
+    report.measuring_ideal(ctx, cfg)
     weights = full_weights(run.model) if ctx.shard != "none" else built.model.state_dict()
 
     def fresh_copy() -> nn.Module:

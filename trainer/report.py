@@ -65,6 +65,17 @@ def progress(ctx: Context, cfg: JobConfig, total_steps: int, t0: float) -> None:
     )
 
 
+def measuring_ideal(ctx: Context, cfg: JobConfig) -> None:
+    """Rank 0's line before the ideal measurement: on a CPU, a large model's solo steps
+    take minutes, and a run that printed nothing for them looked hung."""
+    if ctx.rank == 0 and not cfg.quiet:
+        print(
+            f"measuring the ideal: each rank alone for {cfg.ideal_steps} steps "
+            "(--ideal-steps 0 skips it)",
+            flush=True,
+        )
+
+
 def evaluate_rank0(
     ctx: Context,
     cfg: JobConfig,
