@@ -30,6 +30,9 @@ class AgentConfig:
     #: Where the agent serves AgentLocal to its trainers.
     local_listen: str = defaults.AGENT_LOCAL_ADDRESS
     state_dir: Path | None = None
+    #: Where this node's jobs read their data: the profile times its disk's sequential
+    #: read (``agent.diskprobe``). ``None``: the state directory's disk.
+    data_dir: Path | None = None
     log_format: str = "text"
     #: Emulated slowdown of every device of this node (1 = none; demos and tests only).
     emulate_slowdown: float = 1.0
@@ -98,12 +101,14 @@ def load_config(path: Path | None) -> AgentConfig:
         return AgentConfig()
     d = AgentConfig()
     state_dir = f.string("state_dir")
+    data_dir = f.string("data_dir")
     config = AgentConfig(
         coordinator=f.string("coordinator", d.coordinator) or d.coordinator,
         name=f.string("name"),
         address=f.string("address"),
         local_listen=f.string("local_listen", d.local_listen) or d.local_listen,
         state_dir=Path(state_dir).expanduser() if state_dir else None,
+        data_dir=Path(data_dir).expanduser() if data_dir else None,
         log_format=f.choice("log_format", LOG_FORMATS, "text") or "text",
         emulate_slowdown=f.number("emulate_slowdown", 1.0, minimum=1.0) or 1.0,
         cpu_threads=f.integer("cpu_threads", None, minimum=1),

@@ -100,7 +100,7 @@ class ListNodesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Node(_message.Message):
-    __slots__ = ("id", "name", "address", "agent_endpoint", "agent_version", "healthy", "registered_at_unix_s", "last_heartbeat_unix_s", "devices", "host", "telemetry", "draining")
+    __slots__ = ("id", "name", "address", "agent_endpoint", "agent_version", "healthy", "registered_at_unix_s", "last_heartbeat_unix_s", "devices", "host", "telemetry", "draining", "host_profile")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -113,6 +113,7 @@ class Node(_message.Message):
     HOST_FIELD_NUMBER: _ClassVar[int]
     TELEMETRY_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
+    HOST_PROFILE_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     address: str
@@ -125,7 +126,8 @@ class Node(_message.Message):
     host: _types_pb2.HostTelemetry
     telemetry: _containers.RepeatedCompositeFieldContainer[_types_pb2.DeviceTelemetry]
     draining: bool
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., address: _Optional[str] = ..., agent_endpoint: _Optional[str] = ..., agent_version: _Optional[str] = ..., healthy: bool = ..., registered_at_unix_s: _Optional[float] = ..., last_heartbeat_unix_s: _Optional[float] = ..., devices: _Optional[_Iterable[_Union[_types_pb2.DeviceProfile, _Mapping]]] = ..., host: _Optional[_Union[_types_pb2.HostTelemetry, _Mapping]] = ..., telemetry: _Optional[_Iterable[_Union[_types_pb2.DeviceTelemetry, _Mapping]]] = ..., draining: bool = ...) -> None: ...
+    host_profile: _types_pb2.HostProfile
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., address: _Optional[str] = ..., agent_endpoint: _Optional[str] = ..., agent_version: _Optional[str] = ..., healthy: bool = ..., registered_at_unix_s: _Optional[float] = ..., last_heartbeat_unix_s: _Optional[float] = ..., devices: _Optional[_Iterable[_Union[_types_pb2.DeviceProfile, _Mapping]]] = ..., host: _Optional[_Union[_types_pb2.HostTelemetry, _Mapping]] = ..., telemetry: _Optional[_Iterable[_Union[_types_pb2.DeviceTelemetry, _Mapping]]] = ..., draining: bool = ..., host_profile: _Optional[_Union[_types_pb2.HostProfile, _Mapping]] = ...) -> None: ...
 
 class DrainNodeRequest(_message.Message):
     __slots__ = ("node", "undrain")
