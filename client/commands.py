@@ -28,7 +28,7 @@ from rich.console import Console
 
 from hetero.client import export, render
 from hetero.core import defaults
-from hetero.core.errors import ConfigError, HeteroError, UnknownNameError
+from hetero.core.errors import COORDINATOR_HINT, ConfigError, HeteroError, UnknownNameError
 from hetero.core.jobspec import check_priority, parse_jobspec, read_job_file
 from hetero.core.states import JobState, job_terminal
 from hetero.core.textsafe import printable
@@ -53,7 +53,7 @@ def _call(address: str, fn: Callable[[], T]) -> T:
     try:
         return fn()
     except grpc.RpcError as exc:
-        raise remote_error(exc, f"the coordinator at {address}") from None
+        raise remote_error(exc, f"the coordinator at {address}", hint=COORDINATOR_HINT) from None
 
 
 def _emit(args: argparse.Namespace, message: Message, human: Callable[[Console], None]) -> None:
@@ -215,7 +215,9 @@ def _health(args: argparse.Namespace, channel: grpc.Channel) -> int:
             raise UnknownNameError(
                 f"the coordinator at {args.coordinator} has no service {args.service!r}"
             ) from None
-        raise remote_error(exc, f"the coordinator at {args.coordinator}") from None
+        raise remote_error(
+            exc, f"the coordinator at {args.coordinator}", hint=COORDINATOR_HINT
+        ) from None
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
     print(status)
     return 0 if resp.status == health_pb2.HealthCheckResponse.SERVING else 1

@@ -49,7 +49,8 @@ def _kind(kind: int) -> str:
 
 
 def nodes_table(nodes: Sequence[pb.Node]) -> Table:
-    table = Table("node", "id", "health", "devices", "cpu", "ram", "gpu util / mem / temp")
+    columns = ("node", "id", "health", "devices", "cpu", "ram", "gpu util / mem / temp")
+    table = Table(*columns, "disk / links")
     for n in nodes:
         devices = ", ".join(
             f"{_kind(d.kind)}:{d.index} {shown(d.name)} (score {d.compute_score:g}"
@@ -66,8 +67,30 @@ def nodes_table(nodes: Sequence[pb.Node]) -> Table:
         )
         gpus = "; ".join(_device_telemetry(t) for t in n.telemetry) or NA
         health = "[green]up[/]" if n.healthy else f"[red]down[/] ({_age(n.last_heartbeat_unix_s)})"
-        table.add_row(shown(n.name), n.id, health, devices or "none", cpu, ram, gpus)
+        row = (shown(n.name), n.id, health, devices or "none", cpu, ram, gpus)
+        table.add_row(*row, host_io(n.host_profile) if n.HasField("host_profile") else NA)
     return table
+
+
+def host_io(h: tpb.HostProfile) -> str:
+    """The data disk's sequential read and the slowest link to another node, as the agent
+    measured them: "1,275 MB/s read (o_direct); 2 links, slowest 117 MB/s, rtt 0.45 ms"."""
+    parts = []
+    if h.HasField("disk_read_bytes_per_s"):
+        parts.append(
+            f"{h.disk_read_bytes_per_s / 1e6:,.0f} MB/s read ({shown(h.disk_read_method)})"
+        )
+    rates = [
+        min(rate for rate in (link.send_bytes_per_s, link.receive_bytes_per_s) if rate > 0)
+        for link in h.peer_links
+        if link.send_bytes_per_s > 0 or link.receive_bytes_per_s > 0
+    ]
+    if h.peer_links:
+        slowest = f", slowest {min(rates) / 1e6:,.0f} MB/s" if rates else ""
+        rtt = max(link.rtt_s for link in h.peer_links)
+        count = len(h.peer_links)
+        parts.append(f"{count} link{'s' if count != 1 else ''}{slowest}, rtt {rtt * 1e3:.2f} ms")
+    return "; ".join(parts) or NA
 
 
 def profile_notes(d: tpb.DeviceProfile) -> list[str]:
@@ -184,11 +207,15 @@ def print_job(console: Console, job: pb.Job) -> None:
         f"[bold]{shown(job.name)}[/] ({job.id or 'no id'})  state: {state}{restarts}{owner}"
     )
     if job.launcher:
-        where = f"attached: its ranks started by {shown(job.launcher)}, which places and restarts them"
+        where = (
+            f"attached: its ranks started by {shown(job.launcher)}, which places and restarts them"
+        )
     elif job.state == pb.JOB_STATE_QUEUED:
         where = "not placed yet"
     else:
-        where = f"backend {shown(job.backend)}, rendezvous {shown(job.master_addr)}:{job.master_port}"
+        where = (
+            f"backend {shown(job.backend)}, rendezvous {shown(job.master_addr)}:{job.master_port}"
+        )
     console.print(
         f"global batch {job.global_batch} over {job.world_size} ranks, policy {shown(job.policy)}, "
         + where

@@ -99,6 +99,7 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
             agent_endpoint=req.agent_endpoint,
             agent_version=req.agent_version,
             devices=[wire.device(d) for d in req.devices],
+            host_profile=req.host if req.HasField("host") else None,
             now=self._now(),
         )
         await self.service.commit()

@@ -160,6 +160,7 @@ class Cluster:
         agent_version: str,
         devices: Sequence[Device],
         now: float,
+        host_profile: object | None = None,
     ) -> Node:
         """Create the node, or refresh it (same id, devices replaced) if the name is known.
         New devices may let the queue move: ``capacity`` counts it, and the service runs
@@ -175,6 +176,7 @@ class Cluster:
             agent_version,
         )
         node.devices = tuple(devices)
+        node.host_profile = host_profile
         self._heard(node, now)
         self._ops.append(persist.save_node(node, devices=True))
         self.capacity += 1

@@ -38,6 +38,8 @@ def node_message(node: Node, *, now: float, timeout_s: float) -> pb.Node:
         devices=device_profiles(node.devices),
         draining=node.draining,
     )
+    if isinstance(node.host_profile, tpb.HostProfile):
+        msg.host_profile.CopyFrom(node.host_profile)
     beat = node.telemetry
     if isinstance(beat, pb.HeartbeatRequest):
         if beat.HasField("host"):

@@ -25,7 +25,7 @@ from typing import Any, cast
 from sqlalchemy import Table, bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
-from hetero.coordinator import attach, lifecycle
+from hetero.coordinator import attach, lifecycle, wire
 from hetero.coordinator.models import (
     DeviceRow,
     EventRow,
@@ -178,6 +178,7 @@ def node_values(node: Node) -> dict[str, Any]:
         "last_heartbeat_unix_s": node.last_heartbeat_unix_s,
         "draining": node.draining,
         "down": node.down,
+        "host_profile": wire.host_profile_text(node.host_profile),
     }
 
 
@@ -269,6 +270,7 @@ def load(s: Session, *, now: float, history: int) -> ClusterState:
                 draining=n.draining,
                 down=n.down,
                 devices=tuple(devices.get(n.id, ())),
+                host_profile=wire.host_profile_of(n.host_profile),
             )
         )
     kept = or_(

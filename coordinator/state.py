@@ -72,6 +72,8 @@ class Node:
     down: bool = False
     devices: tuple[Device, ...] = ()
     telemetry: object | None = None
+    #: The host's profile from its registration (``hetero.v1.HostProfile``; None: none sent).
+    host_profile: object | None = None
     #: The newest telemetry bucket written for this node (``TelemetryPolicy.period_s``),
     #: and the newest of the samples its agent buffered while cut off.
     telemetry_bucket: int = -1

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, cast
 
+from google.protobuf import json_format
+
 from hetero.coordinator import placement as placement_mod
 from hetero.coordinator import store, throughput
 from hetero.coordinator.models import (
@@ -368,3 +370,23 @@ def interval_rows(report: tpb.IntervalReport) -> list[dict[str, Any]]:
         }
         for r in report.ranks
     ]
+
+
+def host_profile_text(profile: object | None) -> str:
+    """A node's host profile as its column keeps it: protobuf JSON, "" for none."""
+    if not isinstance(profile, tpb.HostProfile):
+        return ""
+    text: str = json_format.MessageToJson(profile, indent=None, preserving_proto_field_name=True)
+    return text
+
+
+def host_profile_of(text: str) -> tpb.HostProfile | None:
+    """The column's host profile back (None for "" or a value no longer parsed)."""
+    if not text:
+        return None
+    profile = tpb.HostProfile()
+    try:
+        json_format.Parse(text, profile, ignore_unknown_fields=True)
+    except json_format.ParseError:
+        return None
+    return profile
