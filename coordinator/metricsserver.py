@@ -152,6 +152,12 @@ class MetricsServer:
     async def stop(self) -> None:
         await self._runner.cleanup()
 
+    @property
+    def connections(self) -> int:
+        """Connections the server holds now (accepted, not yet closed)."""
+        server = self._runner.server
+        return 0 if server is None else len(server.connections)
+
     async def _scrape(self, request: web.Request) -> web.StreamResponse:
         if self._digests and not self._authorized(request.headers.get(METADATA_KEY, "")):
             return web.Response(
