@@ -29,6 +29,8 @@ class AgentConfig:
     address: str | None = None
     #: Where the agent serves AgentLocal to its trainers.
     local_listen: str = defaults.AGENT_LOCAL_ADDRESS
+    #: host:port for this node's Prometheus /metrics (``agent.metrics``); None = off.
+    metrics_listen: str | None = None
     state_dir: Path | None = None
     log_format: str = "text"
     #: Emulated slowdown of every device of this node (1 = none; demos and tests only).
@@ -46,7 +48,7 @@ class AgentConfig:
     tls_ca: Path | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
-    #: Allow a non-loopback local_listen without authentication.
+    #: Allow a non-loopback local_listen or metrics_listen without authentication.
     insecure: bool = False
     #: Run ranks even when the agent is root (they run as the agent's user).
     allow_root: bool = False
@@ -77,6 +79,8 @@ class AgentConfig:
             value = getattr(self, key)
             if ":" not in value:
                 raise ConfigError(f"{key} must be host:port, got {value!r}")
+        if self.metrics_listen is not None and not _host_port(self.metrics_listen):
+            raise ConfigError(f"metrics_listen must be host:port, got {self.metrics_listen!r}")
 
     @property
     def rank_logs(self) -> RankLogLimits:
@@ -91,6 +95,11 @@ class AgentConfig:
         return self.name or socket.gethostname()
 
 
+def _host_port(address: str) -> bool:
+    _host, sep, port = address.rpartition(":")
+    return bool(sep) and port.isdigit()
+
+
 def load_config(path: Path | None) -> AgentConfig:
     """The file's settings; defaults if ``path`` is None and the default file is absent."""
     f = Fields.read_config(path, defaults.AGENT_CONFIG_PATH)
@@ -103,6 +112,7 @@ def load_config(path: Path | None) -> AgentConfig:
         name=f.string("name"),
         address=f.string("address"),
         local_listen=f.string("local_listen", d.local_listen) or d.local_listen,
+        metrics_listen=f.string("metrics_listen"),
         state_dir=Path(state_dir).expanduser() if state_dir else None,
         log_format=f.choice("log_format", LOG_FORMATS, "text") or "text",
         emulate_slowdown=f.number("emulate_slowdown", 1.0, minimum=1.0) or 1.0,

@@ -50,7 +50,7 @@ import logging
 from collections import OrderedDict
 
 from aiohttp import web
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
 from hetero.core.errors import ConfigError
@@ -59,6 +59,8 @@ from hetero.security.transport import ServerSecurity, is_loopback
 
 log = logging.getLogger("hetero.coordinator.metrics")
 
+#: What ``generate_latest`` writes (newer prometheus-client names 1.0.0 its "latest").
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 #: Seconds an answer's bytes are served before they are built again, at least.
 TTL_S = 1.0
 #: Distinct queries whose answers are kept (the whole exposition is one).
@@ -174,8 +176,7 @@ class MetricsServer:
             async with self._slots:
                 await self._turn()
                 response = web.Response(body=self._answer(names))
-                # generate_latest writes the 0.0.4 text, whatever the library calls "latest".
-                response.headers["Content-Type"] = CONTENT_TYPE_PLAIN_0_0_4
+                response.headers["Content-Type"] = CONTENT_TYPE
                 await response.prepare(request)
                 await response.write_eof()
                 return response
