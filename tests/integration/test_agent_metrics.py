@@ -26,7 +26,16 @@ PROFILE = NodeProfile(
 SNAPSHOT = Snapshot(
     1.0,
     HostSample(cpu_percent=50.0, ram_used_bytes=1 << 29, ram_total_bytes=1 << 30),
-    (GpuSample(0, utilization_percent=80.0, sm_clock_mhz=1500.0, throttle_reasons=()),),
+    (
+        GpuSample(
+            0,
+            utilization_percent=80.0,
+            temperature_c=60.0,
+            power_w=300.0,
+            sm_clock_mhz=1500.0,
+            throttle_reasons=(),
+        ),
+    ),
     cpu_indexes=(1,),
 )
 
@@ -47,7 +56,9 @@ def test_the_agent_serves_its_devices_telemetry_under_the_dashboards_names() -> 
     assert 'hetero_device_info{device="0",kind="cuda",name="H100",node="gpu-a"} 1.0' in text
     assert 'hetero_device_emulated_slowdown{device="0",node="gpu-a"} 2.0' in text
     assert 'hetero_device_utilization_ratio{device="1",node="gpu-a"} 0.5' in text, "the host's"
-    assert "hetero_device_temperature_celsius" not in text, "n/a is left out"
+    assert 'hetero_device_power_watts{device="0",node="gpu-a"} 300.0' in text
+    assert 'hetero_device_memory_used_bytes{device="0"' not in text, "n/a is left out"
+    assert 'hetero_device_memory_used_bytes{device="1",node="gpu-a"}' in text
 
 
 def test_a_metrics_listen_without_a_port_is_one_line() -> None:
