@@ -44,6 +44,7 @@ or log. Tokens are kept as their SHA-256 digests and compared with all of them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import logging
@@ -177,8 +178,11 @@ class MetricsServer:
                 await self._turn()
                 response = web.Response(body=self._answer(names))
                 response.headers["Content-Type"] = CONTENT_TYPE
-                await response.prepare(request)
-                await response.write_eof()
+                # A client that left while it waited (a cut scrape) is routine, not an
+                # error with a traceback in the log at every one.
+                with contextlib.suppress(ConnectionResetError):
+                    await response.prepare(request)
+                    await response.write_eof()
                 return response
         finally:
             self._waiting -= 1
