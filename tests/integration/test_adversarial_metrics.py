@@ -137,7 +137,7 @@ def test_a_scrape_storm_is_built_at_most_once_a_second_and_paced(metrics: Metric
     assert elapsed >= 79 / RATE, (elapsed, "80 scrapes spaced 1 / RATE apart")
 
 
-def test_scrapes_beyond_those_waiting_are_refused_at_once_with_a_retry_after(
+def test_scrapes_beyond_those_waiting_are_refused_after_a_second_with_a_retry_after(
     metrics: MetricsServer,
 ) -> None:
     refused: list[str | None] = []
