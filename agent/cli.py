@@ -94,7 +94,7 @@ def _parser() -> argparse.ArgumentParser:
         "--insecure",
         action="store_true",
         default=None,
-        help="allow a non-loopback --local-listen without authentication",
+        help="allow a non-loopback --local-listen or --metrics-listen without authentication",
     )
     run.add_argument(
         "--allow-root",
@@ -107,6 +107,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--local-listen",
         help=f"host:port for trainers' AgentLocal (default {defaults.AGENT_LOCAL_ADDRESS})",
+    )
+    run.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve this node's device telemetry as Prometheus /metrics there (default off)",
     )
     run.add_argument("--cpu-threads", type=int, help="threads per CPU rank")
     run.add_argument(
@@ -136,8 +141,10 @@ def _config(args: argparse.Namespace) -> AgentConfig:
         "quick_profile": args.quick,
         "log_format": args.log_format,
     }
-    names = ("name", "address", "local_listen", "cpu_threads", "stop_grace_s", "insecure")
-    for name in (*names, "allow_root", "watchdog_s", "token_file", "tls_ca", "tls_cert", "tls_key"):
+    names: tuple[str, ...] = ("name", "address", "local_listen", "metrics_listen", "cpu_threads")
+    names += ("stop_grace_s", "insecure", "allow_root", "watchdog_s", "token_file", "tls_ca")
+    names += ("tls_cert", "tls_key")
+    for name in names:
         flags[name] = getattr(args, name, None)
     return with_flags(load_config(args.config), **flags)
 
@@ -270,6 +277,10 @@ def _run(config: AgentConfig, refresh: bool) -> int:
     check_holder(security.token, "node", config.node_name)
     if not security.secured and not config.insecure:  # the listen rule, before the profile
         check_listen(config.local_listen, ServerSecurity(), "agent endpoint")
+    if config.metrics_listen:  # the library's server checks no token: loopback or --insecure
+        check_listen(
+            config.metrics_listen, ServerSecurity(insecure=config.insecure), "agent /metrics"
+        )
     refuse_root(config.allow_root)
     private_dir(config.resolved_state_dir)
     # What a killed predecessor left running goes first: before the profile, which
@@ -284,6 +295,13 @@ def _run(config: AgentConfig, refresh: bool) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
+    if config.metrics_listen:
+        from hetero.agent.metrics import NodeCollector, serve_metrics
+
+        collector = NodeCollector(config.node_name, agent.profile, agent.telemetry.latest)
+        port = serve_metrics(config.metrics_listen, collector).server_address[1]
+        host = config.metrics_listen.rpartition(":")[0]
+        logging.getLogger("hetero.agent").info("metrics on http://%s:%d/metrics", host, port)
     heap.settle()  # the profile's and start-up's objects out of full collections
     agent.run()
     return 0

@@ -29,6 +29,8 @@ class AgentConfig:
     address: str | None = None
     #: Where the agent serves AgentLocal to its trainers.
     local_listen: str = defaults.AGENT_LOCAL_ADDRESS
+    #: host:port for this node's Prometheus /metrics (``agent.metrics``); None = off.
+    metrics_listen: str | None = None
     state_dir: Path | None = None
     #: Where this node's jobs read their data: the profile times its disk's sequential
     #: read (``agent.diskprobe``). ``None``: the state directory's disk.
@@ -49,7 +51,7 @@ class AgentConfig:
     tls_ca: Path | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
-    #: Allow a non-loopback local_listen without authentication.
+    #: Allow a non-loopback local_listen or metrics_listen without authentication.
     insecure: bool = False
     #: Run ranks even when the agent is root (they run as the agent's user).
     allow_root: bool = False
@@ -80,6 +82,8 @@ class AgentConfig:
             value = getattr(self, key)
             if ":" not in value:
                 raise ConfigError(f"{key} must be host:port, got {value!r}")
+        if self.metrics_listen is not None and not _host_port(self.metrics_listen):
+            raise ConfigError(f"metrics_listen must be host:port, got {self.metrics_listen!r}")
 
     @property
     def rank_logs(self) -> RankLogLimits:
@@ -92,6 +96,11 @@ class AgentConfig:
     @property
     def node_name(self) -> str:
         return self.name or socket.gethostname()
+
+
+def _host_port(address: str) -> bool:
+    _host, sep, port = address.rpartition(":")
+    return bool(sep) and port.isdigit()
 
 
 def load_config(path: Path | None) -> AgentConfig:
@@ -107,6 +116,7 @@ def load_config(path: Path | None) -> AgentConfig:
         name=f.string("name"),
         address=f.string("address"),
         local_listen=f.string("local_listen", d.local_listen) or d.local_listen,
+        metrics_listen=f.string("metrics_listen"),
         state_dir=Path(state_dir).expanduser() if state_dir else None,
         data_dir=Path(data_dir).expanduser() if data_dir else None,
         log_format=f.choice("log_format", LOG_FORMATS, "text") or "text",

@@ -51,7 +51,7 @@ class Sample:
 
     time_s: float
     #: CPU seconds of the coordinator's processes, summed by name: ``coordinator`` (its
-    #: main process) and its workers' (``hetero-report``, ``hetero-metrics``, ...).
+    #: main process) and any child's (a process pool's, where one runs).
     coordinator_cpu_s: dict[str, float]
     generators_cpu_s: float
     db_bytes: int

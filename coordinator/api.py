@@ -39,9 +39,9 @@ from hetero.coordinator import (
 )
 from hetero.coordinator.calls import STANDBY, PermissionDenied, invalid, rpc, state_name
 from hetero.coordinator.identity import Caller, Identities
+from hetero.coordinator.metrics import RpcLatency
 from hetero.coordinator.models import LogLineRow
 from hetero.coordinator.placement import PlacementError, place, predict
-from hetero.coordinator.rpclatency import RpcLatency
 from hetero.coordinator.scope import Scope, denied
 from hetero.coordinator.service import Service
 from hetero.coordinator.state import KEEP_FINISHED_S

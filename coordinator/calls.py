@@ -2,7 +2,7 @@
 refused while this coordinator is a standby, its errors turned into status codes (a
 ``HeteroError`` with its ``grpc_code`` and message; anything else is INTERNAL, by
 ``security.guard``), and its time counted into ``/metrics``' histogram
-(``rpclatency``)."""
+(``metrics``)."""
 
 from __future__ import annotations
 

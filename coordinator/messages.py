@@ -198,14 +198,6 @@ def snapshot(
     )
 
 
-def metrics_snapshot(state: ClusterState, *, now: float, timeout_s: float) -> pb.ClusterSnapshot:
-    """What ``/metrics`` exports: every node with its devices' newest telemetry, and every
-    placed job (a job's series end with it; the queued ones have none worth a scrape)."""
-    nodes = [node_message(n, now=now, timeout_s=timeout_s) for n in state.nodes.values()]
-    jobs = [job_message(state, j) for j in state.jobs.values() if j.placed]
-    return pb.ClusterSnapshot(time_unix_s=now, nodes=nodes, jobs=jobs)
-
-
 def _newest_first(job: Job) -> tuple[float, str]:
     return (-job.submitted_at_unix_s, job.id)
 

@@ -5,9 +5,11 @@ One process, one event loop: ``CoordinatorServer`` runs a ``grpc.aio`` server an
 coordinator's service (``service``: the state in memory, its one writer, the sweep and
 pruning) on one loop of a thread of its own, driven like a ``grpc.Server``:
 ``start()``, ``stop(grace).wait()``. ``create_server`` opens the database (its schema
-upgraded), loads the state from it and binds; ``start`` serves. ``serve`` adds the
-Prometheus ``/metrics`` endpoint and stops gracefully on SIGTERM/SIGINT (in-flight
-calls get ``grace_s`` seconds, then what is queued is written).
+upgraded), loads the state from it and binds; ``start`` serves. ``registry`` is what
+Prometheus ``/metrics`` says (``metrics``); ``serve_metrics`` serves it on the same
+loop (``metricsserver``), as ``serve`` does with ``metrics_listen``. ``serve`` stops
+gracefully on SIGTERM/SIGINT (in-flight calls get ``grace_s`` seconds, then what is
+queued is written).
 """
 
 from __future__ import annotations
@@ -23,16 +25,15 @@ from typing import Any, TypeVar
 
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from prometheus_client.registry import CollectorRegistry
 
-from hetero.coordinator import messages
 from hetero.coordinator.api import SERVICE_NAME, Api
 from hetero.coordinator.database import open_database
 from hetero.coordinator.dburl import masked
 from hetero.coordinator.identity import Caller, Identities
+from hetero.coordinator.metrics import ClusterCollector, RpcLatency
 from hetero.coordinator.metricsserver import MetricsServer
-from hetero.coordinator.rpclatency import RpcLatency
 from hetero.coordinator.service import Service, Settings
-from hetero.coordinator.snapshots import Snapshots
 from hetero.coordinator.standby import POLL_S, Leadership
 from hetero.core import defaults, heap
 from hetero.security.transport import ServerSecurity, bind, describe, new_aio_server
@@ -76,7 +77,9 @@ class CoordinatorServer:
     ) -> None:
         self.settings = settings
         self.security = security or ServerSecurity()
-        self.latency = RpcLatency()
+        self.registry = CollectorRegistry()
+        self.latency = RpcLatency(self.registry)
+        self.metrics: MetricsServer | None = None
         self.engine = open_database(settings.db_url)
         self.leadership = Leadership(self.engine)
         try:  # a second coordinator on a SQLite file refuses here, in one line
@@ -110,6 +113,10 @@ class CoordinatorServer:
         )
         identities = Identities(security.token, security.roles, security.named, certificates)
         self.api = Api(self.service, identities, self.latency)
+        service = self.service
+        self.registry.register(
+            ClusterCollector(lambda: service.state, service.now, self.settings.heartbeat_timeout_s)
+        )
         coordinator_pb2_grpc.add_CoordinatorServicer_to_server(self.api, self.server)  # type: ignore[no-untyped-call, unused-ignore]
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -210,14 +217,14 @@ class CoordinatorServer:
         """The cluster now, from memory (``WatchCluster``'s)."""
         return self.call(self.api.snapshot)
 
-    def metrics_snapshot(self) -> pb.ClusterSnapshot:
-        """What ``/metrics`` exports: nodes' health and the placed jobs."""
-        service = self.service
-        return self.call(
-            lambda: messages.metrics_snapshot(
-                service.state, now=service.now(), timeout_s=self.settings.heartbeat_timeout_s
-            )
-        )
+    def serve_metrics(self, address: str) -> int:
+        """Serve ``/metrics`` on ``address`` (``host:port``, port 0 = any) from this
+        coordinator's loop (``metricsserver``), under its security's listen rule; its port.
+        A wrong address raises ``ConfigError``; ``stop`` stops it."""
+        metrics = MetricsServer(address, self.registry, self.security)
+        self.run(metrics.start())
+        self.metrics = metrics
+        return metrics.port
 
     def stop(self, grace: float | None) -> _Stopping:
         """Stop taking calls; in-flight ones get ``grace`` seconds (None = until done); then
@@ -231,6 +238,8 @@ class CoordinatorServer:
             self.service.stopping.set()
             if self._standby is not None:
                 self._standby.cancel()
+            if self.metrics is not None:
+                await self.metrics.stop()
             await self.server.stop(grace)
             await self.service.stop()
 
@@ -289,16 +298,13 @@ def serve(
             signal.signal(sig, handler)
         raise
     server.on_lost = stop.set  # another coordinator may serve the database now
-    metrics = (
-        MetricsServer(
-            metrics_listen,
-            Snapshots.of(server.metrics_snapshot),
-            security,
-            rpc_latency=server.latency,
-        )
-        if metrics_listen
-        else None
-    )
+    try:  # a wrong address fails before the coordinator serves
+        metrics_port = server.serve_metrics(metrics_listen) if metrics_listen else None
+    except BaseException:
+        server.stop(0).wait()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        raise
     server.start()
     log.info(
         "coordinator listening on %s (port %d, %s), database %s",
@@ -328,16 +334,13 @@ def serve(
         logs.lines_per_job,
         logs.events_keep_s / 86400,
     )
-    if metrics is not None and metrics_listen is not None:
-        metrics.start()
+    if metrics_listen is not None and metrics_port is not None:
         host = metrics_listen.rpartition(":")[0]
-        log.info("metrics on http://%s:%d/metrics", host, metrics.port)
+        log.info("metrics on http://%s:%d/metrics", host, metrics_port)
     heap.settle()  # start-up's objects out of every full collection (``heap``)
     try:
         stop.wait()
     finally:
-        if metrics is not None:
-            metrics.stop()
         server.stop(grace_s).wait()
         for sig, handler in previous.items():
             signal.signal(sig, handler)

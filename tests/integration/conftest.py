@@ -16,7 +16,6 @@ import grpc
 import pytest
 
 from hetero.coordinator.database import session_factory
-from hetero.coordinator.metricsserver import MetricsServer
 from hetero.coordinator.server import CoordinatorServer, Settings, create_server
 from hetero.v1 import coordinator_pb2_grpc
 
@@ -154,12 +153,7 @@ def sim(coordinator: Coordinator) -> Iterator[SimCluster]:
 
 @pytest.fixture
 def metrics(coordinator: Coordinator) -> Iterator[str]:
-    """The base URL of a ``/metrics`` server on ``coordinator``'s snapshot and RPC
-    latency histogram (port 0), as ``hetero-coord serve --metrics-listen`` wires it."""
-    served = coordinator.server
-    server = MetricsServer("127.0.0.1:0", served.snapshot, rpc_latency=served.latency)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{server.port}"
-    finally:
-        server.stop()
+    """The base URL of ``coordinator``'s ``/metrics`` (port 0), as ``hetero-coord serve
+    --metrics-listen`` serves it: on the coordinator's loop, stopped with it."""
+    port = coordinator.server.serve_metrics("127.0.0.1:0")
+    yield f"http://127.0.0.1:{port}"
