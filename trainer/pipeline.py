@@ -168,14 +168,21 @@ def _state_bytes(module: nn.Module) -> float:
 
 
 def _measure(
-    run: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, samples: int, repeats: int
+    run: Callable[[torch.Tensor], torch.Tensor],
+    x: torch.Tensor,
+    samples: int,
+    repeats: int,
+    params: set[int],
 ) -> PartCost:
     """Forward and backward of ``run`` on ``x`` (a leaf): median seconds, and the bytes
-    autograd saved in forward per sample."""
-    saved: list[int] = []
+    autograd saved in forward per sample. A storage saved twice counts once, and the
+    parameters' storages (``params``: their data pointers) not at all: they are state."""
+    saved: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        saved.append(t.numel() * t.element_size())
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
         return t
 
     times = []
@@ -190,7 +197,7 @@ def _measure(
             torch.cuda.synchronize(x.device)
         if i:
             times.append(time.perf_counter() - start)
-    return PartCost(statistics.median(times), 0.0, sum(saved) / samples)
+    return PartCost(statistics.median(times), 0.0, sum(saved.values()) / samples)
 
 
 def profile(
@@ -214,12 +221,13 @@ def profile(
             for p in parts
         )
 
-    head = _measure(model.embedded, sample, n, repeats)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    head = _measure(model.embedded, sample, n, repeats, params)
     blocks = []
     for block, x in zip(model.blocks, inputs, strict=False):
-        cost = _measure(block, x, n, repeats)
+        cost = _measure(block, x, n, repeats, params)
         blocks.append(PartCost(cost.seconds, _state_bytes(block), cost.activation_bytes))
-    tail = _measure(lambda h: lm_loss(model.logits(h), target), inputs[-1], n, repeats)
+    tail = _measure(lambda h: lm_loss(model.logits(h), target), inputs[-1], n, repeats, params)
     return Model(
         tuple(blocks),
         head=PartCost(head.seconds, state(model.head_parts), head.activation_bytes),
