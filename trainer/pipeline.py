@@ -37,6 +37,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -45,6 +46,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from hetero.core.stages import Model, PartCost, Schedule
+from hetero.trainer.emulation import emulate_wait
 from hetero.trainer.models.transformer import GPT, BertMLM
 
 #: Training state a parameter holds under fp32 AdamW: parameter, gradient, two moments.
@@ -58,14 +60,59 @@ def lm_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=-100)
 
 
+class StageClock:
+    """A stage's own compute, forward and backward, in seconds (the waits for its
+    neighbours left out), and the emulated slowdown: after each forward and each
+    backward it waits ``(slowdown − 1)`` times that pass's compute
+    (``hetero.trainer.emulation.emulate_wait``), counted in the total."""
+
+    def __init__(self, slowdown: float = 1.0) -> None:
+        self.slowdown = slowdown
+        self.seconds = 0.0
+        self.passes = 0
+        self._backward_from = 0.0
+
+    def forward_done(self, started: float) -> None:
+        compute = time.perf_counter() - started
+        self.seconds += compute + emulate_wait(self.slowdown, compute)
+
+    def backward_starts(self) -> None:
+        self._backward_from = time.perf_counter()
+
+    def backward_done(self) -> None:
+        compute = time.perf_counter() - self._backward_from
+        self.seconds += compute + emulate_wait(self.slowdown, compute)
+        self.passes += 1
+
+
+class _Mark(torch.autograd.Function):
+    """Identity; its backward tells ``clock`` that the stage's backward starts (at the
+    stage's output) or is done (at its input)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, clock: StageClock, done: bool) -> torch.Tensor:
+        ctx.clock, ctx.done = clock, done
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        if ctx.done:
+            ctx.clock.backward_done()
+        else:
+            ctx.clock.backward_starts()
+        return grad, None, None
+
+
 class Stage(nn.Module):
     """Blocks ``start:stop`` of ``model``, with its head on the first stage and its tail
     on the last. Parameters keep the whole model's names (``blocks.7.fc.weight``), so a
-    stage's state dict is a slice of the model's."""
+    stage's state dict is a slice of the model's. ``clock`` times it (the first stage's
+    embedding lookup and the last stage's loss are outside the clock)."""
 
     def __init__(self, model: GPT | BertMLM, start: int, stop: int, *, first: bool, last: bool):
         super().__init__()
         self.first, self.last = first, last
+        self.clock = StageClock()
         keep = set((model.head_parts if first else ()) + (model.tail_parts if last else ()))
         blocks = nn.ModuleDict({str(i): model.blocks[i] for i in range(start, stop)})
         for name in {*model.head_parts, *model.tail_parts} - keep:
@@ -75,11 +122,19 @@ class Stage(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         m = self.model
+        started = time.perf_counter()
         if self.first:
             x = m.embedded(x)
+        timed = torch.is_grad_enabled() and x.requires_grad
+        if timed:
+            x = _Mark.apply(x, self.clock, True)
         for block in m.blocks.values():  # type: ignore[operator]
             x = block(x)
-        return m.logits(x) if self.last else x
+        x = m.logits(x) if self.last else x
+        if timed:
+            x = _Mark.apply(x, self.clock, False)
+        self.clock.forward_done(started)
+        return x
 
 
 @dataclass
