@@ -3,9 +3,9 @@
 Three parts, each usable alone:
 
 - :func:`profile` measures, once and on one device, each part of a built-in language
-  model at the microbatch size: the head (embeddings), every block, the tail (output
-  layer and loss). Forward and backward seconds (the median of a few runs after a
-  warm-up), the training state its parameters hold (parameter, gradient and AdamW's two
+  model at the microbatch size: the head (embeddings), each kind of block (alike blocks
+  once), the tail (output layer and loss). Forward and backward seconds (the least of a
+  few runs after a warm-up: contention only adds), the training state its parameters hold (parameter, gradient and AdamW's two
   moments: 16 bytes a parameter, as :mod:`hetero.core.memfit` counts it), and the bytes
   autograd saves for backward (summed over ``saved_tensors_hooks``: a device-free count,
   so the same on CPU and GPU). The blocks are those :func:`hetero.trainer.models.repeated.
@@ -33,7 +33,6 @@ a user's model would need the same two declarations.
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -229,7 +228,7 @@ def _measure(
     repeats: int,
     params: set[int],
 ) -> PartCost:
-    """Forward and backward of ``run`` on ``x`` (a leaf): median seconds, and the bytes
+    """Forward and backward of ``run`` on ``x`` (a leaf): the least seconds, and the bytes
     autograd saved in forward per sample. A storage saved twice counts once, and the
     parameters' storages (``params``: their data pointers) not at all: they are state."""
     saved: dict[int, int] = {}
@@ -252,11 +251,12 @@ def _measure(
             torch.cuda.synchronize(x.device)
         if i:
             times.append(time.perf_counter() - start)
-    return PartCost(statistics.median(times), 0.0, sum(saved.values()) / samples)
+    # The least time: contention from other work only ever adds to a run.
+    return PartCost(min(times), 0.0, sum(saved.values()) / samples)
 
 
 def profile(
-    model: GPT | BertMLM, sample: torch.Tensor, target: torch.Tensor, *, repeats: int = 3
+    model: GPT | BertMLM, sample: torch.Tensor, target: torch.Tensor, *, repeats: int = 5
 ) -> Model:
     """Each part of ``model`` (head, blocks, tail with the loss) measured at ``sample``'s
     batch (a microbatch of token ids, ``(N, T)``, on the device to profile on), as the
@@ -279,9 +279,16 @@ def profile(
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     head = _measure(model.embedded, sample, n, repeats, params)
     blocks = []
+    measured: dict[tuple[object, ...], PartCost] = {}
     for block, x in zip(model.blocks, inputs, strict=False):
-        cost = _measure(block, x, n, repeats, params)
-        blocks.append(PartCost(cost.seconds, _state_bytes(block), cost.activation_bytes))
+        # Blocks of one class, parameter shapes and input shape cost the same: each such
+        # kind is measured once, so the timing noise of one run cannot tell alike blocks
+        # apart (and a split of alike blocks over alike devices stays even).
+        kind = (type(block), tuple(p.shape for p in block.parameters()), x.shape, x.dtype)
+        if kind not in measured:
+            cost = _measure(block, x, n, repeats, params)
+            measured[kind] = PartCost(cost.seconds, _state_bytes(block), cost.activation_bytes)
+        blocks.append(measured[kind])
     tail = _measure(lambda h: lm_loss(model.logits(h), target), inputs[-1], n, repeats, params)
     return Model(
         tuple(blocks),
