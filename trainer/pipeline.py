@@ -295,3 +295,41 @@ def profile(
         head=PartCost(head.seconds, state(model.head_parts), head.activation_bytes),
         tail=PartCost(tail.seconds, state(model.tail_parts), tail.activation_bytes),
     )
+
+
+# ---- moving stages: a checkpoint keyed by the whole model's names ---------------------------
+
+
+def stage_state(pipe: Pipe, optimizer: torch.optim.Optimizer) -> dict[str, dict[str, Any]]:
+    """This rank's share of a pipeline checkpoint: ``{"params": name -> tensor, "optim":
+    name -> that parameter's optimizer state}``, names the whole model's (no ``model.``
+    prefix). The union over the ranks is the whole model's state whatever the split, so
+    it loads onto any other split (:func:`load_stage_state`)."""
+    named = dict(pipe.stage.named_parameters())
+    params = {k.removeprefix("model."): v.detach().clone() for k, v in named.items()}
+    optim = {
+        k.removeprefix("model."): {s: v.clone() if torch.is_tensor(v) else v for s, v in st.items()}
+        for k, p in named.items()
+        if (st := optimizer.state.get(p))
+    }
+    return {"params": params, "optim": optim}
+
+
+def load_stage_state(
+    pipe: Pipe, optimizer: torch.optim.Optimizer, shares: Sequence[dict[str, dict[str, Any]]]
+) -> None:
+    """Load this rank's stage, parameters and optimizer state, from the shares of every
+    rank of a pipeline of any split (:func:`stage_state`); a tied weight's copies are
+    equal, so either serves."""
+    params: dict[str, torch.Tensor] = {}
+    optim: dict[str, dict[str, Any]] = {}
+    for share in shares:
+        params.update(share["params"])
+        optim.update(share["optim"])
+    with torch.no_grad():
+        for name, p in pipe.stage.named_parameters():
+            p.copy_(params[name.removeprefix("model.")])
+            if (st := optim.get(name.removeprefix("model."))) is not None:
+                optimizer.state[p] = {
+                    s: v.clone().to(p.device) if torch.is_tensor(v) else v for s, v in st.items()
+                }

@@ -1,7 +1,10 @@
 """Rank worker: a gpt2-tiny of 6 blocks as one pipeline stage a rank, cut unevenly.
 
-Usage: pipeline_equivalence.py OUT_PATH BOUNDS SCHEDULE   (BOUNDS: e.g. 0,4,6; SCHEDULE:
-gpipe | 1f1b)
+Usage: pipeline_equivalence.py OUT_PATH BOUNDS SCHEDULE [RESUME_BOUNDS]   (BOUNDS: e.g.
+0,4,6; SCHEDULE: gpipe | 1f1b)
+
+With ``RESUME_BOUNDS`` the ranks stop after ``STEPS - 1`` steps, write their shares of the
+checkpoint, and resume the last step on a model cut at ``RESUME_BOUNDS`` instead.
 
 Every rank trains its stage for ``STEPS`` SGD steps over the same global batches; the
 last stage saves the step losses, and every rank its stage's parameters under the
@@ -18,7 +21,7 @@ import torch.distributed as dist
 
 from hetero.core.stages import Schedule
 from hetero.trainer.models.transformer import build_transformer
-from hetero.trainer.pipeline import build, lm_loss
+from hetero.trainer.pipeline import Pipe, build, lm_loss, load_stage_state, stage_state
 
 STEPS = 3
 GLOBAL_BATCH = 8
@@ -67,6 +70,8 @@ def main(argv: list[str]) -> None:
     opt = optimizer(pipe.stage.parameters())
     losses = []
     for step in range(STEPS):
+        if step == STEPS - 1 and len(argv) > 3:
+            pipe, opt = resume(f"{out}.share", pipe, opt, [int(b) for b in argv[3].split(",")])
         opt.zero_grad()
         loss = pipe.step(*batch(step))
         opt.step()
@@ -75,6 +80,19 @@ def main(argv: list[str]) -> None:
     params = {k.removeprefix("model."): v.detach() for k, v in pipe.stage.state_dict().items()}
     torch.save({"losses": losses, "params": params}, f"{out}.rank{dist.get_rank()}")
     dist.destroy_process_group()
+
+
+def resume(
+    path: str, pipe: Pipe, opt: torch.optim.Optimizer, bounds: list[int]
+) -> tuple[Pipe, torch.optim.Optimizer]:
+    """Checkpoint through files, as a job would, and load onto a pipeline cut at ``bounds``."""
+    torch.save(stage_state(pipe, opt), f"{path}{dist.get_rank()}")
+    dist.barrier()
+    shares = [torch.load(f"{path}{r}") for r in range(dist.get_world_size())]
+    moved = build(model(), bounds, MICROBATCHES, schedule=Schedule.ONE_F_ONE_B)  # type: ignore[arg-type]
+    moved_opt = optimizer(moved.stage.parameters())
+    load_stage_state(moved, moved_opt, shares)
+    return moved, moved_opt
 
 
 if __name__ == "__main__":
