@@ -7,7 +7,8 @@ emulated slowdowns (``hetero.trainer.emulation``: a stage waits ``(f − 1)`` ti
 own compute after each pass), and trains the even split and the speed-sized one in
 turn. It prints, for each, the blocks a stage, the predicted and the measured seconds a
 microbatch of each stage (its own compute and wait, not its waits for neighbours), and
-the predicted and measured step. Heterogeneity here is EMULATED, and every line says so.
+the predicted and measured step; then the speeds the even run measured
+(:func:`hetero.core.stages.measured_speeds`) and the split they give. Heterogeneity here is EMULATED, and every line says so.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from hetero.core.stages import (
     Pipeline,
     Schedule,
     even_partition,
+    measured_speeds,
     partition,
     step_seconds,
 )
@@ -97,6 +99,7 @@ def _rank(a: argparse.Namespace) -> None:
     factors = [float(f) for f in a.slowdown.split(",")]
     pipe_cfg = Pipeline(a.microbatches, a.microbatch, Schedule(a.schedule))
     splits: list[Partition | None] = [None, None]
+    costs = None
     if dist.get_rank() == 0:
         ids = _batch(a, 0)
         costs = profile(_model(a), ids[0][: a.microbatch], ids[1][: a.microbatch])  # type: ignore[arg-type]
@@ -122,6 +125,16 @@ def _rank(a: argparse.Namespace) -> None:
                 + f" | step predicted {predicted * 1e3:.0f}ms measured {step_s * 1e3:.0f}ms"
             )
         print(f"EMULATED speed-sized over even: {results[0][1] / results[1][1]:.2f}x step rate")
+        # Speeds as the even run measured them, and the split they give: what a re-cut
+        # at a checkpoint would choose.
+        assert costs is not None
+        speeds = measured_speeds(costs, results[0][0].bounds, results[0][2])
+        recut = partition(costs, [Device(s, 2**40) for s in speeds], pipe_cfg)
+        print(
+            "EMULATED speeds read back from the even run: "
+            + ", ".join(f"{s:.2f}" for s in speeds)
+            + f" -> blocks {recut.sizes}"
+        )
     dist.destroy_process_group()
 
 

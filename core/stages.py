@@ -260,3 +260,21 @@ def even_partition(model: Model, devices: Sequence[Device], pipe: Pipeline) -> P
         bounds.append(bounds[-1] + q + (1 if j < r else 0))
     costs = [stage_cost(model, devices, pipe, j, bounds[j], bounds[j + 1]) for j in range(s)]
     return Partition(tuple(bounds), tuple(c[0] for c in costs), tuple(c[1] for c in costs))
+
+
+def measured_speeds(
+    model: Model, bounds: Sequence[int], stage_seconds: Sequence[float]
+) -> tuple[float, ...]:
+    """Each stage's device speed as its run shows it: the profiled seconds of the parts it
+    holds (on the profiling device) over the seconds a microbatch it measured (its own
+    compute, the waits for its neighbours left out). With these speeds the same split's
+    predicted stage times are the measured ones, and :func:`partition` re-cuts for them."""
+    stages = len(stage_seconds)
+    if len(bounds) != stages + 1:
+        raise ValueError(f"{len(bounds) - 1} stages' bounds for {stages} measured stages")
+    unit = [Device(1.0, math.inf)] * stages
+    free = Pipeline(1, 1, margin=0.0)
+    return tuple(
+        stage_cost(model, unit, free, j, bounds[j], bounds[j + 1])[0] / stage_seconds[j]
+        for j in range(stages)
+    )

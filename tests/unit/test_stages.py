@@ -21,6 +21,7 @@ from hetero.core.stages import (
     balanced_stage_seconds,
     even_partition,
     ideal_step_seconds,
+    measured_speeds,
     partition,
     stage_cost,
     step_seconds,
@@ -183,3 +184,27 @@ def test_memory_moves_blocks_off_a_fast_device_that_cannot_hold_them() -> None:
 def test_fewer_blocks_than_stages_is_refused() -> None:
     with pytest.raises(PlanError, match="at least 3 blocks"):
         partition(Model((PartCost(0.1, 0, 0),) * 2), [Device(1.0, 2**40)] * 3, Pipeline(1, 1))
+
+
+@given(problems())
+def test_speeds_read_back_from_a_split_s_stage_times_are_the_devices_speeds(
+    problem: tuple[Model, list[Device], Pipeline],
+) -> None:
+    model, devs, pipe = problem
+    try:
+        got = partition(model, devs, pipe)
+    except PlanError:
+        return
+    speeds = measured_speeds(model, got.bounds, got.stage_seconds)
+    assert speeds == pytest.approx([d.speed for d in devs], rel=1e-9)
+
+
+def test_a_stage_measured_slower_than_profiled_loses_blocks_on_the_next_cut() -> None:
+    model = Model((PartCost(0.1, MB, MB),) * 12)
+    alike = [Device(1.0, 2**40)] * 2
+    first = partition(model, alike, Pipeline(4, 1))
+    assert first.sizes == (6, 6)
+    # The second device turned out twice as slow: 0.6 s of blocks took 1.2 s.
+    speeds = measured_speeds(model, first.bounds, (0.6, 1.2))
+    again = partition(model, [Device(s, 2**40) for s in speeds], Pipeline(4, 1))
+    assert again.sizes == (8, 4)
