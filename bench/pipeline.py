@@ -8,7 +8,8 @@ own compute after each pass), and trains the even split and the speed-sized one 
 turn. It prints, for each, the blocks a stage, the predicted and the measured seconds a
 microbatch of each stage (its own compute and wait, not its waits for neighbours), and
 the predicted and measured step; then the speeds the even run measured
-(:func:`hetero.core.stages.measured_speeds`) and the split they give. Heterogeneity here is EMULATED, and every line says so.
+(:func:`hetero.core.stages.measured_speeds`) and the split they give. Heterogeneity
+here is EMULATED, and every line says so.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from hetero.core.stages import (
     step_seconds,
 )
 from hetero.trainer.launch import launch_local
-from hetero.trainer.models.transformer import build_transformer
+from hetero.trainer.models.transformer import GPT, BertMLM, build_transformer
 from hetero.trainer.pipeline import build, profile
 
 
@@ -51,7 +52,7 @@ def _args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _model(a: argparse.Namespace) -> torch.nn.Module:
+def _model(a: argparse.Namespace) -> GPT | BertMLM:
     torch.manual_seed(0)
     return build_transformer(
         "gpt2-tiny",
@@ -72,7 +73,7 @@ def _run(
     a: argparse.Namespace, split: Partition, factors: list[float]
 ) -> tuple[float, list[float]]:
     """Median seconds a step and each stage's seconds a microbatch, after a warm-up."""
-    pipe = build(_model(a), split.bounds, a.microbatches, schedule=Schedule(a.schedule))  # type: ignore[arg-type]
+    pipe = build(_model(a), split.bounds, a.microbatches, schedule=Schedule(a.schedule))
     pipe.stage.clock.slowdown = factors[dist.get_rank()]
     opt = torch.optim.SGD(pipe.stage.parameters(), lr=0.01)
     steps = []
@@ -102,7 +103,7 @@ def _rank(a: argparse.Namespace) -> None:
     costs = None
     if dist.get_rank() == 0:
         ids = _batch(a, 0)
-        costs = profile(_model(a), ids[0][: a.microbatch], ids[1][: a.microbatch])  # type: ignore[arg-type]
+        costs = profile(_model(a), ids[0][: a.microbatch], ids[1][: a.microbatch])
         devices = [Device(1.0 / f, 2**40) for f in factors]
         splits = [even_partition(costs, devices, pipe_cfg), partition(costs, devices, pipe_cfg)]
     dist.broadcast_object_list(splits, src=0)

@@ -5,8 +5,9 @@ Three parts, each usable alone:
 - :func:`profile` measures, once and on one device, each part of a built-in language
   model at the microbatch size: the head (embeddings), each kind of block (alike blocks
   once), the tail (output layer and loss). Forward and backward seconds (the least of a
-  few runs after a warm-up: contention only adds), the training state its parameters hold (parameter, gradient and AdamW's two
-  moments: 16 bytes a parameter, as :mod:`hetero.core.memfit` counts it), and the bytes
+  few runs after a warm-up: contention only adds), the training state its parameters
+  hold (parameter, gradient and AdamW's two moments: 16 bytes a parameter, as
+  :mod:`hetero.core.memfit` counts it), and the bytes
   autograd saves for backward (summed over ``saved_tensors_hooks``: a device-free count,
   so the same on CPU and GPU). The blocks are those :func:`hetero.trainer.models.repeated.
   repeated_blocks` finds, which for the built-in models are ``model.blocks``.
@@ -27,8 +28,8 @@ stay equal. Dropout draws differ from one process's, as they do under data paral
 
 **Scope.** One pipeline over the whole group (``world_size`` stages, one a rank, in rank
 order); pipeline replicas under the data-parallel planner are not built yet. The built-in
-transformers (``head_parts`` / ``tail_parts`` say what runs before and after the blocks);
-a user's model would need the same two declarations.
+transformers (``head_parts`` / ``tail_parts`` say what runs before and after the blocks,
+``embedded`` / ``logits`` run it); a user's model would need the same four.
 """
 
 from __future__ import annotations
@@ -105,8 +106,8 @@ class _Mark(torch.autograd.Function):
 class Stage(nn.Module):
     """Blocks ``start:stop`` of ``model``, with its head on the first stage and its tail
     on the last. Parameters keep the whole model's names (``blocks.7.fc.weight``), so a
-    stage's state dict is a slice of the model's. ``clock`` times it (the first stage's
-    embedding lookup and the last stage's loss are outside the clock)."""
+    stage's state dict is a slice of the model's. ``clock`` times it (outside it: the
+    first stage's embedding backward and the last stage's loss)."""
 
     def __init__(self, model: GPT | BertMLM, start: int, stop: int, *, first: bool, last: bool):
         super().__init__()

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from hetero.core.stages import Schedule
-from hetero.trainer.models.transformer import build_transformer
+from hetero.trainer.models.transformer import GPT, BertMLM, build_transformer
 from hetero.trainer.pipeline import Pipe, build, lm_loss, load_stage_state, stage_state
 
 STEPS = 3
@@ -30,7 +30,7 @@ SEQ_LEN = 16
 LAYERS = 6
 
 
-def model() -> torch.nn.Module:
+def model() -> GPT | BertMLM:
     torch.manual_seed(0)
     return build_transformer("gpt2-tiny", max_seq_len=SEQ_LEN, n_layers=LAYERS)
 
@@ -66,7 +66,7 @@ def reference() -> tuple[list[float], dict[str, torch.Tensor]]:
 def main(argv: list[str]) -> None:
     out, bounds, schedule = argv[0], [int(b) for b in argv[1].split(",")], Schedule(argv[2])
     dist.init_process_group("gloo")
-    pipe = build(model(), bounds, MICROBATCHES, schedule=schedule)  # type: ignore[arg-type]
+    pipe = build(model(), bounds, MICROBATCHES, schedule=schedule)
     opt = optimizer(pipe.stage.parameters())
     losses = []
     for step in range(STEPS):
@@ -89,7 +89,7 @@ def resume(
     torch.save(stage_state(pipe, opt), f"{path}{dist.get_rank()}")
     dist.barrier()
     shares = [torch.load(f"{path}{r}") for r in range(dist.get_world_size())]
-    moved = build(model(), bounds, MICROBATCHES, schedule=Schedule.ONE_F_ONE_B)  # type: ignore[arg-type]
+    moved = build(model(), bounds, MICROBATCHES, schedule=Schedule.ONE_F_ONE_B)
     moved_opt = optimizer(moved.stage.parameters())
     load_stage_state(moved, moved_opt, shares)
     return moved, moved_opt
