@@ -108,6 +108,8 @@ ENTRY_POINTS = {
     "hetero.core.verdict": (*HEAVY, "hetero.v1", "hetero.trainer", "hetero.bench"),
     # The balancer: the trainer embeds it.
     "hetero.core.balancer": (*HEAVY, "hetero.v1", "hetero.bench"),
+    # The pipeline partitioner: the trainer embeds it, as it does the balancer.
+    "hetero.core.stages": (*HEAVY, "hetero.v1", "hetero.bench", "hetero.trainer"),
 }
 
 

@@ -139,6 +139,11 @@ class _LanguageModel(nn.Module):
     """Embeddings and blocks shared by both models; subclasses add the head."""
 
     pre_norm: bool
+    #: The attributes that run before the blocks and after them: a pipeline's first and
+    #: last stage keep these alone (``hetero.trainer.pipeline``). The output layer shares
+    #: ``tok_emb``'s weight, so the last stage holds a copy of it too.
+    head_parts: tuple[str, ...] = ("tok_emb", "pos_emb", "drop")
+    tail_parts: tuple[str, ...] = ()
 
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
@@ -163,11 +168,19 @@ class _LanguageModel(nn.Module):
             raise ConfigError(
                 f"sequence of {t} tokens exceeds max_seq_len {self.config.max_seq_len}"
             )
-        pos = torch.arange(t, device=idx.device)
-        x = self.drop(self.embed(self.tok_emb(idx) + self.pos_emb(pos)))
+        x = self.embedded(idx)
         for block in self.blocks:
             x = run_block(self, block, x, block)
         return x
+
+    def embedded(self, idx: torch.Tensor) -> torch.Tensor:
+        """``(N, T)`` token ids to the first block's input, ``(N, T, d_model)``."""
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        return self.drop(self.embed(self.tok_emb(idx) + self.pos_emb(pos)))
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The last block's output to ``(N, T, vocab)`` logits."""
+        raise NotImplementedError
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         return x
@@ -180,6 +193,7 @@ class GPT(_LanguageModel):
     """GPT-2: causal self-attention, pre-LayerNorm, output layer tied to the token embedding."""
 
     pre_norm = True
+    tail_parts = ("ln_f", "tok_emb")
 
     def __init__(self, cfg: TransformerConfig) -> None:
         if not cfg.causal:
@@ -195,13 +209,18 @@ class GPT(_LanguageModel):
                 nn.init.normal_(lin.weight, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layers))
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.ln_f(self.hidden(idx)), self.tok_emb.weight)
+        return self.logits(self.hidden(idx))
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.ln_f(h), self.tok_emb.weight)
 
 
 class BertMLM(_LanguageModel):
     """BERT with its masked-LM head: bidirectional attention, post-LayerNorm."""
 
     pre_norm = False
+    head_parts = ("tok_emb", "pos_emb", "drop", "emb_ln")
+    tail_parts = ("head_dense", "head_ln", "head_bias", "tok_emb")
 
     def __init__(self, cfg: TransformerConfig) -> None:
         if cfg.causal:
@@ -217,7 +236,10 @@ class BertMLM(_LanguageModel):
         return self.emb_ln(x)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        h = self.head_ln(F.gelu(self.head_dense(self.hidden(idx))))
+        return self.logits(self.hidden(idx))
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        h = self.head_ln(F.gelu(self.head_dense(h)))
         return F.linear(h, self.tok_emb.weight, self.head_bias)
 
 

@@ -1,0 +1,52 @@
+"""The pipeline profiler (``hetero.trainer.pipeline.profile``) on a real model: what it
+measures is what the partitioner needs, and the split it leads to follows speed."""
+
+from __future__ import annotations
+
+import torch
+
+from hetero.core.stages import Device, Pipeline, partition
+from hetero.trainer.models.repeated import repeated_blocks
+from hetero.trainer.models.transformer import build_transformer
+from hetero.trainer.pipeline import STATE_BYTES_PER_PARAM, profile
+
+
+def tiny(layers: int = 4) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build_transformer("gpt2-tiny", max_seq_len=16, n_layers=layers)
+
+
+def test_profile_counts_each_block_the_repeated_finder_finds_with_its_state() -> None:
+    model = tiny()
+    ids = torch.randint(0, 256, (2, 17))
+    got = profile(model, ids[:, :-1], ids[:, 1:], repeats=1)
+    found = repeated_blocks(model)
+    assert len(got.blocks) == len(found) == 4
+    for cost, (_, block) in zip(got.blocks, found, strict=True):
+        assert cost.seconds > 0
+        assert cost.activation_bytes > 0
+        params = sum(p.numel() for p in block.parameters())
+        assert cost.state_bytes == params * STATE_BYTES_PER_PARAM
+    # Both ends hold the tied embedding's copy: the tail's state counts it.
+    emb = model.tok_emb.weight.numel() * STATE_BYTES_PER_PARAM
+    assert got.head.state_bytes >= emb and got.tail.state_bytes >= emb
+
+
+def test_saved_activations_grow_with_the_microbatch() -> None:
+    model = tiny()
+    one = profile(model, torch.randint(0, 256, (1, 16)), torch.randint(0, 256, (1, 16)), repeats=1)
+    four = profile(model, torch.randint(0, 256, (4, 16)), torch.randint(0, 256, (4, 16)), repeats=1)
+    # Per sample, the same bytes whatever the microbatch (activations are linear in it).
+    for a, b in zip(one.blocks, four.blocks, strict=True):
+        assert a.activation_bytes == b.activation_bytes
+
+
+def test_a_profiled_model_splits_toward_the_faster_device() -> None:
+    ids = torch.randint(0, 256, (2, 17))
+    model = profile(tiny(8), ids[:, :-1], ids[:, 1:])
+    fast_first = partition(model, [Device(4.0, 2**40), Device(1.0, 2**40)], Pipeline(4, 2))
+    fast_last = partition(model, [Device(1.0, 2**40), Device(4.0, 2**40)], Pipeline(4, 2))
+    # The first stage takes more blocks when it is the fast one than when it is the slow
+    # one (how many depends on the head's and the tail's measured share).
+    assert fast_first.sizes[0] > fast_last.sizes[0]
+    assert fast_first.sizes[0] > fast_first.sizes[1]
