@@ -101,7 +101,7 @@ image: $(STAMP)  ## build the container image offline with podman (Debian base, 
 	@rm -f wheelhouse/py$(IMAGE_PY)/hetero-*.whl
 	@# Timestamps of the last commit to the packaged files: unchanged sources make the same
 	@# wheel, so podman's layer cache holds and the image is not rebuilt.
-	@SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct -- pyproject.toml README.md hetero core coordinator security \
+	@SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct -- pyproject.toml README.md hetero core coordinator client security \
 	    agent trainer tui bench proto 2>/dev/null || echo 315532800) \
 	    $(MAKE) -s wheelhouse PY=$(IMAGE_PY) >/dev/null
 	@$(BIN)/python -m pip download -q -d wheelhouse/py$(IMAGE_PY) --only-binary=:all: --python-version $(IMAGE_PY) \

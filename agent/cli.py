@@ -21,6 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from hetero.agent import peercli
 from hetero.agent.config import AgentConfig, load_config, with_flags
 from hetero.core import defaults, heap
 from hetero.core.errors import ConfigError, HeteroError
@@ -39,6 +40,7 @@ EPILOG = """\
 examples:
   hetero-agent run --coordinator 10.0.0.1:7070          # the daemon (systemd runs this)
   hetero-agent profile --json                           # measure this node, print, exit
+  hetero-agent peer --serve                             # then the line it prints, on another node
   hetero-agent run --emulate-slowdown 3 --name slow-b   # a CPU node made 3x slower (EMULATED)
 
 Flags override /etc/hetero/agent.yaml (or --config FILE). State (profile cache,
@@ -68,6 +70,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     common.add_argument("--state-dir", type=Path, help="profile cache and rank logs")
     common.add_argument(
+        "--data-dir", type=Path, help="where jobs read data: its disk's read speed is profiled"
+    )
+    common.add_argument(
         "--coordinator", help=f"coordinator host:port (default {defaults.COORDINATOR_ADDRESS})"
     )
     common.add_argument(
@@ -89,7 +94,7 @@ def _parser() -> argparse.ArgumentParser:
         "--insecure",
         action="store_true",
         default=None,
-        help="allow a non-loopback --local-listen without authentication",
+        help="allow a non-loopback --local-listen or --metrics-listen without authentication",
     )
     run.add_argument(
         "--allow-root",
@@ -102,6 +107,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--local-listen",
         help=f"host:port for trainers' AgentLocal (default {defaults.AGENT_LOCAL_ADDRESS})",
+    )
+    run.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve this node's device telemetry as Prometheus /metrics there (default off)",
     )
     run.add_argument("--cpu-threads", type=int, help="threads per CPU rank")
     run.add_argument(
@@ -118,6 +128,7 @@ def _parser() -> argparse.ArgumentParser:
         "profile", parents=[common], help="measure and print this node's profile"
     )
     profile.add_argument("--json", action="store_true", help="print JSON")
+    peercli.add_parser(sub)
     return parser
 
 
@@ -125,12 +136,15 @@ def _config(args: argparse.Namespace) -> AgentConfig:
     flags = {
         "coordinator": args.coordinator,
         "state_dir": args.state_dir,
+        "data_dir": args.data_dir,
         "emulate_slowdown": args.emulate_slowdown,
         "quick_profile": args.quick,
         "log_format": args.log_format,
     }
-    names = ("name", "address", "local_listen", "cpu_threads", "stop_grace_s", "insecure")
-    for name in (*names, "allow_root", "watchdog_s", "token_file", "tls_ca", "tls_cert", "tls_key"):
+    names: tuple[str, ...] = ("name", "address", "local_listen", "metrics_listen", "cpu_threads")
+    names += ("stop_grace_s", "insecure", "allow_root", "watchdog_s", "token_file", "tls_ca")
+    names += ("tls_cert", "tls_key")
+    for name in names:
         flags[name] = getattr(args, name, None)
     return with_flags(load_config(args.config), **flags)
 
@@ -150,6 +164,14 @@ def device_notes(suspect: list[str], shared: bool, foreign_percent: float | None
     return "; ".join(notes)
 
 
+def disk_read(bytes_per_s: float | None, method: str) -> str:
+    """The data disk's read figure for a title, with how the cache was avoided."""
+    if bytes_per_s is None:
+        return ""
+    how = {"o_direct": "O_DIRECT", "fadvise": "cache dropped", "cached": "from the page cache"}
+    return f", disk read {bytes_per_s / 1e6:.0f} MB/s ({how.get(method, method)})"
+
+
 def _profile(config: AgentConfig, refresh: bool) -> Any:
     from hetero.agent.profile import load_or_measure
     from hetero.core.nvml import Nvml
@@ -159,7 +181,9 @@ def _profile(config: AgentConfig, refresh: bool) -> Any:
         state.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"cannot create state directory {state}: {exc.strerror}") from None
-    return load_or_measure(state, Nvml(), quick=config.quick_profile, refresh=refresh)
+    return load_or_measure(
+        state, Nvml(), quick=config.quick_profile, refresh=refresh, data_dir=config.data_dir
+    )
 
 
 def _print_profile(profile: Any, as_json: bool) -> None:
@@ -175,7 +199,8 @@ def _print_profile(profile: Any, as_json: bool) -> None:
         else ""
     )
     t = Table(
-        title=f"{profile.cpu_model}, {profile.cpu_count} CPUs, {profile.cpu_gflops:.0f} CPU GFLOP/s{emu}"
+        title=f"{profile.cpu_model}, {profile.cpu_count} CPUs, {profile.cpu_gflops:.0f} CPU GFLOP/s"
+        f"{disk_read(profile.disk_read_bytes_per_s, profile.disk_read_method)}{emu}"
     )
     for col in (
         "device",
@@ -214,6 +239,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args_list.insert(0, "run")  # `hetero-agent --coordinator X` means `run`
     args = _parser().parse_args(args_list)
     try:
+        if args.command == "peer":
+            return peercli.run(args)
         config = _config(args)
         configure_logging(config.log_format)
         if args.command == "profile":
@@ -250,6 +277,10 @@ def _run(config: AgentConfig, refresh: bool) -> int:
     check_holder(security.token, "node", config.node_name)
     if not security.secured and not config.insecure:  # the listen rule, before the profile
         check_listen(config.local_listen, ServerSecurity(), "agent endpoint")
+    if config.metrics_listen:  # the library's server checks no token: loopback or --insecure
+        check_listen(
+            config.metrics_listen, ServerSecurity(insecure=config.insecure), "agent /metrics"
+        )
     refuse_root(config.allow_root)
     private_dir(config.resolved_state_dir)
     # What a killed predecessor left running goes first: before the profile, which
@@ -264,6 +295,13 @@ def _run(config: AgentConfig, refresh: bool) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
+    if config.metrics_listen:
+        from hetero.agent.metrics import NodeCollector, serve_metrics
+
+        collector = NodeCollector(config.node_name, agent.profile, agent.telemetry.latest)
+        port = serve_metrics(config.metrics_listen, collector).server_address[1]
+        host = config.metrics_listen.rpartition(":")[0]
+        logging.getLogger("hetero.agent").info("metrics on http://%s:%d/metrics", host, port)
     heap.settle()  # the profile's and start-up's objects out of full collections
     agent.run()
     return 0

@@ -29,7 +29,12 @@ class AgentConfig:
     address: str | None = None
     #: Where the agent serves AgentLocal to its trainers.
     local_listen: str = defaults.AGENT_LOCAL_ADDRESS
+    #: host:port for this node's Prometheus /metrics (``agent.metrics``); None = off.
+    metrics_listen: str | None = None
     state_dir: Path | None = None
+    #: Where this node's jobs read their data: the profile times its disk's sequential
+    #: read (``agent.diskprobe``). ``None``: the state directory's disk.
+    data_dir: Path | None = None
     log_format: str = "text"
     #: Emulated slowdown of every device of this node (1 = none; demos and tests only).
     emulate_slowdown: float = 1.0
@@ -46,7 +51,7 @@ class AgentConfig:
     tls_ca: Path | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
-    #: Allow a non-loopback local_listen without authentication.
+    #: Allow a non-loopback local_listen or metrics_listen without authentication.
     insecure: bool = False
     #: Run ranks even when the agent is root (they run as the agent's user).
     allow_root: bool = False
@@ -77,6 +82,8 @@ class AgentConfig:
             value = getattr(self, key)
             if ":" not in value:
                 raise ConfigError(f"{key} must be host:port, got {value!r}")
+        if self.metrics_listen is not None and not _host_port(self.metrics_listen):
+            raise ConfigError(f"metrics_listen must be host:port, got {self.metrics_listen!r}")
 
     @property
     def rank_logs(self) -> RankLogLimits:
@@ -91,6 +98,11 @@ class AgentConfig:
         return self.name or socket.gethostname()
 
 
+def _host_port(address: str) -> bool:
+    _host, sep, port = address.rpartition(":")
+    return bool(sep) and port.isdigit()
+
+
 def load_config(path: Path | None) -> AgentConfig:
     """The file's settings; defaults if ``path`` is None and the default file is absent."""
     f = Fields.read_config(path, defaults.AGENT_CONFIG_PATH)
@@ -98,12 +110,15 @@ def load_config(path: Path | None) -> AgentConfig:
         return AgentConfig()
     d = AgentConfig()
     state_dir = f.string("state_dir")
+    data_dir = f.string("data_dir")
     config = AgentConfig(
         coordinator=f.string("coordinator", d.coordinator) or d.coordinator,
         name=f.string("name"),
         address=f.string("address"),
         local_listen=f.string("local_listen", d.local_listen) or d.local_listen,
+        metrics_listen=f.string("metrics_listen"),
         state_dir=Path(state_dir).expanduser() if state_dir else None,
+        data_dir=Path(data_dir).expanduser() if data_dir else None,
         log_format=f.choice("log_format", LOG_FORMATS, "text") or "text",
         emulate_slowdown=f.number("emulate_slowdown", 1.0, minimum=1.0) or 1.0,
         cpu_threads=f.integer("cpu_threads", None, minimum=1),

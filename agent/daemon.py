@@ -1,10 +1,11 @@
 """The agent process's wiring: the link, the reconciler and the shipper on one loop.
 
-One loop thread does all talking to the coordinator and all process
-management (so ``PR_SET_PDEATHSIG``, which follows the launching thread, holds
-for the agent's lifetime). Each tick it contacts the coordinator when due
-(``agent.link``: register, heartbeat, poll orders, back off), carries out the
-orders (``agent.reconcile``: launch and stop ranks), reaps exited ranks, and
+One loop thread does the calls to the coordinator and all process management (so
+``PR_SET_PDEATHSIG``, which follows the launching thread, holds for the agent's
+lifetime). Each tick it contacts the coordinator when due (``agent.link``:
+register, heartbeat, back off), carries out the orders its stream has received
+(``agent.link.OrderStream``, on a thread of its own; ``agent.reconcile``: launch
+and stop ranks), reaps exited ranks, and
 delivers what the node owes the coordinator (``agent.shipper``: the outbox,
 rank states, log lines). Telemetry samples on its own thread; ``AgentLocal``
 serves trainers from gRPC's pool. The coordinator being down at start or later
@@ -23,7 +24,7 @@ from dataclasses import replace
 
 from hetero.agent.config import AgentConfig
 from hetero.agent.leftovers import RankRecord
-from hetero.agent.link import CoordinatorLink
+from hetero.agent.link import CoordinatorLink, OrderStream
 from hetero.agent.local import AgentLocalService, PlanCache, create_local_server
 from hetero.agent.outbox import Outbox
 from hetero.agent.profile import NodeProfile
@@ -91,6 +92,7 @@ class Agent:
             f"{'127.0.0.1' if host in ('', '0.0.0.0', '[::]') else host}:{self.local_port}"
         )
         self.link.endpoint = self.endpoint
+        self.orders = OrderStream(self.link)
         self.shipper = Shipper(config, self.link, self.supervisor, self.plans, self.outbox)
         self.reconciler = Reconciler(
             config,
@@ -108,6 +110,7 @@ class Agent:
     def run(self) -> None:
         self.local_server.start()
         self.telemetry.start()
+        self.orders.start()
         emu = (
             f", EMULATED slowdown {self.config.emulate_slowdown:g}x"
             if self.profile.emulated
@@ -127,9 +130,9 @@ class Agent:
             while not self._stop.is_set():
                 self._follow_sharing()
                 if self.link.due():
-                    orders = self.link.contact()
-                    if orders is not None:
-                        self.reconciler.carry_out(orders)
+                    self.link.contact()
+                for orders in self.orders.take():
+                    self.reconciler.carry_out(orders)
                 self.supervisor.watchdog(self.config.watchdog_s)
                 self.reconciler.reap()
                 # The outbox first, once the coordinator answers again: a job's
@@ -184,6 +187,7 @@ class Agent:
         self.shipper.flush_statuses(timeout_s=1.0)
         self.shipper.ship_logs(timeout_s=1.0)
         self.telemetry.stop()
+        self.orders.stop()
         self.local_server.stop(0.5).wait()
         self.link.close()
         if self.supervisor.dropped_total:

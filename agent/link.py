@@ -1,17 +1,21 @@
-"""The agent's link to the coordinator: register, heartbeat, poll orders, back off.
+"""The agent's link to the coordinator: register, heartbeat (the node's lease), back off;
+and the stream of the node's orders (``OrderStream``).
 
 The coordinator being down at start or later is never fatal: calls are retried
 with exponential backoff (capped at half the heartbeat timeout, so a restarted
 coordinator hears from every agent before it would call one down), and telemetry
 sampled meanwhile waits in the outbox (``agent.outbox``). A coordinator that
 no longer knows the node (its database was reset) gets a fresh registration.
-The agent polls for orders only after a heartbeat whose reply says some may be
-pending (``orders_pending``), not after every heartbeat.
+Orders are pushed: one ``WatchOrders`` stream per agent, on a thread of its own,
+opened again with backoff and jitter whenever it ends.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
+import random
+import threading
 import time
 from dataclasses import dataclass, replace
 
@@ -23,7 +27,7 @@ from hetero.agent.network import CHANNEL_OPTIONS, measure_network
 from hetero.agent.outbox import Outbox
 from hetero.agent.profile import NodeProfile
 from hetero.agent.telemetry import TelemetrySampler
-from hetero.core.errors import UnknownNameError, UnreachableError, UnsupportedError
+from hetero.core.errors import UnknownNameError, UnreachableError
 from hetero.security.transport import ClientSecurity, client_channel, is_unreachable, remote_error
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
@@ -32,14 +36,6 @@ log = logging.getLogger("hetero.agent")
 
 #: Seconds each coordinator call may take.
 CALL_TIMEOUT_S = 5.0
-#: Pages of orders one contact follows at most (the rest come at the next contact).
-MAX_ORDER_PAGES = 64
-
-
-def orders_pending(reply: pb.HeartbeatResponse) -> bool:
-    """Whether to poll after this heartbeat: when the coordinator says so, and always
-    for one that predates the flag (it leaves it unset)."""
-    return not reply.HasField("orders_pending") or reply.orders_pending
 
 
 @dataclass
@@ -97,26 +93,35 @@ class CoordinatorLink:
         """Whether it is time for the next heartbeat (or retry)."""
         return time.perf_counter() >= self._next_contact
 
-    def contact(self) -> pb.PollAssignmentsResponse | None:
-        """Register if needed, heartbeat, and poll if the reply says orders may be
-        pending: the orders, or None if none were polled or the call failed (then
-        the next contact is after the backoff's delay)."""
+    def contact(self) -> bool:
+        """Register if needed, and heartbeat; False if a call failed (then the next
+        contact is after the backoff's delay)."""
         try:
             if self.node_id is None or self._reregister:
                 self._register()
-            orders = self._heartbeat_and_poll()
+            self._heartbeat()
         except grpc.RpcError as exc:
             if self.node_id is not None and is_unreachable(exc):
                 snapshot = self.telemetry.latest()
                 self.outbox.keep_telemetry(snapshot.heartbeat(self.node_id), snapshot.time_unix_s)
             self._failed(exc)
-            return None
+            return False
         if self._unreachable_logged:
             log.info("coordinator %s reachable again", self.config.coordinator)
             self._unreachable_logged = False
         self.backoff.succeeded()
         self._next_contact = time.perf_counter() + self.heartbeat_interval_s
-        return orders
+        return True
+
+    def forget_node(self) -> None:
+        """The coordinator does not know this node: register again at the next contact."""
+        if self.node_id is not None:
+            log.warning(
+                "coordinator does not know node %s (database reset?): registering again",
+                self.node_id,
+            )
+        self.node_id = None
+        self._next_contact = time.perf_counter()
 
     def close(self) -> None:
         self.channel.close()
@@ -124,12 +129,7 @@ class CoordinatorLink:
     def _failed(self, exc: grpc.RpcError) -> None:
         error = remote_error(exc, f"coordinator {self.config.coordinator}")
         if isinstance(error, UnknownNameError) and self.node_id is not None:
-            log.warning(
-                "coordinator does not know node %s (database reset?): registering again",
-                self.node_id,
-            )
-            self.node_id = None
-            self._next_contact = time.perf_counter()
+            self.forget_node()
             return
         delay = self.backoff.failed()
         unreachable = isinstance(error, UnreachableError)
@@ -146,15 +146,9 @@ class CoordinatorLink:
 
     def _register(self) -> None:
         profile = self.profile
-        try:
-            if not self._reregister or profile.network_rtt_s is None:  # not for a new score
-                net = measure_network(self.stub, timeout_s=CALL_TIMEOUT_S)
-                profile = replace(
-                    profile, network_rtt_s=net.rtt_s, network_bytes_per_s=net.bytes_per_s
-                )
-        except grpc.RpcError as exc:
-            if not isinstance(remote_error(exc, "the coordinator"), UnsupportedError):
-                raise
+        if not self._reregister or profile.network_rtt_s is None:  # not for a new score
+            net = measure_network(self.stub, timeout_s=CALL_TIMEOUT_S)
+            profile = replace(profile, network_rtt_s=net.rtt_s, network_bytes_per_s=net.bytes_per_s)
         resp = self.stub.RegisterNode(
             pb.RegisterNodeRequest(
                 name=self.config.node_name,
@@ -184,39 +178,66 @@ class CoordinatorLink:
             f", EMULATED slowdown {profile.emulated_slowdown:g}x" if profile.emulated else "",
         )
 
-    def _heartbeat_and_poll(self) -> pb.PollAssignmentsResponse | None:
+    def _heartbeat(self) -> None:
         assert self.node_id is not None
-        beat = self.stub.Heartbeat(
-            self.telemetry.latest().heartbeat(self.node_id), timeout=CALL_TIMEOUT_S
-        )
-        if not orders_pending(beat):
-            return None
-        return self._poll_pages()
+        self.stub.Heartbeat(self.telemetry.latest().heartbeat(self.node_id), timeout=CALL_TIMEOUT_S)
 
-    def _poll_pages(self) -> pb.PollAssignmentsResponse:
-        """Every page of the node's orders, as one response (a page holds whole jobs, so
-        merging keeps each job's launches together). A coordinator that predates paging
-        sends no token: one page. A page that fails after the first ends the poll with
-        what arrived; the rest comes again at the next contact."""
-        assert self.node_id is not None
-        merged = pb.PollAssignmentsResponse()
-        token = ""
-        for page_number in range(MAX_ORDER_PAGES):
-            request = pb.PollAssignmentsRequest(node_id=self.node_id, page_token=token)
+
+class OrderStream:
+    """The node's orders as the coordinator pushes them (``WatchOrders``), received on a
+    thread of its own and handed to the agent's loop (``take``), which carries them out:
+    it starts and stops the ranks itself. The stream is opened once the node is
+    registered and again whenever it ends, after a backoff with jitter (so a thousand
+    agents do not come back in the same instant after a coordinator restart); a
+    coordinator that does not know the node makes the link register again."""
+
+    def __init__(self, link: CoordinatorLink) -> None:
+        self.link = link
+        self.backoff = Backoff(initial_s=0.5, max_s=10.0)
+        self._orders: queue.Queue[pb.Orders] = queue.Queue()
+        self._stopping = threading.Event()
+        self._call: object = None
+        self._thread = threading.Thread(target=self._run, name="orders", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        call = self._call
+        if call is not None:
+            call.cancel()  # type: ignore[attr-defined]
+        self._thread.join(timeout=5.0)
+
+    def take(self) -> list[pb.Orders]:
+        """The orders received since the last call, oldest first."""
+        out = []
+        while True:
             try:
-                page: pb.PollAssignmentsResponse = self.stub.PollAssignments(
-                    request, timeout=CALL_TIMEOUT_S
-                )
+                out.append(self._orders.get_nowait())
+            except queue.Empty:
+                return out
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            node_id = self.link.node_id
+            if node_id is None:
+                self._stopping.wait(0.2)
+                continue
+            try:
+                call = self.link.stub.WatchOrders(pb.WatchOrdersRequest(node_id=node_id))
+                self._call = call
+                for orders in call:
+                    self.backoff.succeeded()
+                    self._orders.put(orders)
             except grpc.RpcError as exc:
-                if page_number == 0:
-                    raise
-                log.warning(
-                    "orders page %d: %s; the rest at the next poll", page_number + 1, exc.code()
-                )
-                break
-            merged.launches.extend(page.launches)
-            merged.stops.extend(page.stops)
-            token = page.next_page_token
-            if not token:
-                break
-        return merged
+                if self._stopping.is_set():
+                    return
+                error = remote_error(exc, f"coordinator {self.link.config.coordinator}")
+                if isinstance(error, UnknownNameError) and self.link.node_id == node_id:
+                    self.link.forget_node()
+                log.debug("order stream ended (%s)", error)
+            finally:
+                self._call = None
+            delay = self.backoff.failed()
+            self._stopping.wait(random.uniform(0.5, 1.0) * delay)

@@ -3,7 +3,10 @@
 Per device: matmul throughput (TFLOP/s), memory bandwidth and size, and for
 CUDA the host<->device copy bandwidth. Per host: CPU matmul GFLOP/s and RAM.
 The network to the coordinator is measured separately (it needs a channel):
-see :func:`hetero.agent.network.measure_network`.
+see :func:`hetero.agent.network.measure_network`; so are the links to other
+agents' nodes (they need a peer: :mod:`hetero.agent.peerprobe`, carried in
+``peer_links``). The data directory's sequential read (:mod:`hetero.agent.diskprobe`)
+is measured at every start, never cached: the directory, not the hardware, decides it.
 
 ``compute_score`` is the device's matmul TFLOP/s, so CPU and GPU scores share
 one scale. An emulated slowdown is never folded into the measurement: it is
@@ -30,7 +33,9 @@ from typing import Any
 
 import psutil
 
+from hetero.agent.diskprobe import measure_disk_read
 from hetero.agent.gpuprofile import CudaLayer, GpuProfile, TorchCuda, profile_gpu
+from hetero.agent.peerprobe import PeerLink
 from hetero.agent.sharing import sharing_factor
 from hetero.core.nvml import Nvml
 from hetero.v1 import types_pb2 as tpb
@@ -89,6 +94,12 @@ class NodeProfile:
     emulated_slowdown: float = 1.0
     network_rtt_s: float | None = None
     network_bytes_per_s: float | None = None
+    #: Sequential read under the data directory, bytes/s, and how the page cache was
+    #: avoided ("o_direct", "fadvise", "cached"; ``agent.diskprobe``). ``None``: not measured.
+    disk_read_bytes_per_s: float | None = None
+    disk_read_method: str = ""
+    #: Links to other agents' nodes, as measured from here (``agent.peerprobe``).
+    peer_links: tuple[PeerLink, ...] = ()
     fingerprint: str = field(default="", compare=False)
 
     @property
@@ -135,6 +146,15 @@ class NodeProfile:
             msg.network_rtt_s = self.network_rtt_s
         if self.network_bytes_per_s is not None:
             msg.network_bytes_per_s = self.network_bytes_per_s
+        if self.disk_read_bytes_per_s is not None:
+            msg.disk_read_bytes_per_s = self.disk_read_bytes_per_s
+            msg.disk_read_method = self.disk_read_method
+        for link in self.peer_links:
+            peer = msg.peer_links.add(peer=link.peer, rtt_s=link.rtt_s)
+            if link.send_bytes_per_s is not None:
+                peer.send_bytes_per_s = link.send_bytes_per_s
+            if link.receive_bytes_per_s is not None:
+                peer.receive_bytes_per_s = link.receive_bytes_per_s
         return msg
 
     def to_json(self) -> dict[str, Any]:
@@ -275,8 +295,31 @@ def measure(nvml: Nvml, quick: bool, cuda: CudaLayer | None = None) -> NodeProfi
     )
 
 
-def load_or_measure(state_dir: Path, nvml: Nvml, *, quick: bool, refresh: bool) -> NodeProfile:
-    """The cached profile for this hardware, else a fresh measurement (then cached)."""
+def load_or_measure(
+    state_dir: Path, nvml: Nvml, *, quick: bool, refresh: bool, data_dir: Path | None = None
+) -> NodeProfile:
+    """The cached profile for this hardware, else a fresh measurement (then cached),
+    with the sequential read of ``data_dir`` (default ``state_dir``) measured now."""
+    profile = _load_or_measure(state_dir, nvml, quick=quick, refresh=refresh)
+    return with_disk_read(profile, data_dir or state_dir, QUICK_DISK_BYTES if quick else None)
+
+
+#: The disk probe's file with ``quick``: the test clusters start many agents at once.
+QUICK_DISK_BYTES = 4 * 1024 * 1024
+
+
+def with_disk_read(profile: NodeProfile, data_dir: Path, size: int | None = None) -> NodeProfile:
+    """``profile`` with the sequential read of ``data_dir``'s disk (a ``size``-byte
+    file, default ``diskprobe.PROBE_BYTES``); unchanged (and a warning logged) where
+    the directory cannot hold the probe's file."""
+    read = measure_disk_read(data_dir) if size is None else measure_disk_read(data_dir, size)
+    if read is None:
+        log.warning("cannot measure the disk read of %s (not writable): no figure", data_dir)
+        return profile
+    return replace(profile, disk_read_bytes_per_s=read.bytes_per_s, disk_read_method=read.method)
+
+
+def _load_or_measure(state_dir: Path, nvml: Nvml, *, quick: bool, refresh: bool) -> NodeProfile:
     fp = fingerprint(nvml, quick)
     path = state_dir / "profiles" / f"{fp}.json"
     if path.is_file() and not refresh:
@@ -296,7 +339,7 @@ def load_or_measure(state_dir: Path, nvml: Nvml, *, quick: bool, refresh: bool) 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         data = asdict(profile)
-        for key in ("fingerprint", "emulated_slowdown", "network_rtt_s", "network_bytes_per_s"):
+        for key in _NOT_CACHED:
             data.pop(key)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=2))
@@ -304,6 +347,18 @@ def load_or_measure(state_dir: Path, nvml: Nvml, *, quick: bool, refresh: bool) 
     except OSError as exc:
         log.warning("cannot cache the profile in %s (%s)", path, exc.strerror)
     return profile
+
+
+#: Figures of this run, not of the hardware: never written to the cache.
+_NOT_CACHED = (
+    "fingerprint",
+    "emulated_slowdown",
+    "network_rtt_s",
+    "network_bytes_per_s",
+    "disk_read_bytes_per_s",
+    "disk_read_method",
+    "peer_links",
+)
 
 
 def _cached_device(data: dict[str, Any]) -> DeviceMeasure:

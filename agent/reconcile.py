@@ -3,9 +3,9 @@
 A launch order starts a rank under the supervisor (with its command and
 environment from ``agent.orders``) unless it was carried out already; a stop
 order ends one. Each launch carries its job's attempt number: a rank of an
-earlier attempt still running here is stopped before the new one starts (the
-order comes again next poll). Every start, failure to start and exit is queued
-with the shipper for the coordinator.
+earlier attempt still running here is stopped first, and the launch waits until
+that process has ended (``retry``, every tick of the agent's loop). Every start,
+failure to start and exit is queued with the shipper for the coordinator.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections import defaultdict
 
 from hetero.agent.config import AgentConfig
 from hetero.agent.local import PlanCache
-from hetero.agent.orders import rank_command, rank_environment
+from hetero.agent.orders import rank_process
 from hetero.agent.shipper import Shipper
 from hetero.agent.supervisor import Supervisor
 from hetero.core import cpus
@@ -49,8 +49,11 @@ class Reconciler:
         self.job_tokens = job_tokens
         #: (job, rank, attempt) of every launch order carried out.
         self.launched: set[tuple[str, int, int]] = set()
+        #: Launches waiting for a rank of an earlier attempt to end, with the ranks of
+        #: their job on this node.
+        self.waiting: dict[tuple[str, int], tuple[pb.RankLaunch, int]] = {}
 
-    def carry_out(self, orders: pb.PollAssignmentsResponse) -> None:
+    def carry_out(self, orders: pb.Orders) -> None:
         """Launch the ordered ranks not launched yet, then stop those ordered to stop."""
         per_job: dict[str, int] = defaultdict(int)
         for order in orders.launches:
@@ -60,6 +63,13 @@ class Reconciler:
                 self.launch(order, per_job[order.job_id])
         for stop in orders.stops:
             self.stop_rank(stop)
+
+    def retry(self) -> None:
+        """Launch what waited for an earlier attempt's rank that has ended since."""
+        for (job_id, rank), (order, local) in list(self.waiting.items()):
+            if self.supervisor.attempt_of(job_id, rank) is None:
+                del self.waiting[(job_id, rank)]
+                self.launch(order, local)
 
     def _threads(self, order: pb.RankLaunch) -> int:
         if order.device_kind == tpb.DEVICE_KIND_CUDA:
@@ -73,18 +83,20 @@ class Reconciler:
         older = self.supervisor.attempt_of(order.job_id, order.rank)
         if older is not None:
             # A rank of an earlier attempt is still here (this node was cut off while
-            # the job restarted): end it first; the order comes again next poll.
+            # the job restarted): end it first; the launch waits for it to be gone.
             if older < order.attempt:
                 self.supervisor.stop(order.job_id, order.rank, self.config.stop_grace_s)
+                self.waiting[(order.job_id, order.rank)] = (order, local_world_size)
             return
         self.launched.add((order.job_id, order.rank, order.attempt))
         self.plans.offer(order.plan)
         out_dir = self.supervisor.job_dir(order.job_id) / f"rank{order.rank}"
         progress = out_dir / "progress"
-        argv = rank_command(order, self.config.python, out_dir)
         try:
-            env = rank_environment(
+            process = rank_process(
                 order,
+                python=self.config.python,
+                output_dir=out_dir,
                 agent_endpoint=self.endpoint,
                 threads=self._threads(order),
                 local_world_size=local_world_size,
@@ -112,14 +124,20 @@ class Reconciler:
             self.supervisor.launch(
                 order.job_id,
                 order.rank,
-                argv,
-                env,
+                process.argv,
+                process.env,
                 out_dir,
                 attempt=attempt,
                 progress_file=progress,
             )
         except OSError as exc:
-            log.error("job %s rank %d: cannot start %s: %s", order.job_id, order.rank, argv[0], exc)
+            log.error(
+                "job %s rank %d: cannot start %s: %s",
+                order.job_id,
+                order.rank,
+                process.argv[0],
+                exc,
+            )
             self.shipper.queue(
                 order.job_id, order.rank, pb.RANK_STATE_EXITED, 127, f"cannot start: {exc}", attempt
             )
@@ -147,3 +165,4 @@ class Reconciler:
     def reap(self) -> None:
         for e in self.supervisor.poll():
             self.shipper.queue_exit(e, e.reason or ("stopped by the agent" if e.stopped else ""))
+        self.retry()

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import grpc
 
-from hetero.coordinator import lifecycle, store
+from hetero.bench import seed
+from hetero.coordinator import lifecycle, persist
 from hetero.coordinator.database import open_database, session_factory
-from hetero.coordinator.models import DeviceRow, RankRow
-from hetero.coordinator.server import create_server
-from hetero.coordinator.service import Deps
+from hetero.coordinator.server import Settings, create_server
+from hetero.coordinator.state import Plan, Rank
 from hetero.core.jobspec import parse_jobspec
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1.coordinator_pb2_grpc import CoordinatorStub
@@ -41,40 +41,29 @@ def fill(url: str, queued: int, finished: int) -> None:
     engine = open_database(url)
     sessions = session_factory(engine)
     with sessions.begin() as s:
-        device = DeviceRow(index=0, kind="cpu", name="cpu", compute_score=1.0)
-        node = store.register_node(
-            s,
-            name="n1",
-            address="n1",
-            agent_endpoint="",
-            agent_version="",
-            devices=[device],
-            now=0.0,
-        )
-        s.flush()
+        node = seed.cpu_node("n1", 1, now=0.0)
+        seed.save(s, persist.save_node(node, devices=True))
         for i in range(finished):
-            job = store.new_job(spec, SPEC, now=float(i), priority=0, owner="bench")
-            job.state, job.finished_at_unix_s, job.world_size = lifecycle.SUCCEEDED, i + 1.0, 2
+            job = seed.queued_job(spec, SPEC, now=float(i), priority=0, owner="bench")
+            job.state, job.finished_at_unix_s = lifecycle.SUCCEEDED, i + 1.0
             job.ranks = [
-                RankRow(
+                Rank(
                     rank=r,
                     node_id=node.id,
                     device_index=0,
                     device_kind="cpu",
-                    device_name="cpu",
+                    device_name="cpu0",
                     local_rank=r,
                     state=lifecycle.EXITED,
                     exit_code=0,
-                    effective_score=1.0,
                 )
                 for r in range(2)
             ]
-            s.add(job)
-            s.flush()
-            store.add_plan(s, job.id, (16, 16), 0, "dynamic", "initial", now=float(i))
+            plan = Plan(1, 0, (16, 16), "dynamic", "initial", created_at_unix_s=float(i))
+            seed.save(s, persist.save_job(job), persist.add_plan(job.id, plan))
         for i in range(queued):
-            now = float(finished + i)
-            s.add(store.new_job(spec, SPEC, now=now, priority=0, owner="bench"))
+            job = seed.queued_job(spec, SPEC, now=float(finished + i), priority=0, owner="bench")
+            seed.save(s, persist.save_job(job))
     engine.dispose()
 
 
@@ -107,9 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{Path(tmp) / 'coordinator.db'}"
         fill(url, args.queued, args.finished)
-        engine = open_database(url)
-        deps = Deps(sessions=session_factory(engine), heartbeat_timeout_s=10.0)
-        server, port = create_server("127.0.0.1:0", deps)
+        server, port = create_server("127.0.0.1:0", Settings(db_url=url, heartbeat_timeout_s=10.0))
         server.start()
         try:
             with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -131,9 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                 run = lambda: subprocess.run(cli, check=True, capture_output=True)  # noqa: E731
                 print(f"hetero-coord jobs:         {median_s(run, args.repeat) * 1000:8.1f} ms")
         finally:
-            deps.stopping.set()
             server.stop(0).wait()
-            engine.dispose()
     return 0
 
 

@@ -4,7 +4,7 @@ Starts ``hetero-coord serve`` as a subprocess on a fresh SQLite file (or, with
 ``--db``, an empty PostgreSQL database), then
 ``--processes`` load-generator processes (``hetero.bench.loadgen``) that play
 ``--agents`` node agents (register, then heartbeat with telemetry every
-``--heartbeat-s`` and poll for orders when the reply says some are pending) and ``--ranks`` training ranks in jobs of
+``--heartbeat-s``, and hold one order stream each) and ``--ranks`` training ranks in jobs of
 ``--world-size`` (each interval rank 0 reports every rank's statistics, their
 times varying by up to 3% as a real interval's do, as the trainer's rank 0 does;
 ``--get-plan-per-rank``: every rank then asks for the plan). After ``--warmup-s`` it measures for
@@ -35,7 +35,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from hetero.bench.loadconfig import POLL_MODES, LoadConfig, parse_cpus
+from hetero.bench.loadconfig import LoadConfig, parse_cpus
 from hetero.bench.loadreport import render
 from hetero.bench.loadrun import run_load
 
@@ -45,7 +45,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "load",
         help="scale test: many simulated agents and ranks against one real coordinator",
         description="Start hetero-coord on a fresh SQLite file and drive it with simulated "
-        "agents (heartbeats with telemetry, polls) and ranks (interval reports, GetPlan) from "
+        "agents (heartbeats with telemetry, order streams) and ranks (interval reports, GetPlan) from "
         "several processes; report achieved rates, latency percentiles as the clients saw "
         "them (p50/p99/max ms) and as the coordinator's /metrics histogram saw its own "
         "handling (srv p50/p99, interpolated in its buckets), errors, CPU and database growth.",
@@ -69,22 +69,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--interval-s", type=float, default=d.interval_s, metavar="S")
     p.add_argument("--devices-per-agent", type=int, default=d.devices_per_agent)
     p.add_argument(
-        "--poll",
-        choices=POLL_MODES,
-        default=d.poll,
-        help="when agents call PollAssignments: 'asked' (default, as hetero-agent does: after "
-        "a heartbeat whose reply says orders are pending), 'always' (after every heartbeat, as "
-        "agents did before that flag) or 'never'",
-    )
-    p.add_argument(
-        "--poll-every",
+        "--churn-s",
         type=float,
-        default=d.poll_every_s,
-        dest="poll_every_s",
+        default=d.churn_s,
         metavar="S",
-        help="each agent also polls every S seconds whatever its heartbeat's reply says, to "
-        "measure PollAssignments under the load (hetero-agent polls only when told, so a "
-        "steady load makes none); default 0: no extra polls",
+        help="every S seconds of the window submit a small job and cancel the one before, "
+        "so the agents' order streams carry launches and stops whose pushes are timed "
+        "(WatchOrders); 0: none (default %(default)s)",
     )
     p.add_argument(
         "--get-plan-per-rank",
@@ -157,8 +148,7 @@ def load_command(args: argparse.Namespace) -> int:
         heartbeat_s=args.heartbeat_s,
         interval_s=args.interval_s,
         devices_per_agent=args.devices_per_agent,
-        poll=args.poll,
-        poll_every_s=args.poll_every_s,
+        churn_s=args.churn_s,
         get_plan_per_rank=args.get_plan_per_rank,
         db=args.db,
         queued=args.queued,

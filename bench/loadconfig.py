@@ -17,10 +17,6 @@ class LoadError(HeteroError):
     exit_code = 1
 
 
-#: When simulated agents poll for orders (``LoadConfig.poll``).
-POLL_MODES = ("asked", "always", "never")
-
-
 @dataclass(frozen=True)
 class LoadConfig:
     agents: int = 1000
@@ -35,13 +31,10 @@ class LoadConfig:
     heartbeat_s: float | None = None
     interval_s: float = 1.0
     devices_per_agent: int = 4
-    #: ``asked``: poll after a heartbeat whose reply says orders are pending (the
-    #: agent); ``always``: after every heartbeat (agents before that flag); ``never``.
-    poll: str = "asked"
-    #: Seconds between extra polls of each agent, whatever its heartbeat's reply says (0 =
-    #: none): hetero-agent polls only when told, so a steady load makes no
-    #: ``PollAssignments`` at all; these measure the call under that load.
-    poll_every_s: float = 0.0
+    #: Seconds between the orchestrator's submissions of a small job (each cancelling
+    #: the one before) during the window: orders for the agents' streams to carry, whose
+    #: pushes are timed (0 = none).
+    churn_s: float = 1.0
     #: Every rank calls ``GetPlan`` after its job's report, as this benchmark's load did
     #: before 2026-11-28. The trainer does not: rank 0 alone reports (through its agent)
     #: and gives the ranks the plan by a broadcast of its own, so by default only the
@@ -81,10 +74,11 @@ class LoadConfig:
             raise ConfigError("--devices-per-agent must be in [1, 64]")
         if self.queued < 0 or self.scrapers < 0 or self.scrape_phase_s <= 0:
             raise ConfigError("--queued and --scrapers must be >= 0, --scrape-phase-s > 0")
-        if self.queued and self.agents * self.devices_per_agent > MAX_RANKS:
+        if self.queued and self.agents * self.devices_per_agent >= MAX_RANKS:
             raise ConfigError(
-                f"--queued: a queued job asks for every device, at most {MAX_RANKS:,} ranks; "
-                f"{self.agents} agents have {self.agents * self.devices_per_agent:,}"
+                f"--queued: a queued job asks for one rank more than every device, at most "
+                f"{MAX_RANKS:,} ranks; {self.agents} agents have "
+                f"{self.agents * self.devices_per_agent:,} devices"
             )
         if not 0 <= self.scrapers_nice <= 19:
             raise ConfigError(f"--scrapers-nice must be in [0, 19], got {self.scrapers_nice}")
@@ -103,10 +97,8 @@ class LoadConfig:
                     "--coordinator-cpus leaves no CPU for the load generators "
                     f"({format_cpus(usable)} usable)"
                 )
-        if self.poll_every_s < 0:
-            raise ConfigError(f"--poll-every must be >= 0 seconds, got {self.poll_every_s:g}")
-        if self.poll not in POLL_MODES:
-            raise ConfigError(f"--poll must be one of {', '.join(POLL_MODES)}, got {self.poll!r}")
+        if self.churn_s < 0:
+            raise ConfigError(f"--churn-s must be >= 0 seconds, got {self.churn_s:g}")
 
     @property
     def jobs(self) -> int:

@@ -3,9 +3,11 @@
 Every simulated agent is a real gRPC client (``grpc.aio``, one channel per
 process) doing what ``hetero-agent`` does: ``RegisterNode`` once, then at the
 interval the registration's reply gives (or ``heartbeat_s``, where set) a
-``Heartbeat`` with telemetry for its host and devices,
-followed by a ``PollAssignments`` when the reply says orders are pending (the
-real agent's contact; ``poll`` = ``always`` polls after every heartbeat). Every simulated
+``Heartbeat`` with telemetry for its host and devices, and one ``WatchOrders`` stream
+on which the coordinator pushes its orders: a launch is reported running, a stop
+exited, as the agent would, and each order's push is timed (``WatchOrders``: from
+the coordinator's send, ``Orders.sent_at_unix_s``, to its arrival here; one host,
+one clock). The orders come from the orchestrator's churn (``loadrun``). Every simulated
 job does what the trainer's rank 0 does: each ``interval_s`` one
 ``ReportIntervalStats`` carrying every rank's statistics (as the trainer sends after
 its all-gather; the reply's plan reaches the other ranks by the trainer's own
@@ -67,8 +69,6 @@ class WorkerConfig:
     #: ``LoadConfig.heartbeat_s``: None = the interval the coordinator gives.
     heartbeat_s: float | None
     interval_s: float
-    poll: str
-    poll_every_s: float
     job_indexes: tuple[int, ...]
     seed: int
     #: ``LoadConfig.get_plan_per_rank``.
@@ -198,29 +198,64 @@ class Worker:
         period_s = c.heartbeat_s or resp.heartbeat_interval_s or 1.0
         self.heartbeat_s = period_s
         next_at = time.time() + self.rng.uniform(0, period_s)
-        # Extra polls (``--poll-every``), spread over the period like the heartbeats.
-        poll_at = time.time() + self.rng.uniform(0, c.poll_every_s) if c.poll_every_s else math.inf
+        orders = asyncio.create_task(self.orders(stub, resp.node_id))
         tick = 0
-        while True:
-            await _sleep_until(next_at)
-            if time.time() >= self.stop_at:
-                return
-            tick += 1
-            req = heartbeat_request(resp.node_id, c.devices_per_agent, tick)
-            reply = await self.rec.call("Heartbeat", stub.Heartbeat(req, timeout=CALL_TIMEOUT_S))
-            # The proto's rule, as hetero-agent applies it (agent.link.orders_pending).
-            asked = reply is not None and (
-                not reply.HasField("orders_pending") or reply.orders_pending
-            )
-            extra = time.time() >= poll_at
-            if extra:
-                poll_at = max(poll_at + c.poll_every_s, time.time())
-            if c.poll == "always" or (c.poll == "asked" and asked) or extra:
-                poll = pb.PollAssignmentsRequest(node_id=resp.node_id)
-                await self.rec.call(
-                    "PollAssignments", stub.PollAssignments(poll, timeout=CALL_TIMEOUT_S)
-                )
-            next_at = self._slots("Heartbeat", period_s, next_at)
+        try:
+            while True:
+                await _sleep_until(next_at)
+                if time.time() >= self.stop_at:
+                    return
+                tick += 1
+                req = heartbeat_request(resp.node_id, c.devices_per_agent, tick)
+                await self.rec.call("Heartbeat", stub.Heartbeat(req, timeout=CALL_TIMEOUT_S))
+                next_at = self._slots("Heartbeat", period_s, next_at)
+        finally:
+            orders.cancel()
+
+    async def orders(self, stub: pb_grpc.CoordinatorStub, node_id: str) -> None:
+        """The node's order stream, as the agent keeps it: each push timed, a launch
+        reported running and a stop exited; opened again after a pause if it ends."""
+        while time.time() < self.stop_at:
+            try:
+                async for msg in stub.WatchOrders(pb.WatchOrdersRequest(node_id=node_id)):
+                    arrived = time.time()
+                    if self.rec.start <= msg.sent_at_unix_s < self.rec.end:
+                        self.rec.latencies_s.setdefault("WatchOrders", []).append(
+                            max(0.0, arrived - msg.sent_at_unix_s)
+                        )
+                        self.rec.starts_s.setdefault("WatchOrders", []).append(
+                            round(msg.sent_at_unix_s - self.rec.start, 4)
+                        )
+                    for launch in msg.launches:
+                        await self._status(
+                            stub, node_id, launch.job_id, launch.rank, launch.attempt, None
+                        )
+                    for stop in msg.stops:
+                        await self._status(stub, node_id, stop.job_id, stop.rank, stop.attempt, 143)
+            except grpc.aio.AioRpcError as exc:
+                if self.rec.start <= time.time() < self.rec.end:
+                    self.rec.errors[f"WatchOrders:{exc.code().name}"] += 1
+                await asyncio.sleep(1.0)
+
+    async def _status(
+        self,
+        stub: pb_grpc.CoordinatorStub,
+        node_id: str,
+        job_id: str,
+        rank: int,
+        attempt: int,
+        code: int | None,
+    ) -> None:
+        req = pb.ReportRankStatusRequest(
+            node_id=node_id,
+            job_id=job_id,
+            rank=rank,
+            attempt=attempt,
+            state=pb.RANK_STATE_RUNNING if code is None else pb.RANK_STATE_EXITED,
+        )
+        if code is not None:
+            req.exit_code = code
+        await self.rec.call("ReportRankStatus", stub.ReportRankStatus(req, timeout=CALL_TIMEOUT_S))
 
     async def job(self, stub: pb_grpc.CoordinatorStub, job_id: str, world_size: int) -> None:
         """Rank 0's report each interval (and every rank's GetPlan after it where asked);

@@ -27,13 +27,13 @@ if TYPE_CHECKING:
 # psutil and the coordinator (sqlalchemy) are imported when a run starts: registering
 # the subcommand must not need them (a GPU box runs ``hetero-bench run`` with torch alone).
 
-#: The p99 latency targets (ms) of issue 17, per method. A method with no calls in the
-#: window (polls when no orders are pending) is not slow, and is reported as not measured.
+#: The p99 latency targets (ms), per method (``WatchOrders``: a push's, send to arrival).
+#: A method with no calls in the window is not slow, and is reported as not measured.
 TARGETS_P99_MS = {
     "Heartbeat": 50.0,
     "GetPlan": 50.0,
     "ReportIntervalStats": 100.0,
-    "PollAssignments": 100.0,
+    "WatchOrders": 100.0,
 }
 #: Heartbeat p99 with ``/metrics`` scrapers over the one without, at most.
 TARGET_SCRAPE_RATIO = 1.2
@@ -51,7 +51,7 @@ class Sample:
 
     time_s: float
     #: CPU seconds of the coordinator's processes, summed by name: ``coordinator`` (its
-    #: main process) and its workers' (``hetero-report``, ``hetero-metrics``, ...).
+    #: main process) and any child's (a process pool's, where one runs).
     coordinator_cpu_s: dict[str, float]
     generators_cpu_s: float
     db_bytes: int
@@ -144,7 +144,7 @@ def summarize(
     heartbeat_s = max((p for p in periods if not math.isnan(p)), default=math.nan)
     offered = {
         "Heartbeat": config.agents / heartbeat_s,
-        "PollAssignments": _polls_offered(config, heartbeat_s),
+        "WatchOrders": 2 / config.churn_s if config.churn_s else 0.0,  # a launch, a stop
         "ReportIntervalStats": config.jobs / config.interval_s,
         "GetPlan": config.ranks / config.interval_s if config.get_plan_per_rank else 0.0,
     }
@@ -242,8 +242,7 @@ def summarize(
         "targets_p99_ms": TARGETS_P99_MS,
         "target_met": _targets_met(methods, errors),
         # A method with no call in the window has no p99: it is not slow, nor measured.
-        # Offered and not made: polls no reply asked for. GetPlan is offered only with
-        # ``--get-plan-per-rank``.
+        # GetPlan is offered only with ``--get-plan-per-rank``, pushes with ``--churn-s``.
         "not_measured": [
             m for m in TARGETS_P99_MS if not methods[m]["calls"] and methods[m]["offered_per_s"]
         ],
@@ -256,15 +255,6 @@ def _ms(value: float | None) -> str:
     """A server-side figure for the table: "-" where it has none (no call, or a
     load.json written before the coordinator had a histogram)."""
     return f"{'-':>8}" if value is None or math.isnan(value) else f"{value:>8.2f}"
-
-
-def _polls_offered(config: LoadConfig, heartbeat_s: float) -> float:
-    """Polls a second the agents were set to make; NaN where only the replies decide
-    (``asked``, the default): those have no schedule."""
-    if config.poll == "always":
-        return config.agents / heartbeat_s
-    extra = config.agents / config.poll_every_s if config.poll_every_s else 0.0
-    return math.nan if config.poll == "asked" and not extra else extra
 
 
 def _targets_met(methods: dict[str, Any], errors: dict[str, int]) -> bool:
@@ -366,12 +356,7 @@ def render(r: dict[str, Any]) -> str:
         + ", ".join(f"{m} {v:g} ms" for m, v in r["targets_p99_ms"].items())
         + f", no deadline errors: {'met' if r['target_met'] else 'MISSED'}"
         + (
-            f" (no calls, not measured: {', '.join(r['not_measured'])}"
-            + (
-                "; --poll-every S measures PollAssignments)"
-                if "PollAssignments" in r["not_measured"]
-                else ")"
-            )
+            f" (no calls, not measured: {', '.join(r['not_measured'])})"
             if r.get("not_measured")
             else ""
         ),

@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict
@@ -32,6 +33,18 @@ from hetero.bench.loadreport import sample, summarize
 START_TIMEOUT_S = 30.0
 #: Seconds per simulated agent the generators may take to register them all (plus a floor).
 REGISTER_S_PER_AGENT = 0.05
+
+#: The job the churn submits (``LoadConfig.churn_s``): one rank, ahead of any queue.
+CHURN_SPEC = """\
+name: churn-{index}
+model: debug
+global_batch: 8
+steps: 1000
+priority: 10
+resources:
+  ranks: 1
+  device: cuda
+"""
 
 JOB_SPEC = """\
 name: load-{index}
@@ -119,8 +132,6 @@ def _spawn_workers(config: LoadConfig, address: str, out: Path) -> list[subproce
             devices_per_agent=config.devices_per_agent,
             heartbeat_s=config.heartbeat_s,
             interval_s=config.interval_s,
-            poll=config.poll,
-            poll_every_s=config.poll_every_s,
             get_plan_per_rank=config.get_plan_per_rank,
             job_indexes=tuple(range(w, config.jobs, config.processes)),
             seed=config.seed * 1000 + w,
@@ -193,7 +204,7 @@ def _submit_jobs(address: str, config: LoadConfig) -> list[str]:
                     f"submitting load job {i}: {remote_error(exc, f'the coordinator at {address}')}"
                 ) from None
             ids.append(resp.job_id)
-            # As the agents would: the ranks start, so polls stop carrying launch orders.
+            # As the agents would: the ranks start (before the window).
             for r in resp.job.ranks:
                 stub.ReportRankStatus(
                     pb.ReportRankStatusRequest(
@@ -205,6 +216,36 @@ def _submit_jobs(address: str, config: LoadConfig) -> list[str]:
                     timeout=30.0,
                 )
         return ids
+
+
+def _churn(address: str, config: LoadConfig, start: float, end: float) -> int:
+    """Every ``churn_s`` of the window submit a small job and cancel the one before: a
+    launch and a stop for the agents' order streams to carry. How many it submitted."""
+    import grpc
+
+    from hetero.v1 import coordinator_pb2 as pb
+    from hetero.v1 import coordinator_pb2_grpc as pb_grpc
+
+    made = 0
+    last = ""
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.CoordinatorStub(channel)  # type: ignore[no-untyped-call, unused-ignore]
+        time.sleep(max(0.0, start - time.time()))
+        while time.time() < end - config.churn_s:
+            try:
+                spec = CHURN_SPEC.format(index=made)
+                job = stub.SubmitJob(pb.SubmitJobRequest(spec_yaml=spec), timeout=10.0).job_id
+                made += 1
+                if last:
+                    stub.CancelJob(pb.CancelJobRequest(job_id=last), timeout=10.0)
+                last = job
+            except grpc.RpcError:
+                pass  # counted by the generators' figures, not here
+            time.sleep(config.churn_s)
+        if last:
+            with contextlib.suppress(grpc.RpcError):
+                stub.CancelJob(pb.CancelJobRequest(job_id=last), timeout=10.0)
+    return made
 
 
 def run_load(config: LoadConfig, out: Path) -> dict[str, Any]:
@@ -222,10 +263,13 @@ def _run(config: LoadConfig, out: Path, db: LoadDatabase) -> dict[str, Any]:
     import psutil
 
     from hetero.bench import loadserver
-    from hetero.bench.loadqueue import queue_jobs
+    from hetero.bench.loadqueue import write_queued
     from hetero.coordinator.database import sqlite_url
 
     metrics_port = _free_port()
+    if config.queued:
+        (out / "state").mkdir(parents=True, exist_ok=True)
+        write_queued(config.db or sqlite_url(out / "state"), config)
     ours = set(config.coordinator_cpus)
     theirs = available_cpus() - ours if ours else set()
     coord, address = _start_coordinator(out, config.db, metrics_port, ours)
@@ -238,8 +282,6 @@ def _run(config: LoadConfig, out: Path, db: LoadDatabase) -> dict[str, Any]:
         _wait_ready(gens, out, config.agents)
         register_s = time.perf_counter() - t_register
         jobs = _submit_jobs(address, config)
-        if config.queued:
-            queue_jobs(config.db or sqlite_url(out / "state"), address, config)
         if config.scrapers:
             # Not sampled with the generators: their CPU is the simulated agents'.
             with _on_cpus(theirs):
@@ -258,6 +300,10 @@ def _run(config: LoadConfig, out: Path, db: LoadDatabase) -> dict[str, Any]:
             "coordinator_workers": sorted({c for p in cproc.children() for c in p.cpu_affinity()}),
             "generators": sorted({c for p in gprocs for c in p.cpu_affinity()}),
         }
+        if config.churn_s:
+            threading.Thread(
+                target=_churn, args=(address, config, start, end), name="churn", daemon=True
+            ).start()
         time.sleep(max(0.0, start - time.time()))
         # The coordinator's histogram first: its edges are the nearest to the window's.
         server_first = loadserver.read(metrics_port)

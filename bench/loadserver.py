@@ -1,5 +1,5 @@
 """The coordinator's own latency in ``hetero-bench load``: its ``/metrics`` histogram
-``hetero_rpc_duration_seconds`` (``coordinator.rpclatency``) read at the window's start
+``hetero_rpc_duration_seconds`` (``coordinator.metrics``) read at the window's start
 and end, subtracted, and its p50/p99 interpolated in the buckets.
 
 Beside the generators' latencies (the client's: the coordinator's handling plus the

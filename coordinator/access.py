@@ -16,7 +16,6 @@ credential is checked at all.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from dataclasses import replace
@@ -30,8 +29,6 @@ from hetero.core.errors import ConfigError
 from hetero.security.credentials import SECRET_FILE_NAME, check_name, load_secret
 from hetero.security.permissions import private_dir
 from hetero.security.transport import ServerSecurity
-
-log = logging.getLogger("hetero.coordinator")
 
 
 def _secret_file(config: CoordinatorConfig) -> Path:

@@ -57,13 +57,14 @@ class Limits:
     cores; a CUDA device runs one); ``max_spec_bytes``: bytes of one job.yaml;
     ``concurrent_rpcs``: calls the server works on at once (gRPC's
     ``maximum_concurrent_rpcs``: beyond it a call is refused RESOURCE_EXHAUSTED before
-    its request is read); ``max_message_bytes``: largest request of any caller.
+    its request is read); every agent's order stream holds one for as long as it runs,
+    so it is several times the nodes a coordinator serves; ``max_message_bytes``: largest request of any caller.
     """
 
     jobs_per_user: int = 1000
     ranks_per_cpu_device: int = 8
     max_spec_bytes: int = 256 * 1024
-    concurrent_rpcs: int = 1024
+    concurrent_rpcs: int = 8192
     max_message_bytes: int = 8 * 1024 * 1024
 
     def __post_init__(self) -> None:

@@ -2,7 +2,7 @@
 
 The process wiring of the coordinator: argument parsing, logging, and ``serve``,
 which starts the daemon from its config file and flags. The user commands
-(submit, jobs, ...) are thin gRPC clients in ``commands``. Every failure prints
+(submit, jobs, ...) are thin gRPC clients in ``hetero.client.commands``. Every failure prints
 one ``error: ...`` line on stderr and exits non-zero.
 """
 
@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from hetero.coordinator import access, commands
+from hetero.client import commands
+from hetero.coordinator import access
 from hetero.coordinator.config import CoordinatorConfig, load_config, with_flags
-from hetero.coordinator.export import FORMATS, TABLES
 from hetero.coordinator.roles import load_roles
 from hetero.core import defaults
 from hetero.core.errors import HeteroError
@@ -27,10 +26,7 @@ from hetero.core.logs import configure_logging
 from hetero.core.textsafe import printable
 from hetero.security.auth import ensure_token, local_token_path
 from hetero.security.permissions import private_dir, set_daemon_umask
-from hetero.security.transport import add_client_arguments, check_listen, server_security
-
-#: Seconds each client RPC may take.
-DEFAULT_TIMEOUT_S = 10.0
+from hetero.security.transport import check_listen, server_security
 
 EPILOG = """\
 examples:
@@ -97,14 +93,6 @@ def _parser() -> argparse.ArgumentParser:
         metavar="ADDR",
         help="host:port to serve Prometheus /metrics on (default: off); beyond loopback "
         "scrapes must send the token (Authorization: Bearer)",
-    )
-    serve.add_argument(
-        "--report-processes",
-        type=_processes,
-        metavar="N",
-        help="processes that interval reports (their writes and the balancer's fits) run in, "
-        "each job's always in the same one; on PostgreSQL or a SQLite file (default: one per "
-        "two cores, 1 to 4)",
     )
     auth = serve.add_argument_group("authentication (see docs/reliability.md#security)")
     auth.add_argument(
@@ -182,83 +170,7 @@ def _parser() -> argparse.ArgumentParser:
 
     access.add_commands(sub)
 
-    def client(name: str, help_text: str, json_flag: bool = True) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_text)
-        p.add_argument(
-            "--coordinator",
-            default=os.environ.get("HETERO_COORDINATOR", defaults.COORDINATOR_ADDRESS),
-            help="coordinator host:port",
-        )
-        p.add_argument(
-            "--timeout",
-            type=float,
-            default=DEFAULT_TIMEOUT_S,
-            help="seconds per request (default 10)",
-        )
-        if json_flag:
-            p.add_argument("--json", action="store_true", help="print JSON instead of tables")
-        add_client_arguments(p)
-        return p
-
-    submit = client("submit", "submit a job file; prints the job id")
-    submit.add_argument("job_file", type=Path, help="job spec (YAML, see docs/jobspec.md)")
-    submit.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="validate and show placement, initial plan and predicted throughput; store nothing",
-    )
-    submit.add_argument(
-        "--wait",
-        action="store_true",
-        help="follow the job to its end; exit non-zero unless it succeeds",
-    )
-    submit.add_argument(
-        "--priority",
-        type=int,
-        metavar="N",
-        help="queue priority while devices are busy, higher first (default: the spec's "
-        "priority, else 0)",
-    )
-    jobs = client("jobs", "list jobs, newest first (the 100 newest unless told)")
-    shown = jobs.add_mutually_exclusive_group()
-    shown.add_argument(
-        "--limit", type=int, default=100, metavar="N", help="show the N newest jobs (default 100)"
-    )
-    shown.add_argument("--all", action="store_true", help="show every job (page by page)")
-    job = client("job", "show one job: ranks, plan, recent events")
-    job.add_argument("job_id")
-    client("nodes", "list nodes, their devices and latest telemetry")
-    cancel = client("cancel", "cancel a job")
-    cancel.add_argument("job_id")
-    drain = client("drain", "drain a node: it keeps its running ranks but gets no new ones")
-    drain.add_argument("node", help="node name or id")
-    drain.add_argument("--undo", action="store_true", help="undrain: the node takes ranks again")
-    logs = client("logs", "print a job's rank output, as its agents shipped it")
-    logs.add_argument("job_id")
-    logs.add_argument("--rank", type=int, help="only this rank's lines")
-    logs.add_argument(
-        "--follow", action="store_true", help="keep printing new lines until the job ends"
-    )
-    logs.add_argument(
-        "--raw", action="store_true", help="control characters as shipped (default: escaped)"
-    )
-    exp = client("export", "write a job's interval statistics and plans", json_flag=False)
-    exp.add_argument("job_id")
-    exp.add_argument("--format", choices=FORMATS, default="csv", help="default csv")
-    exp.add_argument(
-        "--table",
-        choices=TABLES,
-        default="intervals",
-        help="CSV only: one row per interval and rank, or one per plan (default intervals)",
-    )
-    exp.add_argument("--out", type=Path, help="file to write (default: stdout)")
-    health = client("health", "gRPC health check: prints SERVING and exits 0, else 1", False)
-    health.add_argument(
-        "--service",
-        default="",
-        help="service name to check (default: the server as a whole; "
-        "hetero.v1.Coordinator for the API)",
-    )
+    commands.add_commands(sub)
     return parser
 
 
@@ -306,19 +218,8 @@ def _db(args: argparse.Namespace) -> int:
 # ---- serve --------------------------------------------------------------------------
 
 
-def _processes(text: str) -> int:
-    """``--report-processes``: a whole number from 1 to 64."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-    if not 1 <= n <= 64:
-        raise argparse.ArgumentTypeError(f"must be from 1 to 64, got {n}")
-    return n
-
-
 def _serve(args: argparse.Namespace) -> int:
-    from hetero.coordinator.server import serve
+    from hetero.coordinator.server import Settings, serve
     from hetero.coordinator.store import TelemetryPolicy
 
     config: CoordinatorConfig = with_flags(
@@ -339,7 +240,6 @@ def _serve(args: argparse.Namespace) -> int:
         interval_stats_raw_h=args.interval_stats_raw_h,
         interval_stats_thin=args.interval_stats_thin,
         interval_stats_keep_days=args.interval_stats_keep_days,
-        report_processes=args.report_processes,
     )
     set_daemon_umask()
     configure_logging(config.log_format)
@@ -368,13 +268,8 @@ def _serve(args: argparse.Namespace) -> int:
         from hetero.coordinator.metricsserver import check_metrics_listen
 
         check_metrics_listen(config.metrics_listen, security)
-    serve(
-        config.listen,
-        config.db_url,
-        grace_s=config.grace_s,
-        metrics_listen=config.metrics_listen,
-        security=security,
-        allowed_roots=config.resolved_allowed_roots,
+    settings = Settings(
+        db_url=config.db_url,
         heartbeat_interval_s=config.heartbeat_interval_s,
         heartbeat_timeout_s=config.heartbeat_timeout_s,
         master_port_base=config.master_port_base,
@@ -382,8 +277,15 @@ def _serve(args: argparse.Namespace) -> int:
         interval_retention=config.interval_retention,
         log_retention=config.log_retention,
         limits=config.limits,
+        allowed_roots=config.resolved_allowed_roots,
+    )
+    serve(
+        config.listen,
+        settings,
+        grace_s=config.grace_s,
+        metrics_listen=config.metrics_listen,
+        security=security,
         certificates=certificates,
-        report_processes=config.report_processes,
     )
     return 0
 

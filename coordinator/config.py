@@ -68,9 +68,6 @@ class CoordinatorConfig:
     event_keep_days: float = 30.0
     #: Admission (``admission.Limits``): the queue and the server's limits.
     limits: Limits = field(default_factory=Limits)
-    #: Processes interval reports run in (``reportworker.ReportWorkers``); None = one per
-    #: two cores, at least one, at most four.
-    report_processes: int | None = None
 
     def __post_init__(self) -> None:
         if self.log_format not in LOG_FORMATS:
@@ -170,7 +167,6 @@ def load_config(path: Path | None) -> CoordinatorConfig:
         or d.log_lines_per_job,
         event_keep_days=f.number("event_keep_days", d.event_keep_days, positive=True) or 30.0,
         limits=_limits(f.mapping("limits")),
-        report_processes=f.integer("report_processes", None, minimum=1, maximum=64),
     )
     f.finish()
     return config

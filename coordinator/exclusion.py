@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from hetero.coordinator import lifecycle
 from hetero.coordinator.models import JobRow, RankRow
 from hetero.coordinator.placement import DeviceSlot, Placement
+from hetero.coordinator.state import Job, Rank
 from hetero.core.balancer import (
     Constraints,
     ExclusionForecast,
@@ -44,6 +45,8 @@ from hetero.core.balancer import (
 from hetero.core.jobspec import JobSpec
 
 RULE = ExclusionRule()
+#: A job as stored (``models.JobRow``) or as the coordinator holds it (``state.Job``).
+AnyJob = JobRow | Job
 #: A restart's start-up (placement to first step) assumed while the attempt has not
 #: reported yet: a cold Python with torch and a rendezvous, on a loaded host.
 UNMEASURED_START_UP_S = 30.0
@@ -60,14 +63,14 @@ class Excluded:
     device_index: int | None = None
 
 
-def excluded_of(job: JobRow) -> tuple[Excluded, ...]:
+def excluded_of(job: AnyJob) -> tuple[Excluded, ...]:
     """The ranks left out of ``job`` so far (its ``excluded`` column)."""
     if not job.excluded:
         return ()
     return tuple(Excluded(**entry) for entry in json.loads(job.excluded))
 
 
-def may_exclude(spec: JobSpec, job: JobRow) -> bool:
+def may_exclude(spec: JobSpec, job: AnyJob) -> bool:
     """Whether ``job`` may lose a rank now: allowed, and at least two ranks left. The
     forecast that decides is fitted on the current attempt's intervals alone, so a
     second rank leaves only on measurements of the job without the first: none may
@@ -76,7 +79,7 @@ def may_exclude(spec: JobSpec, job: JobRow) -> bool:
     return spec.resources.allow_exclusion and job.world_size >= 2 and not pending
 
 
-def spec_ranks(spec: JobSpec, job: JobRow) -> list[int]:
+def spec_ranks(spec: JobSpec, job: AnyJob) -> list[int]:
     """The spec rank behind each rank of the job's current attempt: the spec's ranks
     less those left out, the first ``job.world_size`` of them (a restart on fewer
     devices keeps the first ranks, ``recovery.replace_spec_ranks``)."""
@@ -107,7 +110,7 @@ def devices_without(
     return [d for d in devices if (d.node_id, d.index) not in gone]
 
 
-def record(job: JobRow, entry: Excluded) -> None:
+def record(job: AnyJob, entry: Excluded) -> None:
     entries = [dataclasses.asdict(e) for e in (*excluded_of(job), entry)]
     job.excluded = json.dumps(entries)
 
@@ -160,13 +163,16 @@ def profile_note(spec: JobSpec, placement: Placement) -> str | None:
     )
 
 
-def measured(spec: JobSpec, job: JobRow, history: History) -> Decision | None:
+def measured(
+    spec: JobSpec, job: AnyJob, history: History, node_names: dict[str, str] | None = None
+) -> Decision | None:
     """A rank of the current attempt to leave out, from the job's own intervals
     (``ExclusionRule.measured``), or None. ``history``: the attempt's complete
-    intervals, oldest first, each in rank order."""
+    intervals, oldest first, each in rank order; ``node_names`` by node id (an in-memory
+    job's ranks name their node by id only; a stored rank's row knows it)."""
     if not may_exclude(spec, job):
         return None
-    ranks: list[RankRow] = sorted(job.ranks, key=lambda r: r.rank)
+    ranks: list[RankRow | Rank] = sorted(job.ranks, key=lambda r: r.rank)
     constraints = Constraints(job.global_batch, job.world_size, job.min_batch)
     forecast = RULE.measured(history, constraints, kinds=[r.device_kind for r in ranks])
     if forecast is None:
@@ -175,7 +181,11 @@ def measured(spec: JobSpec, job: JobRow, history: History) -> Decision | None:
     spec_rank = spec_ranks(spec, job)[forecast.rank]
     devices = [(r.node_id, r.device_index) for r in ranks]
     entry = _entry(spec_rank, spec.emulate_slowdown[spec_rank], devices[forecast.rank], devices)
-    who = _describe(row.rank, row.node.name, row.device_name, row.emulated_slowdown)
+    node = node_names.get(row.node_id, row.node_id) if node_names is not None else None
+    if node is None:
+        assert isinstance(row, RankRow)
+        node = row.node.name
+    who = _describe(row.rank, node, row.device_name, row.emulated_slowdown)
     emulated = " (emulated slowdown)" if any(r.emulated_slowdown != 1.0 for r in ranks) else ""
     message = (
         f"job {job.name}: {who} left out, from the job's measured step times{emulated} "
@@ -184,17 +194,19 @@ def measured(spec: JobSpec, job: JobRow, history: History) -> Decision | None:
     return Decision(entry, forecast, message)
 
 
-def while_running(spec: JobSpec, job: JobRow, history: History) -> Decision | None:
+def while_running(
+    spec: JobSpec, job: AnyJob, history: History, node_names: dict[str, str] | None = None
+) -> Decision | None:
     """``measured`` for a RUNNING job that has a checkpoint directory to resume from
     (without one, a restart would start the training over). Whether the restart pays
     for itself is ``paying``'s to say."""
     if job.state != lifecycle.RUNNING or spec.checkpoint is None:
         return None
-    return measured(spec, job, history)
+    return measured(spec, job, history, node_names)
 
 
 def paying(
-    decision: Decision, spec: JobSpec, job: JobRow, step: int, start_up_s: float | None
+    decision: Decision, spec: JobSpec, job: AnyJob, step: int, start_up_s: float | None
 ) -> Decision | None:
     """``decision`` with the restart's balance added to its event text, or None when the
     time the forecast saves over the steps left after ``step`` does not exceed what

@@ -13,8 +13,8 @@ INVALID_ARGUMENT.
 from __future__ import annotations
 
 from hetero.coordinator.models import JobRow
-from hetero.coordinator.rpc import invalid
 from hetero.coordinator.store import JobKey
+from hetero.core.errors import ConfigError
 
 #: Jobs a page holds when the request names no limit, and at most.
 DEFAULT_PAGE = 100
@@ -23,7 +23,7 @@ MAX_PAGE = 1000
 
 def page_limit(limit: int) -> int:
     if limit < 0:
-        raise invalid(f"limit must be >= 0, got {limit}")
+        raise ConfigError(f"limit must be >= 0, got {limit}")
     return min(limit or DEFAULT_PAGE, MAX_PAGE)
 
 
@@ -42,4 +42,4 @@ def decode(token: str) -> JobKey | None:
             return float(parts[1]), parts[2]
         except ValueError:
             pass
-    raise invalid(f"page_token: not a token of this coordinator: {token[:40]!r}")
+    raise ConfigError(f"page_token: not a token of this coordinator: {token[:40]!r}")

@@ -3,8 +3,8 @@
 Like the other tables, both are bounded: rows older than their window go, and a
 job keeps at most ``lines_per_job`` log lines (its oldest go first), since a
 chatty rank can ship 10,000 lines a second. Each batch deletes at most
-``batch_rows`` rows in the caller's transaction (the write lock is held
-briefly); ``pruning.IntervalPruner`` runs batches beside its own.
+``batch_rows`` rows in the caller's transaction (one batch keeps the writer
+briefly); ``service.Service.prune`` runs batches beside the interval ones.
 
 Ids follow arrival, so both age walks go by the primary key from the head of
 the table and stop at the first young row: no index on the times, no schema

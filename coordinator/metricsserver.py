@@ -1,76 +1,88 @@
-"""The HTTP side of ``/metrics``: a bounded server, the shared cluster snapshot, the RPC
-latency histogram beside it, the listen rule.
+"""The coordinator's ``/metrics`` over HTTP: an ``aiohttp`` server on the coordinator's own
+event loop, bounded, and the listen rule.
 
-Why not ``prometheus_client.start_http_server``: it starts a thread per
-connection with no limit and no read timeout, which is what let 200 half-open
-connections pile up threads and, with a snapshot per scrape, exhaust the
-coordinator's database pool (issue 17). Here ``metricshttp.WORKERS`` threads serve
-connections, at most ``QUEUED`` more wait, and any beyond are closed at
-once; a connection that sends no complete request within
-``metricshttp.READ_TIMEOUT_S`` is dropped. Whatever the scrape rate, the cluster
-snapshot is the coordinator's shared one (``snapshots.Snapshots``: built at most
-once a second and at most a tenth of the time, in a worker process of its own
-where there is one), so scrapers cost the database at most one read a second.
+Why on the loop, and why ``aiohttp``: the loop owns the cluster state, so the exposition
+(``metrics``) reads it there without a copy, a lock or a pipe; and an asyncio server is
+cooperative, so a scrape storm is callbacks queued between the heartbeats', never a
+thread that takes the interpreter from the loop mid-callback. Both earlier shapes
+failed that way: ``prometheus_client.start_http_server`` is a thread per connection
+with no limit and no read timeout (200 half-open connections piled up threads, issue
+17), and its threads in the coordinator's process took the interpreter lock the loop
+answering heartbeats needs; the cure was a separate HTTP process fed snapshots over a
+pipe, ~800 lines of its own. What made a scrape expensive is gone besides: the
+per-device telemetry of 1,000 nodes (0.3 s to write) is each agent's to serve now.
 
-The RPC latency histogram (``rpclatency``) follows the snapshot's families in
-every answer. The coordinator copies its counts (about 20 µs) and the HTTP
-process writes them as text, at each of its refreshes: writing them in the
-coordinator's process took 6.5 ms of its interpreter every quarter second under
-a scrape storm. ``?name[]=NAME&name[]=...`` (prometheus-client's own filter)
-naming only the histogram's samples (``hetero_rpc_duration_seconds_bucket``,
-``_count``, ``_sum``, ``_created``) answers those alone and does not read the
-snapshot: that is how ``hetero-bench load`` reads the coordinator's own latency at
-the edges of its window without a snapshot's cost inside it. Any other filter gets
-the whole exposition: filtering the cluster's families would cost a pass over them
-at every such scrape, outside the bounds above.
+Bounds, whatever the clients do:
 
-The HTTP side runs in a process of its own (``spawn``, started by ``start``): a
-scrape storm is sockets to accept, read, time out and close, hundreds a second,
-and in the coordinator's process every one of them took the interpreter lock
-the event loop answering heartbeats needs (under ``hetero-bench load --scrapers
-200`` on a 2-core box the coordinator's own GetPlan p99 went from 0.3 to 128 ms
-and the heartbeats' p99 seen by the agents rose eightfold). The coordinator binds
-the socket, so a wrong address fails at once and port 0 has its port, and hands
-it to the process; that process asks the coordinator over a pipe at most every
-``metricshttp.REFRESH_S`` for the snapshot (serialized, sent only when it is a new one)
-and the histogram's counts, and for the counts alone at each scrape filtered to
-them. It writes the snapshot's Prometheus families itself, once per snapshot
-(about 0.3 s of Python for 1,000 nodes and 1,000 jobs, which in the coordinator's
-process stalled the heartbeats), and serves the text meanwhile from its copy. It
-runs at a lower CPU priority (``metricshttp.NICE``): on a host with cores to spare that
-changes nothing, on a busy one the kernel gives the coordinator the CPU first. It
-checks tokens against their SHA-256 digests and never holds a token. It exits
-within a second of a ``kill -9`` of the coordinator; one that dies is started
-again, logged.
+- The answer's bytes are built at most once per ``TTL_S`` for each query (the whole
+  exposition, or one ``?name[]=`` filter; at most ``KEPT`` kept): a scrape in between
+  gets the cached bytes. ``?name[]=NAME&name[]=...`` is prometheus-client's own filter
+  (``restricted_registry``: only the collectors that declare those names are
+  collected, so ``hetero-bench load``'s reads of the latency histogram's buckets do not
+  collect the cluster).
+- At most ``CONCURRENT`` scrapes are answered at once and at most ``RATE`` start a
+  second, spaced ``1 / RATE`` apart; at most ``WAITING`` wait for their turn, and any
+  beyond get ``503`` with ``Retry-After: 1`` after ``REFUSE_S``. A real Prometheus
+  scrapes a target every 15 s by default (every 5 s at the shortest usual setting):
+  ``RATE`` = 20 a second leaves room for a hundred such servers before any waits, and
+  keeps a storm's answered scrapes to a few ms of the loop a second. A waiting scrape
+  costs a timer; a refusal costs the loop a request's parse and answer, so it is held
+  back a second: a client that asks again at once asks at most once a second. Answered
+  at once, 200 clients in a loop made ~750 refusals a second under ``hetero-bench load
+  --scrapers 200`` (2-core box), and the heartbeats' p50 as the agents saw it went from
+  3 to 33 ms.
+- A connection that has sent no complete request ``READ_TIMEOUT_S`` after it opened,
+  or after its previous answer, is closed: ``aiohttp``'s ``keepalive_timeout`` starts
+  at ``connection_made`` and closes a connection whose handler still waits for a
+  request (``web_protocol.RequestHandler``), half-open ones included. So each connection
+  costs a socket and a small protocol object for at most that long; the listening
+  socket's backlog (``BACKLOG``) bounds the ones the kernel holds before accepting.
 
 The listen rule is gRPC's (``hetero.security.transport.check_listen``): loopback by
-default, and a non-loopback address needs the coordinator's token, which every
-scrape must then carry (``Authorization: Bearer``, Prometheus'
-``authorization: {credentials_file: ...}``), or ``--insecure``. Loopback scrapes
-need no token: the figures are read-only and carry no spec, command or log.
+default, and a non-loopback address needs the coordinator's token, which every scrape
+must then carry (``Authorization: Bearer``, Prometheus'
+``authorization: {credentials_file: ...}``), or a read role's token, or ``--insecure``.
+Loopback scrapes need no token: the figures are read-only and carry no spec, command
+or log. Tokens are kept as their SHA-256 digests and compared with all of them.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import hashlib
+import hmac
 import logging
-import multiprocessing
-import os
-import socket
-import threading
-from collections.abc import Callable
-from typing import Any
+from collections import OrderedDict
 
-from hetero.coordinator.metricshttp import Answer, digest, serve_http
-from hetero.coordinator.rpclatency import SAMPLE_NAMES, RpcLatency
-from hetero.coordinator.snapshots import TTL_S, Snapshots
+from aiohttp import web
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import CollectorRegistry
+
 from hetero.core.errors import ConfigError
+from hetero.security.auth import METADATA_KEY, SCHEME
 from hetero.security.transport import ServerSecurity, is_loopback
-from hetero.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger("hetero.coordinator.metrics")
 
-#: Seconds between starts of an HTTP process that keeps dying.
-RESTART_S = 1.0
+#: What ``generate_latest`` writes (newer prometheus-client names 1.0.0 its "latest").
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: Seconds an answer's bytes are served before they are built again, at least.
+TTL_S = 1.0
+#: Distinct queries whose answers are kept (the whole exposition is one).
+KEPT = 8
+#: Scrapes answered at once.
+CONCURRENT = 4
+#: Scrapes started a second, at most, over all clients.
+RATE = 20.0
+#: Scrapes that may wait for their turn; beyond, 503 after ``REFUSE_S``.
+WAITING = 64
+#: Seconds a refused scrape waits for its 503.
+REFUSE_S = 1.0
+#: Seconds a connection may stay without a complete request.
+READ_TIMEOUT_S = 2.0
+#: Connections the kernel may hold before the server accepts them.
+BACKLOG = 64
 
 
 def check_metrics_listen(address: str, security: ServerSecurity) -> None:
@@ -89,20 +101,17 @@ def check_metrics_listen(address: str, security: ServerSecurity) -> None:
     log.warning("/metrics on %s is readable by anyone who can reach it (--insecure)", address)
 
 
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8")).digest()
+
+
 class MetricsServer:
-    """``/metrics`` over HTTP from a process of its own, bounded as the module says, of
-    ``snapshots`` (the coordinator's shared ones, or a function building a snapshot,
-    kept ``ttl_s``). ``security`` decides the listen rule and whether scrapes need the
-    token; ``rpc_latency`` (the coordinator's ``Deps.rpc_latency``) follows the snapshot."""
+    """``/metrics`` of ``registry`` on ``address`` (``host:port``; port 0 = any free
+    port), bounded as the module says. ``start`` and ``stop`` run on the event loop
+    that owns what the registry reads; ``port`` is the bound port once started."""
 
     def __init__(
-        self,
-        address: str,
-        snapshots: Snapshots | Callable[[], pb.ClusterSnapshot],
-        security: ServerSecurity | None = None,
-        *,
-        ttl_s: float = TTL_S,
-        rpc_latency: RpcLatency | None = None,
+        self, address: str, registry: CollectorRegistry, security: ServerSecurity | None = None
     ) -> None:
         host, sep, port = address.rpartition(":")
         if not sep or not port.isdigit():
@@ -112,113 +121,105 @@ class MetricsServer:
         # Beyond loopback a scrape sends the cluster token or the read role's.
         readers = [r.token for r in security.roles if r.role == "read"]
         tokens = [] if is_loopback(address) else [*filter(None, [security.token]), *readers]
-        self._digests = [digest(t.reveal()) for t in tokens]
-        if not isinstance(snapshots, Snapshots):
-            snapshots = Snapshots.of(snapshots, ttl_s)
-        self.snapshots = snapshots
-        self.latency = rpc_latency
-        host = host.strip("[]") or "0.0.0.0"
-        self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-        try:
-            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self._sock.bind((host, int(port)))
-            self._sock.listen(64)  # the backlog beyond the pool and its queue
-        except OSError as exc:
-            self._sock.close()
-            raise ConfigError(f"cannot listen for metrics on {address}: {exc.strerror}") from None
-        self.port: int = self._sock.getsockname()[1]
-        self._context = multiprocessing.get_context("spawn")
-        self._full = self._context.Value("q", 0, lock=False)
-        self._stopping = threading.Event()
-        self._lock = threading.Lock()
-        self._process: Any = None
-        self._thread = threading.Thread(target=self._run, name="metrics", daemon=True)
+        self._digests = [_digest(t.reveal()) for t in tokens]
+        self.address = address
+        self._host = host.strip("[]") or "0.0.0.0"
+        self._port = int(port)
+        self.port = 0
+        self.registry = registry
+        #: Answers by query (None: the whole exposition): (built at, bytes).
+        self._kept: OrderedDict[frozenset[str] | None, tuple[float, bytes]] = OrderedDict()
+        #: Times an answer was built (tests read it).
+        self.builds = 0
+        self._slots = asyncio.Semaphore(CONCURRENT)
+        self._waiting = 0
+        self._next_at = 0.0
+        app = web.Application()
+        app.router.add_get("/metrics", self._scrape)
+        self._runner = web.AppRunner(
+            app,
+            handle_signals=False,
+            access_log=None,  # a scrape every few seconds would flood journald
+            keepalive_timeout=READ_TIMEOUT_S,
+            shutdown_timeout=1.0,
+        )
 
-    def answer(self, asked: tuple[frozenset[str] | None, int]) -> Answer:
-        """What the HTTP process asked for: ``(names, build)``. Names all of the latency
-        histogram's samples: its counts alone. Else the current snapshot's number, its
-        data unless it is ``build`` (the HTTP process has it), and the counts."""
-        names, have = asked
-        latency = self.latency.counts() if self.latency is not None else None
-        if names is not None and names <= SAMPLE_NAMES:
-            return Answer(latency=latency)
-        number, data = self.snapshots.latest()
-        return Answer(number, None if number == have else data, latency)
+    async def start(self) -> None:
+        """Bind and serve; a wrong address fails here, in one line."""
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._host, self._port, backlog=BACKLOG)
+        try:
+            await site.start()
+        except OSError as exc:
+            await self._runner.cleanup()
+            raise ConfigError(
+                f"cannot listen for metrics on {self.address}: {exc.strerror}"
+            ) from None
+        server = site._server  # the asyncio server: its socket has the port 0 chose
+        assert isinstance(server, asyncio.Server)
+        self.port = server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        await self._runner.cleanup()
 
     @property
-    def full(self) -> int:
-        """Times the HTTP process stopped accepting connections because every worker and
-        queue slot was taken (until one was free)."""
-        return int(self._full.value)
+    def connections(self) -> int:
+        """Connections the server holds now (accepted, not yet closed)."""
+        server = self._runner.server
+        return 0 if server is None else len(server.connections)
 
-    def pid(self) -> int | None:
-        """The HTTP process's id while one runs (for tests and logs)."""
-        with self._lock:
-            return None if self._process is None else self._process.pid
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stopping.set()
-        with self._lock:
-            process = self._process
-        if process is not None:
-            process.terminate()
-        self._thread.join(timeout=5.0)
-        self._sock.close()
-
-    def _run(self) -> None:
-        """Start the HTTP process and answer its requests for bodies; start another when
-        it dies, until ``stop``."""
-        while not self._stopping.is_set():
-            ours, theirs = self._context.Pipe()
-            process = self._context.Process(
-                target=serve_http,
-                args=(self._sock, theirs, self._digests, self._full, os.getpid()),
-                name="hetero-metrics",
-                daemon=True,
+    async def _scrape(self, request: web.Request) -> web.StreamResponse:
+        if self._digests and not self._authorized(request.headers.get(METADATA_KEY, "")):
+            return web.Response(
+                status=401,
+                text="unauthenticated: bearer token\n",
+                headers={"WWW-Authenticate": SCHEME},
             )
-            with self._lock:
-                if self._stopping.is_set():
-                    return
-                failed: OSError | None = None
-                try:
-                    process.start()
-                except OSError as exc:  # out of processes or memory: the host's, for now
-                    failed = exc
-                else:
-                    self._process = process
-            if failed is not None:
-                ours.close()
-                theirs.close()
-                log.warning("cannot start the /metrics process (%s); trying again", failed)
-                self._stopping.wait(RESTART_S)
-                continue
-            theirs.close()
-            self._answer(ours)
-            process.join(timeout=5.0)
-            if process.is_alive():
-                process.kill()
-            if not self._stopping.is_set():
-                log.warning(
-                    "the /metrics process exited (code %s); starting another", process.exitcode
-                )
-                self._stopping.wait(RESTART_S)
+        if self._waiting >= WAITING:
+            await asyncio.sleep(REFUSE_S)
+            return web.Response(status=503, text="busy, try again\n", headers={"Retry-After": "1"})
+        asked = request.query.getall("name[]", [])
+        names = frozenset(asked) if asked else None
+        self._waiting += 1
+        try:
+            async with self._slots:
+                await self._turn()
+                response = web.Response(body=self._answer(names))
+                response.headers["Content-Type"] = CONTENT_TYPE
+                # A client that left while it waited (a cut scrape) is routine, not an
+                # error with a traceback in the log at every one.
+                with contextlib.suppress(ConnectionResetError):
+                    await response.prepare(request)
+                    await response.write_eof()
+                return response
+        finally:
+            self._waiting -= 1
 
-    def _answer(self, conn: Any) -> None:
-        """The bodies the HTTP process asks for, until it exits."""
-        while True:
-            try:
-                asked = conn.recv()
-            except (EOFError, OSError):
-                return
-            try:
-                reply = self.answer(asked)
-            except Exception:
-                log.exception("metrics scrape failed")
-                reply = Answer(ok=False)
-            try:
-                conn.send(reply)
-            except OSError:
-                return
+    async def _turn(self) -> None:
+        """Wait for this scrape's slot in the ``RATE`` a second (taken before waiting)."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        at = max(now, self._next_at)
+        self._next_at = at + 1.0 / RATE
+        if at > now:
+            await asyncio.sleep(at - now)
+
+    def _answer(self, names: frozenset[str] | None) -> bytes:
+        now = asyncio.get_running_loop().time()
+        kept = self._kept.get(names)
+        if kept is not None and now - kept[0] < TTL_S:
+            return kept[1]
+        registry = self.registry if names is None else self.registry.restricted_registry(names)
+        data: bytes = generate_latest(registry)
+        self.builds += 1
+        self._kept[names] = (now, data)
+        self._kept.move_to_end(names)
+        while len(self._kept) > KEPT:
+            self._kept.popitem(last=False)
+        return data
+
+    def _authorized(self, header: str) -> bool:
+        scheme, _, value = header.partition(" ")
+        presented = _digest(value.strip())
+        matches = [hmac.compare_digest(presented, d) for d in self._digests]  # compare with all
+        return scheme.lower() == SCHEME.lower() and any(matches)

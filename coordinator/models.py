@@ -30,7 +30,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 #: 0003). From 3 on, ``migrations/`` holds every change and ``schema`` applies it.
 #: 6: jobs.priority and jobs.owner (the queue; revision 0004).
 #: 7: jobs.excluded and jobs.exclusion_restarts (ranks left out; revision 0005).
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 #: A 64-bit integer: PostgreSQL's INTEGER is 32-bit, and a GPU's memory in bytes (or
 #: the telemetry table's ids after a month of 1,000 nodes) overflows it. SQLite's
@@ -63,6 +63,10 @@ class NodeRow(Base):
     #: Set by the coordinator's sweeper when the node missed its heartbeat timeout
     #: (so "node down" is one event, not one per sweep); cleared when it is heard again.
     down: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: The host's profile as its agent measured it at registration (``hetero.v1.HostProfile``
+    #: as protobuf JSON: CPUs, network to the coordinator, the data disk's read, the links
+    #: to other nodes); "" before its first registration with one.
+    host_profile: Mapped[str] = mapped_column(Text, default="", server_default="")
     devices: Mapped[list[DeviceRow]] = relationship(
         back_populates="node", cascade="all, delete-orphan", order_by="DeviceRow.index"
     )

@@ -1,46 +1,36 @@
 """Applying ``retention.IntervalRetention`` to the ``interval_stats`` table.
 
-Never pruned, whatever their age: the rows the balancer and straggler detection
-read, i.e. the current attempt's newest ``views.HISTORY_FOR_REPORT`` complete
-intervals (and any newer rows) of every job not finished. A job whose intervals
-take longer than ``raw_s / HISTORY_FOR_REPORT`` has such rows beyond ``raw_s``.
+Never pruned, whatever their age: the rows of each job's history, i.e. the current
+attempt's newest ``reports.HISTORY`` complete intervals (and any newer rows) of every
+job not finished. The history is kept in memory, but recovery (``persist.load``)
+rebuilds it from these rows, so a restarted coordinator plans from the same
+intervals. A job whose intervals take longer than ``raw_s / HISTORY`` has such rows
+beyond ``raw_s``.
 
 ``prune_batch`` does one bounded batch in the caller's transaction: it deletes
-at most ``batch_rows`` rows and scans a bounded range of ids, so the write lock
-is held briefly; ``IntervalPruner`` runs batches every ``PRUNE_PERIOD_S`` on a
-thread of its own. Row ids stand for arrival order (they grow as rows are
+at most ``batch_rows`` rows and scans a bounded range of ids, so one batch keeps
+the writer briefly; ``service.Service.prune`` runs batches through the writer,
+carrying the ``PruneState`` from one committed batch to the next. Row ids stand for arrival order (they grow as rows are
 inserted, and received_at is the insertion time), which lets both walks go by
 the primary key: no index on ``received_at_unix_s``, no schema change.
 """
 
 from __future__ import annotations
 
-import logging
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 from sqlalchemy import Table, bindparam, delete, func, select
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from hetero.coordinator import lifecycle, store
-from hetero.coordinator.logpruning import prune_logs_batch
 from hetero.coordinator.models import IntervalStatRow, JobRow
-from hetero.coordinator.periodic import Periodic
-from hetero.coordinator.retention import IntervalRetention, LogRetention
-from hetero.coordinator.views import HISTORY_FOR_REPORT
-
-log = logging.getLogger("hetero.coordinator.pruning")
+from hetero.coordinator.reports import HISTORY
+from hetero.coordinator.retention import IntervalRetention
 
 #: Ids one batch's thinning walk covers (the database reads them, not Python).
 SCAN_IDS = 50_000
-#: Seconds between pruning passes of ``IntervalPruner``.
-PRUNE_PERIOD_S = 60.0
-#: Most batches per pass: 200,000 rows a minute, far above any steady arrival rate.
-MAX_BATCHES = 100
-#: Seconds between two batches of a pass: other writers take the lock in between.
-BATCH_PAUSE_S = 0.02
 #: Pages of the expiry walk per batch: protected rows (a stalled job's newest) may sit
 #: at the head of the table; the walk passes over at most this many pages of them.
 _HEAD_PAGES = 10
@@ -88,9 +78,9 @@ class _Protected:
         job = self.s.get(JobRow, job_id)
         if job is None or job.state in lifecycle.FINISHED:
             return None
-        steps = store.complete_steps(self.s, job, HISTORY_FOR_REPORT)
+        steps = store.complete_steps(self.s, job, HISTORY)
         # Fewer complete intervals than the window: the balancer reads all there are.
-        floor = steps[-1] if len(steps) == HISTORY_FOR_REPORT else -1
+        floor = steps[-1] if len(steps) == HISTORY else -1
         return job.attempt_first_plan, floor
 
 
@@ -229,73 +219,3 @@ def _thin(
         hi, caught_up = rows[-1][0], False
     walked = [(row_id, protected(job_id, step, pv)) for row_id, job_id, step, pv in rows]
     return walked, hi, not caught_up and hi < top
-
-
-class IntervalPruner:
-    """The thread that prunes interval statistics every ``period_s`` until :meth:`stop`,
-    and with ``logs`` the log lines and events too (``coordinator.logpruning``).
-
-    A pass runs batches, each its own short transaction, until one finds nothing
-    more to do (at most ``max_batches``), pausing ``pause_s`` between them."""
-
-    def __init__(
-        self,
-        sessions: sessionmaker[Session],
-        policy: IntervalRetention,
-        period_s: float = PRUNE_PERIOD_S,
-        clock: Callable[[], float] = time.time,
-        *,
-        max_batches: int = MAX_BATCHES,
-        pause_s: float = BATCH_PAUSE_S,
-        logs: LogRetention | None = None,
-    ) -> None:
-        self.sessions = sessions
-        self.policy = policy
-        self.logs = logs
-        self.period_s = period_s
-        self.clock = clock
-        self.max_batches = max_batches
-        self.pause_s = pause_s
-        self.state = PruneState()
-        self._loop = Periodic(
-            "pruner", period_s, self._pass, failure="pruning interval statistics failed"
-        )
-
-    def start(self) -> None:
-        self._loop.start()
-
-    def stop(self) -> None:
-        self._loop.stop()
-
-    def run_pass(self) -> int:
-        """Prune until caught up (or ``max_batches``); the number of rows removed."""
-        removed = 0
-        for _ in range(self.max_batches):
-            with self.sessions.begin() as s:
-                batch = prune_batch(s, self.policy, self.state, now=self.clock())
-            self.state = batch.state  # only once committed
-            removed += batch.removed
-            if not batch.more or self._loop.stopping.wait(self.pause_s):
-                break
-        return removed
-
-    def run_log_pass(self) -> int:
-        """Prune log lines and events until caught up (or ``max_batches``); rows removed."""
-        removed = 0
-        if self.logs is None:
-            return removed
-        for _ in range(self.max_batches):
-            with self.sessions.begin() as s:
-                batch, more = prune_logs_batch(s, self.logs, now=self.clock())
-            removed += batch
-            if not more or self._loop.stopping.wait(self.pause_s):
-                break
-        return removed
-
-    def _pass(self) -> None:
-        removed = self.run_pass()
-        if removed:
-            log.info("pruned %d interval statistics rows", removed)
-        removed = self.run_log_pass()
-        if removed:
-            log.info("pruned %d log line and event rows", removed)

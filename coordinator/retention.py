@@ -32,7 +32,7 @@ from hetero.core.errors import ConfigError
 #: The shortest raw window, in seconds: what operators watch (hetero-top, GetJobDetail's
 #: newest intervals) stays whole; what reports read is protected whatever the window.
 MIN_RAW_S = 60.0
-#: Most rows one pruning batch deletes: about 20 ms of the write lock on a busy 2-core box.
+#: Most rows one pruning batch deletes: one short transaction between the writer's others.
 BATCH_ROWS = 2_000
 
 

@@ -39,12 +39,25 @@ def _full(names: Iterable[str]) -> frozenset[str]:
 
 
 READ = _full(("ListJobs", "GetJob", "GetJobLogs", "ListNodes", "GetJobDetail", "WatchCluster"))
-USER = READ | _full(("SubmitJob", "CancelJob", "DrainNode", "Probe"))
+#: A user may also attach a job its own launcher started and report for it (``attach``;
+#: ``scope`` keeps it to such jobs).
+USER = READ | _full(
+    (
+        "SubmitJob",
+        "CancelJob",
+        "DrainNode",
+        "Probe",
+        "AttachJob",
+        "DetachJob",
+        "ReportIntervalStats",
+        "GetPlan",
+    )
+)
 AGENT = _full(
     (
         "RegisterNode",
         "Heartbeat",
-        "PollAssignments",
+        "WatchOrders",
         "ReportRankStatus",
         "AppendJobLogs",
         "Probe",

@@ -1,224 +1,332 @@
-"""The coordinator's gRPC server: ``create_server`` for tests and ``serve`` for the daemon.
+"""The coordinator's process: ``create_server`` (what ``serve`` and every test start) and
+``serve``, the daemon.
 
-``create_server`` binds (port 0 picks a free port) and registers the
-Coordinator service, the standard health service and server reflection; it
-does not start the server. ``serve`` opens the database, starts, and stops
-gracefully on SIGTERM/SIGINT (in-flight RPCs get ``grace_s`` seconds).
+One process, one event loop: ``CoordinatorServer`` runs a ``grpc.aio`` server and the
+coordinator's service (``service``: the state in memory, its one writer, the sweep and
+pruning) on one loop of a thread of its own, driven like a ``grpc.Server``:
+``start()``, ``stop(grace).wait()``. ``create_server`` opens the database (its schema
+upgraded), loads the state from it and binds; ``start`` serves. ``registry`` is what
+Prometheus ``/metrics`` says (``metrics``); ``serve_metrics`` serves it on the same
+loop (``metricsserver``), as ``serve`` does with ``metrics_listen``. ``serve`` stops
+gracefully on SIGTERM/SIGINT (in-flight calls get ``grace_s`` seconds, then what is
+queued is written).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 import threading
-import time
-from collections.abc import Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from concurrent import futures
 from types import FrameType
+from typing import Any, TypeVar
 
-import grpc
-import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from prometheus_client.registry import CollectorRegistry
 
-from hetero.coordinator.admission import Limits
-from hetero.coordinator.asyncserver import CoordinatorServer, add_coordinator
-from hetero.coordinator.capacity import CapacityWatch
-from hetero.coordinator.database import (
-    open_database,
-    read_session_factory,
-    session_factory,
-    writers_take_turns_across_processes,
-)
+from hetero.coordinator.api import SERVICE_NAME, Api
+from hetero.coordinator.database import open_database
 from hetero.coordinator.dburl import masked
-from hetero.coordinator.deps import Deps
-from hetero.coordinator.heartbeatworker import HeartbeatWorker
 from hetero.coordinator.identity import Caller, Identities
-from hetero.coordinator.ingest import HeartbeatIngest
+from hetero.coordinator.metrics import ClusterCollector, RpcLatency
 from hetero.coordinator.metricsserver import MetricsServer
-from hetero.coordinator.pruning import IntervalPruner
-from hetero.coordinator.readcache import (
-    IntervalHistories,
-    JobPlacements,
-    LatestPlans,
-    PendingOrders,
-)
-from hetero.coordinator.recovery import Sweeper
-from hetero.coordinator.replanner import Replanner
-from hetero.coordinator.reportworker import DEFAULT_PROCESSES, ReportWorkers
-from hetero.coordinator.retention import IntervalRetention, LogRetention
-from hetero.coordinator.service import CoordinatorService
-from hetero.coordinator.snapshots import Snapshots, SnapshotWorker, builder
-from hetero.coordinator.store import TelemetryPolicy
-from hetero.coordinator.views import HISTORY_FOR_REPORT
+from hetero.coordinator.service import Service, Settings
+from hetero.coordinator.standby import POLL_S, Leadership
 from hetero.core import defaults, heap
 from hetero.security.transport import ServerSecurity, bind, describe, new_aio_server
-from hetero.v1 import coordinator_pb2
+from hetero.v1 import coordinator_pb2 as pb
+from hetero.v1 import coordinator_pb2_grpc
 
 log = logging.getLogger("hetero.coordinator")
 
-SERVICE_NAME = coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"].full_name
+T = TypeVar("T")
+
+__all__ = ["SERVICE_NAME", "CoordinatorServer", "Settings", "create_server", "serve"]
+
+
+class _Stopping:
+    """What ``CoordinatorServer.stop`` returns: ``wait()`` until the server, its writes and
+    its loop are done, as ``grpc.Server.stop(grace).wait()``."""
+
+    def __init__(self, server: CoordinatorServer, stopped: futures.Future[None]) -> None:
+        self._server = server
+        self._stopped = stopped
+
+    def wait(self, timeout: float | None = None) -> bool:
+        try:
+            self._stopped.result(timeout)
+        except futures.TimeoutError:
+            return False
+        self._server._close()
+        return True
+
+
+class CoordinatorServer:
+    """The coordinator on an event loop of its own thread: its gRPC server (the
+    Coordinator service, the standard health service, reflection) and its ``service``."""
+
+    def __init__(
+        self,
+        address: str,
+        settings: Settings,
+        security: ServerSecurity | None = None,
+        certificates: Mapping[str, Caller] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.security = security or ServerSecurity()
+        self.registry = CollectorRegistry()
+        self.latency = RpcLatency(self.registry)
+        self.metrics: MetricsServer | None = None
+        self.engine = open_database(settings.db_url)
+        self.leadership = Leadership(self.engine)
+        try:  # a second coordinator on a SQLite file refuses here, in one line
+            self._leading = self.leadership.try_acquire()
+        except BaseException:
+            self.engine.dispose()
+            raise
+        #: Called (on the loop) if the database's lock is lost while serving.
+        self.on_lost: Callable[[], None] | None = None
+        self._standby: asyncio.Task[None] | None = None
+        #: The newest change of the health status the writer asked for (kept: a task alone may be collected).
+        self._health_set: asyncio.Task[None] | None = None
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="rpc-loop", daemon=True)
+        self._thread.start()
+        try:
+            self.run(self._build(address, certificates))
+        except BaseException:
+            self._close()
+            raise
+
+    async def _build(self, address: str, certificates: Mapping[str, Caller] | None) -> None:
+        security, limits = self.security, self.settings.limits
+        self.service = Service(self.settings, self.engine)
+        self.server = new_aio_server(
+            security,
+            what="coordinator",
+            hint="--token-file or $HETERO_TOKEN_FILE",
+            max_concurrent_rpcs=limits.concurrent_rpcs,
+            max_message_bytes=limits.max_message_bytes,
+        )
+        identities = Identities(security.token, security.roles, security.named, certificates)
+        self.api = Api(self.service, identities, self.latency)
+        service = self.service
+        self.registry.register(
+            ClusterCollector(lambda: service.state, service.now, self.settings.heartbeat_timeout_s)
+        )
+        coordinator_pb2_grpc.add_CoordinatorServicer_to_server(self.api, self.server)  # type: ignore[no-untyped-call, unused-ignore]
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        await self._serving(False)
+        # NOT_SERVING while the database takes no writes (a full disk, a broken database).
+        self.service.on_health = self._database_health
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
+        )
+        self.port = bind(self.server, address, security, "coordinator")
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the coordinator's loop and wait for it (from another thread)."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """``fn()`` on the loop, which owns the state (tests and tools read it so)."""
+
+        async def on_loop() -> T:
+            return fn()
+
+        return self.run(on_loop())
+
+    def start(self) -> None:
+        """Load the state and serve; a standby (PostgreSQL, the lock held elsewhere) serves
+        NOT_SERVING and waits for the lock instead (``standby``)."""
+        self.run(self._start())
+
+    async def _start(self) -> None:
+        if self._leading:
+            await self._lead()
+            await self.server.start()
+            return
+        await self.server.start()
+        log.warning(
+            "standby: another coordinator serves %s; waiting for its lock to take over",
+            self.leadership.url,
+        )
+        self._standby = asyncio.get_running_loop().create_task(self._wait_to_lead())
+
+    async def _wait_to_lead(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not await loop.run_in_executor(None, self.leadership.try_acquire):
+            await asyncio.sleep(POLL_S)
+        log.info("took over %s: loading the state", self.leadership.url)
+        await self._lead()
+
+    async def _lead(self) -> None:
+        await self.service.load()
+        self.service.start()
+        self.service.ready = True
+        await self._serving(True)
+        if self.leadership.waits:
+            self._standby = asyncio.get_running_loop().create_task(self._keep_leading())
+
+    async def _keep_leading(self) -> None:
+        """Stop serving once the lock is lost (PostgreSQL: its connection failed)."""
+        loop = asyncio.get_running_loop()
+        while await loop.run_in_executor(None, self.leadership.held):
+            await asyncio.sleep(POLL_S)
+        log.error("lost the lock of %s (its connection failed): not serving", self.leadership.url)
+        self.service.ready = False
+        await self._serving(False)
+        if self.on_lost is not None:
+            self.on_lost()
+
+    def _database_health(self, takes_writes: bool) -> None:
+        self._health_set = asyncio.get_running_loop().create_task(
+            self._serving(takes_writes and self.service.ready)
+        )
+
+    async def _serving(self, serving: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, status)
+
+    def flush(self) -> None:
+        """Run the queue's pass a change asked for, hand the telemetry kept so far to the
+        writer and wait until everything queued is committed (tests read what heartbeats
+        wrote, and what a pass placed)."""
+
+        async def flush() -> None:
+            await self.service.admit_pending()
+            await self.service.flush_telemetry()
+            await self.service.writer.barrier()
+
+        self.run(flush())
+
+    def sweep(self) -> None:
+        """One sweep now, as the sweeper's (silent nodes, restarts, the queue)."""
+        self.run(self.service.sweep())
+
+    def snapshot(self) -> pb.ClusterSnapshot:
+        """The cluster now, from memory (``WatchCluster``'s)."""
+        return self.call(self.api.snapshot)
+
+    def serve_metrics(self, address: str) -> int:
+        """Serve ``/metrics`` on ``address`` (``host:port``, port 0 = any) from this
+        coordinator's loop (``metricsserver``), under its security's listen rule; its port.
+        A wrong address raises ``ConfigError``; ``stop`` stops it."""
+        metrics = MetricsServer(address, self.registry, self.security)
+        self.run(metrics.start())
+        self.metrics = metrics
+        return metrics.port
+
+    def stop(self, grace: float | None) -> _Stopping:
+        """Stop taking calls; in-flight ones get ``grace`` seconds (None = until done); then
+        write what is queued. Stopping a stopped server does nothing."""
+        if self._loop.is_closed():
+            stopped: futures.Future[None] = futures.Future()
+            stopped.set_result(None)
+            return _Stopping(self, stopped)
+
+        async def stop() -> None:
+            self.service.stopping.set()
+            if self._standby is not None:
+                self._standby.cancel()
+            if self.metrics is not None:
+                await self.metrics.stop()
+            await self.server.stop(grace)
+            await self.service.stop()
+
+        return _Stopping(self, asyncio.run_coroutine_threadsafe(stop(), self._loop))
+
+    def _close(self) -> None:
+        if self._loop.is_closed():
+            return
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+        self.leadership.release()
+        self.engine.dispose()
 
 
 def create_server(
     address: str,
-    deps: Deps,
+    settings: Settings,
     security: ServerSecurity | None = None,
     certificates: Mapping[str, Caller] | None = None,
 ) -> tuple[CoordinatorServer, int]:
-    """A server for ``address`` (``host:port``; port 0 = any free port) and the bound port.
+    """A coordinator for ``address`` (``host:port``; port 0 = any free port) on
+    ``settings.db_url``, its state loaded, not started; and its port.
 
     ``security`` (default: loopback only, no token, no TLS) is applied by
     ``hetero.security.transport``: token check, TLS, message limit, and no UNKNOWN status;
     ``certificates`` maps client certificates' common names to callers
-    (``roles.certificate_callers``; with mutual TLS only);
-    ``deps.limits`` bounds the calls in flight and the message size. The server is
-    ``grpc.aio`` on a loop thread of its own (``asyncserver``)."""
-    security = security or ServerSecurity()
-
-    async def build(pool: futures.Executor) -> tuple[grpc.aio.Server, int]:
-        server = new_aio_server(
-            security,
-            what="coordinator",
-            hint="--token-file or $HETERO_TOKEN_FILE",
-            max_concurrent_rpcs=deps.limits.concurrent_rpcs,
-            max_message_bytes=deps.limits.max_message_bytes,
-        )
-        identities = Identities(security.token, security.roles, security.named, certificates)
-        add_coordinator(server, deps, pool, identities)
-        health_servicer = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        for name in ("", SERVICE_NAME):
-            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-        )
-        return server, bind(server, address, security, "coordinator")
-
-    server = CoordinatorServer(build)
+    (``roles.certificate_callers``; with mutual TLS only); ``settings.limits`` bounds the
+    calls in flight and the message size."""
+    server = CoordinatorServer(address, settings, security, certificates)
     return server, server.port
 
 
 def serve(
     address: str,
-    db_url: str,
+    settings: Settings,
     grace_s: float = defaults.SHUTDOWN_GRACE_S,
-    deps: Deps | None = None,
     metrics_listen: str | None = None,
     security: ServerSecurity | None = None,
-    allowed_roots: tuple[str, ...] | None = None,
-    heartbeat_interval_s: float = defaults.HEARTBEAT_INTERVAL_S,
-    heartbeat_timeout_s: float = defaults.HEARTBEAT_TIMEOUT_S,
-    master_port_base: int = defaults.MASTER_PORT_BASE,
-    telemetry: TelemetryPolicy | None = None,
-    interval_retention: IntervalRetention | None = None,
-    log_retention: LogRetention | None = None,
-    limits: Limits | None = None,
     certificates: Mapping[str, Caller] | None = None,
-    report_processes: int | None = None,
 ) -> None:
     """Run the coordinator until SIGTERM or SIGINT; with ``metrics_listen`` (host:port)
-    also serve Prometheus ``/metrics`` there. Heartbeats are written in batches
-    (``HeartbeatIngest``), in a process of their own (``heartbeatworker``; not on an
-    in-memory SQLite database), reads take no write lock, interval reports are handled in
-    ``report_processes`` processes of their own (``reportworker``; None = one per two
-    cores, one to four; not on an in-memory SQLite database, which no other process can open) and the balancer's fits of the others in a worker
-    process (``replanner``). A sweeper thread marks silent
-    nodes down and restarts their jobs (``recovery``); what it changes drops the
-    order and plan caches (``readcache``) so polls and ``GetPlan`` see it at once.
-    Telemetry is kept as ``telemetry`` says; a pruner thread keeps interval statistics
-    within ``interval_retention`` (``pruning``) and log lines and events within
-    ``log_retention`` (``logpruning``). Defaults: each policy's own."""
-    engine = open_database(db_url)
-    snapshot_worker: SnapshotWorker | None = None
-    heartbeats: HeartbeatWorker | None = None
-    if deps is None:
-        sessions, readers = session_factory(engine), read_session_factory(engine)
-        policy = telemetry or TelemetryPolicy()
-        capacity = CapacityWatch(sessions)
-        elsewhere = writers_take_turns_across_processes(engine)
-        if elsewhere:
-            heartbeats = HeartbeatWorker(db_url, on_change=capacity.changed)
-        ingest = HeartbeatIngest(sessions, readers, policy, worker=heartbeats)
-        snapshot_worker = SnapshotWorker(db_url) if elsewhere else None
-        snapshots = Snapshots(
-            builder(
-                readers,
-                ingest=ingest,
-                clock=time.time,
-                heartbeat_timeout_s=heartbeat_timeout_s,
-                worker=snapshot_worker,
-            )
-        )
-        deps = Deps(
-            sessions=sessions,
-            readers=readers,
-            ingest=ingest,
-            snapshots=snapshots,
-            orders=PendingOrders(readers),
-            plans=LatestPlans(readers),
-            histories=IntervalHistories(HISTORY_FOR_REPORT),
-            placements=JobPlacements(),
-            replanner=Replanner(),
-            reports=(
-                ReportWorkers(db_url, report_processes or DEFAULT_PROCESSES) if elsewhere else None
-            ),
-            capacity=capacity,
-            telemetry=policy,
-            heartbeat_interval_s=heartbeat_interval_s,
-            heartbeat_timeout_s=heartbeat_timeout_s,
-            allowed_roots=allowed_roots,
-            master_port_base=master_port_base,
-            limits=limits or Limits(),
-        )
-    sweeper = Sweeper(
-        deps.sessions,
-        deps.sweep_config(),
-        period_s=deps.heartbeat_interval_s / 2,
-        before=deps.ingest.flush if deps.ingest is not None else None,
-        on_change=deps.invalidate_caches,
-        capacity=deps.capacity,
-        admit_elsewhere=deps.reports.admit if deps.reports is not None else None,
-    )
-    kept = interval_retention or IntervalRetention()
-    logs = log_retention or LogRetention()
-    pruner = IntervalPruner(deps.sessions, kept, clock=deps.clock, logs=logs)
-    server, port = create_server(address, deps, security, certificates)
-    metrics = (
-        MetricsServer(
-            metrics_listen,
-            deps.snapshots or Snapshots.of(CoordinatorService(deps).snapshot),
-            security,
-            rpc_latency=deps.rpc_latency,
-        )
-        if metrics_listen
-        else None
-    )
-    if deps.ingest is not None:
-        deps.ingest.start()
+    also serve Prometheus ``/metrics`` there."""
+    stop = threading.Event()
+
+    def _on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s, stopping (grace %.0f s)", signal.Signals(signum).name, grace_s)
+        stop.set()
+
+    # Before anything starts: a SIGTERM that arrives while the state loads stops it too.
+    previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server, port = create_server(address, settings, security, certificates)
+    except BaseException:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        raise
+    server.on_lost = stop.set  # another coordinator may serve the database now
+    try:  # a wrong address fails before the coordinator serves
+        metrics_port = server.serve_metrics(metrics_listen) if metrics_listen else None
+    except BaseException:
+        server.stop(0).wait()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        raise
     server.start()
-    sweeper.start()
-    pruner.start()
     log.info(
         "coordinator listening on %s (port %d, %s), database %s",
         address,
         port,
         describe(security),
-        masked(db_url),
+        masked(settings.db_url),
     )
+    limits, kept, logs = settings.limits, settings.interval_retention, settings.log_retention
     log.info(
         "queue and limits: %d queued or active jobs per credential, %d ranks per CPU device, "
         "specs up to %d bytes, %d calls at once, messages up to %d bytes",
-        deps.limits.jobs_per_user,
-        deps.limits.ranks_per_cpu_device,
-        deps.limits.max_spec_bytes,
-        deps.limits.concurrent_rpcs,
-        deps.limits.max_message_bytes,
+        limits.jobs_per_user,
+        limits.ranks_per_cpu_device,
+        limits.max_spec_bytes,
+        limits.concurrent_rpcs,
+        limits.max_message_bytes,
     )
     log.info(
         "retention: telemetry %g h; interval stats whole for %g h, then 1 interval in %d, "
         "deleted after %g days; log lines %g days, at most %d a job; events %g days",
-        deps.telemetry.retention_s / 3600,
+        settings.telemetry.retention_s / 3600,
         kept.raw_s / 3600,
         kept.thin_every,
         kept.keep_s / 86400,
@@ -226,40 +334,14 @@ def serve(
         logs.lines_per_job,
         logs.events_keep_s / 86400,
     )
-    if metrics is not None and metrics_listen is not None:
-        if snapshot_worker is not None:
-            snapshot_worker.start()  # it will be scraped: import it before the first scrape
-        metrics.start()
+    if metrics_listen is not None and metrics_port is not None:
         host = metrics_listen.rpartition(":")[0]
-        log.info("metrics on http://%s:%d/metrics", host, metrics.port)
+        log.info("metrics on http://%s:%d/metrics", host, metrics_port)
     heap.settle()  # start-up's objects out of every full collection (``heap``)
-    stop = threading.Event()
-
-    def _on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("received %s, stopping (grace %.0f s)", signal.Signals(signum).name, grace_s)
-        stop.set()
-
-    previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         stop.wait()
     finally:
-        deps.stopping.set()
-        sweeper.stop()
-        pruner.stop()
-        if metrics is not None:
-            metrics.stop()
         server.stop(grace_s).wait()
-        if deps.ingest is not None:
-            deps.ingest.stop()  # its last flush, in the worker or here
-        if heartbeats is not None:
-            heartbeats.close()
-        if deps.reports is not None:
-            deps.reports.close()
-        if deps.replanner is not None:
-            deps.replanner.close()
-        if snapshot_worker is not None:
-            snapshot_worker.close()
-        engine.dispose()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         log.info("coordinator stopped")

@@ -22,6 +22,10 @@ MAX_VERSION_CHARS = 64
 #: Devices one node may register.
 MAX_DEVICES = 1024
 MAX_EMULATED_SLOWDOWN = 100.0
+#: How an agent read its data disk (``agent.diskprobe``); "" when it did not.
+DISK_READ_METHODS = ("", "o_direct", "fadvise", "cached")
+#: Links to other nodes one registration may carry.
+MAX_PEER_LINKS = 1024
 _OPTIONAL_RATES = (
     "matmul_tflops",
     "memory_bandwidth_bytes_per_s",
@@ -74,8 +78,27 @@ def register_node(req: pb.RegisterNodeRequest) -> None:
             )
     if req.HasField("host"):
         h = req.host
-        for field in ("cpu_gflops", "network_rtt_s", "network_bytes_per_s"):
+        for field in (
+            "cpu_gflops",
+            "network_rtt_s",
+            "network_bytes_per_s",
+            "disk_read_bytes_per_s",
+        ):
             if h.HasField(field):
                 _finite_non_negative(h, field, f"node {req.name} host")
+        if h.disk_read_method not in DISK_READ_METHODS:
+            raise ConfigError(
+                f"node {req.name} host: disk_read_method must be one of {DISK_READ_METHODS}"
+            )
+        if len(h.peer_links) > MAX_PEER_LINKS:
+            raise ConfigError(f"node {req.name} host: at most {MAX_PEER_LINKS} peer_links")
+        for link in h.peer_links:
+            where = f"node {req.name} host link to {link.peer[:40]!r}"
+            if not link.peer or len(link.peer) > 255 or not link.peer.isprintable():
+                raise ConfigError(f"{where}: peer must be a printable node id")
+            _finite_non_negative(link, "rtt_s", where)
+            for field in ("send_bytes_per_s", "receive_bytes_per_s"):
+                if link.HasField(field):
+                    _finite_non_negative(link, field, where)
         for field in ("emulated_slowdown", "measured_in_s"):
             _finite_non_negative(h, field, f"node {req.name} host")

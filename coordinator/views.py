@@ -6,23 +6,16 @@ Each function takes an open session and the current time; none writes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from sqlalchemy.orm import Session
 
-from hetero.coordinator import lifecycle, store, wire
-from hetero.coordinator.models import JobRow, PlanRow, TelemetryRow
-from hetero.core import replan
+from hetero.coordinator import store, wire
+from hetero.coordinator.models import JobRow, PlanRow
 from hetero.core.balancer import StragglerEvidence, detect_stragglers
 from hetero.core.balancer.straggler import LOOKBACK
 from hetero.v1 import coordinator_pb2 as pb
 
-#: Finished jobs stay in cluster snapshots this long, in seconds.
-WATCH_FINISHED_JOBS_S = 3600.0
-#: Newest jobs a snapshot looks at besides the placed ones (queued, finished).
-WATCH_JOBS = 1000
-#: Placed jobs a snapshot shows at most (devices bound them far below this).
-MAX_PLACED_JOBS = 10_000
 #: Events a job's detail carries, newest last.
 DETAIL_EVENTS = 50
 #: Default and largest number of intervals in one GetJobDetail reply.
@@ -61,54 +54,6 @@ def _job_message(s: Session, job: JobRow, plan: PlanRow | None, detail: bool = F
     return wire.job_message(job, plan, names, events, with_spec=detail, live=live)
 
 
-#: A node's newest telemetry not yet in the database (``HeartbeatIngest.current``).
-Live = Callable[[str], dict[int | None, TelemetryRow] | None]
-
-
-def telemetry(s: Session, node_id: str, live: Live | None) -> dict[int | None, TelemetryRow]:
-    """A node's newest telemetry: from memory while its bucket is open, else stored."""
-    return (live(node_id) if live else None) or store.latest_telemetry(s, node_id)
-
-
-def nodes(s: Session, *, now: float, timeout_s: float, live: Live | None = None) -> list[pb.Node]:
-    """Every node with its newest telemetry: from memory while its bucket is open, the
-    others' from the database in one query (``store.latest_telemetry_of``)."""
-    rows = store.list_nodes(s)
-    fresh = {node.id: (live(node.id) if live else None) for node in rows}
-    stored = store.latest_telemetry_of(s, [n for n, t in fresh.items() if not t])
-    return [
-        wire.node_message(
-            node, fresh[node.id] or stored.get(node.id, {}), store.is_healthy(node, now, timeout_s)
-        )
-        for node in rows
-    ]
-
-
-def cluster_snapshot(
-    s: Session, *, now: float, timeout_s: float, live: Live | None = None
-) -> pb.ClusterSnapshot:
-    """Every node; every placed job (pending, running, restarting), and of the newest
-    ``WATCH_JOBS`` the others not finished or finished within ``WATCH_FINISHED_JOBS_S``:
-    newest first. A flood of queued jobs never hides a running one."""
-    placed = store.list_jobs(s, sorted(lifecycle.PLACED), limit=MAX_PLACED_JOBS)
-    rows = {j.id: j for j in (*store.list_jobs(s, limit=WATCH_JOBS), *placed)}
-    jobs = job_messages(
-        s,
-        sorted(
-            (
-                j
-                for j in rows.values()
-                if j.finished_at_unix_s is None
-                or now - j.finished_at_unix_s < WATCH_FINISHED_JOBS_S
-            ),
-            key=lambda j: (-j.submitted_at_unix_s, j.id),
-        ),
-    )
-    return pb.ClusterSnapshot(
-        time_unix_s=now, nodes=nodes(s, now=now, timeout_s=timeout_s, live=live), jobs=jobs
-    )
-
-
 def job_detail(s: Session, job_id: str, max_intervals: int, after_step: int | None) -> pb.JobDetail:
     """A job with its intervals (see ``GetJobDetailRequest``) and every plan."""
     job = store.get_job(s, job_id)
@@ -124,8 +69,3 @@ def job_detail(s: Session, job_id: str, max_intervals: int, after_step: int | No
         plans=[wire.plan_message(p) for p in store.job_plans(s, job.id)],
         more=more and after_step is not None,
     )
-
-
-#: Intervals a stats report reads: enough for straggler events (``LOOKBACK`` and the
-#: interval before) and the balancer (``replan``).
-HISTORY_FOR_REPORT = max(LOOKBACK + 1, replan.HISTORY_WINDOW + 1)

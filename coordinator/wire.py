@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, cast
 
+from google.protobuf import json_format
+
 from hetero.coordinator import placement as placement_mod
 from hetero.coordinator import store, throughput
 from hetero.coordinator.models import (
@@ -16,14 +18,12 @@ from hetero.coordinator.models import (
     EventRow,
     IntervalStatRow,
     JobRow,
-    NodeRow,
     PlanRow,
     RankRow,
-    TelemetryRow,
 )
+from hetero.coordinator.state import Device
 from hetero.core.balancer import StragglerEvidence
 from hetero.core.jobspec import JobSpec
-from hetero.core.rankenv import RankEnv
 from hetero.core.states import JobState, RankState
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
@@ -34,6 +34,26 @@ PB_TO_KIND = {v: k for k, v in KIND_TO_PB.items()}
 
 def _opt(msg: object, field: str) -> object | None:
     return getattr(msg, field) if msg.HasField(field) else None  # type: ignore[attr-defined]
+
+
+def device(d: tpb.DeviceProfile) -> Device:
+    """A registration's device as the coordinator holds it (``state.Device``)."""
+    row = device_row(d)
+    return Device(
+        index=row.index,
+        name=row.name,
+        kind=row.kind,
+        compute_score=row.compute_score,
+        matmul_tflops=row.matmul_tflops,
+        memory_bandwidth_bytes_per_s=row.memory_bandwidth_bytes_per_s,
+        host_to_device_bytes_per_s=row.host_to_device_bytes_per_s,
+        device_to_host_bytes_per_s=row.device_to_host_bytes_per_s,
+        memory_bytes=row.memory_bytes,
+        emulated_slowdown=row.emulated_slowdown,
+        suspect=row.suspect,
+        shared_while_profiled=row.shared_while_profiled,
+        foreign_utilization_percent=row.foreign_utilization_percent,
+    )
 
 
 def device_row(d: tpb.DeviceProfile) -> DeviceRow:
@@ -112,39 +132,6 @@ def telemetry_values(req: pb.HeartbeatRequest) -> tuple[dict[str, object], ...]:
         row["throttle_reasons"] = reasons if d.HasField("throttle") else None
         rows.append(row)
     return tuple(rows)
-
-
-def node_message(
-    node: NodeRow, telemetry: dict[int | None, TelemetryRow], healthy: bool
-) -> pb.Node:
-    msg = pb.Node(
-        id=node.id,
-        name=node.name,
-        address=node.address,
-        agent_endpoint=node.agent_endpoint,
-        agent_version=node.agent_version,
-        healthy=healthy,
-        registered_at_unix_s=node.registered_at_unix_s,
-        last_heartbeat_unix_s=node.last_heartbeat_unix_s,
-        devices=[device_profile(d) for d in node.devices],
-        draining=node.draining,
-    )
-    host = telemetry.get(None)
-    if host is not None:
-        for field in _HOST_FIELDS:
-            value = getattr(host, field)
-            if value is not None:
-                setattr(msg.host, field, value)
-    for index, row in sorted((k, v) for k, v in telemetry.items() if k is not None):
-        d = msg.telemetry.add(device_index=index)
-        for field in _DEVICE_FIELDS:
-            value = getattr(row, field)
-            if value is not None:
-                setattr(d, field, value)
-        if row.throttle_reasons is not None:
-            d.throttle.SetInParent()
-            d.throttle.reasons.extend(r for r in row.throttle_reasons.split(",") if r)
-    return msg
 
 
 def plan_message(plan: PlanRow) -> tpb.Plan:
@@ -385,60 +372,21 @@ def interval_rows(report: tpb.IntervalReport) -> list[dict[str, Any]]:
     ]
 
 
-def launch_message(job: JobRow, rank: RankRow, spec: JobSpec, plan: PlanRow) -> pb.RankLaunch:
-    """A launch order: the torch.distributed environment plus what to train.
+def host_profile_text(profile: object | None) -> str:
+    """A node's host profile as its column keeps it: protobuf JSON, "" for none."""
+    if not isinstance(profile, tpb.HostProfile):
+        return ""
+    text: str = json_format.MessageToJson(profile, indent=None, preserving_proto_field_name=True)
+    return text
 
-    ``args.options`` carries the job's training options generically (the agent turns
-    each into a ``hetero-train`` flag); the fixed fields repeat the ones agents that
-    predate the map read."""
-    args = pb.TrainingArgs(
-        model=spec.model or "",
-        dataset=spec.dataset or "",
-        data_dir=spec.data_dir or "",
-        global_batch=spec.global_batch,
-        lr=spec.lr,
-        seed=spec.seed,
-        policy=spec.policy,
-        rebalance_interval=spec.rebalance_interval,
-        command=list(spec.command),
-        options=spec.launch_options(),
-    )
-    if spec.steps is not None:
-        args.steps = spec.steps
-    if spec.epochs is not None:
-        args.epochs = spec.epochs
-    if spec.checkpoint is not None:
-        args.checkpoint_dir = spec.checkpoint.dir
-        args.checkpoint_interval_steps = spec.checkpoint.interval_steps
-        args.resume = job.restarts > 0
-    # The job's part of the rank's environment; the agent adds what only it knows.
-    env = RankEnv(
-        rank=rank.rank,
-        world_size=job.world_size,
-        local_rank=rank.local_rank,
-        master_addr=job.master_addr,
-        master_port=job.master_port,
-        backend=job.backend,
-        device="cpu" if rank.device_kind == "cpu" else f"cuda:{rank.device_index}",
-        job_id=job.id,
-        emulate_slowdown=rank.emulated_slowdown,
-        # A collective stuck on a dead peer ends within this bound (no hangs).
-        collective_timeout_s=spec.collective_timeout_s,
-        attempt=job.restarts,
-    ).to_env()
-    return pb.RankLaunch(
-        job_id=job.id,
-        rank=rank.rank,
-        world_size=job.world_size,
-        local_rank=rank.local_rank,
-        master_addr=job.master_addr,
-        master_port=job.master_port,
-        backend=job.backend,
-        device_index=rank.device_index,
-        device_kind=KIND_TO_PB.get(rank.device_kind, tpb.DEVICE_KIND_UNSPECIFIED),
-        emulated_slowdown=rank.emulated_slowdown,
-        args=args,
-        env=env,
-        plan=plan_message(plan),
-        attempt=job.restarts,
-    )
+
+def host_profile_of(text: str) -> tpb.HostProfile | None:
+    """The column's host profile back (None for "" or a value no longer parsed)."""
+    if not text:
+        return None
+    profile = tpb.HostProfile()
+    try:
+        json_format.Parse(text, profile, ignore_unknown_fields=True)
+    except json_format.ParseError:
+        return None
+    return profile

@@ -126,15 +126,28 @@ STATUS_ERRORS: dict[str, type[RemoteError]] = {
 }
 
 
-def error_for_status(status: str | None, details: str, target: str) -> RemoteError:
+#: What a user who cannot reach the coordinator does next: the end of the unreachable
+#: line for a user's command (``hetero-coord``, ``hetero-top``), not for an agent, which
+#: retries on its own.
+COORDINATOR_HINT = (
+    "is one running? start one with 'hetero-coord serve' (docs/deploy.md), "
+    "or name another with --coordinator HOST:PORT"
+)
+
+
+def error_for_status(
+    status: str | None, details: str, target: str, *, hint: str = ""
+) -> RemoteError:
     """The ``HeteroError`` for a call that failed with gRPC status ``status`` (the
     ``grpc.StatusCode`` member's name; None if the call ended without one) and the
     server's ``details``. ``target`` says what was called, for the unreachable message
-    (e.g. "the coordinator at 10.0.0.1:7070"). The message is always one line."""
+    (e.g. "the coordinator at 10.0.0.1:7070"), and ``hint`` what to do about it (e.g.
+    :data:`COORDINATOR_HINT`; unreachable only). The message is always one line."""
     reason = " ".join(details.split())
     cls = STATUS_ERRORS.get(status, RemoteError) if status is not None else UnreachableError
     if cls is UnreachableError:
+        then = f"; {hint}" if hint else ""
         return UnreachableError(
-            f"cannot reach {target} ({reason or status or 'no answer'})", status
+            f"cannot reach {target} ({reason or status or 'no answer'}){then}", status
         )
     return cls(reason or f"{target} refused the request ({status})", status)

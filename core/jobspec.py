@@ -15,6 +15,7 @@ one place, so that its errors all name the file, line and field the same way.
 
 from __future__ import annotations
 
+import functools
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -226,16 +227,17 @@ class JobSpec:
     def launch_options(self) -> dict[str, str]:
         """The options a rank's ``hetero-train`` gets, by name, as command-line text: every
         option the file set, the resolved global batch and length, and those the
-        coordinator plans with. Empty for a ``command`` job."""
-        if not self.builtin:
-            return {}
+        coordinator plans with. A ``command`` job gets the last two alone: they are the
+        terms its script must agree with (``hetero.core.rankenv.JobTerms``)."""
         o = self.options
-        names = [n for n in self.given if n not in _NOT_LAUNCHED and n not in _SPECIAL]
-        names += [*_ALWAYS_LAUNCHED, "model", "dataset"]
+        names: list[str] = list(_ALWAYS_LAUNCHED)
+        if self.builtin:
+            names += [n for n in self.given if n not in _NOT_LAUNCHED and n not in _SPECIAL]
+            names += ["model", "dataset"]
         texts = {n: BY_NAME[n].to_text(getattr(o, n)) for n in names if getattr(o, n) is not None}
         texts["global_batch"] = str(self.global_batch)
         texts.update({"epochs": str(o.epochs)} if o.epochs else {"steps": str(self.steps)})
-        if self.checkpoint is not None:
+        if self.checkpoint is not None and self.builtin:
             texts["checkpoint_dir"] = self.checkpoint.dir
             texts["checkpoint_interval"] = str(self.checkpoint.interval_steps)
         return texts
@@ -431,12 +433,19 @@ def _checkpoint(
     return Checkpoint(dir=directory, interval_steps=probe.checkpoint_every)
 
 
+@functools.lru_cache(maxsize=64)
+def _no_slowdown(ranks: int) -> tuple[float, ...]:
+    """``(1.0,) * ranks``, one tuple per world size: a coordinator holds thousands of specs,
+    and a tuple of a float per rank each is most of a large job's spec."""
+    return (1.0,) * ranks
+
+
 def _slowdowns(top: Fields, ranks: int) -> tuple[float, ...]:
     """``emulate_slowdown`` as a list (one factor per rank) or a mapping ``{rank: factor}``."""
     node = top.raw("emulate_slowdown")
-    factors = [1.0] * ranks
     if node is None:
-        return tuple(factors)
+        return _no_slowdown(ranks)
+    factors = [1.0] * ranks
     key = "emulate_slowdown"
     if isinstance(node, yaml.SequenceNode):
         if len(node.value) != ranks:

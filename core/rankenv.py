@@ -2,8 +2,9 @@
 
 Every launcher writes a rank's variables through :meth:`RankEnv.to_env` and
 every rank reads them through :meth:`RankEnv.from_env`: the coordinator puts
-the job's part in a launch order (``RankLaunch.env``), the agent adds what only
-it knows and starts the process, ``hetero-train --nproc`` starts local ranks,
+the job's part in a launch order's fields (``RankLaunch``), the agent makes the
+rank's ``RankEnv`` of them with what only it knows and starts the process
+(``hetero.agent.orders.rank_process``), ``hetero-train --nproc`` starts local ranks,
 and the trainer reads the result. A value that does not parse or is out of
 range is a ``ConfigError`` naming the variable.
 
@@ -25,6 +26,8 @@ scripts and the docs rely on them, so they never change:
 ``HETERO_PROGRESS_FILE``         the file the trainer touches as it steps (watchdog)
 ``HETERO_ATTEMPT``               0 for the first run, +1 for each restart
 ``HETERO_LAUNCHED``              ``1`` when a hetero launcher started the process
+``HETERO_JOB_NAME``              the job's name (``name:`` in job.yaml)
+``HETERO_JOB``                   the job's terms as JSON (:class:`JobTerms`)
 ``OMP_NUM_THREADS``              CPU threads for this rank
 ==============================  ==================================================
 
@@ -36,11 +39,13 @@ agent's endpoint token (``HETERO_AGENT_TOKEN``) is a credential and stays with
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from hetero.core.errors import ConfigError
 
@@ -60,6 +65,8 @@ COLLECTIVE_TIMEOUT_S = "HETERO_COLLECTIVE_TIMEOUT_S"
 PROGRESS_FILE = "HETERO_PROGRESS_FILE"
 ATTEMPT = "HETERO_ATTEMPT"
 LAUNCHED = "HETERO_LAUNCHED"
+JOB_NAME = "HETERO_JOB_NAME"
+JOB = "HETERO_JOB"
 THREADS = "OMP_NUM_THREADS"
 
 BACKENDS = ("gloo", "nccl")
@@ -98,6 +105,85 @@ class LaunchPlan:
 
 
 @dataclass(frozen=True)
+class JobTerms:
+    """What a job file fixes that the script of a ``command:`` job must agree with
+    (``HETERO_JOB``, JSON): the coordinator plans the job's batches with these, so a
+    script that used others would run without hetero's plans. ``ctx.job`` in the
+    script; ``ctx.loader`` takes the global batch from here when it is given none and
+    refuses a different one. ``steps`` or ``epochs`` is set, not both."""
+
+    name: str
+    global_batch: int
+    policy: str
+    rebalance_interval: int
+    min_batch: int = 1
+    steps: int | None = None
+    epochs: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.global_batch < 1 or self.rebalance_interval < 1 or self.min_batch < 1:
+            raise ConfigError(f"{JOB}: global_batch, rebalance_interval and min_batch must be >= 1")
+
+    def to_json(self) -> str:
+        terms = {k: v for k, v in asdict(self).items() if v is not None}
+        return json.dumps(terms, separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def parse(cls, text: str) -> JobTerms:
+        """The terms of ``HETERO_JOB``'s JSON; anything else is a ``ConfigError``."""
+        known = {f.name for f in fields(cls)}
+        try:
+            raw = json.loads(text)
+            if not isinstance(raw, dict) or not set(raw) <= known:
+                raise ValueError(f"keys must be among {sorted(known)}")
+            for key, value in raw.items():
+                want = str if key in ("name", "policy") else int
+                if not isinstance(value, want) or isinstance(value, bool):
+                    raise ValueError(f"{key} must be {want.__name__}")
+            return cls(**raw)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"{JOB}={text[:200]!r}: {exc}") from None
+
+    @classmethod
+    def of_options(cls, options: Mapping[str, str]) -> JobTerms | None:
+        """The terms among a launch order's options (catalogue text,
+        ``JobSpec.launch_options``); None without a global batch (no job file)."""
+        if "global_batch" not in options:
+            return None
+        try:
+            count = {k: int(options[k]) for k in ("steps", "epochs") if k in options}
+            return cls(
+                name=options.get("name", ""),
+                global_batch=int(options["global_batch"]),
+                policy=options.get("policy", "dynamic"),
+                rebalance_interval=int(options.get("rebalance_interval", "1")),
+                min_batch=int(options.get("min_batch", "1")),
+                **count,
+            )
+        except ValueError as exc:
+            raise ConfigError(f"the launch order's job terms: {exc}") from None
+
+
+def term(job: JobTerms | None, key: str, asked: object, default: object, where: str) -> Any:
+    """The value a script gets for the job term ``key`` when it asked for ``asked``
+    (None: it gave none) at ``where``: the job file's in a job, else ``asked`` or
+    ``default``. A script that asks a job for a different value is a ``ConfigError``
+    naming both (the coordinator plans with the job's); with neither a job nor a
+    default, one naming the missing argument."""
+    if job is None:
+        if asked is None and default is None:
+            raise ConfigError(f"{where}: give {key}= (no job file gives one here)")
+        return default if asked is None else asked
+    theirs = getattr(job, key)
+    if asked is not None and asked != theirs:
+        raise ConfigError(
+            f"{where}: {key}={asked!r}, but job {job.name!r} says {key}: {theirs!r} "
+            "(leave it out to take the job's, or make the two agree)"
+        )
+    return theirs
+
+
+@dataclass(frozen=True)
 class RankEnv:
     """What a rank learns from its environment; ``None`` = not set (the default)."""
 
@@ -121,6 +207,8 @@ class RankEnv:
     #: True when a hetero launcher (``hetero-train --nproc``, an agent) started the process.
     launched: bool = False
     threads: int | None = None
+    #: The job file's terms (a job a coordinator launched), None otherwise.
+    job: JobTerms | None = None
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -197,6 +285,8 @@ class RankEnv:
                 env[name] = _number_text(value)
         if self.launched:
             env[LAUNCHED] = "1"
+        if self.job is not None:
+            env[JOB], env[JOB_NAME] = self.job.to_json(), self.job.name
         if self.backend == "nccl":
             env.update(NCCL_SETTINGS)
         return env
@@ -208,6 +298,7 @@ class RankEnv:
         plan = env.text(PLAN)
         timeout = env.number(COLLECTIVE_TIMEOUT_S)
         progress = env.text(PROGRESS_FILE)
+        job = env.text(JOB)
         rank, world_size, local_rank = (
             env.integer(RANK),
             env.integer(WORLD_SIZE),
@@ -231,6 +322,7 @@ class RankEnv:
             attempt=env.integer(ATTEMPT),
             launched=env.text(LAUNCHED) == "1",
             threads=env.integer(THREADS),
+            job=JobTerms.parse(job) if job is not None else None,
         )
 
     @staticmethod

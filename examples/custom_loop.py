@@ -8,7 +8,8 @@ or on 3 ranks of a Slurm allocation (one group; docs/trainer.md, "Under Slurm"):
 
     srun -n 3 python examples/custom_loop.py --emulate-slowdown 2:3
 
-Without a launcher it runs as a single process.
+Without a launcher it runs as a single process. As a coordinator's `command:` job
+(docs/jobspec.md) it takes the job file's global batch, steps and policy (`ctx.job`).
 """
 
 from __future__ import annotations
@@ -41,24 +42,24 @@ def main() -> None:
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 1))
-    ctx = ht.init(
-        "dynamic",
-        rebalance_interval=10,
-        emulate_slowdown=args.emulate_slowdown,
-        output_dir=args.output_dir,
-    )  # hetero
+    # Policy "dynamic" and a re-plan every 10 steps, or the job file's under a coordinator.
+    ctx = ht.init(emulate_slowdown=args.emulate_slowdown, output_dir=args.output_dir)  # hetero
     model = ctx.wrap(model)  # hetero
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    loader = ctx.loader(make_data(), global_batch=args.global_batch)  # hetero
+    # Under a coordinator the job file's terms rule (ctx.job); alone, or under torchrun or
+    # srun, the flags do.
+    job = ctx.job
+    steps = job.steps if job is not None and job.steps else args.steps
+    loader = ctx.loader(make_data(), None if job else args.global_batch)  # hetero
 
-    while ctx.global_step < args.steps:
+    while ctx.global_step < steps:
         for x, y in loader:
             loss = nn.functional.mse_loss(model(x), y)
             ctx.backward(loss)  # hetero: instead of loss.backward()
             optimizer.step()
             optimizer.zero_grad()
             ctx.step()  # hetero
-            if ctx.global_step >= args.steps:
+            if ctx.global_step >= steps:
                 break
 
     if ctx.rank == 0:

@@ -340,14 +340,16 @@ def client_channel(
     return with_token(channel, security.token)
 
 
-def remote_error(exc: grpc.RpcError, target: str) -> RemoteError:
-    """The ``HeteroError`` for a failed call to ``target`` ("the coordinator at ADDR"):
-    this edge only reads the status and details off ``exc``; the rule of which status
-    becomes which error is ``hetero.core.errors.error_for_status``."""
+def remote_error(exc: grpc.RpcError, target: str, *, hint: str = "") -> RemoteError:
+    """The ``HeteroError`` for a failed call to ``target`` ("the coordinator at ADDR"),
+    ``hint`` ending an unreachable line: this edge only reads the status and details off
+    ``exc``; the rule of which status becomes which error is
+    ``hetero.core.errors.error_for_status``."""
     code = exc.code() if callable(getattr(exc, "code", None)) else None
     details = exc.details() if callable(getattr(exc, "details", None)) else None
     status = code.name if isinstance(code, grpc.StatusCode) else None
-    return error_for_status(status, details if isinstance(details, str) else str(exc), target)
+    text = details if isinstance(details, str) else str(exc)
+    return error_for_status(status, text, target, hint=hint)
 
 
 def is_unreachable(exc: grpc.RpcError) -> bool:

@@ -43,7 +43,7 @@ from hetero.core import replan
 from hetero.core.balancer import DeviceProfile, Interval
 from hetero.core.errors import ConfigError
 from hetero.core.gap import Solo
-from hetero.core.rankenv import RankEnv
+from hetero.core.rankenv import JobTerms, RankEnv, term
 from hetero.trainer import procgroup
 from hetero.trainer.activations import RecomputeChoice
 from hetero.trainer.bootstrap import (
@@ -231,10 +231,17 @@ class Context:
         )
 
     # -- data -------------------------------------------------------------------------
+    @property
+    def job(self) -> JobTerms | None:
+        """The job file's terms when a coordinator launched this rank (a ``command:``
+        job): its name, global batch, steps or epochs, policy and rebalance interval;
+        None outside such a job."""
+        return self.env.job
+
     def loader(
         self,
         dataset: Dataset[Any] | Iterable[Any],
-        global_batch: int,
+        global_batch: int | None = None,
         *,
         seed: int = 0,
         num_workers: int = 0,
@@ -244,7 +251,9 @@ class Context:
         collate_fn: Callable[[Any], Any] | None = None,
         split: str | None = None,
     ) -> Loader:
-        """This rank's share of each global batch of ``global_batch`` samples.
+        """This rank's share of each global batch of ``global_batch`` samples: the job
+        file's (``ctx.job``) when none is given; a different one in a job is a
+        ``ConfigError`` naming both.
 
         Plans start from the policy's initial plan and change only at steps the
         exchange schedules, the same on every rank. ``num_workers`` DataLoader
@@ -262,7 +271,7 @@ class Context:
         self._loader = open_loader(
             self,
             dataset,
-            global_batch,
+            term(self.env.job, "global_batch", global_batch, None, "ctx.loader"),
             seed=seed,
             num_workers=num_workers,
             prefetch_factor=prefetch_factor,
@@ -296,7 +305,7 @@ class Context:
 
     def _require_loader(self) -> Loader:
         if self._loader is None:
-            raise ConfigError("call ctx.loader(dataset, global_batch) before training")
+            raise ConfigError("call ctx.loader(dataset) before training")
         return self._loader
 
     def _begin_step(self, sizes: tuple[int, ...]) -> None:
@@ -468,7 +477,7 @@ class Context:
                 self._loader.ends.close(failed=failed)
         close_planner = getattr(self.planner, "close", None)
         if close_planner is not None:
-            close_planner()
+            close_planner(failed=failed)
         if self._stop is not None:
             stop, self._stop = self._stop, None
             stop.close(failed=failed)

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -106,8 +107,15 @@ class AgentPlanner:
         plan_version: int = 0,
         deadline_s: float = DEFAULT_DEADLINE_S,
         clock: Callable[[], float] = time.perf_counter,
+        connect: Callable[[], tuple[grpc.Channel, Any]] | None = None,
+        peer: str = "agent",
     ) -> None:
         self.endpoint = endpoint
+        #: Opens the channel and the stub the reports go to (default: the agent's
+        #: ``AgentLocal``; an attached job's rank 0 talks to the coordinator itself,
+        #: whose service has the same two calls). ``peer`` names it in log lines.
+        self._open = connect or self._open_agent
+        self.peer = peer
         self.job_id = job_id
         self.fallback = fallback
         self.constraints = constraints
@@ -125,15 +133,17 @@ class AgentPlanner:
         #: Boundaries not reported because the previous request was still out.
         self.skipped = 0
         self._channel: grpc.Channel | None = None
-        self._stub: agent_pb2_grpc.AgentLocalStub | None = None
+        self._stub: Any = None
         self._worker: ThreadPoolExecutor | None = None
         self._pending: Future[_Answer] | None = None
 
-    def _connect(self) -> agent_pb2_grpc.AgentLocalStub:
+    def _open_agent(self) -> tuple[grpc.Channel, Any]:
+        channel = client_channel(self.endpoint, ClientSecurity(token=agent_token_from_env()))
+        return channel, agent_pb2_grpc.AgentLocalStub(channel)  # type: ignore[no-untyped-call, unused-ignore]
+
+    def _connect(self) -> Any:
         if self._stub is None:
-            security = ClientSecurity(token=agent_token_from_env())
-            self._channel = client_channel(self.endpoint, security)
-            self._stub = agent_pb2_grpc.AgentLocalStub(self._channel)  # type: ignore[no-untyped-call, unused-ignore]
+            self._channel, self._stub = self._open()
         return self._stub
 
     def stats(self) -> dict[str, float | int]:
@@ -168,10 +178,11 @@ class AgentPlanner:
             return False
         return True
 
-    def close(self) -> None:
+    def close(self, *, failed: bool = False) -> None:
         """Let the last report reach the agent (at most the deadline), then disconnect.
 
         The last answer cannot be applied any more; only its round trip is counted.
+        ``failed`` (the rank stops on an error) changes nothing here.
         """
         self.flush()
         pending, self._pending = self._pending, None
@@ -221,7 +232,9 @@ class AgentPlanner:
             return None
         self.latencies_s.append(answer.latency_s)
         if self.failures:
-            log.info("agent %s answering again; following the coordinator's plans", self.endpoint)
+            log.info(
+                "%s %s answering again; following the coordinator's plans", self.peer, self.endpoint
+            )
             self.failures = 0
         return answer
 
@@ -261,7 +274,7 @@ class AgentPlanner:
 
     def _ask(
         self,
-        stub: agent_pb2_grpc.AgentLocalStub,
+        stub: Any,
         request: tpb.IntervalReport | tpb.GetPlanRequest,
     ) -> _Answer:
         """On the worker thread: one blocking call with the deadline."""
@@ -277,12 +290,12 @@ class AgentPlanner:
         backoff_s = min(30.0, 2.0 ** (self.failures - 1))
         self.retry_at = self.clock() + backoff_s
         if self.failures == 1:
-            error = remote_error(exc, f"agent {self.endpoint}")
+            error = remote_error(exc, f"{self.peer} {self.endpoint}")
             log.warning(
                 "%s; using the embedded policy, retrying in %.0f s",
                 error
                 if isinstance(error, UnreachableError)
-                else f"agent {self.endpoint} refused the report ({error.status}: {error})",
+                else f"{self.peer} {self.endpoint} refused the report ({error.status}: {error})",
                 backoff_s,
             )
 

@@ -293,7 +293,7 @@ def _train(ctx: Context, cfg: JobConfig) -> dict[str, Any] | None:
             run.monitor.after_step(int(batch[0].shape[0]))
             if cfg.eval_every and ctx.global_step % cfg.eval_every == 0:
                 ctx.evaluate(lambda: _evaluate_now(run))
-            if ctx.global_step % cfg.rebalance_interval == 0:
+            if ctx.global_step % cfg.rebalance_interval == 0 or ctx.global_step >= total_steps:
                 report.progress(ctx, cfg, total_steps, t0)
             periodic = bool(cfg.checkpoint_every) and ctx.global_step % cfg.checkpoint_every == 0
             if periodic:
@@ -349,6 +349,7 @@ def _ideal(run: _Run) -> tuple[list[Solo], list[float]]:
     if cfg.ideal_steps <= 0:
         return solos, side_by_side
 
+    report.measuring_ideal(ctx, cfg)
     weights = full_weights(run.model) if ctx.shard != "none" else built.model.state_dict()
 
     def fresh_copy() -> nn.Module:

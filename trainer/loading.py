@@ -10,15 +10,15 @@ coordinator's (the same environment on every rank), else the policy's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from torch.utils.data import Dataset, IterableDataset, default_collate
 
 from hetero.core.balancer import Constraints, make_policy
 from hetero.core.errors import ConfigError
-from hetero.trainer import control
-from hetero.trainer.exchange import EmbeddedPlanner
+from hetero.trainer import attach, control
+from hetero.trainer.exchange import EmbeddedPlanner, RankSummary
 from hetero.trainer.loader import HeteroLoader
 from hetero.trainer.preflight import too_small
 from hetero.trainer.rebalance import PlanRecord
@@ -66,12 +66,15 @@ def open_loader(
     if split is not None and not stream:
         raise ConfigError(f"ctx.loader: split={split!r} is for streams, not a map-style dataset")
     if ctx.planner is None:
-        ctx.planner = control.planner_from_env(
-            ctx.env,
-            EmbeddedPlanner(policy, constraints, ctx.profiles),
-            constraints,
-            lambda: (ctx.global_step, ctx.summaries[-1] if ctx.summaries else None),
-        )
+        embedded = EmbeddedPlanner(policy, constraints, ctx.profiles)
+
+        def progress() -> tuple[int, Sequence[RankSummary] | None]:
+            return ctx.global_step, ctx.summaries[-1] if ctx.summaries else None
+
+        if attach.wanted(ctx):  # launched elsewhere, a coordinator named: attach the job
+            ctx.planner = attach.planner(ctx, embedded, constraints, progress)
+        else:
+            ctx.planner = control.planner_from_env(ctx.env, embedded, constraints, progress)
     ctx.plans = [PlanRecord(0, 0, initial, f"initial ({policy.name})")]
     if stream:
         return StreamLoader(

@@ -33,8 +33,19 @@ EVAL_PROGRESS_S = 10.0
 
 
 def progress(ctx: Context, cfg: JobConfig, total_steps: int, t0: float) -> None:
-    """A progress line on rank 0 at about every twentieth interval boundary."""
-    if ctx.rank != 0 or cfg.quiet or not ctx.summaries:
+    """A progress line on rank 0 at about every twentieth interval boundary, and at the
+    last step: a run shorter than one interval (a first smoke test of a large model on
+    a CPU) says it trained, without the interval's figures it has not measured."""
+    if ctx.rank != 0 or cfg.quiet:
+        return
+    if not ctx.summaries:
+        if ctx.global_step >= total_steps:
+            print(
+                f"step {ctx.global_step:>6}/{total_steps}  plan {list(ctx.plan)}  "
+                f"{time.perf_counter() - t0:6.1f}s  (no whole rebalance interval of "
+                f"{cfg.rebalance_interval} steps: no loss or per-rank figures)",
+                flush=True,
+            )
         return
     n_intervals = max(total_steps // cfg.rebalance_interval, 1)
     every = max(n_intervals // 20, 1)
@@ -52,6 +63,17 @@ def progress(ctx: Context, cfg: JobConfig, total_steps: int, t0: float) -> None:
         f"{rec_wall:6.1f}s{tag}",
         flush=True,
     )
+
+
+def measuring_ideal(ctx: Context, cfg: JobConfig) -> None:
+    """Rank 0's line before the ideal measurement: on a CPU, a large model's solo steps
+    take minutes, and a run that printed nothing for them looked hung."""
+    if ctx.rank == 0 and not cfg.quiet:
+        print(
+            f"measuring the ideal: each rank alone for {cfg.ideal_steps} steps "
+            "(--ideal-steps 0 skips it)",
+            flush=True,
+        )
 
 
 def evaluate_rank0(

@@ -11,16 +11,16 @@ from typing import Any
 from hetero.core import defaults
 from hetero.core.balancer import DeviceProfile
 from hetero.core.errors import HeteroError
-from hetero.core.rankenv import RankEnv
+from hetero.core.rankenv import RankEnv, term
 from hetero.trainer import slurm
 from hetero.trainer.bootstrap import TrainerConfig
 from hetero.trainer.context import Context
 
 
 def init(
-    policy: str = "dynamic",
+    policy: str | None = None,
     *,
-    rebalance_interval: int = defaults.REBALANCE_INTERVAL_STEPS,
+    rebalance_interval: int | None = None,
     profiles: Sequence[DeviceProfile] | None = None,
     **options: Any,
 ) -> Context:
@@ -29,6 +29,12 @@ def init(
     The environment is torchrun's, an agent's or ``hetero-train``'s (``RANK``,
     ``WORLD_SIZE``, ...), or Slurm's for a rank started by ``srun``
     (``hetero.trainer.slurm``: torchrun's variables win where both are set).
+
+    In a job a coordinator launched (a ``command:`` job), the job file's terms rule
+    (``ctx.job``: name, global batch, steps or epochs, policy, rebalance interval):
+    ``policy`` and ``rebalance_interval`` default to the job's, and a script that asks
+    for different ones fails at once with one line naming both. Outside a job they
+    default to ``"dynamic"`` and ``defaults.REBALANCE_INTERVAL_STEPS``.
 
     ``options`` are the training loop's options of the catalogue
     (``hetero.core.catalogue``, the same names, defaults and bounds as
@@ -46,7 +52,18 @@ def init(
     from hetero.core.catalogue.keywords import init_keywords
 
     slurm.adopt()  # first: everything below reads RANK, WORLD_SIZE, ... from the environment
-    one_line_errors(RankEnv.from_env().rank)
+    env = RankEnv.from_env()
+    one_line_errors(env.rank)
+    # Under a coordinator the job file's terms rule (``ctx.job``); a script asking for others
+    # would run without the coordinator's plans.
+    policy = term(env.job, "policy", policy, "dynamic", "ht.init")
+    rebalance_interval = term(
+        env.job,
+        "rebalance_interval",
+        rebalance_interval,
+        defaults.REBALANCE_INTERVAL_STEPS,
+        "ht.init",
+    )
 
     given = init_keywords(
         {

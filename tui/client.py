@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from hetero.core.errors import DeniedError, RemoteError, UnreachableError
+from hetero.core.errors import COORDINATOR_HINT, DeniedError, RemoteError, UnreachableError
 from hetero.security.transport import ClientSecurity, client_channel, remote_error
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
@@ -52,7 +52,7 @@ class CoordinatorClient:
             raise self._error(exc) from None
 
     def _error(self, exc: grpc.RpcError) -> RemoteError:
-        return remote_error(exc, f"the coordinator at {self.address}")
+        return remote_error(exc, f"the coordinator at {self.address}", hint=COORDINATOR_HINT)
 
     def check_access(self, timeout_s: float = 5.0) -> None:
         """Raise ``DeniedError`` if the coordinator refuses these credentials; anything

@@ -43,7 +43,8 @@ def summary(job: JobView) -> Text:
     out.append(job.name, style="bold")
     out.append(f"  {job.id}  ", style="dim")
     out.append(job.state, style=_state_style(job.state))
-    out.append(f"  step {steps}  {job.policy}  {job.backend}  plan v{job.plan_version}")
+    where = f"attached: {job.launcher}" if job.launcher else job.backend
+    out.append(f"  step {steps}  {job.policy}  {where}  plan v{job.plan_version}")
     if job.restarts:
         out.append(f"  restarts {job.restarts}", style="yellow")
     if job.emulated:

@@ -148,6 +148,9 @@ class JobView:
     live: LiveView | None
     #: Who submitted it, as its credential is named ("user:ana"); "" if not known.
     owner: str = ""
+    #: Who launched an attached job ("torchrun", "slurm job 42"); "" for one the
+    #: coordinator placed.
+    launcher: str = ""
 
     @property
     def finished(self) -> bool:
@@ -289,6 +292,7 @@ def job_view(j: pb.Job) -> JobView:
         restarts=j.restarts,
         message=printable(j.message),
         owner=printable(j.owner),
+        launcher=printable(j.launcher),
         plan_version=j.plan.version,
         ranks=tuple(
             RankView(

@@ -228,6 +228,8 @@ class JobsTable(StateTable):
             name = Text(job.name[: 30 if wide else 12])
             if job.emulated:
                 name.append(" emu", style="yellow")
+            if job.launcher:  # launched elsewhere and attached (``hetero.trainer.attach``)
+                name.append(" ext", style="cyan")
             cells: list[Cell] = [
                 name,
                 Text(job.state, style=_state_style(job.state)),

@@ -3,38 +3,14 @@ rebalance interval, and the windows of complete intervals the balancer reads."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import func, insert, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from hetero.coordinator.models import IntervalStatRow, JobRow, PlanRow
-from hetero.coordinator.store.rows import table
 from hetero.core.balancer import RankInterval
-
-
-def add_interval(
-    s: Session,
-    job: JobRow,
-    end_step: int,
-    plan_version: int,
-    ranks: Sequence[dict[str, Any]],
-    *,
-    now: float,
-) -> None:
-    """Store one interval's ``IntervalStatRow`` column values (one dict per rank) in a
-    single statement."""
-    if ranks:
-        common = {
-            "job_id": job.id,
-            "end_step": end_step,
-            "plan_version": plan_version,
-            "received_at_unix_s": now,
-        }
-        s.connection().execute(insert(table(IntervalStatRow)), [{**row, **common} for row in ranks])
-    job.last_step = max(job.last_step, end_step)
-    s.flush()
 
 
 def rank_interval(row: dict[str, Any]) -> RankInterval:

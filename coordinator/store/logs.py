@@ -2,20 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from hetero.coordinator.models import LogLineRow
 from hetero.coordinator.store.jobs import get_job
-
-
-def append_logs(s: Session, job_id: str, lines: Iterable[LogLineRow]) -> None:
-    get_job(s, job_id)
-    for line in lines:
-        line.job_id = job_id
-        s.add(line)
 
 
 def job_logs(s: Session, job_id: str, after_seq: int, limit: int) -> list[LogLineRow]:

@@ -13,33 +13,6 @@ from hetero.coordinator.store.rows import NotFoundError
 from hetero.core.balancer import Batches
 
 
-def add_plan(
-    s: Session,
-    job_id: str,
-    batches: Batches,
-    apply_at_step: int,
-    policy: str,
-    reason: str,
-    *,
-    predicted_step_s: float | None = None,
-    now: float,
-) -> PlanRow:
-    latest = s.scalar(select(func.max(PlanRow.version)).where(PlanRow.job_id == job_id))
-    plan = PlanRow(
-        job_id=job_id,
-        version=(latest or 0) + 1,
-        apply_at_step=apply_at_step,
-        batches=",".join(str(b) for b in batches),
-        policy=policy,
-        reason=reason,
-        predicted_step_s=predicted_step_s,
-        created_at_unix_s=now,
-    )
-    s.add(plan)
-    s.flush()
-    return plan
-
-
 def latest_plan(s: Session, job_id: str) -> PlanRow:
     plan = s.scalars(
         select(PlanRow).where(PlanRow.job_id == job_id).order_by(PlanRow.version.desc()).limit(1)

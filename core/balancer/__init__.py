@@ -4,7 +4,7 @@ Nothing here imports grpc, torch or sqlalchemy: the trainer embeds this package
 in every training process and the coordinator runs the same code.
 """
 
-from hetero.core.balancer.allreduce import all_reduce_s
+from hetero.core.balancer.allreduce import Link, all_reduce_s, link_comm_s, ring_all_reduce_s
 from hetero.core.balancer.changepoint import Regime, find_regimes
 from hetero.core.balancer.decision import Decision, Policy
 from hetero.core.balancer.dynamic import Dynamic, Hybrid
@@ -52,6 +52,7 @@ __all__ = [
     "Horizon",
     "Hybrid",
     "Interval",
+    "Link",
     "Policy",
     "Proportional",
     "RankFit",
@@ -72,9 +73,11 @@ __all__ = [
     "fit_rank",
     "fit_step_model",
     "grid_step",
+    "link_comm_s",
     "make_policy",
     "predict_exclusion",
     "predict_step_s",
+    "ring_all_reduce_s",
     "round_to_plan",
     "snap_to_warm",
     "switch_costs",

@@ -1,7 +1,7 @@
 """``hetero-coord serve`` in a process of its own, for tests that need the real daemon
-(its worker processes, its signals, its log): started with its output in a file,
-waited on until a log line appears; its worker processes found, waited for and
-killed if a test leaves them."""
+(its /metrics process, its signals, its log): started with its output in a file,
+waited on until a log line appears; its child processes waited for and killed if a
+test leaves them."""
 
 from __future__ import annotations
 
@@ -44,19 +44,6 @@ def wait_for_line(
         assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
         time.sleep(0.1)
     return found
-
-
-def has_database_open(process: psutil.Process, on_sqlite: bool) -> bool:
-    """Whether ``process`` (a worker of the coordinator) has its database open: the
-    SQLite file, or a connection to the PostgreSQL server's Unix socket (the /metrics
-    process and multiprocessing's resource tracker have pipes only). A worker's engine
-    connects at its first piece of work."""
-    try:
-        if on_sqlite:
-            return any(f.path.endswith("coordinator.db") for f in process.open_files())
-        return bool(process.net_connections(kind="unix"))
-    except psutil.Error:
-        return False
 
 
 def still_running(processes: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:

@@ -87,6 +87,20 @@ CLUSTER = (
 )
 
 
+def watch_orders(stub: pb_grpc.CoordinatorStub, node_id: str) -> pb.Orders:
+    """A node's orders as its agent's stream opens with them: every message of the first
+    burst, merged (``Orders.complete`` ends it)."""
+    merged = pb.Orders()
+    call = stub.WatchOrders(pb.WatchOrdersRequest(node_id=node_id), timeout=DEADLINE_S)
+    for msg in call:
+        merged.launches.extend(msg.launches)
+        merged.stops.extend(msg.stops)
+        if msg.complete:
+            call.cancel()
+            break
+    return merged
+
+
 class SimCluster:
     """The agents and trainers of ``CLUSTER``, over one channel to ``address``."""
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import grpc
 import psutil
 import pytest
+from simcluster import watch_orders
 
 from hetero.coordinator.admission import Limits
 from hetero.v1 import coordinator_pb2 as pb
@@ -28,11 +29,9 @@ import sys, time
 from hetero.security.auth import Secret
 from hetero.security.transport import ServerSecurity
 from hetero.coordinator.admission import Limits
-from hetero.coordinator.database import open_database, session_factory
-from hetero.coordinator.deps import Deps
-from hetero.coordinator.server import create_server
-deps = Deps(sessions=session_factory(open_database(sys.argv[1])), limits=Limits(concurrent_rpcs=2))
-server, port = create_server("127.0.0.1:0", deps, ServerSecurity(token=Secret("t" * 32)))
+from hetero.coordinator.server import Settings, create_server
+settings = Settings(db_url=sys.argv[1], limits=Limits(concurrent_rpcs=2))
+server, port = create_server("127.0.0.1:0", settings, ServerSecurity(token=Secret("t" * 32)))
 server.start()
 print(port, flush=True)
 time.sleep(120)
@@ -43,8 +42,8 @@ time.sleep(120)
 def test_a_flood_of_submissions_is_queued_within_the_limit_and_refused_beyond(coordinator) -> None:  # type: ignore[no-untyped-def]
     """Finding 5 at a twentieth of its scale, to stay quick on a 2-core host: 500
     submissions against a limit of 250 (10,000 were all accepted, every rank on one
-    CPU device, and PollAssignments then took 14 s)."""
-    object.__setattr__(coordinator.deps, "limits", Limits(jobs_per_user=250))
+    CPU device, and the node's orders then took 14 s to read)."""
+    object.__setattr__(coordinator.settings, "limits", Limits(jobs_per_user=250))
     device = tpb.DeviceProfile(index=0, name="cpu", kind=tpb.DEVICE_KIND_CPU, compute_score=1.0)
     node_id = coordinator.stub.RegisterNode(
         pb.RegisterNodeRequest(name="n1", address="n1.local", devices=[device]), timeout=5
@@ -63,10 +62,10 @@ def test_a_flood_of_submissions_is_queued_within_the_limit_and_refused_beyond(co
     assert counts == {"JOB_STATE_PENDING": 8, "JOB_STATE_QUEUED": 242, "RESOURCE_EXHAUSTED": 250}
 
     started = time.perf_counter()
-    orders = coordinator.stub.PollAssignments(pb.PollAssignmentsRequest(node_id=node_id), timeout=5)
+    orders = watch_orders(coordinator.stub, node_id)
     took_s = time.perf_counter() - started
     assert len(orders.launches) == 8, "8 ranks on the CPU device (ranks_per_cpu_device), no more"
-    assert took_s < 2.0, f"PollAssignments took {took_s:.2f} s"
+    assert took_s < 2.0, f"the node's orders took {took_s:.2f} s"
     pending = pb.ListJobsRequest(states=[pb.JOB_STATE_PENDING])
     ports = [j.master_port for j in coordinator.stub.ListJobs(pending, timeout=30).jobs]
     assert len(ports) == len(set(ports)) == 8

@@ -21,16 +21,14 @@ from pathlib import Path
 import grpc
 import pytest
 from pki import make_pki
+from simcluster import watch_orders
 from sqlalchemy import event
 
 from hetero.coordinator import cli
 from hetero.coordinator.admission import Limits
 from hetero.coordinator.config import load_config
-from hetero.coordinator.database import open_database, session_factory
-from hetero.coordinator.readcache import JobPlacements, LatestPlans
 from hetero.coordinator.roles import NAMED, certificate_callers, named_credentials
-from hetero.coordinator.server import create_server
-from hetero.coordinator.service import Deps
+from hetero.coordinator.server import CoordinatorServer, Settings, create_server
 from hetero.core.errors import ConfigError
 from hetero.security.auth import Secret, new_token
 from hetero.security.credentials import Named, NamedCredentials, check_holder
@@ -49,7 +47,7 @@ class Served:
     address: str
     cluster: Secret
     credentials: NamedCredentials
-    deps: Deps
+    server: CoordinatorServer
 
     def stub(self, token: Secret) -> pb_grpc.CoordinatorStub:
         channel = client_channel(self.address, ClientSecurity(token=token))
@@ -63,25 +61,26 @@ class Served:
 
 
 @contextlib.contextmanager
-def _serving(deps: Deps, cluster: Secret, credentials: NamedCredentials) -> Iterator[Served]:
+def _serving(
+    settings: Settings, cluster: Secret, credentials: NamedCredentials
+) -> Iterator[Served]:
     security = ServerSecurity(token=cluster, named=credentials)
-    server, port = create_server("127.0.0.1:0", deps, security)
+    server, port = create_server("127.0.0.1:0", settings, security)
     server.start()
     try:
-        yield Served(f"127.0.0.1:{port}", cluster, credentials, deps)
+        yield Served(f"127.0.0.1:{port}", cluster, credentials, server)
     finally:
-        deps.stopping.set()
         server.stop(0).wait()
 
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[Served]:
-    engine = open_database(f"sqlite:///{tmp_path / 'c.db'}")
     # One rank per CPU device, so a 2-rank job puts one rank on each of two nodes.
-    deps = Deps(sessions=session_factory(engine), limits=Limits(ranks_per_cpu_device=1))
-    with _serving(deps, new_token(), NamedCredentials(new_token(), NAMED)) as served:
+    settings = Settings(
+        db_url=f"sqlite:///{tmp_path / 'c.db'}", limits=Limits(ranks_per_cpu_device=1)
+    )
+    with _serving(settings, new_token(), NamedCredentials(new_token(), NAMED)) as served:
         yield served
-    engine.dispose()
 
 
 def _register(stub: pb_grpc.CoordinatorStub, name: str, address: str = "10.0.0.2") -> str:
@@ -105,12 +104,12 @@ def test_a_node_credential_heartbeats_and_registers_only_as_its_own_node(served:
     a, b = served.node("node-a"), served.node("node-b")
     a_id, b_id = _register(a, "node-a"), _register(b, "node-b")
     _heartbeat(a, a_id)
-    a.PollAssignments(pb.PollAssignmentsRequest(node_id=a_id), timeout=DEADLINE_S)
+    watch_orders(a, a_id)
     message = _denied(lambda: _heartbeat(a, b_id))
     assert message == (
         f"permission denied: node:node-a may not call Heartbeat for node {b_id} (it is node node-b)"
     )
-    _denied(lambda: a.PollAssignments(pb.PollAssignmentsRequest(node_id=b_id), timeout=5))
+    _denied(lambda: watch_orders(a, b_id))
     hijack = _denied(lambda: _register(a, "node-b", address="6.6.6.6"))
     assert (
         hijack
@@ -125,21 +124,19 @@ def test_a_node_credential_heartbeats_and_registers_only_as_its_own_node(served:
 def test_after_a_restart_the_database_binds_node_ids_to_names(
     served: Served, tmp_path: Path
 ) -> None:
-    """A fresh coordinator has no node ids in memory: the check reads the database."""
+    """A restarted coordinator binds node ids to names as it loads its state."""
     a_id = _register(served.node("node-a"), "node-a")
     b_id = _register(served.node("node-b"), "node-b")
-    engine = open_database(f"sqlite:///{tmp_path / 'c.db'}")
-    with _serving(
-        Deps(sessions=session_factory(engine)), served.cluster, served.credentials
-    ) as again:
+    served.server.stop(0).wait()
+    settings = Settings(db_url=f"sqlite:///{tmp_path / 'c.db'}")
+    with _serving(settings, served.cluster, served.credentials) as again:
         _denied(lambda: _heartbeat(again.node("node-a"), b_id))
         _heartbeat(again.node("node-a"), a_id)
-        _heartbeat(again.node("node-a"), a_id)  # now from memory
+        _heartbeat(again.node("node-a"), a_id)
         unknown = _denied(
             lambda: _heartbeat(again.node("node-a"), "0" * 12), grpc.StatusCode.NOT_FOUND
         )
         assert "register first" in unknown  # the agent's cue to register again
-    engine.dispose()
 
 
 def _placed_pair(served: Served, spec: str = JOB) -> tuple[str, dict[str, str], dict[str, int]]:
@@ -204,8 +201,7 @@ def test_a_node_cannot_report_log_or_plan_for_ranks_on_another_node(served: Serv
 
 
 def test_a_user_cancels_only_their_own_jobs_and_is_limited_by_name(tmp_path: Path) -> None:
-    engine = open_database(f"sqlite:///{tmp_path / 'c.db'}")
-    deps = Deps(sessions=session_factory(engine), limits=Limits(jobs_per_user=1))
+    deps = Settings(db_url=f"sqlite:///{tmp_path / 'c.db'}", limits=Limits(jobs_per_user=1))
     with _serving(deps, new_token(), NamedCredentials(new_token(), NAMED)) as served:
         _register(served.stub(served.cluster), "node-a")
         ana, bob = served.user("ana"), served.user("bob")
@@ -226,14 +222,13 @@ def test_a_user_cancels_only_their_own_jobs_and_is_limited_by_name(tmp_path: Pat
         bob.ListJobs(pb.ListJobsRequest(), timeout=DEADLINE_S)  # users read everything
         admin = served.stub(served.cluster)
         admin.CancelJob(pb.CancelJobRequest(job_id=bobs), timeout=DEADLINE_S)  # the admin: any
-    engine.dispose()
 
 
 def test_forged_revoked_and_foreign_credentials_are_unauthenticated(tmp_path: Path) -> None:
-    engine = open_database(f"sqlite:///{tmp_path / 'c.db'}")
     secret = new_token()
     revoking = NamedCredentials(secret, NAMED, revoked=("node:node-b",))
-    with _serving(Deps(sessions=session_factory(engine)), new_token(), revoking) as served:
+    settings = Settings(db_url=f"sqlite:///{tmp_path / 'c.db'}")
+    with _serving(settings, new_token(), revoking) as served:
         good = served.credentials.mint("node", "node-a").reveal()
         forged = good.replace("node:node-a:", "node:node-b:")  # a's MAC under b's name
         foreign = NamedCredentials(new_token(), NAMED).mint("node", "node-a")  # another secret
@@ -242,7 +237,6 @@ def test_forged_revoked_and_foreign_credentials_are_unauthenticated(tmp_path: Pa
             code = grpc.StatusCode.UNAUTHENTICATED
             _denied(lambda stub=stub: stub.ListNodes(pb.ListNodesRequest(), timeout=5), code)  # type: ignore[misc]
         _register(served.node("node-a"), "node-a")
-    engine.dispose()
 
 
 def test_client_certificates_map_onto_the_same_roles(tmp_path: Path) -> None:
@@ -250,8 +244,7 @@ def test_client_certificates_map_onto_the_same_roles(tmp_path: Path) -> None:
     an admin, with the same limits as that holder's token; an unmapped one is nothing."""
     pki = make_pki(tmp_path, clients=("ana", "gpu-a", "top", "ops", "eve"))
     mapping = {"ana": "user", "gpu-a": "node:node-a", "top": "read", "ops": "admin"}
-    engine = open_database(f"sqlite:///{tmp_path / 'c.db'}")
-    deps = Deps(sessions=session_factory(engine))
+    deps = Settings(db_url=f"sqlite:///{tmp_path / 'c.db'}")
     tls = TLSFiles(pki.server_cert, pki.server_key, pki.ca)
     named = NamedCredentials(new_token(), NAMED)
     cluster = new_token()
@@ -296,9 +289,7 @@ def test_client_certificates_map_onto_the_same_roles(tmp_path: Path) -> None:
         stub("ops").CancelJob(cancel, timeout=DEADLINE_S)  # an admin certificate: any job
         stub("eve", cluster).ListJobs(pb.ListJobsRequest(), timeout=DEADLINE_S)  # token wins
     finally:
-        deps.stopping.set()
         server.stop(0).wait()
-        engine.dispose()
 
 
 def test_certificates_and_credentials_in_the_config_are_checked_by_name(tmp_path: Path) -> None:
@@ -412,8 +403,7 @@ def test_mutual_tls_alone_still_admits_certificates_beside_node_credentials(
     config = CoordinatorConfig(state_dir=tmp_path / "state")
     security, certificates = with_access(config, ServerSecurity(tls=tls))
     assert security.named is not None and security.certificate_callers and not certificates
-    engine = open_database(f"sqlite:///{tmp_path / 'c.db'}")
-    deps = Deps(sessions=session_factory(engine))
+    deps = Settings(db_url=f"sqlite:///{tmp_path / 'c.db'}")
     server, port = create_server("127.0.0.1:0", deps, security, certificates)
     server.start()
     try:
@@ -425,27 +415,21 @@ def test_mutual_tls_alone_still_admits_certificates_beside_node_credentials(
         bound = pb_grpc.CoordinatorStub(client_channel(f"localhost:{port}", named))
         _denied(lambda: _register(bound, "node-a"))
     finally:
-        deps.stopping.set()
         server.stop(0).wait()
-        engine.dispose()
 
 
 def test_a_nodes_plan_reads_come_from_memory_and_follow_a_restart_off_the_node(
     tmp_path: Path,
 ) -> None:
-    """With the coordinator's caches (as ``hetero-coord serve`` runs it), a node's
-    ``GetPlan`` is checked and answered without a query, and a restart that moves the
-    job off the node takes the node's access with it at once."""
-    engine = open_database(f"sqlite:///{tmp_path / 'c.db'}")
-    sessions = session_factory(engine)
-    deps = Deps(
-        sessions=sessions,
-        plans=LatestPlans(sessions),
-        placements=JobPlacements(),
-        limits=Limits(ranks_per_cpu_device=1),
+    """A node's ``GetPlan`` is checked and answered from the coordinator's state, without
+    a query, and a restart that moves the job off the node takes the node's access with
+    it at once."""
+    settings = Settings(
+        db_url=f"sqlite:///{tmp_path / 'c.db'}", limits=Limits(ranks_per_cpu_device=1)
     )
     statements: list[str] = []
-    with _serving(deps, new_token(), NamedCredentials(new_token(), NAMED)) as served:
+    with _serving(settings, new_token(), NamedCredentials(new_token(), NAMED)) as served:
+        engine = served.server.engine
         job_id, ids, ranks = _placed_pair(served, JOB + "max_restarts: 1\n")
         b, c = served.node("node-b"), served.node("node-c")
         plan = tpb.GetPlanRequest(job_id=job_id)
@@ -474,4 +458,27 @@ def test_a_nodes_plan_reads_come_from_memory_and_follow_a_restart_off_the_node(
         refused = _denied(lambda: b.GetPlan(plan, timeout=DEADLINE_S))
         assert refused.endswith("(no rank on node node-b)")
         assert c.GetPlan(plan, timeout=DEADLINE_S).version == job.plan.version
-    engine.dispose()
+
+
+def test_a_user_reports_and_detaches_only_the_jobs_it_attached(served: Served) -> None:
+    """Attaching lets a user's credential report intervals (issue #35): only for jobs it
+    attached, never for a job the coordinator launched, whose agents report for it."""
+    placed, _, _ = _placed_pair(served)
+    ana, bob = served.user("ana"), served.user("bob")
+    rank = pb.AttachedRank(host="h", device_name="cpu", device_kind=tpb.DEVICE_KIND_CPU)
+    request = pb.AttachJobRequest(name="mine", launcher="slurm", global_batch=8, ranks=[rank] * 2)
+    attached = ana.AttachJob(request, timeout=DEADLINE_S)
+    assert attached.plan.batches == [4, 4]
+    ask = tpb.GetPlanRequest(job_id=placed)
+    message = _denied(lambda: ana.GetPlan(ask, timeout=DEADLINE_S))
+    assert message == (
+        f"permission denied: user:ana may not call GetPlan for job {placed} (its agents report for it)"
+    )
+    detach = pb.DetachJobRequest(job_id=attached.job_id)
+    message = _denied(lambda: bob.DetachJob(detach, timeout=DEADLINE_S))
+    assert message == (
+        f"permission denied: user:bob may not call DetachJob for job {attached.job_id} "
+        "(attached by user:ana)"
+    )
+    assert ana.GetPlan(tpb.GetPlanRequest(job_id=attached.job_id), timeout=DEADLINE_S).version == 1
+    assert ana.DetachJob(detach, timeout=DEADLINE_S).state == pb.JOB_STATE_SUCCEEDED

@@ -16,9 +16,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from hetero.coordinator.database import open_database, session_factory
-from hetero.coordinator.server import SERVICE_NAME, create_server
-from hetero.coordinator.service import Deps
+from hetero.coordinator.server import SERVICE_NAME, Settings, create_server
 from hetero.security.auth import new_token
 from hetero.security.transport import ServerSecurity
 
@@ -29,8 +27,7 @@ SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
 
 @pytest.fixture(params=["no token", "token"])
 def health(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[health_pb2_grpc.HealthStub]:
-    engine = open_database(f"sqlite:///{tmp_path / 'c.db'}")
-    deps = Deps(sessions=session_factory(engine))
+    deps = Settings(db_url=f"sqlite:///{tmp_path / 'c.db'}")
     security = ServerSecurity(token=new_token() if request.param == "token" else None)
     server, port = create_server("127.0.0.1:0", deps, security)
     server.start()
@@ -39,9 +36,7 @@ def health(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[health_pb
         yield health_pb2_grpc.HealthStub(channel)
     finally:
         channel.close()
-        deps.stopping.set()
         server.stop(0).wait()
-        engine.dispose()
 
 
 def test_check_answers_serving_for_known_services_without_credentials(health) -> None:  # type: ignore[no-untyped-def]

@@ -17,10 +17,8 @@ import grpc
 import pytest
 
 from hetero.coordinator.config import load_config
-from hetero.coordinator.database import open_database, session_factory
 from hetero.coordinator.roles import AGENT, ROLES, SERVICE, USER, load_roles
-from hetero.coordinator.server import create_server
-from hetero.coordinator.service import Deps
+from hetero.coordinator.server import Settings, create_server
 from hetero.core.errors import ConfigError
 from hetero.security.auth import Secret, new_token
 from hetero.security.transport import ClientSecurity, ServerSecurity, client_channel
@@ -51,17 +49,14 @@ def served(tmp_path: Path) -> Iterator[Served]:
         path.write_text(tokens[role].reveal())
         path.chmod(0o600)
         files.append((role, path))
-    engine = open_database(f"sqlite:///{tmp_path / 'c.db'}")
-    deps = Deps(sessions=session_factory(engine))
+    deps = Settings(db_url=f"sqlite:///{tmp_path / 'c.db'}")
     security = ServerSecurity(token=tokens["cluster"], roles=load_roles(files))
     server, port = create_server("127.0.0.1:0", deps, security)
     server.start()
     try:
         yield Served(f"127.0.0.1:{port}", tokens)
     finally:
-        deps.stopping.set()
         server.stop(0).wait()
-        engine.dispose()
 
 
 def _register(stub: pb_grpc.CoordinatorStub, address: str = "10.0.0.2") -> str:
@@ -115,7 +110,10 @@ def test_the_cluster_token_still_calls_everything_and_a_stranger_nothing(served:
 def test_every_method_belongs_to_a_role_and_roles_split_as_documented() -> None:
     every = {f"/{SERVICE.full_name}/{m.name}" for m in SERVICE.methods}
     assert set().union(*ROLES.values()) == every, "a new RPC needs a role"
-    assert not (USER & AGENT) - {f"/{SERVICE.full_name}/Probe"}, "no write shared by both"
+    # Besides Probe, a user shares with agents the two calls an attached job's rank 0
+    # makes; ``scope`` keeps a user to the jobs it attached (test_adversarial_credentials).
+    shared = {f"/{SERVICE.full_name}/{m}" for m in ("Probe", "ReportIntervalStats", "GetPlan")}
+    assert not (USER & AGENT) - shared, "no write shared by both"
 
 
 def test_roles_in_the_config_file_are_checked_by_name(tmp_path: Path) -> None:
@@ -132,20 +130,22 @@ def test_roles_in_the_config_file_are_checked_by_name(tmp_path: Path) -> None:
 def test_a_ranks_token_is_good_for_its_own_job_only(served: Served) -> None:
     """Before: every rank of an agent shared one endpoint token, good for any job."""
     from hetero.agent.local import AgentLocalService, PlanCache, create_local_server
-    from hetero.agent.orders import rank_environment
+    from hetero.agent.orders import rank_process
     from hetero.security.auth import AGENT_TOKEN_ENV, JobTokens
     from hetero.v1 import agent_pb2_grpc
 
     tokens = JobTokens(new_token())
     order = pb.RankLaunch(job_id="job-a", rank=0, world_size=1, master_port=29500)
-    env = rank_environment(
+    env = rank_process(
         order,
+        python="python3",
+        output_dir=Path("/tmp/out"),
         agent_endpoint="127.0.0.1:7071",
         threads=1,
         local_world_size=1,
         base={"HETERO_TOKEN": served.tokens["cluster"].reveal(), "PATH": "/usr/bin"},
         agent_token=tokens.for_job("job-a"),
-    )
+    ).env
     assert served.tokens["cluster"].reveal() not in env.values(), "never the cluster's token"
     rank_token = Secret(env[AGENT_TOKEN_ENV])
     # The forward deadline is the test's, not the agent's 0.4 s: on a loaded two-core runner the

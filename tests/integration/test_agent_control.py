@@ -26,11 +26,9 @@ import pytest
 from hetero.agent.local import AgentLocalService, PlanCache, create_local_server
 from hetero.agent.supervisor import Supervisor
 from hetero.coordinator import store
-from hetero.coordinator.database import open_database, session_factory
-from hetero.coordinator.readcache import IntervalHistories
-from hetero.coordinator.server import create_server
-from hetero.coordinator.service import Deps
-from hetero.coordinator.views import HISTORY_FOR_REPORT
+from hetero.coordinator.database import session_factory
+from hetero.coordinator.reports import HISTORY
+from hetero.coordinator.server import Settings, create_server
 from hetero.core.balancer import Constraints, RankInterval, make_policy
 from hetero.trainer.control import AgentPlanner
 from hetero.trainer.exchange import EmbeddedPlanner, RankSummary
@@ -163,11 +161,9 @@ def test_what_a_trainer_measures_reaches_the_history_the_coordinator_plans_from(
     tmp_path: Path,
 ) -> None:
     """A plan change's cost, the steps' spread and the input rate go trainer -> agent ->
-    coordinator, are stored, and are in the balancer's history: read back from the
-    database (a report's first history) and kept from the report itself (the next)."""
-    engine = open_database(f"sqlite:///{tmp_path / 'c.db'}")
-    deps = Deps(sessions=session_factory(engine), histories=IntervalHistories(HISTORY_FOR_REPORT))
-    server, port = create_server("127.0.0.1:0", deps)
+    coordinator, are stored, and are in the balancer's history: the coordinator's in
+    memory, and the one a restarted coordinator loads."""
+    server, port = create_server("127.0.0.1:0", Settings(db_url=f"sqlite:///{tmp_path / 'c.db'}"))
     server.start()
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     stub = coordinator_pb2_grpc.CoordinatorStub(channel)
@@ -195,12 +191,11 @@ def test_what_a_trainer_measures_reaches_the_history_the_coordinator_plans_from(
         for step[0] in (10, 20):
             planner.decide((tuple(s.to_interval() for s in measured),), (24, 24))
             assert planner.flush()
-        assert deps.histories is not None
-        cached = deps.histories.get(job_id, 1)
-        assert cached is not None
-        assert [[(r.switch_s, r.busy_cv, r.input_s) for r in iv] for _, iv in cached] == [want] * 2
-        with deps.sessions() as s:
-            stored = store.interval_history(s, store.get_job(s, job_id), HISTORY_FOR_REPORT)
+        held = server.call(lambda: list(server.service.state.jobs[job_id].history))
+        assert [[(r.switch_s, r.busy_cv, r.input_s) for r in iv] for _, iv in held] == [want] * 2
+        server.flush()  # an interval that moved no plan is answered before its commit
+        with session_factory(server.engine)() as s:
+            stored = store.interval_history(s, store.get_job(s, job_id), HISTORY)
         assert [[(r.switch_s, r.busy_cv, r.input_s) for r in iv] for iv in stored] == [want] * 2
         detail = stub.GetJobDetail(pb.GetJobDetailRequest(job_id=job_id), timeout=DEADLINE_S)
         fields = ("switch_s", "busy_cv", "input_s")
@@ -214,12 +209,10 @@ def test_what_a_trainer_measures_reaches_the_history_the_coordinator_plans_from(
         local_server.stop(0).wait()
         channel.close()
         server.stop(0).wait()
-        engine.dispose()
 
 
 def test_agent_answers_from_its_cache_when_the_coordinator_is_down(tmp_path: Path) -> None:
-    engine = open_database(f"sqlite:///{tmp_path / 'c.db'}")
-    deps = Deps(sessions=session_factory(engine))
+    deps = Settings(db_url=f"sqlite:///{tmp_path / 'c.db'}")
     server, port = create_server("127.0.0.1:0", deps)
     server.start()
     to_coordinator = grpc.insecure_channel(f"127.0.0.1:{port}")
@@ -247,7 +240,6 @@ def test_agent_answers_from_its_cache_when_the_coordinator_is_down(tmp_path: Pat
         local_server.stop(0).wait()
         to_coordinator.close()
         server.stop(0).wait()
-        engine.dispose()
 
 
 @pytest.fixture

@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from simcluster import watch_orders
 
 from hetero import trainer as ht
-from hetero.agent.orders import rank_command
+from hetero.agent.orders import rank_process
 from hetero.core import catalogue
 from hetero.core.catalogue.commandline import build_parser, options_from_args
 from hetero.core.jobspec import parse_jobspec
@@ -90,13 +91,19 @@ def test_a_launch_order_carries_the_jobs_options_to_the_ranks_hetero_train(
     )
     spec = parse_jobspec(text)
     coordinator.stub.SubmitJob(pb.SubmitJobRequest(spec_yaml=text), timeout=DEADLINE_S)
-    orders = coordinator.stub.PollAssignments(
-        pb.PollAssignmentsRequest(node_id=node_id), timeout=DEADLINE_S
-    ).launches
+    orders = watch_orders(coordinator.stub, node_id).launches
     assert len(orders) == 2
     parser = build_parser("hetero-train", "", "")
     for order in orders:
-        argv = rank_command(order, "python3", tmp_path / f"rank{order.rank}")
+        argv = rank_process(
+            order,
+            python="python3",
+            output_dir=tmp_path / f"rank{order.rank}",
+            agent_endpoint="127.0.0.1:7071",
+            threads=1,
+            local_world_size=2,
+            base={},
+        ).argv
         assert argv[:3] == ["python3", "-m", "hetero.trainer.cli"]
         got = options_from_args(parser.parse_args(argv[3:]))
         assert got.global_batch == 12 and got.epochs == 2 and got.name == "lm"

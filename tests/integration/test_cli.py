@@ -126,23 +126,6 @@ def test_serve_refuses_bad_retention_flags_in_one_line(tmp_path: Path) -> None:
     assert not (tmp_path / "c.db").exists(), "refused before opening the database"
 
 
-def test_serve_refuses_a_bad_report_processes_in_one_line(tmp_path: Path) -> None:
-    db = ("--db", f"sqlite:///{tmp_path / 'c.db'}", "--listen", "127.0.0.1:0")
-    db += ("--state-dir", str(tmp_path / "state"))
-    config = tmp_path / "coordinator.yaml"
-    config.write_text("report_processes: 0\n")
-    cases = [
-        (("--report-processes", "0"), "argument --report-processes: must be from 1 to 64, got 0"),
-        (("--report-processes", "two"), "--report-processes: must be a whole number, got 'two'"),
-        (("--config", str(config)), "report_processes: must be >= 1, got 0"),
-    ]
-    for flags, message in cases:
-        result = _cli("serve", *db, *flags)
-        assert result.returncode == 2, (flags, result.stderr)
-        assert message in _one_error_line(result), result.stderr
-    assert not (tmp_path / "c.db").exists(), "refused before opening the database"
-
-
 def test_a_job_file_that_is_not_utf8_or_endless_is_one_line(coordinator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Issue 17: a non-UTF-8 file gave a 17-line traceback, ``/dev/zero`` a MemoryError
     (now at most the 1 MiB limit + 1 byte is read)."""
@@ -189,14 +172,11 @@ def test_a_database_password_is_never_printed_and_a_missing_driver_is_named(tmp_
 
 def test_hetero_top_with_a_wrong_token_exits_non_zero_with_one_line(tmp_path: Path) -> None:
     """Issue 17: hetero-top with a token the coordinator refuses exited 0."""
-    from hetero.coordinator.database import open_database, session_factory
-    from hetero.coordinator.deps import Deps
-    from hetero.coordinator.server import create_server
+    from hetero.coordinator.server import Settings, create_server
     from hetero.security.auth import Secret
     from hetero.security.transport import ServerSecurity
 
-    engine = open_database(f"sqlite:///{tmp_path / 'c.db'}")
-    deps = Deps(sessions=session_factory(engine))
+    deps = Settings(db_url=f"sqlite:///{tmp_path / 'c.db'}")
     server, port = create_server("127.0.0.1:0", deps, ServerSecurity(token=Secret("a" * 32)))
     server.start()
     wrong = tmp_path / "wrong"
@@ -219,9 +199,7 @@ def test_hetero_top_with_a_wrong_token_exits_non_zero_with_one_line(tmp_path: Pa
             stdin=subprocess.DEVNULL,
         )
     finally:
-        deps.stopping.set()
         server.stop(0).wait()
-        engine.dispose()
     assert top.returncode != 0
     # The terminal's escape sequences aside (the UI drew and left), one line: the error.
     text = re.sub(r"\x1b(\[[0-9;?<>=$]*[A-Za-z~]|\][^\x07\x1b]*(\x07|\x1b\\)?|.)", "", top.stderr)

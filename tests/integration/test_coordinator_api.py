@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from simcluster import watch_orders
 
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
@@ -96,16 +97,14 @@ def test_submit_places_ranks_and_agents_receive_launch_orders(coordinator) -> No
     )
     assert list(by_profile.job.plan.batches) == [52, 26, 18]
 
-    orders = coordinator.stub.PollAssignments(
-        pb.PollAssignmentsRequest(node_id=node_id), timeout=DEADLINE_S
-    )
+    orders = watch_orders(coordinator.stub, node_id)
     assert [o.rank for o in orders.launches] == [0, 1, 2]
-    env = dict(orders.launches[1].env)
-    assert env["RANK"] == "1" and env["WORLD_SIZE"] == "3" and env["LOCAL_RANK"] == "1"
-    assert env["MASTER_ADDR"] == "n1.local" and env["MASTER_PORT"] == str(job.master_port)
-    assert env["HETERO_JOB_ID"] == resp.job_id and orders.launches[1].backend == "gloo"
+    one = orders.launches[1]
+    assert (one.rank, one.world_size, one.local_rank) == (1, 3, 1)
+    assert one.master_addr == "n1.local" and one.master_port == job.master_port
+    assert one.job_id == resp.job_id and one.backend == "gloo"
     assert (
-        orders.launches[2].args.model == "simple_cnn"
+        orders.launches[2].args.options["model"] == "simple_cnn"
         and orders.launches[2].emulated_slowdown == 3.0
     )
 
@@ -116,12 +115,7 @@ def test_submit_places_ranks_and_agents_receive_launch_orders(coordinator) -> No
             ),
             timeout=DEADLINE_S,
         )
-    assert (
-        coordinator.stub.PollAssignments(
-            pb.PollAssignmentsRequest(node_id=node_id), timeout=DEADLINE_S
-        ).launches
-        == []
-    )
+    assert watch_orders(coordinator.stub, node_id).launches == []
     got = coordinator.stub.GetJob(pb.GetJobRequest(job_id=resp.job_id), timeout=DEADLINE_S)
     assert got.state == pb.JOB_STATE_RUNNING and "emulate_slowdown" in got.spec_yaml
     for rank, code in ((0, 0), (1, 0), (2, 0)):
@@ -243,9 +237,7 @@ def test_list_get_cancel_and_stop_orders(coordinator) -> None:  # type: ignore[n
         pb.RANK_STATE_EXITED,
         pb.RANK_STATE_EXITED,
     ]
-    orders = coordinator.stub.PollAssignments(
-        pb.PollAssignmentsRequest(node_id=node_id), timeout=DEADLINE_S
-    )
+    orders = watch_orders(coordinator.stub, node_id)
     assert [(s.job_id, s.rank) for s in orders.stops] == [(first, 0)]
     assert {o.job_id for o in orders.launches} == {second}
     running = coordinator.stub.ListJobs(

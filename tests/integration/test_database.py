@@ -191,6 +191,11 @@ def test_a_pre_alembic_database_is_upgraded_on_open_and_loses_no_row(
         with engine.connect() as conn:
             got = conn.execute(text(f"SELECT {', '.join(measured)} FROM interval_stats")).all()
         assert [tuple(r) for r in got] == [(None, None, None)] * ROWS
+        # Revision 0007's: no host profile kept for a node registered before.
+        revised |= {("nodes", "host_profile")}
+        with engine.connect() as conn:
+            got = conn.execute(text("SELECT host_profile FROM nodes")).all()
+        assert [tuple(r) for r in got] == [("",)] * len(got)
         if version == 3:  # revision 0002's columns, with the values of a device without them
             assert added == revised | {
                 ("devices", "suspect"),

@@ -13,9 +13,9 @@ says what the hardware profiles forecast.
 
 from __future__ import annotations
 
+from simcluster import watch_orders
 from sqlalchemy import text
 
-from hetero.coordinator import recovery
 from hetero.core.balancer.exclusion import CONSECUTIVE
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
@@ -99,6 +99,7 @@ def _run(c, node: str | dict[str, str], job: pb.Job, intervals: int, attempt: in
 
 
 def _events(c, job_id: str, kind: str) -> list[str]:  # type: ignore[no-untyped-def]
+    c.flush()
     with c.engine.connect() as db:
         rows = db.execute(
             text("SELECT message FROM events WHERE job_id = :j AND kind = :k ORDER BY id"),
@@ -108,8 +109,7 @@ def _events(c, job_id: str, kind: str) -> list[str]:  # type: ignore[no-untyped-
 
 
 def _sweep(c) -> None:  # type: ignore[no-untyped-def]
-    with c.deps.sessions.begin() as s:
-        recovery.sweep(s, c.deps.sweep_config(), now=c.clock())
+    c.sweep()
 
 
 def _stop_all(c, node: str, job: pb.Job, attempt: int) -> None:  # type: ignore[no-untyped-def]
@@ -139,9 +139,7 @@ def test_a_built_in_job_restarts_once_without_its_slow_rank_and_keeps_it_out(coo
     assert [r.emulated_slowdown for r in job.ranks] == [1.0], "the 8x rank is the one gone"
 
     # A failure later restarts it on one rank still, and the exclusion used no restart.
-    (launch,) = coordinator.stub.PollAssignments(
-        pb.PollAssignmentsRequest(node_id=node), timeout=DEADLINE_S
-    ).launches
+    (launch,) = watch_orders(coordinator.stub, node).launches
     assert (launch.rank, launch.attempt, launch.world_size) == (0, 1, 1)
     _status(coordinator, node, job.id, 0, pb.RANK_STATE_RUNNING, attempt=1)
     resp = _status(coordinator, node, job.id, 0, pb.RANK_STATE_EXITED, 1, attempt=1)

@@ -16,7 +16,8 @@ import grpc
 import pytest
 from sqlalchemy import event
 
-from hetero.coordinator import store, views
+from hetero.bench import seed
+from hetero.coordinator import messages, persist
 from hetero.core.jobspec import parse_jobspec
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
@@ -27,16 +28,18 @@ QUEUED = "name: flood\nglobal_batch: 8\nsteps: 5\nresources: {ranks: 1, device: 
 
 def _flood(coordinator, n: int, owner: str = "user:ana") -> list[str]:  # type: ignore[no-untyped-def]
     """``n`` queued jobs written to the store (as a flood of submissions leaves them),
-    one a second before the clock's now; their ids, newest first."""
+    one a second before the clock's now, and the coordinator restarted to load them;
+    their ids, newest first."""
     spec = parse_jobspec(QUEUED, source="flood")
     ids = []
-    with coordinator.deps.sessions.begin() as s:
+    with coordinator.sessions.begin() as s:
         for i in range(n):
-            job = store.new_job(
+            job = seed.queued_job(
                 spec, QUEUED, now=coordinator.clock.now - n + i, priority=0, owner=owner
             )
-            s.add(job)
+            seed.save(s, persist.save_job(job))
             ids.append(job.id)
+    coordinator.restart()
     return ids[::-1]
 
 
@@ -117,8 +120,7 @@ def test_a_flood_of_queued_jobs_does_not_hide_a_running_job_from_the_snapshot(co
     running = coordinator.stub.SubmitJob(pb.SubmitJobRequest(spec_yaml=QUEUED)).job
     coordinator.clock.now += 5000.0
     assert running.state == pb.JOB_STATE_PENDING
-    _flood(coordinator, views.WATCH_JOBS + 10)
-    with coordinator.deps.sessions() as s:
-        snapshot = views.cluster_snapshot(s, now=coordinator.clock.now, timeout_s=10.0)
+    _flood(coordinator, messages.WATCH_JOBS + 10)
+    snapshot = coordinator.server.snapshot()
     assert running.id in [j.id for j in snapshot.jobs]
     assert snapshot.jobs[-1].id == running.id, "newest first"

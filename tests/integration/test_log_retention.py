@@ -1,5 +1,7 @@
 """Retention of rank log lines and events on a real SQLite file (issue 17 item 6): the
-store's functions write them (dated by hand), the ``IntervalPruner`` prunes them."""
+coordinator's write operations (``persist``) write them (dated by hand), and
+``logpruning.prune_logs_batch`` prunes them in batches of their own transactions, as
+``service.Service.prune`` runs it through the writer."""
 
 from __future__ import annotations
 
@@ -10,13 +12,13 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from hetero.coordinator import store
+from hetero.bench import seed
+from hetero.coordinator import persist
 from hetero.coordinator.config import load_config
 from hetero.coordinator.database import open_database, session_factory
-from hetero.coordinator.models import DeviceRow, EventRow, LogLineRow
-from hetero.coordinator.placement import place
-from hetero.coordinator.pruning import IntervalPruner
-from hetero.coordinator.retention import IntervalRetention, LogRetention
+from hetero.coordinator.logpruning import prune_logs_batch
+from hetero.coordinator.models import EventRow, LogLineRow
+from hetero.coordinator.retention import LogRetention
 from hetero.core.errors import ConfigError
 from hetero.core.jobspec import parse_jobspec
 
@@ -28,33 +30,30 @@ SPEC = "name: chatty\nmodel: debug\nglobal_batch: 8\nsteps: 100\nresources: {ran
 @pytest.fixture
 def sessions(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
     engine = open_database(f"sqlite:///{tmp_path / 'coordinator.db'}")
-    factory = session_factory(engine)
-    with factory.begin() as s:
-        device = DeviceRow(index=0, name="cpu0", kind="cpu", compute_score=1.0)
-        store.register_node(
-            s,
-            name="n1",
-            address="n1.local",
-            agent_endpoint="",
-            agent_version="test",
-            devices=[device],
-            now=NOW - 50 * DAY,
-        )
     try:
-        yield factory
+        yield session_factory(engine)
     finally:
         engine.dispose()
 
 
 def _job(s: Session) -> str:
-    spec = parse_jobspec(SPEC)
-    slots = store.device_slots(s, now=NOW, timeout_s=1e9)
-    return store.create_job(s, spec, SPEC, place(spec, slots, 29500), now=NOW - 50 * DAY).id
+    """A job's row as the coordinator writes it (``persist.save_job``)."""
+    job = seed.queued_job(parse_jobspec(SPEC), SPEC, now=NOW - 50 * DAY, priority=0, owner="")
+    seed.save(s, persist.save_job(job))
+    return job.id
 
 
 def _lines(s: Session, job_id: str, n: int, at: float) -> None:
-    rows = [LogLineRow(rank=0, stream="stdout", text=f"l{i}", time_unix_s=at) for i in range(n)]
-    store.append_logs(s, job_id, rows)
+    """``n`` lines of rank 0's stdout, shipped at ``at``, as ``AppendJobLogs`` writes them."""
+    rows = tuple(
+        {"job_id": job_id, "rank": 0, "stream": "stdout", "text": f"l{i}", "time_unix_s": at}
+        for i in range(n)
+    )
+    seed.save(s, persist.AddRows(LogLineRow, rows))
+
+
+def _event(s: Session, job_id: str, message: str, at: float) -> None:
+    s.add(EventRow(time_unix_s=at, job_id=job_id, kind="note", message=message))
 
 
 def _count(sessions: sessionmaker[Session], table: type, job_id: str | None = None) -> int:
@@ -63,6 +62,17 @@ def _count(sessions: sessionmaker[Session], table: type, job_id: str | None = No
         if job_id is not None:
             query = query.where(table.job_id == job_id)  # type: ignore[attr-defined]
         return int(s.scalar(query) or 0)
+
+
+def _prune_logs(sessions: sessionmaker[Session], policy: LogRetention) -> int:
+    """Batches until one finds nothing more to do; the rows removed."""
+    removed = 0
+    while True:
+        with sessions.begin() as s:
+            batch, more = prune_logs_batch(s, policy, now=NOW)
+        removed += batch
+        if not more:
+            return removed
 
 
 def test_old_lines_and_events_go_and_a_chatty_job_keeps_its_newest_lines(
@@ -77,12 +87,9 @@ def test_old_lines_and_events_go_and_a_chatty_job_keeps_its_newest_lines(
         _lines(s, quiet, 200, NOW - 1 * DAY)
         _lines(s, chatty, 5_000, NOW - 60)  # young, but over the job's budget
         for age in (40 * DAY, 31 * DAY, 29 * DAY, 1.0):
-            store.add_event(s, kind="note", message=f"{age}", job_id=quiet, now=NOW - age)
+            _event(s, quiet, f"{age}", NOW - age)
     events_before = _count(sessions, EventRow)
-    pruner = IntervalPruner(
-        sessions, IntervalRetention(), clock=lambda: NOW, max_batches=100, pause_s=0.0, logs=policy
-    )
-    removed = pruner.run_log_pass()
+    removed = _prune_logs(sessions, policy)
     assert _count(sessions, LogLineRow, quiet) == 200
     assert _count(sessions, LogLineRow, chatty) == 1_000
     with sessions() as s:  # the newest lines stay, in order
@@ -94,7 +101,7 @@ def test_old_lines_and_events_go_and_a_chatty_job_keeps_its_newest_lines(
         kept = s.scalars(select(EventRow.message).order_by(EventRow.id)).all()
     assert kept == [f"{29 * DAY}", "1.0"]
     assert removed == 300 + 4_000 + events_before - 2
-    assert pruner.run_log_pass() == 0  # caught up: a second pass finds nothing
+    assert _prune_logs(sessions, policy) == 0  # caught up: a second pass finds nothing
 
 
 def test_log_retention_keys_in_coordinator_yaml(tmp_path: Path) -> None:

@@ -1,10 +1,11 @@
-"""Prometheus' own tooling on a real coordinator's ``/metrics``, and the Grafana dashboard
-of ``deploy/grafana`` against the names that scrape exports.
+"""Prometheus' own tooling on a real coordinator's ``/metrics`` and an agent's, and the
+Grafana dashboard of ``deploy/grafana`` against the names those scrapes export.
 
 The coordinator is real (gRPC on port 0, SQLite under ``tmp_path``), fed by the
-simulated cluster: three nodes with telemetry, a running job with eight intervals
-of rank statistics and a pending one. ``promtool`` comes from Debian's
-``prometheus`` package; where it is absent the tests that need it skip.
+simulated cluster: three nodes, a running job with eight intervals of rank
+statistics and a pending one. The agent's is its collector over a node's sample
+(``test_agent_metrics``), served by prometheus-client. ``promtool`` comes from
+Debian's ``prometheus`` package; where it is absent the tests that need it skip.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_agent_metrics import PROFILE, SNAPSHOT
+
+from hetero.agent.metrics import NodeCollector, serve_metrics
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "hetero.json"
 DEADLINE_S = 5.0
@@ -41,6 +45,20 @@ def scrape(sim, metrics) -> str:  # type: ignore[no-untyped-def]
     populate(sim)
     with urllib.request.urlopen(f"{metrics}/metrics", timeout=DEADLINE_S) as resp:
         text: str = resp.read().decode()
+    return text
+
+
+@pytest.fixture
+def agent_scrape() -> str:
+    """One scrape of an agent's ``/metrics``: a GPU with telemetry and a CPU device."""
+    server = serve_metrics("127.0.0.1:0", NodeCollector("gpu-a", PROFILE, lambda: SNAPSHOT))
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+        with urllib.request.urlopen(url, timeout=DEADLINE_S) as resp:
+            text: str = resp.read().decode()
+    finally:
+        server.shutdown()
+        server.server_close()
     return text
 
 
@@ -96,32 +114,37 @@ def substituted(expr: str) -> str:
 
 
 @needs_promtool
-def test_promtool_accepts_a_real_coordinators_metrics(scrape: str) -> None:
-    names = sample_names(scrape)
-    # What the scrape must hold for the check to mean anything: nodes, devices, a job,
-    # ranks measured over intervals, a counter, the histogram of the calls that made them.
+def test_promtool_accepts_a_real_coordinators_and_agents_metrics(
+    scrape: str, agent_scrape: str
+) -> None:
+    names = sample_names(scrape) | sample_names(agent_scrape)
+    # What the scrapes must hold for the check to mean anything: nodes, devices, a job,
+    # ranks measured over intervals, counters, the histogram of the calls that made them.
     for name in (
-        "hetero_node_up",
+        "hetero_nodes",
         "hetero_device_utilization_ratio",
         "hetero_job_samples_per_second",
+        "hetero_job_samples_total",
         "hetero_rank_compute_seconds_per_sample",
         "hetero_job_restarts_total",
         "hetero_rpc_duration_seconds_bucket",
     ):
         assert name in names, name
     assert PROMTOOL is not None
-    done = subprocess.run(
-        [PROMTOOL, "check", "metrics"], input=scrape, capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0 and not done.stdout.strip() and not done.stderr.strip(), (
-        done.stdout + done.stderr
-    )
+    for text in (scrape, agent_scrape):
+        done = subprocess.run(
+            [PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0 and not done.stdout.strip() and not done.stderr.strip(), (
+            done.stdout + done.stderr
+        )
 
 
-def test_metric_names_follow_prometheus_conventions(scrape: str) -> None:
+def test_metric_names_follow_prometheus_conventions(scrape: str, agent_scrape: str) -> None:
     """Base units in names, ``_total`` only on counters, no non-base units; a batch is
     counted in samples."""
-    kinds = dict(re.findall(r"^# TYPE (\S+) (\S+)$", scrape, re.MULTILINE))
+    both = scrape + agent_scrape
+    kinds = dict(re.findall(r"^# TYPE (\S+) (\S+)$", both, re.MULTILINE))
     assert kinds, "the scrape has families"
     for name, kind in kinds.items():
         assert name.startswith("hetero_"), name
@@ -132,14 +155,16 @@ def test_metric_names_follow_prometheus_conventions(scrape: str) -> None:
             )
 
 
-def test_the_grafana_dashboard_selects_only_exported_metrics(scrape: str) -> None:
+def test_the_grafana_dashboard_selects_only_exported_metrics(
+    scrape: str, agent_scrape: str
+) -> None:
     dashboard = json.loads(DASHBOARD.read_text())
-    exported = sample_names(scrape)
+    exported = sample_names(scrape) | sample_names(agent_scrape)
     queries = list(dashboard_queries(dashboard))
     used = set().union(*(metric_names(q) for q in queries))
     assert len(queries) >= 20 and len(used) >= 25, "the dashboard covers the exposition"
     missing = sorted(used - exported)
-    assert not missing, f"the dashboard selects metrics /metrics does not export: {missing}"
+    assert not missing, f"the dashboard selects metrics no /metrics exports: {missing}"
     assert metric_names('sum by (job) (rate(x_total{job="a"}[5m])) / on(job) y') == {
         "x_total",
         "y",

@@ -12,12 +12,10 @@ import sys
 
 import grpc
 import pytest
+from simcluster import watch_orders
 
-from hetero.coordinator import store
 from hetero.coordinator.admission import Limits
-from hetero.coordinator.capacity import REFRESH_S
-from hetero.coordinator.models import JobRow
-from hetero.coordinator.recovery import Sweeper
+from hetero.coordinator.service import REFRESH_S
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
 
@@ -61,12 +59,13 @@ def _finish(coordinator, job: pb.Job) -> None:  # type: ignore[no-untyped-def]
             ),
             timeout=DEADLINE_S,
         )
+    coordinator.flush()  # the queue's pass the freed devices asked for, run now
 
 
 @pytest.fixture
 def small(coordinator):  # type: ignore[no-untyped-def]
     """The coordinator with 4 ranks a CPU device, and one node of one CPU device."""
-    object.__setattr__(coordinator.deps, "limits", Limits(ranks_per_cpu_device=4))
+    coordinator.reconfigure(limits=Limits(ranks_per_cpu_device=4))
     _node(coordinator)
     return coordinator
 
@@ -82,9 +81,7 @@ def test_a_job_waits_queued_with_its_reason_and_runs_when_devices_free_up(small)
     assert third.message == "waiting for 1 CPU slot; none free; 1 held for jobs ahead in the queue"
     assert [e.kind for e in _get(small, third.id).events] == ["job_queued"]
     node_id = first.ranks[0].node_id
-    orders = small.stub.PollAssignments(
-        pb.PollAssignmentsRequest(node_id=node_id), timeout=DEADLINE_S
-    )
+    orders = watch_orders(small.stub, node_id)
     assert {o.job_id for o in orders.launches} == {first.id}, "nothing launches for a queued job"
 
     table = subprocess.run(
@@ -104,9 +101,7 @@ def test_a_job_waits_queued_with_its_reason_and_runs_when_devices_free_up(small)
     assert second.message == "" and len(second.ranks) == 2
     assert "after 4.5 s in the queue" in second.events[-1].message
     assert len({first.master_port, second.master_port, third.master_port}) == 3
-    orders = small.stub.PollAssignments(
-        pb.PollAssignmentsRequest(node_id=node_id), timeout=DEADLINE_S
-    )
+    orders = watch_orders(small.stub, node_id)
     assert {o.job_id for o in orders.launches} == {second.id, third.id}
 
 
@@ -142,10 +137,11 @@ def test_a_queued_job_can_be_cancelled_and_is_never_placed(small) -> None:  # ty
         _get(small, waiting.id).state == pb.JOB_STATE_CANCELLED
         and not _get(small, waiting.id).ranks
     )
-    # Cancelling the running job instead frees its slots for the queue at once.
+    # Cancelling the running job instead frees its slots for the queue's next pass.
     running = _submit(small, _spec("running2", 4))
     behind = _submit(small, _spec("behind", 4))
     small.stub.CancelJob(pb.CancelJobRequest(job_id=running.id), timeout=DEADLINE_S)
+    small.flush()  # the queue's pass the cancel asked for (the admission task's, run now)
     assert _get(small, behind.id).state == pb.JOB_STATE_PENDING
 
 
@@ -173,21 +169,20 @@ def test_the_sweepers_pass_places_queued_jobs_when_a_node_comes_back(small) -> N
     _submit(small, _spec("running", 4))
     waiting = _submit(small, _spec("waiting", 2))
     small.clock.now += 60.0  # n1 silent: down, its job fails; the queued job waits on
-    sweeper = Sweeper(
-        small.deps.sessions, small.deps.sweep_config(), period_s=1.0, clock=small.clock
-    )
-    sweeper.sweep_once()
+    small.sweep()
     assert _get(small, waiting.id).state == pb.JOB_STATE_QUEUED
     assert "down: n1" in _get(small, waiting.id).message
     node_id = small.stub.ListNodes(pb.ListNodesRequest(), timeout=DEADLINE_S).nodes[0].id
     small.stub.Heartbeat(pb.HeartbeatRequest(node_id=node_id), timeout=DEADLINE_S)
-    sweeper.sweep_once()  # no submission, cancel or exit: the periodic pass places it
+    small.sweep()  # no submission, cancel or exit: the periodic pass places it
     assert _get(small, waiting.id).state == pb.JOB_STATE_PENDING
 
 
 def _set_message(coordinator, job_id: str, message: str) -> None:  # type: ignore[no-untyped-def]
-    with coordinator.deps.sessions.begin() as s:
-        s.get_one(JobRow, job_id).message = message
+    def stale() -> None:
+        coordinator.server.service.state.jobs[job_id].message = message
+
+    coordinator.server.call(stale)
 
 
 def test_the_sweepers_pass_runs_when_the_devices_may_have_changed_not_every_sweep(small) -> None:  # type: ignore[no-untyped-def]
@@ -195,37 +190,28 @@ def test_the_sweepers_pass_runs_when_the_devices_may_have_changed_not_every_swee
     _submit(small, _spec("running", 4))
     waiting = _submit(small, _spec("waiting", 2))
     reason = _get(small, waiting.id).message
-    sweeper = Sweeper(
-        small.deps.sessions, small.deps.sweep_config(), period_s=1.0, clock=small.clock
-    )
-    try:
-        sweeper.sweep_once()  # the first sweep always passes
-        _set_message(small, waiting.id, "stale")  # not a change of devices
-        small.clock.now += 1.0
-        sweeper.sweep_once()
-        assert _get(small, waiting.id).message == "stale", "a pass ran with nothing changed"
-        small.clock.now += REFRESH_S
-        node_id = small.stub.ListNodes(pb.ListNodesRequest(), timeout=DEADLINE_S).nodes[0].id
-        small.stub.Heartbeat(pb.HeartbeatRequest(node_id=node_id), timeout=DEADLINE_S)
-        sweeper.sweep_once()  # the refresh: writers it cannot see, reasons kept current
-        assert _get(small, waiting.id).message == reason
-        _set_message(small, waiting.id, "stale")
-        small.clock.now += 1.0
-        with small.deps.sessions.begin() as s:
-            store.set_draining(s, "n1", True, now=small.clock.now)
-        sweeper.sweep_once()
-        assert _get(small, waiting.id).message not in ("stale", reason)  # names the drain
-        with small.deps.sessions.begin() as s:
-            store.set_draining(s, "n1", False, now=small.clock.now)
-        sweeper.sweep_once()
-        assert _get(small, waiting.id).message == reason
-    finally:
-        sweeper.stop()
+    small.sweep()  # the first sweep always passes
+    _set_message(small, waiting.id, "stale")  # not a change of devices
+    small.clock.now += 1.0
+    small.sweep()
+    assert _get(small, waiting.id).message == "stale", "a pass ran with nothing changed"
+    small.clock.now += REFRESH_S
+    node_id = small.stub.ListNodes(pb.ListNodesRequest(), timeout=DEADLINE_S).nodes[0].id
+    small.stub.Heartbeat(pb.HeartbeatRequest(node_id=node_id), timeout=DEADLINE_S)
+    small.sweep()  # the refresh: reasons kept current
+    assert _get(small, waiting.id).message == reason
+    small.clock.now += 60.0
+    small.sweep()  # n1 silent: down, the running job fails and its devices are free...
+    assert "down: n1" in _get(small, waiting.id).message  # ...but not healthy
+    _set_message(small, waiting.id, "stale")
+    small.stub.Heartbeat(pb.HeartbeatRequest(node_id=node_id), timeout=DEADLINE_S)
+    small.sweep()  # n1 back: a change the pass must see
+    assert _get(small, waiting.id).state == pb.JOB_STATE_PENDING
 
 
 def test_limits_refuse_beyond_them_with_resource_exhausted(small) -> None:  # type: ignore[no-untyped-def]
-    limits = dataclasses.replace(small.deps.limits, jobs_per_user=3, max_spec_bytes=2048)
-    object.__setattr__(small.deps, "limits", limits)
+    limits = dataclasses.replace(small.settings.limits, jobs_per_user=3, max_spec_bytes=2048)
+    small.reconfigure(limits=limits)
     for n in range(3):
         _submit(small, _spec(f"j{n}", 4))
     with pytest.raises(grpc.RpcError) as info:

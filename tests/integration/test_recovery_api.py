@@ -10,19 +10,13 @@ attempts' news changes nothing, and exhausted restarts fail the job.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import grpc
 import pytest
+from simcluster import watch_orders
 from sqlalchemy import text
 
-from hetero.coordinator import recovery
-from hetero.coordinator.database import open_database, session_factory
-from hetero.coordinator.server import create_server
-from hetero.coordinator.service import Deps
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
-from hetero.v1.coordinator_pb2_grpc import CoordinatorStub
 
 DEADLINE_S = 5.0
 JOB = """\
@@ -52,9 +46,8 @@ def _beat(c, node_id: str) -> None:  # type: ignore[no-untyped-def]
     c.stub.Heartbeat(pb.HeartbeatRequest(node_id=node_id), timeout=DEADLINE_S)
 
 
-def _poll(c, node_id: str) -> pb.PollAssignmentsResponse:  # type: ignore[no-untyped-def]
-    req = pb.PollAssignmentsRequest(node_id=node_id)
-    return c.stub.PollAssignments(req, timeout=DEADLINE_S)
+def _poll(c, node_id: str) -> pb.Orders:  # type: ignore[no-untyped-def]
+    return watch_orders(c.stub, node_id)
 
 
 def _report(c, node_id, job_id, rank, state, code=None, attempt=0, message=""):  # type: ignore[no-untyped-def]
@@ -71,11 +64,11 @@ def _job(c, job_id: str) -> pb.Job:  # type: ignore[no-untyped-def]
 
 
 def _sweep(c) -> None:  # type: ignore[no-untyped-def]
-    with c.deps.sessions.begin() as s:
-        recovery.sweep(s, c.deps.sweep_config(), now=c.clock())
+    c.sweep()
 
 
 def _events(c, kind: str) -> list[str]:  # type: ignore[no-untyped-def]
+    c.flush()
     with c.engine.connect() as db:
         rows = db.execute(
             text("SELECT message FROM events WHERE kind = :kind ORDER BY id"), {"kind": kind}
@@ -117,9 +110,9 @@ def test_a_silent_node_is_marked_down_once_and_up_again_when_it_heartbeats(coord
 def test_a_restarted_coordinator_counts_silence_from_its_own_start(coordinator) -> None:  # type: ignore[no-untyped-def]
     _register(coordinator, "node-a")
     coordinator.clock.now += 100.0  # the coordinator was down for 100 s, then started
-    cfg = recovery.SweepConfig(heartbeat_timeout_s=10.0, started_at=coordinator.clock.now)
-    with coordinator.deps.sessions.begin() as s:
-        recovery.sweep(s, cfg, now=coordinator.clock.now + 5.0)
+    coordinator.restart()
+    coordinator.clock.now += 5.0
+    coordinator.sweep()
     assert _events(coordinator, "node_down") == [], "agents get the timeout to come back"
 
 
@@ -148,8 +141,7 @@ def test_a_failed_rank_restarts_the_job_with_a_new_attempt_port_and_resume(coord
     orders = [o for n in nodes.values() for o in _poll(coordinator, n).launches]
     assert sorted(o.rank for o in orders) == [0, 1]
     assert all(o.attempt == 1 and o.args.resume for o in orders)
-    assert all(o.env["HETERO_ATTEMPT"] == "1" for o in orders)
-    assert all(o.env["HETERO_COLLECTIVE_TIMEOUT_S"] == "60" for o in orders)
+    assert all(o.collective_timeout_s == 60.0 for o in orders)
 
     # News of attempt 0 arriving late changes nothing.
     _report(coordinator, where[1], job_id, 1, pb.RANK_STATE_EXITED, 1, attempt=0)
@@ -178,7 +170,7 @@ def test_a_lost_cuda_node_restarts_the_job_on_fewer_ranks_without_waiting(coordi
     assert [r.node_name for r in job.ranks] == ["gpu-a"]
     assert list(job.plan.batches) == [24], "same global batch on fewer ranks"
     (order,) = _poll(coordinator, nodes["a"]).launches
-    assert order.world_size == 1 and order.env["WORLD_SIZE"] == "1"
+    assert order.world_size == 1 and order.rank == 0
 
     _beat(coordinator, nodes["b"])  # it comes back: used at the next restart
     _report(coordinator, nodes["a"], job_id, 0, pb.RANK_STATE_RUNNING, attempt=1)
@@ -274,6 +266,7 @@ def test_buffered_telemetry_lands_in_the_bucket_it_was_sampled_in(coordinator) -
         node_id=node_id, host=tpb.HostTelemetry(cpu_percent=7.0), sampled_at_unix_s=sampled
     )
     coordinator.stub.Heartbeat(late, timeout=DEADLINE_S)
+    coordinator.flush()  # a heartbeat's writes are not waited for
     with coordinator.engine.connect() as db:
         rows = db.execute(text("SELECT time_unix_s, cpu_percent FROM telemetry")).all()
     assert [tuple(r) for r in rows] == [(sampled, 7.0)]
@@ -299,7 +292,7 @@ def test_a_report_of_an_earlier_attempt_is_kept_but_never_replans(coordinator) -
 
 
 def test_a_coordinator_restarted_on_its_database_carries_on_where_it_stopped(  # type: ignore[no-untyped-def]
-    coordinator, db_url: str
+    coordinator,
 ) -> None:
     """A second coordinator process on the same database (SQLite file or PostgreSQL
     database), started 100 s later: it finds the nodes and the running job, gives
@@ -309,36 +302,22 @@ def test_a_coordinator_restarted_on_its_database_carries_on_where_it_stopped(  #
     job_id = _submit(coordinator, restarts=1)
     where = _start(coordinator, job_id, nodes)
     before = _job(coordinator, job_id)
-    coordinator.deps.stopping.set()
-
-    clock = type(coordinator.clock)(coordinator.clock.now + 100.0)
-    engine = open_database(db_url)
-    deps = Deps(sessions=session_factory(engine), clock=clock, heartbeat_timeout_s=10.0)
-    server, port = create_server("127.0.0.1:0", deps)
-    server.start()
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    try:
-        again = SimpleNamespace(
-            stub=CoordinatorStub(channel), engine=engine, clock=clock, deps=deps
-        )
-        job = _job(again, job_id)
-        assert job.state == pb.JOB_STATE_RUNNING
-        assert (job.plan.version, list(job.plan.batches)) == (
-            before.plan.version,
-            list(before.plan.batches),
-        )
-        _sweep(again)
-        assert _events(again, "node_down") == [], "agents get the timeout to come back"
-        for node_id in nodes.values():
-            _beat(again, node_id)
-        resp = _report(again, where[1], job_id, 1, pb.RANK_STATE_EXITED, 1)
-        assert resp.job_state == pb.JOB_STATE_RESTARTING
-        _report(again, where[0], job_id, 0, pb.RANK_STATE_EXITED, 1)
-        orders = [o for n in nodes.values() for o in _poll(again, n).launches]
-        assert sorted(o.rank for o in orders) == [0, 1]
-        assert all(o.attempt == 1 and o.args.resume for o in orders)
-    finally:
-        channel.close()
-        deps.stopping.set()
-        server.stop(0).wait()
-        engine.dispose()
+    coordinator.clock.now += 100.0
+    coordinator.restart()
+    again = coordinator
+    job = _job(again, job_id)
+    assert job.state == pb.JOB_STATE_RUNNING
+    assert (job.plan.version, list(job.plan.batches)) == (
+        before.plan.version,
+        list(before.plan.batches),
+    )
+    _sweep(again)
+    assert _events(again, "node_down") == [], "agents get the timeout to come back"
+    for node_id in nodes.values():
+        _beat(again, node_id)
+    resp = _report(again, where[1], job_id, 1, pb.RANK_STATE_EXITED, 1)
+    assert resp.job_state == pb.JOB_STATE_RESTARTING
+    _report(again, where[0], job_id, 0, pb.RANK_STATE_EXITED, 1)
+    orders = [o for n in nodes.values() for o in _poll(again, n).launches]
+    assert sorted(o.rank for o in orders) == [0, 1]
+    assert all(o.attempt == 1 and o.args.resume for o in orders)

@@ -1,6 +1,6 @@
-"""Retention of interval statistics on a real SQLite file, then PostgreSQL: the store's own functions
-write jobs and interval reports (dated by hand), ``pruning.prune_batch`` and the
-``IntervalPruner`` prune them."""
+"""Retention of interval statistics on a real SQLite file, then PostgreSQL: the coordinator's
+write operations (``persist``) write jobs and interval reports (dated by hand), ``pruning.prune_batch`` prunes them in
+batches of their own transactions, as ``service.Service.prune`` runs it through the writer."""
 
 from __future__ import annotations
 
@@ -12,14 +12,15 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from hetero.coordinator import lifecycle, store
+from hetero.bench import seed
+from hetero.coordinator import lifecycle, persist, store
 from hetero.coordinator.config import load_config, with_flags
 from hetero.coordinator.database import open_database, session_factory
-from hetero.coordinator.models import DeviceRow, IntervalStatRow
-from hetero.coordinator.placement import place
-from hetero.coordinator.pruning import IntervalPruner, PruneState, prune_batch
+from hetero.coordinator.models import IntervalStatRow
+from hetero.coordinator.pruning import PruneState, prune_batch
+from hetero.coordinator.reports import HISTORY
 from hetero.coordinator.retention import IntervalRetention
-from hetero.coordinator.views import HISTORY_FOR_REPORT
+from hetero.core.balancer import RankInterval
 from hetero.core.errors import ConfigError
 from hetero.core.jobspec import parse_jobspec
 
@@ -40,58 +41,35 @@ resources: {{ranks: {ranks}, device: cpu}}
 @pytest.fixture
 def sessions(both_stores_url: str) -> Iterator[sessionmaker[Session]]:
     engine = open_database(both_stores_url)
-    factory = session_factory(engine)
-    with factory.begin() as s:
-        devices = [
-            DeviceRow(index=i, name=f"cpu{i}", kind="cpu", compute_score=1.0) for i in range(4)
-        ]
-        store.register_node(
-            s,
-            name="n1",
-            address="n1.local",
-            agent_endpoint="",
-            agent_version="test",
-            devices=devices,
-            now=NOW - 40 * HOUR,
-        )
     try:
-        yield factory
+        yield session_factory(engine)
     finally:
         engine.dispose()
 
 
 def _job(s: Session, interval: int, ranks: int) -> str:
+    """A running job, its row as the coordinator writes it (``persist.save_job``)."""
     text = SPEC.format(interval=interval, ranks=ranks)
-    spec = parse_jobspec(text)
-    slots = store.device_slots(s, now=NOW - 40 * HOUR, timeout_s=1e9)
-    job = store.create_job(s, spec, text, place(spec, slots, 29500), now=NOW - 40 * HOUR)
+    job = seed.queued_job(parse_jobspec(text), text, now=NOW - 40 * HOUR, priority=0, owner="")
+    job.state = lifecycle.RUNNING
+    seed.save(s, persist.save_job(job, ranks=False))
     return job.id
 
 
-def _start(s: Session, job_id: str) -> None:
-    """Every rank reported running, as its agent would."""
+def _end(s: Session, job_id: str, at: float) -> None:
+    """The job cancelled at ``at``: finished, nothing of it protected any more."""
     job = store.get_job(s, job_id)
-    for r in list(job.ranks):
-        store.set_rank_status(
-            s, job_id, r.rank, node_id=r.node_id, state=lifecycle.RUNNING, exit_code=None, now=NOW
-        )
-    assert job.state == lifecycle.RUNNING
+    job.state, job.finished_at_unix_s = lifecycle.CANCELLED, at
 
 
 def _report(s: Session, job_id: str, end_step: int, at: float) -> None:
+    """Every rank's statistics of the interval ending at ``end_step``, received at ``at``."""
     job = store.get_job(s, job_id)
-    rows = [
-        {
-            "rank": r,
-            "batch": 8,
-            "steps": 5,
-            "compute_s": 0.5,
-            "step_s": 0.6,
-            "peak_memory_bytes": None,
-        }
+    ranks = tuple(
+        RankInterval(rank=r, batch=8, steps=5, compute_s=0.5, step_s=0.6)
         for r in range(job.world_size)
-    ]
-    store.add_interval(s, job, end_step, job.attempt_first_plan, rows, now=at)
+    )
+    seed.save(s, seed.interval_rows(job_id, (end_step, ranks), job.attempt_first_plan, at))
 
 
 def _kept(sessions: sessionmaker[Session], job_id: str) -> dict[int, int]:
@@ -121,8 +99,8 @@ def test_old_rows_are_deleted_older_ones_thinned_per_job_and_recent_ones_kept_wh
 ) -> None:
     with sessions.begin() as s:
         a, b = _job(s, interval=5, ranks=2), _job(s, interval=3, ranks=1)
-        store.cancel_job(s, a, now=NOW)  # finished jobs: nothing protected
-        store.cancel_job(s, b, now=NOW)
+        _end(s, a, NOW)  # finished jobs: nothing protected
+        _end(s, b, NOW)
         # One report of each job every 10 minutes over the last 12 h, oldest first.
         for k in range(72):
             at = NOW - 12 * HOUR + k * 600
@@ -156,28 +134,26 @@ def test_old_rows_are_deleted_older_ones_thinned_per_job_and_recent_ones_kept_wh
 def test_a_running_jobs_newest_intervals_are_never_pruned_until_newer_ones_replace_them(
     sessions: sessionmaker[Session],
 ) -> None:
-    """Intervals of 30 minutes: the window of HISTORY_FOR_REPORT intervals that reports
+    """Intervals of 30 minutes: the window of HISTORY intervals that reports
     read (balancer, straggler detection) reaches far beyond the raw minute, and its
     oldest beyond keep_s."""
     policy = IntervalRetention(raw_s=60.0, thin_every=4, keep_s=14 * HOUR)
-    n = HISTORY_FOR_REPORT + 8
+    n = HISTORY + 8
     times = [NOW - (n - 1 - k) * 1800 for k in range(n)]
     with sessions.begin() as s:
         job_id = _job(s, interval=5, ranks=2)
-        _start(s, job_id)
         for k, at in enumerate(times):
             _report(s, job_id, 5 * (k + 1), at)
     with sessions() as s:
-        history = store.interval_history(s, store.get_job(s, job_id), HISTORY_FOR_REPORT)
-    pruner = IntervalPruner(sessions, policy, clock=lambda: NOW)
-    pruner.run_pass()
+        history = store.interval_history(s, store.get_job(s, job_id), HISTORY)
+    state = _prune_all(sessions, policy, PruneState(), NOW)[1]
     assert NOW - times[8] > policy.keep_s and NOW - times[7] > policy.keep_s, "the setup"
     # Outside the window every row is past keep_s: gone. Inside it nothing is.
     assert _kept(sessions, job_id) == {5 * (k + 1): 2 for k in range(8, n)}
     with sessions() as s:
-        after = store.interval_history(s, store.get_job(s, job_id), HISTORY_FOR_REPORT)
+        after = store.interval_history(s, store.get_job(s, job_id), HISTORY)
     assert after == history, "what reports read is untouched"
-    assert pruner.state.deferred, "the thinning walk passed protected rows and remembers them"
+    assert state.deferred, "the thinning walk passed protected rows and remembers them"
 
     # Eight intervals a minute apart push the window's oldest eight out of it: pruned
     # like any other row (past keep_s: deleted; else thinned).
@@ -186,8 +162,7 @@ def test_a_running_jobs_newest_intervals_are_never_pruned_until_newer_ones_repla
         for k in range(n, n + 8):
             _report(s, job_id, 5 * (k + 1), times[k])
     later = times[-1]
-    pruner.clock = lambda: later
-    pruner.run_pass()
+    state = _prune_all(sessions, policy, state, later)[1]
     released = [
         5 * (k + 1)
         for k in range(8, 16)
@@ -200,9 +175,9 @@ def test_a_running_jobs_newest_intervals_are_never_pruned_until_newer_ones_repla
 
     # The job ends: only the age rules are left.
     with sessions.begin() as s:
-        store.cancel_job(s, job_id, now=later)
-    pruner.run_pass()
-    assert not pruner.state.deferred
+        _end(s, job_id, later)
+    state = _prune_all(sessions, policy, state, later)[1]
+    assert not state.deferred
     assert _kept(sessions, job_id) == {
         5 * (k + 1): 2
         for k, at in enumerate(times)
@@ -222,7 +197,7 @@ def test_each_batch_deletes_at_most_batch_rows_and_the_batches_finish_the_job(
     )
     with sessions.begin() as s:
         job_id = _job(s, interval=1, ranks=3)
-        store.cancel_job(s, job_id, now=NOW)
+        _end(s, job_id, NOW)
         for k, at in enumerate(times):
             _report(s, job_id, k + 1, at)
     state, batches, removed = PruneState(), 0, 0
@@ -236,20 +211,6 @@ def test_each_batch_deletes_at_most_batch_rows_and_the_batches_finish_the_job(
     thinned = [step for step in range(81, 141) if step % 4 == 0]
     assert _kept(sessions, job_id) == dict.fromkeys([*thinned, *range(141, 201)], 3)
     assert removed == 600 - 3 * (len(thinned) + 60) and batches >= removed / 25
-
-
-def test_the_pruner_stops_a_pass_after_max_batches(sessions: sessionmaker[Session]) -> None:
-    policy = IntervalRetention(raw_s=HOUR, thin_every=1, keep_s=HOUR, batch_rows=10)
-    with sessions.begin() as s:
-        job_id = _job(s, interval=1, ranks=1)
-        store.cancel_job(s, job_id, now=NOW)
-        for k in range(45):
-            _report(s, job_id, k + 1, NOW - 2 * HOUR + k)
-    pruner = IntervalPruner(sessions, policy, clock=lambda: NOW, max_batches=2, pause_s=0.0)
-    assert pruner.run_pass() == 20
-    assert pruner.run_pass() == 20
-    assert pruner.run_pass() == 5
-    assert _kept(sessions, job_id) == {}
 
 
 @pytest.mark.parametrize(

@@ -1,74 +1,35 @@
 """The coordinator's own time per call (``hetero_rpc_duration_seconds``), over real gRPC,
-SQLite and HTTP: every call counted once, by method and status code, whether answered
-on the event loop or on a database thread, and in every ``/metrics`` scrape."""
+SQLite and HTTP: every call counted once, by method and status code, and served by
+``/metrics`` as the module ``metricsserver`` bounds it."""
 
 from __future__ import annotations
 
 import re
 import time
 import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass
 
 import grpc
 import pytest
+from prometheus_client.registry import CollectorRegistry
+from simcluster import watch_orders
 
 from hetero.bench.loadgen import device_profiles, heartbeat_request
-from hetero.coordinator.database import open_database, read_session_factory, session_factory
-from hetero.coordinator.deps import Deps
-from hetero.coordinator.ingest import HeartbeatIngest
-from hetero.coordinator.metricsserver import MetricsServer
-from hetero.coordinator.readcache import PendingOrders
-from hetero.coordinator.rpclatency import BUCKETS_S, NAME
-from hetero.coordinator.server import create_server
-from hetero.coordinator.service import CoordinatorService
-from hetero.coordinator.store import TelemetryPolicy
+from hetero.coordinator.metrics import BUCKETS_S, NAME
 from hetero.v1 import coordinator_pb2 as pb
-from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 
 DEADLINE_S = 5.0
 
 
-@dataclass
-class Served:
-    stub: pb_grpc.CoordinatorStub
-    deps: Deps
-
-
-@pytest.fixture(params=["database threads", "event loop"])
-def served(request: pytest.FixtureRequest, db_url: str) -> Iterator[Served]:
-    """A coordinator whose heartbeats and idle polls run on its database threads (no
-    ingest, no order cache) or, as ``hetero-coord serve`` wires it, on its event loop."""
-    engine = open_database(db_url)
-    sessions, readers = session_factory(engine), read_session_factory(engine)
-    if request.param == "event loop":
-        deps = Deps(
-            sessions=sessions,
-            readers=readers,
-            ingest=HeartbeatIngest(sessions, readers, TelemetryPolicy()),
-            orders=PendingOrders(readers),
-        )
-    else:
-        deps = Deps(sessions=sessions)
-    server, port = create_server("127.0.0.1:0", deps)
-    server.start()
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    try:
-        yield Served(pb_grpc.CoordinatorStub(channel), deps)
-    finally:
-        channel.close()
-        server.stop(0).wait()
-        engine.dispose()
-
-
-def sample(deps: Deps, suffix: str, method: str, code: str, le: str | None = None) -> float:
+def sample(
+    registry: CollectorRegistry, suffix: str, method: str, code: str, le: str | None = None
+) -> float:
     labels = {"method": method, "code": code} | ({"le": le} if le is not None else {})
-    value = deps.rpc_latency.registry.get_sample_value(NAME + suffix, labels)
+    value = registry.get_sample_value(NAME + suffix, labels)
     return 0.0 if value is None else value
 
 
-def test_every_call_is_counted_once_by_method_and_status(served: Served) -> None:
-    stub, deps = served.stub, served.deps
+def test_every_call_is_counted_once_by_method_and_status(coordinator) -> None:  # type: ignore[no-untyped-def]
+    stub, latency = coordinator.stub, coordinator.server.registry
     nodes = [
         stub.RegisterNode(
             pb.RegisterNodeRequest(name=f"n{i}", address=f"n{i}.local", devices=device_profiles(1)),
@@ -76,29 +37,26 @@ def test_every_call_is_counted_once_by_method_and_status(served: Served) -> None
         ).node_id
         for i in range(3)
     ]
-    if deps.ingest is not None:  # so the loop answers their heartbeats itself
-        assert all(deps.ingest.is_known(node) for node in nodes)
     for tick in range(1, 6):
         for node in nodes:
             stub.Heartbeat(heartbeat_request(node, 1, tick), timeout=DEADLINE_S)
     for node in nodes:
-        stub.PollAssignments(pb.PollAssignmentsRequest(node_id=node), timeout=DEADLINE_S)
+        watch_orders(stub, node)
     stub.ListNodes(pb.ListNodesRequest(), timeout=DEADLINE_S)
     for _ in range(2):
         with pytest.raises(grpc.RpcError) as refused:
             stub.Heartbeat(heartbeat_request("no-such-node", 1, 1), timeout=DEADLINE_S)
         assert refused.value.code() == grpc.StatusCode.NOT_FOUND
-    assert sample(deps, "_count", "RegisterNode", "OK") == 3
-    assert sample(deps, "_count", "Heartbeat", "OK") == 15
-    assert sample(deps, "_count", "PollAssignments", "OK") == 3
-    assert sample(deps, "_count", "ListNodes", "OK") == 1
-    assert sample(deps, "_count", "Heartbeat", "NOT_FOUND") == 2
-    assert sample(deps, "_count", "GetPlan", "OK") == 0, "no call, no series"
+    assert sample(latency, "_count", "RegisterNode", "OK") == 3
+    assert sample(latency, "_count", "Heartbeat", "OK") == 15
+    assert sample(latency, "_count", "ListNodes", "OK") == 1
+    assert sample(latency, "_count", "Heartbeat", "NOT_FOUND") == 2
+    assert sample(latency, "_count", "GetPlan", "OK") == 0, "no call, no series"
     # The buckets are cumulative and end in +Inf, which holds every call.
-    counts = [sample(deps, "_bucket", "Heartbeat", "OK", str(le)) for le in BUCKETS_S]
+    counts = [sample(latency, "_bucket", "Heartbeat", "OK", str(le)) for le in BUCKETS_S]
     assert counts == sorted(counts)
-    assert sample(deps, "_bucket", "Heartbeat", "OK", "+Inf") == 15
-    assert sample(deps, "_sum", "Heartbeat", "OK") > 0
+    assert sample(latency, "_bucket", "Heartbeat", "OK", "+Inf") == 15
+    assert sample(latency, "_sum", "Heartbeat", "OK") > 0
 
 
 def _scrape(port: int, query: str = "") -> str:
@@ -111,45 +69,34 @@ def _heartbeats_in(text: str) -> float | None:
     return None if found is None else float(found.group(1))
 
 
-def test_the_histogram_follows_the_snapshot_in_every_scrape(coordinator, sim) -> None:  # type: ignore[no-untyped-def]
+def test_a_scrape_is_built_at_most_once_a_second_and_a_filter_collects_what_it_names(
+    coordinator, sim
+) -> None:  # type: ignore[no-untyped-def]
     sim.register()
     sim.heartbeat()
-    deps = coordinator.deps
-    # A snapshot kept for an hour: the histogram is current however old the snapshot.
-    server = MetricsServer(
-        "127.0.0.1:0",
-        CoordinatorService(deps).snapshot,
-        ttl_s=3600.0,
-        rpc_latency=deps.rpc_latency,
+    port = coordinator.server.serve_metrics("127.0.0.1:0")
+    server = coordinator.server.metrics
+    text = _scrape(port)
+    assert f"# TYPE {NAME} histogram" in text
+    assert 'hetero_nodes{state="up"} 3.0' in text
+    assert _heartbeats_in(text) == 3
+    assert re.search(
+        rf'^{NAME}_bucket{{code="OK",le="\+Inf",method="RegisterNode"}} 3\.0$', text, re.M
     )
-    server.start()
-    try:
-        text = _scrape(server.port)
-        assert f"# TYPE {NAME} histogram" in text
-        assert 'hetero_node_up{node="gpu-a"} 1.0' in text
-        assert _heartbeats_in(text) == 3
-        assert re.search(
-            rf'^{NAME}_bucket{{code="OK",le="\+Inf",method="RegisterNode"}} 3\.0$', text, re.M
-        )
-        for _ in range(4):
-            sim.heartbeat()
-        # The HTTP process asks for the counts again at most every REFRESH_S.
-        deadline = time.monotonic() + 10.0
-        while (seen := _heartbeats_in(_scrape(server.port))) != 15:
-            assert seen == 3 and time.monotonic() < deadline, seen
-            time.sleep(0.1)
-        assert server.snapshots.builds == 1
-        # ?name[]= of the histogram's samples only: the snapshot is not read.
-        server.snapshots.builds = 0
-        count = f"?name[]={NAME}_count&name%5B%5D={NAME}_sum"
-        only = _scrape(server.port, count)
-        assert _heartbeats_in(only) == 15
-        assert f"{NAME}_sum{{" in only
-        assert "_bucket" not in only and "hetero_node_up" not in only
-        assert server.snapshots.builds == 0
-        # A name beyond the histogram gets the whole exposition.
-        whole = _scrape(server.port, f"{count}&name[]=hetero_node_up")
-        assert 'hetero_node_up{node="gpu-a"} 1.0' in whole and _heartbeats_in(whole) == 15
-        assert "hetero_device_info" in whole and f"{NAME}_bucket" in whole
-    finally:
-        server.stop()
+    for _ in range(4):
+        sim.heartbeat()
+    # Within TTL_S of the first build a scrape gets the same bytes; then new ones.
+    deadline = time.monotonic() + 10.0
+    while (seen := _heartbeats_in(_scrape(port))) != 15:
+        assert seen == 3 and time.monotonic() < deadline, seen
+        time.sleep(0.1)
+    assert server.builds == 2
+    # ?name[]= of the histogram's samples only: the cluster is not collected.
+    count = f"?name[]={NAME}_count&name%5B%5D={NAME}_sum"
+    only = _scrape(port, count)
+    assert _heartbeats_in(only) == 15
+    assert f"{NAME}_sum{{" in only
+    assert "_bucket" not in only and "hetero_nodes" not in only
+    both = _scrape(port, f"{count}&name[]=hetero_nodes")
+    assert 'hetero_nodes{state="up"} 3.0' in both and _heartbeats_in(both) == 15
+    assert f"{NAME}_bucket" not in both

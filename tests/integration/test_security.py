@@ -20,9 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pki import Pki, make_pki
 
 from hetero.agent.local import AgentLocalService, PlanCache, create_local_server
-from hetero.coordinator.database import open_database, session_factory
-from hetero.coordinator.server import create_server
-from hetero.coordinator.service import Deps
+from hetero.coordinator.server import Settings, create_server
 from hetero.core.errors import ConfigError
 from hetero.security.auth import JobTokens, Secret
 from hetero.security.transport import ClientSecurity, ServerSecurity, TLSFiles, client_channel
@@ -55,18 +53,15 @@ def serve(tmp_path: Path) -> Iterator[object]:
 
     def start(security: ServerSecurity, roots: tuple[str, ...] | None = None) -> Served:
         db = tmp_path / f"coord{len(stops)}.db"
-        engine = open_database(f"sqlite:///{db}")
-        deps = Deps(sessions=session_factory(engine), allowed_roots=roots)
+        deps = Settings(db_url=f"sqlite:///{db}", allowed_roots=roots)
         server, port = create_server("127.0.0.1:0", deps, security)
         server.start()
-        stops.append((server, engine, deps))
+        stops.append(server)
         return Served(f"127.0.0.1:{port}", db)
 
     yield start
-    for server, engine, deps in stops:
-        deps.stopping.set()
+    for server in stops:
         server.stop(0).wait()
-        engine.dispose()
 
 
 def _nodes(address: str, security: ClientSecurity | None = None) -> pb.ListNodesResponse:
@@ -140,8 +135,7 @@ def test_mutual_tls_requires_a_client_certificate_from_the_ca(serve, pki: Pki) -
 
 
 def test_mutual_tls_alone_may_listen_beyond_loopback(tmp_path: Path, pki: Pki) -> None:
-    engine = open_database(f"sqlite:///{tmp_path / 'c.db'}")
-    deps = Deps(sessions=session_factory(engine))
+    deps = Settings(db_url=f"sqlite:///{tmp_path / 'c.db'}")
     mtls = ServerSecurity(tls=TLSFiles(pki.server_cert, pki.server_key, pki.ca))
     server, port = create_server("0.0.0.0:0", deps, mtls)
     server.start()
@@ -150,7 +144,6 @@ def test_mutual_tls_alone_may_listen_beyond_loopback(tmp_path: Path, pki: Pki) -
         assert _nodes(f"127.0.0.1:{port}", sec).nodes == []
     finally:
         server.stop(0).wait()
-        engine.dispose()
 
 
 def test_agent_endpoint_takes_only_the_jobs_own_token(serve) -> None:  # type: ignore[no-untyped-def]
@@ -398,12 +391,11 @@ def test_a_job_runs_with_tokens_end_to_end_and_the_token_is_nowhere_on_disk(tmp_
 
 def test_a_second_daemon_on_a_taken_port_is_refused(tmp_path: Path) -> None:
     """gRPC's default SO_REUSEPORT would let it bind and take half the agents."""
-    engine = open_database(f"sqlite:///{tmp_path / 'c.db'}")
-    deps = Deps(sessions=session_factory(engine))
+    deps = Settings(db_url=f"sqlite:///{tmp_path / 'c.db'}")
     first, port = create_server("127.0.0.1:0", deps)
     try:
         with pytest.raises(ConfigError, match=f"cannot listen on 127.0.0.1:{port}"):
-            create_server(f"127.0.0.1:{port}", deps)
+            create_server(f"127.0.0.1:{port}", Settings(db_url=f"sqlite:///{tmp_path / 'd.db'}"))
         plans = PlanCache()
         local, local_port = create_local_server("127.0.0.1:0", AgentLocalService(None, plans))  # type: ignore[arg-type]
         try:
@@ -413,4 +405,3 @@ def test_a_second_daemon_on_a_taken_port_is_refused(tmp_path: Path) -> None:
             local.stop(0).wait()
     finally:
         first.stop(0).wait()
-        engine.dispose()

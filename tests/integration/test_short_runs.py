@@ -39,6 +39,16 @@ def test_a_run_shorter_than_an_interval_says_its_throughput_was_not_measured(
     assert summary["pct_of_ideal"] is None
 
 
+def test_a_run_shorter_than_an_interval_shows_its_last_step_and_the_ideal_measurement(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(TWO_STEPS) == 0
+    out = capsys.readouterr().out
+    assert "step      2/2  plan [4]" in out and "no whole rebalance interval of 10 steps" in out
+    assert "measuring the ideal: each rank alone for 1 steps" in out, out
+    assert out.index("step      2/2") < out.index("measuring the ideal") < out.index("final plan")
+
+
 def test_a_long_evaluation_says_how_far_it_got(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

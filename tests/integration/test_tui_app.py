@@ -12,9 +12,7 @@ from simcluster import SimCluster, populate
 from textual.notifications import Notify
 from textual.pilot import Pilot
 
-from hetero.coordinator.database import open_database, session_factory
-from hetero.coordinator.server import create_server
-from hetero.coordinator.service import Deps
+from hetero.coordinator.server import Settings, create_server
 from hetero.tui.app import HeteroTop
 from hetero.tui.screens import ConfirmScreen, HelpScreen, JobDetailScreen
 from hetero.tui.widgets import Banner, ClusterTable, JobsTable, Panel
@@ -133,38 +131,34 @@ def test_cancel_and_drain_ask_first_and_act_through_the_coordinator(
 def test_a_coordinator_restart_shows_a_banner_until_it_reconnects(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'coordinator.db'}"
 
-    def start(address: str) -> tuple[object, Deps, int]:
-        engine = open_database(db)
-        deps = Deps(sessions=session_factory(engine))
-        server, port = create_server(address, deps)
+    def start(address: str) -> tuple[object, int]:
+        server, port = create_server(address, Settings(db_url=db))
         server.start()
-        return server, deps, port
+        return server, port
 
-    server, deps, port = start("127.0.0.1:0")
+    server, port = start("127.0.0.1:0")
     sim = SimCluster(f"127.0.0.1:{port}")
     sim.register()
     sim.heartbeat()
 
     async def drive() -> None:
-        nonlocal server, deps
+        nonlocal server
         app = HeteroTop(f"127.0.0.1:{port}", period_s=PERIOD_S)
         async with app.run_test(size=(80, 24)) as pilot:
             banner = app.query_one(Banner)
             await until(pilot, lambda: app.query_one(ClusterTable).row_count == 4)
             assert not banner.shown
-            deps.stopping.set()
             server.stop(0).wait()  # type: ignore[attr-defined]
             await until(pilot, lambda: banner.shown)
             assert "DISCONNECTED" in str(banner.render())
             assert app.query_one(ClusterTable).row_count == 4, "the last state stays on screen"
-            server, deps, _ = start(f"127.0.0.1:{port}")
+            server, _ = start(f"127.0.0.1:{port}")
             await until(pilot, lambda: not banner.shown, timeout_s=10.0)
 
     try:
         asyncio.run(drive())
     finally:
         sim.close()
-        deps.stopping.set()
         server.stop(0).wait()  # type: ignore[attr-defined]
 
 

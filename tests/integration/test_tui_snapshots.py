@@ -18,12 +18,11 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
+from conftest import hand_clocked
 from google.protobuf import text_format
 from simcluster import SMALL_JOB_SPEC, SimCluster
 
-from hetero.coordinator.database import open_database, session_factory
 from hetero.coordinator.server import create_server
-from hetero.coordinator.service import CoordinatorService, Deps
 from hetero.tui.app import HeteroTop, SnapshotReceived
 from hetero.tui.detail import detail_view
 from hetero.tui.screens import HelpScreen, JobDetailScreen
@@ -75,13 +74,10 @@ def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
     a pending job, a job queued for a CUDA device (the 3-rank job holds all three),
     node gpu-b drained and node cpu-c silent for 15 s (down)."""
     db = tmp_path_factory.mktemp("snap") / "coordinator.db"
-    engine = open_database(f"sqlite:///{db}")
     clock = FixedClock()
-    deps = Deps(sessions=session_factory(engine), clock=clock, heartbeat_timeout_s=10.0)
-    server, port = create_server("127.0.0.1:0", deps)
+    server, port = create_server("127.0.0.1:0", hand_clocked(f"sqlite:///{db}", clock))
     server.start()
     sim = SimCluster(f"127.0.0.1:{port}")
-    service = CoordinatorService(deps)
     snapshots = []
     try:
         sim.register()
@@ -99,13 +95,11 @@ def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
                 sim.train(sim.job(job.id), 1)
             if tick == 20:
                 sim.stub.DrainNode(pb.DrainNodeRequest(node="gpu-b"), timeout=5)
-            snapshots.append(service.snapshot())
+            snapshots.append(server.snapshot())
         detail = sim.stub.GetJobDetail(pb.GetJobDetailRequest(job_id=job.id), timeout=5)
     finally:
         sim.close()
-        deps.stopping.set()
         server.stop(0).wait()
-        engine.dispose()
     ids = _fixed_ids(snapshots[-1])
     state = ClusterState()
     for snap in snapshots:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hetero.agent.config import AgentConfig, load_config, with_flags
-from hetero.agent.orders import rank_command, rank_environment
+from hetero.agent.orders import rank_process
 from hetero.core.errors import ConfigError
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
@@ -66,21 +66,34 @@ def test_launch_order_becomes_argv_and_env_with_the_emulated_slowdown() -> None:
         job_id="j1",
         rank=1,
         world_size=2,
+        master_addr="10.0.0.1",
         master_port=29501,
         device_kind=tpb.DEVICE_KIND_CPU,
         emulated_slowdown=3.0,
         args=pb.TrainingArgs(
-            model="debug", global_batch=32, steps=40, policy="dynamic", rebalance_interval=5, lr=0.1
+            options={
+                "model": "debug",
+                "global_batch": "32",
+                "steps": "40",
+                "policy": "dynamic",
+                "rebalance_interval": "5",
+                "lr": "0.1",
+            }
         ),
-        env={"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29501"},
         plan=tpb.Plan(job_id="j1", version=1, batches=[24, 8]),
     )
-    argv = rank_command(order, "python3", Path("/tmp/out"))
+    process = rank_process(
+        order,
+        python="python3",
+        output_dir=Path("/tmp/out"),
+        agent_endpoint="127.0.0.1:7071",
+        threads=1,
+        local_world_size=1,
+        base={},
+    )
+    argv, env = process.argv, process.env
     assert argv[argv.index("--emulate-slowdown") + 1] == "1:3"
     assert argv[argv.index("--steps") + 1] == "40" and argv[argv.index("--device") + 1] == "cpu"
-    env = rank_environment(
-        order, agent_endpoint="127.0.0.1:7071", threads=1, local_world_size=1, base={}
-    )
     assert env["MASTER_ADDR"] == "10.0.0.1" and env["RANK"] == "1"
     assert env["HETERO_AGENT_ENDPOINT"] == "127.0.0.1:7071" and env["HETERO_JOB_ID"] == "j1"
     assert env["HETERO_PLAN"] == "1:24,8" and env["HETERO_EMULATE_SLOWDOWN"] == "3"

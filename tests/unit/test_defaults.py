@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from pathlib import Path
 
 from hetero.agent.config import AgentConfig
 from hetero.agent.config import load_config as load_agent_config
 from hetero.bench.localcluster import AgentSpec, LocalCluster
-from hetero.coordinator import recovery, server, service
+from hetero.coordinator import cluster, service
 from hetero.coordinator.config import CoordinatorConfig
 from hetero.coordinator.config import load_config as load_coordinator_config
 from hetero.core import defaults
@@ -19,19 +18,17 @@ def _default(cls: type, name: str) -> object:
     return {f.name: f.default for f in dataclasses.fields(cls)}[name]
 
 
-def test_the_coordinators_config_servicer_server_and_sweeper_share_the_defaults() -> None:
-    serve = inspect.signature(server.serve).parameters
+def test_the_coordinators_config_settings_and_rules_share_the_defaults() -> None:
     for name, value in (
         ("heartbeat_interval_s", defaults.HEARTBEAT_INTERVAL_S),
         ("heartbeat_timeout_s", defaults.HEARTBEAT_TIMEOUT_S),
         ("master_port_base", defaults.MASTER_PORT_BASE),
     ):
         assert getattr(CoordinatorConfig(), name) == value
-        assert _default(service.Deps, name) == value
-        assert serve[name].default == value
-    assert _default(service.Deps, "master_port_span") == defaults.MASTER_PORT_SPAN
-    assert _default(recovery.SweepConfig, "master_port_base") == defaults.MASTER_PORT_BASE
-    assert _default(recovery.SweepConfig, "master_port_span") == defaults.MASTER_PORT_SPAN
+        assert _default(service.Settings, name) == value
+    assert _default(service.Settings, "master_port_span") == defaults.MASTER_PORT_SPAN
+    assert _default(cluster.Rules, "master_port_base") == defaults.MASTER_PORT_BASE
+    assert _default(cluster.Rules, "master_port_span") == defaults.MASTER_PORT_SPAN
     assert CoordinatorConfig().listen == defaults.COORDINATOR_ADDRESS
 
 

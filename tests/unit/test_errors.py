@@ -6,6 +6,7 @@ import grpc
 import pytest
 
 from hetero.core.errors import (
+    COORDINATOR_HINT,
     STATUS_ERRORS,
     ConfigError,
     DeniedError,
@@ -75,3 +76,28 @@ def test_a_real_call_to_nothing_is_unreachable() -> None:
     error = remote_error(caught.value, "the coordinator at 127.0.0.1:1")
     assert isinstance(error, UnreachableError)
     assert str(error).startswith("cannot reach the coordinator at 127.0.0.1:1 (")
+
+
+def test_a_user_who_cannot_reach_the_coordinator_is_told_how_to_start_one() -> None:
+    with grpc.insecure_channel("127.0.0.1:1") as channel:
+        call = channel.unary_unary("/hetero.v1.Coordinator/ListNodes")
+        with pytest.raises(grpc.RpcError) as caught:
+            call(b"", timeout=2.0)
+    error = str(remote_error(caught.value, "the coordinator at 127.0.0.1:1", hint=COORDINATOR_HINT))
+    assert error.startswith("cannot reach the coordinator at 127.0.0.1:1 (")
+    assert error.endswith("; " + COORDINATOR_HINT) and "\n" not in error
+    assert "'hetero-coord serve'" in COORDINATOR_HINT
+    # A refusal is the server's own reason: no hint about starting a coordinator.
+    assert str(error_for_status("NOT_FOUND", "x", TARGET, hint=COORDINATOR_HINT)) == "x"
+
+
+def test_hetero_top_that_cannot_reach_the_coordinator_says_how_to_start_one() -> None:
+    from hetero.tui.client import CoordinatorClient
+
+    client = CoordinatorClient("127.0.0.1:1", timeout_s=2.0)
+    try:
+        with pytest.raises(UnreachableError) as caught:
+            client.job_detail("j-1")
+    finally:
+        client.close()
+    assert str(caught.value).endswith(COORDINATOR_HINT)

@@ -16,9 +16,9 @@ from hetero.agent.gpuprofile import GpuFigures, GpuProps
 from hetero.agent.profile import DeviceMeasure, measure
 from hetero.agent.sharing import ForeignLoad, sharing_factor, worth_reregistering
 from hetero.agent.telemetry import TelemetrySampler
+from hetero.client.render import profile_notes
 from hetero.coordinator import wire
 from hetero.coordinator.placement import DeviceSlot, place
-from hetero.coordinator.render import profile_notes
 from hetero.core.jobspec import parse_jobspec
 from hetero.core.nvml import Nvml
 

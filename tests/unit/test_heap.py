@@ -27,6 +27,10 @@ assert tracked < frozen / 5, (tracked, frozen)  # a full collection walks these 
 after = cycle()  # made after settle: still collected
 gc.collect()
 assert after() is None, "a cycle made after settle was not collected"
+assert gc.get_threshold()[0] == heap.YOUNG_ALLOCATIONS
+later = cycle()  # and without asking: once the young generation has grown
+junk = [[i] for i in range(2 * heap.YOUNG_ALLOCATIONS)]
+assert later() is None, "a young collection never came"
 print("ok", frozen, tracked)
 """
 

@@ -5,7 +5,8 @@ per entry point, the modules it must not load absent from ``sys.modules``), and
 import-linter's contracts in pyproject.toml over every import in the code,
 those inside functions too: every package in one layers contract (bench over the
 coordinator, agent, trainer and TUI, which never import one another, over the
-security layer and the gRPC contract, over core), and forbidden contracts for
+client commands of hetero-coord, over the security layer and the gRPC contract, over
+core), and forbidden contracts for
 the heavy libraries. The agent never trains, so it loads no torch; it keeps no
 database, so no SQLAlchemy; ``hetero.core`` is what every package shares, so it
 needs only the standard library and PyYAML; the balancer runs inside every
@@ -51,6 +52,18 @@ ENTRY_POINTS = {
         "torch",
         "textual",
         "pynvml",
+        "hetero.trainer",
+        "hetero.agent",
+        "hetero.tui",
+        "hetero.bench",
+    ),
+    # hetero-coord's client commands: gRPC and rich, no database, nothing of the daemon.
+    "hetero.client.commands": (
+        "torch",
+        "sqlalchemy",
+        "alembic",
+        "textual",
+        "hetero.coordinator",
         "hetero.trainer",
         "hetero.agent",
         "hetero.tui",

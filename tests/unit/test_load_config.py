@@ -13,18 +13,18 @@ from hetero.bench.loadconfig import LoadConfig, format_cpus, parse_cpus
 from hetero.core.errors import ConfigError
 
 
-def test_a_negative_poll_period_is_refused_in_one_line(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"--poll-every must be >= 0 seconds, got -1"):
-        LoadConfig(poll_every_s=-1)
+def test_a_negative_churn_period_is_refused_in_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"--churn-s must be >= 0 seconds, got -1"):
+        LoadConfig(churn_s=-1)
     done = subprocess.run(
-        [sys.executable, "-m", "hetero.bench.cli", "load", "--poll-every", "-1"],
+        [sys.executable, "-m", "hetero.bench.cli", "load", "--churn-s", "-1"],
         capture_output=True,
         text=True,
         cwd=tmp_path,
         timeout=60,
     )
     assert done.returncode == 2
-    assert done.stderr.strip() == "error: --poll-every must be >= 0 seconds, got -1"
+    assert done.stderr.strip() == "error: --churn-s must be >= 0 seconds, got -1"
     assert not any(tmp_path.iterdir())  # nothing started, nothing written
 
 

@@ -10,16 +10,22 @@ import socket
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import CollectorRegistry
 
 from hetero.bench import loadserver
 from hetero.bench.loadconfig import LoadError
 from hetero.bench.loadserver import between, figures, parse, quantile
-from hetero.coordinator.metrics import write
-from hetero.coordinator.rpclatency import BUCKETS_S, RpcLatency, families
+from hetero.coordinator.metrics import BUCKETS_S, RpcLatency
 
 
-def _read(latency: RpcLatency) -> dict[tuple[str, str], dict[float, float]]:
-    return parse(write(families(latency.counts())).decode())
+def _latency() -> tuple[RpcLatency, CollectorRegistry]:
+    registry = CollectorRegistry()
+    return RpcLatency(registry), registry
+
+
+def _read(registry: CollectorRegistry) -> dict[tuple[str, str], dict[float, float]]:
+    return parse(generate_latest(registry).decode())
 
 
 def test_a_quantile_is_interpolated_inside_its_bucket() -> None:
@@ -33,15 +39,15 @@ def test_a_quantile_is_interpolated_inside_its_bucket() -> None:
 
 
 def test_the_window_holds_the_calls_between_two_reads_by_status() -> None:
-    latency = RpcLatency()
+    latency, registry = _latency()
     for seconds in (0.0004, 0.004, 0.04):
         latency.observe("Heartbeat", "OK", seconds)
-    first = _read(latency)
+    first = _read(registry)
     for _ in range(10):
         latency.observe("Heartbeat", "OK", 0.012)
     latency.observe("Heartbeat", "NOT_FOUND", 0.001)
     latency.observe("GetPlan", "OK", 0.2)
-    window = between(first, _read(latency))
+    window = between(first, _read(registry))
     beats = figures(window, "Heartbeat")
     assert beats["server_calls"] == 10 and beats["server_errors"] == 1
     # All ten in (10 ms, 15 ms]: the p50 halfway, the p99 near the top.
@@ -49,7 +55,7 @@ def test_the_window_holds_the_calls_between_two_reads_by_status() -> None:
     assert math.isclose(beats["server_p99_ms"], 10 + 5 * 0.99)
     plans = figures(window, "GetPlan")
     assert plans["server_calls"] == 1 and 150 < plans["server_p50_ms"] <= 200
-    none = figures(window, "PollAssignments")
+    none = figures(window, "ReportIntervalStats")
     assert none["server_calls"] == 0 and math.isnan(none["server_p99_ms"])
 
 
@@ -60,10 +66,10 @@ def test_the_window_holds_the_calls_between_two_reads_by_status() -> None:
 def test_the_interpolated_quantile_lies_in_the_bucket_of_the_exact_one(
     latencies: list[float], q: float
 ) -> None:
-    latency = RpcLatency()
+    latency, registry = _latency()
     for seconds in latencies:
         latency.observe("Heartbeat", "OK", seconds)
-    estimate = quantile(_read(latency)[("Heartbeat", "OK")], q)
+    estimate = quantile(_read(registry)[("Heartbeat", "OK")], q)
     exact = sorted(latencies)[math.ceil(q * len(latencies)) - 1]  # nearest rank
     bounds = (0.0, *BUCKETS_S, math.inf)
     upper = next(i for i, b in enumerate(bounds) if exact <= b)

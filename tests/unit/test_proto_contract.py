@@ -53,15 +53,7 @@ def test_generated_modules_import_as_hetero_v1() -> None:
         service.methods_by_name
     )
     assert service.methods_by_name["WatchCluster"].server_streaming
+    assert service.methods_by_name["WatchOrders"].server_streaming
     assert types_pb2.Plan(version=2, apply_at_step=40).apply_at_step == 40
     assert hasattr(coordinator_pb2_grpc, "CoordinatorStub")
     assert hasattr(agent_pb2_grpc, "AgentLocalServicer")
-
-
-def test_an_agent_polls_when_told_and_always_for_a_coordinator_that_predates_the_flag() -> None:
-    from hetero.agent.link import orders_pending
-    from hetero.v1 import coordinator_pb2 as pb
-
-    assert orders_pending(pb.HeartbeatResponse())  # unset: an older coordinator
-    assert orders_pending(pb.HeartbeatResponse(orders_pending=True))
-    assert not orders_pending(pb.HeartbeatResponse(orders_pending=False))

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hetero.agent.orders import order_rank_env, rank_environment
+from hetero.agent.orders import rank_process
 from hetero.core.errors import ConfigError
-from hetero.core.rankenv import LaunchPlan, RankEnv
+from hetero.core.rankenv import JobTerms, LaunchPlan, RankEnv, term
 from hetero.trainer.launch import rank_env
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
@@ -54,6 +54,24 @@ def rank_envs(draw: st.DrawFn) -> RankEnv:
         attempt=draw(st.one_of(st.none(), st.integers(0, 1000))),
         launched=draw(st.booleans()),
         threads=draw(st.one_of(st.none(), st.integers(1, 256))),
+        job=draw(st.one_of(st.none(), job_terms())),
+    )
+
+
+def job_terms() -> st.SearchStrategy[JobTerms]:
+    count = st.sampled_from(["steps", "epochs"]).flatmap(
+        lambda k: st.fixed_dictionaries({k: st.integers(1, 10**6)})
+    )
+    return count.flatmap(
+        lambda c: st.builds(
+            JobTerms,
+            name=st.text(min_size=0, max_size=30),
+            global_batch=st.integers(1, 10**6),
+            policy=st.sampled_from(["dynamic", "equal", "static"]),
+            rebalance_interval=st.integers(1, 1000),
+            min_batch=st.integers(1, 64),
+            **{k: st.just(v) for k, v in c.items()},
+        )
     )
 
 
@@ -111,39 +129,36 @@ def test_nccl_ranks_end_on_a_failed_collective_and_no_rank_uses_nvlink_multicast
     assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in RankEnv(backend="gloo").to_env()
 
 
-def test_the_agent_completes_the_coordinators_part_of_the_environment() -> None:
-    job_part = RankEnv(
-        rank=1,
-        world_size=2,
-        local_rank=0,
-        master_addr="10.0.0.1",
-        master_port=29501,
-        backend="gloo",
-        device="cpu",
-        job_id="j1",
-        emulate_slowdown=3.0,
-        collective_timeout_s=60.0,
-        attempt=2,
-    )
+def test_the_agent_makes_the_ranks_environment_from_the_orders_fields() -> None:
     order = pb.RankLaunch(
         job_id="j1",
         rank=1,
         world_size=2,
+        master_addr="10.0.0.1",
         master_port=29501,
+        backend="gloo",
         device_kind=tpb.DEVICE_KIND_CPU,
         emulated_slowdown=3.0,
-        env=job_part.to_env(),
+        collective_timeout_s=60.0,
+        attempt=2,
         plan=tpb.Plan(job_id="j1", version=4, batches=[24, 8]),
     )
-    env = order_rank_env(order, "127.0.0.1:7071", threads=2, local_world_size=1)
+    process = rank_process(
+        order,
+        python="python3",
+        output_dir=Path("/tmp/out"),
+        agent_endpoint="127.0.0.1:7071",
+        threads=2,
+        local_world_size=1,
+        base={},
+    )
+    env = process.rank_env
     assert env.master_addr == "10.0.0.1" and env.attempt == 2 and env.device == "cpu"
     assert env.plan == LaunchPlan(4, (24, 8)) and env.agent_endpoint == "127.0.0.1:7071"
     assert env.threads == 2 and env.local_world_size == 1 and env.launched
-    variables = rank_environment(
-        order, agent_endpoint="127.0.0.1:7071", threads=2, local_world_size=1, base={}
-    )
-    assert RankEnv.from_env(variables) == env
-    assert variables["HETERO_COLLECTIVE_TIMEOUT_S"] == "60"
+    assert env.job_id == "j1" and env.backend == "gloo" and env.emulate_slowdown == 3.0
+    assert RankEnv.from_env(process.env) == env
+    assert process.env["HETERO_COLLECTIVE_TIMEOUT_S"] == "60"
 
 
 def test_local_ranks_get_the_same_type() -> None:
@@ -159,3 +174,63 @@ def test_local_ranks_get_the_same_type() -> None:
         threads=2,
         launched=True,
     )
+
+
+def test_a_command_jobs_order_carries_the_job_files_terms_to_its_script() -> None:
+    """The coordinator's order for a ``command:`` job carries the terms its script must
+    keep (issue #34: a script asking for another global batch ran without hetero's plans)."""
+    from hetero.core.jobspec import parse_jobspec
+
+    spec = parse_jobspec(
+        "name: mine\ncommand: [python, train.py]\nglobal_batch: 128\nsteps: 40\n"
+        "policy: equal\nresources: {ranks: 2}\n"
+    )
+    order = pb.RankLaunch(job_id="j9", rank=0, world_size=2, device_kind=tpb.DEVICE_KIND_CPU)
+    order.args.command.extend(spec.command)
+    order.args.options.update(spec.launch_options())
+    process = rank_process(
+        order,
+        python="python3",
+        output_dir=Path("/tmp/out"),
+        agent_endpoint="127.0.0.1:7071",
+        threads=1,
+        local_world_size=2,
+        base={},
+    )
+    assert process.argv == ["python", "train.py"]
+    terms = JobTerms("mine", 128, "equal", spec.rebalance_interval, 1, steps=40)
+    assert process.rank_env.job == terms
+    assert process.env["HETERO_JOB_NAME"] == "mine"
+    assert RankEnv.from_env(process.env).job == terms
+    assert "model" not in spec.launch_options()  # a script builds its own model
+
+
+def test_a_script_takes_the_jobs_terms_and_is_refused_others_in_one_line() -> None:
+    job = JobTerms("mine", 128, "equal", 10, steps=40)
+    assert term(job, "global_batch", None, None, "ctx.loader") == 128
+    assert term(job, "global_batch", 128, None, "ctx.loader") == 128
+    with pytest.raises(ConfigError) as err:
+        term(job, "global_batch", 256, None, "ctx.loader")
+    assert str(err.value) == (
+        "ctx.loader: global_batch=256, but job 'mine' says global_batch: 128 "
+        "(leave it out to take the job's, or make the two agree)"
+    )
+    assert term(None, "policy", None, "dynamic", "ht.init") == "dynamic"
+    assert term(None, "global_batch", 64, None, "ctx.loader") == 64
+    with pytest.raises(ConfigError, match=r"ctx\.loader: give global_batch="):
+        term(None, "global_batch", None, None, "ctx.loader")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"name": "x"}',
+        "[1]",
+        "not json",
+        '{"name": "x", "global_batch": "8", "policy": "d", "rebalance_interval": 1}',
+        '{"bogus": 1}',
+    ],
+)
+def test_a_bad_job_variable_is_a_config_error_naming_it(text: str) -> None:
+    with pytest.raises(ConfigError, match="HETERO_JOB="):
+        RankEnv.from_env({"HETERO_JOB": text})

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hetero.agent.orders import rank_command, rank_environment
+from hetero.agent.orders import rank_process
 from hetero.core.errors import ConfigError
 from hetero.core.jobspec import parse_jobspec
 from hetero.core.roots import default_roots, path_problem
@@ -71,19 +71,21 @@ def test_ranks_inherit_no_credential_and_get_only_the_agent_endpoint_token(tmp_p
     }
     assert scrub_environment(base) == {"PATH": "/usr/bin"}
     order = pb.RankLaunch(job_id="j1", rank=0, world_size=1, master_port=29500)
-    order.args.model, order.args.global_batch, order.args.steps = "debug", 8, 10
+    order.args.options.update({"model": "debug", "global_batch": "8", "steps": "10"})
     local = new_token()
-    env = rank_environment(
+    process = rank_process(
         order,
+        python="python",
+        output_dir=tmp_path,
         agent_endpoint="127.0.0.1:7071",
         threads=1,
         local_world_size=1,
         base=base,
         agent_token=local,
     )
+    env, argv = process.env, process.argv
     assert env[AGENT_TOKEN_ENV] == local.reveal()
     assert not set(base) - {"PATH"} & set(env), "the agent's credentials stay with the agent"
-    argv = rank_command(order, "python", tmp_path)
     assert not any(local.reveal() in a or TOKEN in a for a in argv), "no token in argv"
 
 

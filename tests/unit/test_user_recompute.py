@@ -216,3 +216,26 @@ def test_probe_memory_turns_a_zoo_models_recomputation_on_where_memory_binds(
         assert ctx.recompute.blocks.startswith("8 BasicBlock")
     finally:
         ctx.close()
+
+
+def test_a_command_jobs_script_takes_its_global_batch_from_the_job_and_no_other(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``ctx.loader(dataset)`` in a job a coordinator launched uses the job file's global
+    batch; asking for another fails at once, naming both (``ctx.job`` holds the terms)."""
+    terms = '{"global_batch":6,"name":"mine","policy":"equal","rebalance_interval":5,"steps":3}'
+    monkeypatch.setenv("HETERO_JOB", terms)
+    data = torch.utils.data.TensorDataset(torch.randn(12, 4), torch.randn(12, 1))
+    with pytest.raises(ConfigError, match=r"ht\.init: policy='dynamic', but job 'mine' says"):
+        init("dynamic", device="cpu")
+    ctx = init(device="cpu")
+    try:
+        assert ctx.job is not None and ctx.job.steps == 3 and ctx.config.policy == "equal"
+        assert ctx.config.rebalance_interval == 5
+        with pytest.raises(
+            ConfigError, match=r"global_batch=8, but job 'mine' says global_batch: 6"
+        ):
+            ctx.loader(data, 8)
+        assert len(next(iter(ctx.loader(data)))[0]) == 6
+    finally:
+        ctx.close()

@@ -78,10 +78,8 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., host: _Optional[_Union[_types_pb2.HostTelemetry, _Mapping]] = ..., devices: _Optional[_Iterable[_Union[_types_pb2.DeviceTelemetry, _Mapping]]] = ..., sampled_at_unix_s: _Optional[float] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("orders_pending",)
-    ORDERS_PENDING_FIELD_NUMBER: _ClassVar[int]
-    orders_pending: bool
-    def __init__(self, orders_pending: bool = ...) -> None: ...
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class ProbeRequest(_message.Message):
     __slots__ = ("payload", "reply_bytes")
@@ -102,7 +100,7 @@ class ListNodesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Node(_message.Message):
-    __slots__ = ("id", "name", "address", "agent_endpoint", "agent_version", "healthy", "registered_at_unix_s", "last_heartbeat_unix_s", "devices", "host", "telemetry", "draining")
+    __slots__ = ("id", "name", "address", "agent_endpoint", "agent_version", "healthy", "registered_at_unix_s", "last_heartbeat_unix_s", "devices", "host", "telemetry", "draining", "host_profile")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -115,6 +113,7 @@ class Node(_message.Message):
     HOST_FIELD_NUMBER: _ClassVar[int]
     TELEMETRY_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
+    HOST_PROFILE_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     address: str
@@ -127,7 +126,8 @@ class Node(_message.Message):
     host: _types_pb2.HostTelemetry
     telemetry: _containers.RepeatedCompositeFieldContainer[_types_pb2.DeviceTelemetry]
     draining: bool
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., address: _Optional[str] = ..., agent_endpoint: _Optional[str] = ..., agent_version: _Optional[str] = ..., healthy: bool = ..., registered_at_unix_s: _Optional[float] = ..., last_heartbeat_unix_s: _Optional[float] = ..., devices: _Optional[_Iterable[_Union[_types_pb2.DeviceProfile, _Mapping]]] = ..., host: _Optional[_Union[_types_pb2.HostTelemetry, _Mapping]] = ..., telemetry: _Optional[_Iterable[_Union[_types_pb2.DeviceTelemetry, _Mapping]]] = ..., draining: bool = ...) -> None: ...
+    host_profile: _types_pb2.HostProfile
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., address: _Optional[str] = ..., agent_endpoint: _Optional[str] = ..., agent_version: _Optional[str] = ..., healthy: bool = ..., registered_at_unix_s: _Optional[float] = ..., last_heartbeat_unix_s: _Optional[float] = ..., devices: _Optional[_Iterable[_Union[_types_pb2.DeviceProfile, _Mapping]]] = ..., host: _Optional[_Union[_types_pb2.HostTelemetry, _Mapping]] = ..., telemetry: _Optional[_Iterable[_Union[_types_pb2.DeviceTelemetry, _Mapping]]] = ..., draining: bool = ..., host_profile: _Optional[_Union[_types_pb2.HostProfile, _Mapping]] = ...) -> None: ...
 
 class DrainNodeRequest(_message.Message):
     __slots__ = ("node", "undrain")
@@ -180,7 +180,7 @@ class JobEvent(_message.Message):
     def __init__(self, id: _Optional[int] = ..., time_unix_s: _Optional[float] = ..., kind: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "name", "state", "policy", "global_batch", "world_size", "backend", "master_addr", "master_port", "submitted_at_unix_s", "finished_at_unix_s", "message", "restarts", "ranks", "plan", "spec_yaml", "events", "last_step", "live", "total_steps", "priority", "owner")
+    __slots__ = ("id", "name", "state", "policy", "global_batch", "world_size", "backend", "master_addr", "master_port", "submitted_at_unix_s", "finished_at_unix_s", "message", "restarts", "ranks", "plan", "spec_yaml", "events", "last_step", "live", "total_steps", "priority", "owner", "launcher")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -203,6 +203,7 @@ class Job(_message.Message):
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
+    LAUNCHER_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     state: JobState
@@ -225,7 +226,62 @@ class Job(_message.Message):
     total_steps: int
     priority: int
     owner: str
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., policy: _Optional[str] = ..., global_batch: _Optional[int] = ..., world_size: _Optional[int] = ..., backend: _Optional[str] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., submitted_at_unix_s: _Optional[float] = ..., finished_at_unix_s: _Optional[float] = ..., message: _Optional[str] = ..., restarts: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankPlacement, _Mapping]]] = ..., plan: _Optional[_Union[_types_pb2.Plan, _Mapping]] = ..., spec_yaml: _Optional[str] = ..., events: _Optional[_Iterable[_Union[JobEvent, _Mapping]]] = ..., last_step: _Optional[int] = ..., live: _Optional[_Union[JobLive, _Mapping]] = ..., total_steps: _Optional[int] = ..., priority: _Optional[int] = ..., owner: _Optional[str] = ...) -> None: ...
+    launcher: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., policy: _Optional[str] = ..., global_batch: _Optional[int] = ..., world_size: _Optional[int] = ..., backend: _Optional[str] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., submitted_at_unix_s: _Optional[float] = ..., finished_at_unix_s: _Optional[float] = ..., message: _Optional[str] = ..., restarts: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankPlacement, _Mapping]]] = ..., plan: _Optional[_Union[_types_pb2.Plan, _Mapping]] = ..., spec_yaml: _Optional[str] = ..., events: _Optional[_Iterable[_Union[JobEvent, _Mapping]]] = ..., last_step: _Optional[int] = ..., live: _Optional[_Union[JobLive, _Mapping]] = ..., total_steps: _Optional[int] = ..., priority: _Optional[int] = ..., owner: _Optional[str] = ..., launcher: _Optional[str] = ...) -> None: ...
+
+class AttachedRank(_message.Message):
+    __slots__ = ("host", "device_name", "device_kind", "compute_score", "emulated_slowdown")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_NAME_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_KIND_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_SCORE_FIELD_NUMBER: _ClassVar[int]
+    EMULATED_SLOWDOWN_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    device_name: str
+    device_kind: _types_pb2.DeviceKind
+    compute_score: float
+    emulated_slowdown: float
+    def __init__(self, host: _Optional[str] = ..., device_name: _Optional[str] = ..., device_kind: _Optional[_Union[_types_pb2.DeviceKind, str]] = ..., compute_score: _Optional[float] = ..., emulated_slowdown: _Optional[float] = ...) -> None: ...
+
+class AttachJobRequest(_message.Message):
+    __slots__ = ("name", "launcher", "launcher_job_id", "global_batch", "steps", "policy", "rebalance_interval", "min_batch", "ranks")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    LAUNCHER_FIELD_NUMBER: _ClassVar[int]
+    LAUNCHER_JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_BATCH_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    REBALANCE_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    MIN_BATCH_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    launcher: str
+    launcher_job_id: str
+    global_batch: int
+    steps: int
+    policy: str
+    rebalance_interval: int
+    min_batch: int
+    ranks: _containers.RepeatedCompositeFieldContainer[AttachedRank]
+    def __init__(self, name: _Optional[str] = ..., launcher: _Optional[str] = ..., launcher_job_id: _Optional[str] = ..., global_batch: _Optional[int] = ..., steps: _Optional[int] = ..., policy: _Optional[str] = ..., rebalance_interval: _Optional[int] = ..., min_batch: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[AttachedRank, _Mapping]]] = ...) -> None: ...
+
+class AttachJobResponse(_message.Message):
+    __slots__ = ("job_id", "plan")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    plan: _types_pb2.Plan
+    def __init__(self, job_id: _Optional[str] = ..., plan: _Optional[_Union[_types_pb2.Plan, _Mapping]] = ...) -> None: ...
+
+class DetachJobRequest(_message.Message):
+    __slots__ = ("job_id", "failed", "message")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    failed: bool
+    message: str
+    def __init__(self, job_id: _Optional[str] = ..., failed: bool = ..., message: _Optional[str] = ...) -> None: ...
 
 class StragglerFlag(_message.Message):
     __slots__ = ("rank", "ratio", "intervals", "message")
@@ -351,18 +407,14 @@ class CancelJobRequest(_message.Message):
     job_id: str
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
-class PollAssignmentsRequest(_message.Message):
-    __slots__ = ("node_id", "limit", "page_token")
+class WatchOrdersRequest(_message.Message):
+    __slots__ = ("node_id",)
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
-    LIMIT_FIELD_NUMBER: _ClassVar[int]
-    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     node_id: str
-    limit: int
-    page_token: str
-    def __init__(self, node_id: _Optional[str] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
 
 class TrainingArgs(_message.Message):
-    __slots__ = ("model", "dataset", "data_dir", "global_batch", "steps", "epochs", "lr", "seed", "policy", "rebalance_interval", "checkpoint_dir", "checkpoint_interval_steps", "command", "resume", "options")
+    __slots__ = ("command", "resume", "options")
     class OptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -370,47 +422,16 @@ class TrainingArgs(_message.Message):
         key: str
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
-    MODEL_FIELD_NUMBER: _ClassVar[int]
-    DATASET_FIELD_NUMBER: _ClassVar[int]
-    DATA_DIR_FIELD_NUMBER: _ClassVar[int]
-    GLOBAL_BATCH_FIELD_NUMBER: _ClassVar[int]
-    STEPS_FIELD_NUMBER: _ClassVar[int]
-    EPOCHS_FIELD_NUMBER: _ClassVar[int]
-    LR_FIELD_NUMBER: _ClassVar[int]
-    SEED_FIELD_NUMBER: _ClassVar[int]
-    POLICY_FIELD_NUMBER: _ClassVar[int]
-    REBALANCE_INTERVAL_FIELD_NUMBER: _ClassVar[int]
-    CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
-    CHECKPOINT_INTERVAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
-    model: str
-    dataset: str
-    data_dir: str
-    global_batch: int
-    steps: int
-    epochs: int
-    lr: float
-    seed: int
-    policy: str
-    rebalance_interval: int
-    checkpoint_dir: str
-    checkpoint_interval_steps: int
     command: _containers.RepeatedScalarFieldContainer[str]
     resume: bool
     options: _containers.ScalarMap[str, str]
-    def __init__(self, model: _Optional[str] = ..., dataset: _Optional[str] = ..., data_dir: _Optional[str] = ..., global_batch: _Optional[int] = ..., steps: _Optional[int] = ..., epochs: _Optional[int] = ..., lr: _Optional[float] = ..., seed: _Optional[int] = ..., policy: _Optional[str] = ..., rebalance_interval: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., checkpoint_interval_steps: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., resume: bool = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    def __init__(self, command: _Optional[_Iterable[str]] = ..., resume: bool = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class RankLaunch(_message.Message):
-    __slots__ = ("job_id", "rank", "world_size", "local_rank", "master_addr", "master_port", "backend", "device_index", "device_kind", "emulated_slowdown", "args", "env", "plan", "attempt")
-    class EnvEntry(_message.Message):
-        __slots__ = ("key", "value")
-        KEY_FIELD_NUMBER: _ClassVar[int]
-        VALUE_FIELD_NUMBER: _ClassVar[int]
-        key: str
-        value: str
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    __slots__ = ("job_id", "rank", "world_size", "local_rank", "master_addr", "master_port", "backend", "device_index", "device_kind", "emulated_slowdown", "args", "plan", "attempt", "collective_timeout_s")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -422,9 +443,9 @@ class RankLaunch(_message.Message):
     DEVICE_KIND_FIELD_NUMBER: _ClassVar[int]
     EMULATED_SLOWDOWN_FIELD_NUMBER: _ClassVar[int]
     ARGS_FIELD_NUMBER: _ClassVar[int]
-    ENV_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     world_size: int
@@ -436,10 +457,10 @@ class RankLaunch(_message.Message):
     device_kind: _types_pb2.DeviceKind
     emulated_slowdown: float
     args: TrainingArgs
-    env: _containers.ScalarMap[str, str]
     plan: _types_pb2.Plan
     attempt: int
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., local_rank: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., backend: _Optional[str] = ..., device_index: _Optional[int] = ..., device_kind: _Optional[_Union[_types_pb2.DeviceKind, str]] = ..., emulated_slowdown: _Optional[float] = ..., args: _Optional[_Union[TrainingArgs, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., plan: _Optional[_Union[_types_pb2.Plan, _Mapping]] = ..., attempt: _Optional[int] = ...) -> None: ...
+    collective_timeout_s: float
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., local_rank: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., backend: _Optional[str] = ..., device_index: _Optional[int] = ..., device_kind: _Optional[_Union[_types_pb2.DeviceKind, str]] = ..., emulated_slowdown: _Optional[float] = ..., args: _Optional[_Union[TrainingArgs, _Mapping]] = ..., plan: _Optional[_Union[_types_pb2.Plan, _Mapping]] = ..., attempt: _Optional[int] = ..., collective_timeout_s: _Optional[float] = ...) -> None: ...
 
 class RankStop(_message.Message):
     __slots__ = ("job_id", "rank", "reason", "attempt")
@@ -453,15 +474,17 @@ class RankStop(_message.Message):
     attempt: int
     def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., reason: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
 
-class PollAssignmentsResponse(_message.Message):
-    __slots__ = ("launches", "stops", "next_page_token")
+class Orders(_message.Message):
+    __slots__ = ("launches", "stops", "sent_at_unix_s", "complete")
     LAUNCHES_FIELD_NUMBER: _ClassVar[int]
     STOPS_FIELD_NUMBER: _ClassVar[int]
-    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SENT_AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
     launches: _containers.RepeatedCompositeFieldContainer[RankLaunch]
     stops: _containers.RepeatedCompositeFieldContainer[RankStop]
-    next_page_token: str
-    def __init__(self, launches: _Optional[_Iterable[_Union[RankLaunch, _Mapping]]] = ..., stops: _Optional[_Iterable[_Union[RankStop, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+    sent_at_unix_s: float
+    complete: bool
+    def __init__(self, launches: _Optional[_Iterable[_Union[RankLaunch, _Mapping]]] = ..., stops: _Optional[_Iterable[_Union[RankStop, _Mapping]]] = ..., sent_at_unix_s: _Optional[float] = ..., complete: bool = ...) -> None: ...
 
 class ReportRankStatusRequest(_message.Message):
     __slots__ = ("node_id", "job_id", "rank", "state", "exit_code", "message", "attempt")

@@ -45,10 +45,10 @@ class CoordinatorStub(object):
                 request_serializer=hetero_dot_v1_dot_coordinator__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=hetero_dot_v1_dot_coordinator__pb2.HeartbeatResponse.FromString,
                 _registered_method=True)
-        self.PollAssignments = channel.unary_unary(
-                '/hetero.v1.Coordinator/PollAssignments',
-                request_serializer=hetero_dot_v1_dot_coordinator__pb2.PollAssignmentsRequest.SerializeToString,
-                response_deserializer=hetero_dot_v1_dot_coordinator__pb2.PollAssignmentsResponse.FromString,
+        self.WatchOrders = channel.unary_stream(
+                '/hetero.v1.Coordinator/WatchOrders',
+                request_serializer=hetero_dot_v1_dot_coordinator__pb2.WatchOrdersRequest.SerializeToString,
+                response_deserializer=hetero_dot_v1_dot_coordinator__pb2.Orders.FromString,
                 _registered_method=True)
         self.ReportRankStatus = channel.unary_unary(
                 '/hetero.v1.Coordinator/ReportRankStatus',
@@ -74,6 +74,16 @@ class CoordinatorStub(object):
                 '/hetero.v1.Coordinator/GetPlan',
                 request_serializer=hetero_dot_v1_dot_types__pb2.GetPlanRequest.SerializeToString,
                 response_deserializer=hetero_dot_v1_dot_types__pb2.Plan.FromString,
+                _registered_method=True)
+        self.AttachJob = channel.unary_unary(
+                '/hetero.v1.Coordinator/AttachJob',
+                request_serializer=hetero_dot_v1_dot_coordinator__pb2.AttachJobRequest.SerializeToString,
+                response_deserializer=hetero_dot_v1_dot_coordinator__pb2.AttachJobResponse.FromString,
+                _registered_method=True)
+        self.DetachJob = channel.unary_unary(
+                '/hetero.v1.Coordinator/DetachJob',
+                request_serializer=hetero_dot_v1_dot_coordinator__pb2.DetachJobRequest.SerializeToString,
+                response_deserializer=hetero_dot_v1_dot_coordinator__pb2.Job.FromString,
                 _registered_method=True)
         self.SubmitJob = channel.unary_unary(
                 '/hetero.v1.Coordinator/SubmitJob',
@@ -133,14 +143,16 @@ class CoordinatorServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def Heartbeat(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Renews the node's lease: a node silent for heartbeat_timeout_s is down.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def PollAssignments(self, request, context):
-        """Launch orders for the ranks placed on a node, and stop orders for ranks of
-        cancelled jobs. Agents poll it after a heartbeat whose reply sets orders_pending.
+    def WatchOrders(self, request, context):
+        """One stream per agent: the node's orders (launches of the ranks placed on it, stops
+        of ranks of cancelled or restarting jobs) as soon as they exist. The first
+        messages carry every order not yet confirmed; each later one what changed.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -173,6 +185,22 @@ class CoordinatorServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def GetPlan(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AttachJob(self, request, context):
+        """Jobs their own launcher started (torchrun, srun, a Kubernetes Job): rank 0 attaches
+        the job to take the coordinator's plans and to show as external; it reports its
+        intervals with ReportIntervalStats and detaches at its end. Placement and restarts
+        stay with its launcher.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DetachJob(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -250,10 +278,10 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     request_deserializer=hetero_dot_v1_dot_coordinator__pb2.HeartbeatRequest.FromString,
                     response_serializer=hetero_dot_v1_dot_coordinator__pb2.HeartbeatResponse.SerializeToString,
             ),
-            'PollAssignments': grpc.unary_unary_rpc_method_handler(
-                    servicer.PollAssignments,
-                    request_deserializer=hetero_dot_v1_dot_coordinator__pb2.PollAssignmentsRequest.FromString,
-                    response_serializer=hetero_dot_v1_dot_coordinator__pb2.PollAssignmentsResponse.SerializeToString,
+            'WatchOrders': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchOrders,
+                    request_deserializer=hetero_dot_v1_dot_coordinator__pb2.WatchOrdersRequest.FromString,
+                    response_serializer=hetero_dot_v1_dot_coordinator__pb2.Orders.SerializeToString,
             ),
             'ReportRankStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportRankStatus,
@@ -279,6 +307,16 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.GetPlan,
                     request_deserializer=hetero_dot_v1_dot_types__pb2.GetPlanRequest.FromString,
                     response_serializer=hetero_dot_v1_dot_types__pb2.Plan.SerializeToString,
+            ),
+            'AttachJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.AttachJob,
+                    request_deserializer=hetero_dot_v1_dot_coordinator__pb2.AttachJobRequest.FromString,
+                    response_serializer=hetero_dot_v1_dot_coordinator__pb2.AttachJobResponse.SerializeToString,
+            ),
+            'DetachJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.DetachJob,
+                    request_deserializer=hetero_dot_v1_dot_coordinator__pb2.DetachJobRequest.FromString,
+                    response_serializer=hetero_dot_v1_dot_coordinator__pb2.Job.SerializeToString,
             ),
             'SubmitJob': grpc.unary_unary_rpc_method_handler(
                     servicer.SubmitJob,
@@ -391,7 +429,7 @@ class Coordinator(object):
             _registered_method=True)
 
     @staticmethod
-    def PollAssignments(request,
+    def WatchOrders(request,
             target,
             options=(),
             channel_credentials=None,
@@ -401,12 +439,12 @@ class Coordinator(object):
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
+        return grpc.experimental.unary_stream(
             request,
             target,
-            '/hetero.v1.Coordinator/PollAssignments',
-            hetero_dot_v1_dot_coordinator__pb2.PollAssignmentsRequest.SerializeToString,
-            hetero_dot_v1_dot_coordinator__pb2.PollAssignmentsResponse.FromString,
+            '/hetero.v1.Coordinator/WatchOrders',
+            hetero_dot_v1_dot_coordinator__pb2.WatchOrdersRequest.SerializeToString,
+            hetero_dot_v1_dot_coordinator__pb2.Orders.FromString,
             options,
             channel_credentials,
             insecure,
@@ -542,6 +580,60 @@ class Coordinator(object):
             '/hetero.v1.Coordinator/GetPlan',
             hetero_dot_v1_dot_types__pb2.GetPlanRequest.SerializeToString,
             hetero_dot_v1_dot_types__pb2.Plan.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AttachJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hetero.v1.Coordinator/AttachJob',
+            hetero_dot_v1_dot_coordinator__pb2.AttachJobRequest.SerializeToString,
+            hetero_dot_v1_dot_coordinator__pb2.AttachJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DetachJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hetero.v1.Coordinator/DetachJob',
+            hetero_dot_v1_dot_coordinator__pb2.DetachJobRequest.SerializeToString,
+            hetero_dot_v1_dot_coordinator__pb2.Job.FromString,
             options,
             channel_credentials,
             insecure,

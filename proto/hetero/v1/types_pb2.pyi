@@ -46,7 +46,7 @@ class DeviceProfile(_message.Message):
     def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., kind: _Optional[_Union[DeviceKind, str]] = ..., matmul_tflops: _Optional[float] = ..., memory_bandwidth_bytes_per_s: _Optional[float] = ..., host_to_device_bytes_per_s: _Optional[float] = ..., device_to_host_bytes_per_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., compute_score: _Optional[float] = ..., emulated_slowdown: _Optional[float] = ..., suspect: _Optional[_Iterable[str]] = ..., shared_while_profiled: bool = ..., foreign_utilization_percent: _Optional[float] = ...) -> None: ...
 
 class HostProfile(_message.Message):
-    __slots__ = ("cpu_model", "cpu_count", "cpu_gflops", "ram_bytes", "network_rtt_s", "network_bytes_per_s", "emulated_slowdown", "measured_in_s")
+    __slots__ = ("cpu_model", "cpu_count", "cpu_gflops", "ram_bytes", "network_rtt_s", "network_bytes_per_s", "emulated_slowdown", "measured_in_s", "disk_read_bytes_per_s", "disk_read_method", "peer_links")
     CPU_MODEL_FIELD_NUMBER: _ClassVar[int]
     CPU_COUNT_FIELD_NUMBER: _ClassVar[int]
     CPU_GFLOPS_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,9 @@ class HostProfile(_message.Message):
     NETWORK_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
     EMULATED_SLOWDOWN_FIELD_NUMBER: _ClassVar[int]
     MEASURED_IN_S_FIELD_NUMBER: _ClassVar[int]
+    DISK_READ_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    DISK_READ_METHOD_FIELD_NUMBER: _ClassVar[int]
+    PEER_LINKS_FIELD_NUMBER: _ClassVar[int]
     cpu_model: str
     cpu_count: int
     cpu_gflops: float
@@ -63,7 +66,22 @@ class HostProfile(_message.Message):
     network_bytes_per_s: float
     emulated_slowdown: float
     measured_in_s: float
-    def __init__(self, cpu_model: _Optional[str] = ..., cpu_count: _Optional[int] = ..., cpu_gflops: _Optional[float] = ..., ram_bytes: _Optional[int] = ..., network_rtt_s: _Optional[float] = ..., network_bytes_per_s: _Optional[float] = ..., emulated_slowdown: _Optional[float] = ..., measured_in_s: _Optional[float] = ...) -> None: ...
+    disk_read_bytes_per_s: float
+    disk_read_method: str
+    peer_links: _containers.RepeatedCompositeFieldContainer[PeerLink]
+    def __init__(self, cpu_model: _Optional[str] = ..., cpu_count: _Optional[int] = ..., cpu_gflops: _Optional[float] = ..., ram_bytes: _Optional[int] = ..., network_rtt_s: _Optional[float] = ..., network_bytes_per_s: _Optional[float] = ..., emulated_slowdown: _Optional[float] = ..., measured_in_s: _Optional[float] = ..., disk_read_bytes_per_s: _Optional[float] = ..., disk_read_method: _Optional[str] = ..., peer_links: _Optional[_Iterable[_Union[PeerLink, _Mapping]]] = ...) -> None: ...
+
+class PeerLink(_message.Message):
+    __slots__ = ("peer", "rtt_s", "send_bytes_per_s", "receive_bytes_per_s")
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    RTT_S_FIELD_NUMBER: _ClassVar[int]
+    SEND_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    RECEIVE_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    peer: str
+    rtt_s: float
+    send_bytes_per_s: float
+    receive_bytes_per_s: float
+    def __init__(self, peer: _Optional[str] = ..., rtt_s: _Optional[float] = ..., send_bytes_per_s: _Optional[float] = ..., receive_bytes_per_s: _Optional[float] = ...) -> None: ...
 
 class ThrottleReasons(_message.Message):
     __slots__ = ("reasons",)

@@ -1,0 +1,95 @@
+"""A node's orders, as its agent's stream (``WatchOrders``) sends them.
+
+The orders of a node are computed from the state: the launches of the ranks placed on
+it that its agent has not reported started (of jobs not finished), by (submission, job
+id, rank), and the stops of its ranks ordered to stop and not confirmed, by (job id,
+rank). A stream sends each order once (``OrderStream``): all of them when it opens,
+then those that are new each time the node's orders change; an order carries its job's
+attempt, so a restart's launches are new orders. A message holds at most
+:data:`MESSAGE_ORDERS` orders and never splits a job's launches (an agent sizes their
+CPU threads by how many of the job's ranks it runs).
+"""
+
+from __future__ import annotations
+
+from hetero.coordinator import lifecycle, messages
+from hetero.coordinator.state import ClusterState, Job, Rank
+from hetero.v1 import coordinator_pb2 as pb
+
+#: Orders one message holds at most (a job's launches on the node are never split).
+MESSAGE_ORDERS = 256
+#: An order as a stream remembers it: (kind, job id, rank, attempt).
+Key = tuple[str, str, int, int]
+
+
+def orders_of(
+    state: ClusterState, node_id: str
+) -> tuple[list[tuple[Job, Rank]], list[tuple[Job, Rank]]]:
+    """The node's launches (ranks placed there not started yet, of jobs not finished) by
+    (submission, job id, rank), and its stops (ranks ordered to stop, not confirmed) by
+    (job id, rank)."""
+    launches, stops = [], []
+    for job in state.jobs.values():
+        for r in job.ranks:
+            if r.node_id != node_id:
+                continue
+            if r.state == lifecycle.ASSIGNED and not job.finished:
+                launches.append((job, r))
+            elif r.state == lifecycle.STOPPING:
+                stops.append((job, r))
+    launches.sort(key=lambda o: (o[0].submitted_at_unix_s, o[0].id, o[1].rank))
+    stops.sort(key=lambda o: (o[0].id, o[1].rank))
+    return launches, stops
+
+
+class OrderStream:
+    """What one stream has sent, and what to send next."""
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        self._sent: set[Key] = set()
+        self._opened = False
+
+    def new(self, state: ClusterState, now: float) -> list[pb.Orders]:
+        """The messages of the node's orders this stream has not sent (none: []), the last
+        one marked ``complete``; the first call always returns a burst."""
+        launches, stops = orders_of(state, self.node_id)
+        current = {_key("L", o) for o in launches} | {_key("S", o) for o in stops}
+        self._sent &= current  # done orders are forgotten: a later one of them is new
+        launches = [o for o in launches if _key("L", o) not in self._sent]
+        stops = [o for o in stops if _key("S", o) not in self._sent]
+        out: list[pb.Orders] = []
+        while launches:
+            page = _whole_jobs(launches, MESSAGE_ORDERS)
+            launches = launches[len(page) :]
+            out.append(pb.Orders(launches=[messages.launch_message(j, r) for j, r in page]))
+        for i in range(0, len(stops), MESSAGE_ORDERS):
+            msg = pb.Orders()
+            for job, r in stops[i : i + MESSAGE_ORDERS]:
+                msg.stops.add(job_id=job.id, rank=r.rank, reason=job.message, attempt=job.restarts)
+            out.append(msg)
+        if not out and not self._opened:
+            out.append(pb.Orders())  # the first burst says "nothing to do" too
+        for msg in out:
+            msg.sent_at_unix_s = now
+        if out:
+            out[-1].complete = True
+        self._sent, self._opened = current, True
+        return out
+
+
+def _key(kind: str, order: tuple[Job, Rank]) -> Key:
+    job, rank = order
+    return (kind, job.id, rank.rank, job.restarts)
+
+
+def _whole_jobs(launches: list[tuple[Job, Rank]], room: int) -> list[tuple[Job, Rank]]:
+    """The first ``room`` launches, cut at a job's boundary; a first job with more ranks
+    than a page holds is sent whole, alone."""
+    if len(launches) <= room:
+        return launches
+    cut = launches[room - 1][0].id
+    if launches[room][0].id != cut:
+        return launches[:room]
+    whole = [o for o in launches[:room] if o[0].id != cut]
+    return whole or [o for o in launches if o[0].id == cut]
