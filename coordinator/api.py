@@ -6,6 +6,11 @@ commit of its writes (``Service.commit``) before it answers. What the state does
 keep (log lines, a job's every interval and plan, jobs that ended long ago) is read from
 the database on a reading thread (``Service.read``). How a call is checked, refused
 and timed is ``calls``'.
+
+A little over the usual ~450 lines: it is the one servicer of the Coordinator service,
+a method per RPC, each a few lines that hand the work to the module of its rules
+(``cluster``, ``reports``, ``attach``, ``orders``); splitting the servicer would split
+one gRPC service across classes for a count.
 """
 
 from __future__ import annotations
