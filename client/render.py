@@ -129,6 +129,11 @@ def jobs_table(jobs: Sequence[pb.Job]) -> Table:
     queued = any(j.state == pb.JOB_STATE_QUEUED for j in jobs)
     columns = ["id", "name", "owner", "state", "ranks", "backend", "policy", "plan", "step"]
     table = Table(*columns, "submitted", *(["waiting for"] if queued else []))
+    # The id is what the next command needs: whole, however narrow the terminal or pipe.
+    table.columns[0].no_wrap, table.columns[0].min_width = (
+        True,
+        max((len(j.id) for j in jobs), default=0),
+    )
     for j in jobs:
         plan = "/".join(str(b) for b in j.plan.batches)
         row = [

@@ -390,6 +390,10 @@ class Cluster:
         job.message = t.message or job.message
         if t.state in lifecycle.FINISHED:
             job.finished_at_unix_s = now
+        if t.state == lifecycle.SUCCEEDED and job.total_steps is not None:
+            # Every rank exited 0 after its last step: a run whose last interval was
+            # shorter than the others reported no statistics for its last steps.
+            job.last_step = max(job.last_step, job.total_steps)
         if t.state in (lifecycle.FAILED, lifecycle.RESTARTING):
             for other in job.ranks:
                 if other.node_id == lost_node:

@@ -10,11 +10,18 @@ the import and the run are inside one ``try``; a module missing while a command
 runs (one it imports lazily, like ``hetero-bench``'s torch) gets the same line.
 A module that comes with one of hetero's extras (torch: ``hetero[train]``) is named
 with the extra that brings it.
+
+A reader that stops early (``hetero-coord logs JOB | head``) closes the pipe under the
+command: its next write raises ``BrokenPipeError``. That is the reader's choice, not an
+error: the command ends quietly with status 141, as one a SIGPIPE ended does, and its
+standard output goes to ``/dev/null`` so the interpreter's last flush at exit cannot
+raise it again.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Callable
 
@@ -40,6 +47,9 @@ def _run(command: str, module: str) -> int:
             file=sys.stderr,
         )
         return 1
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13  # SIGPIPE's status
 
 
 def coord() -> int:

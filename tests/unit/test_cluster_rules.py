@@ -148,3 +148,20 @@ def test_unknown_jobs_and_nodes_are_not_found() -> None:
         except NotFoundError:
             continue
         raise AssertionError("NotFoundError expected")
+
+
+def test_a_job_that_succeeded_shows_its_last_step_though_its_last_interval_was_short() -> None:
+    """A 100-step job reporting every 30 steps last reported step 90; once every rank
+    exited 0 it ran all 100 (issue #34: hetero-top showed 'step 70/72' for a finished job)."""
+    cluster = _cluster()
+    job, _ = _submit(cluster, "done", 2, T0)
+    job.last_step = 90
+    for r in job.ranks:
+        cluster.rank_status(
+            job.id, r.rank, node_id=r.node_id, state=lifecycle.RUNNING, exit_code=None, now=T0 + 1
+        )
+    for r in job.ranks:
+        cluster.rank_status(
+            job.id, r.rank, node_id=r.node_id, state=lifecycle.EXITED, exit_code=0, now=T0 + 2
+        )
+    assert job.state == lifecycle.SUCCEEDED and job.last_step == 100

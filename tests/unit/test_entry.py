@@ -86,3 +86,24 @@ def test_a_command_runs_its_main_when_everything_is_there() -> None:
     result = _run_without("no_such_module_anywhere", "coord", "--help")
     assert result.returncode == 0, result.stderr
     assert "usage: hetero-coord" in result.stdout
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly() -> None:
+    """``hetero-coord logs JOB | head`` ended in a BrokenPipeError traceback (issue #34):
+    the reader closed the pipe, which is no error of the command's."""
+    code = (
+        "import sys; from hetero import entry; from hetero.coordinator import cli\n"
+        "def main() -> int:\n"
+        "    for i in range(100000):\n"
+        "        print('line', i)\n"
+        "    return 0\n"
+        "cli.main = main\n"
+        "sys.exit(entry.coord())\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "line 0\n"
+    proc.stdout.close()  # as head does after its lines
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 141 and err == "", err
