@@ -258,6 +258,12 @@ def new_server(
             # gRPC sets SO_REUSEPORT by default: a second daemon on a taken port would
             # bind too and silently take half the connections (half the agents).
             ("grpc.so_reuseport", 0),
+            # No window growth: HTTP/2's 64 KiB per stream bounds what a caller can
+            # make the server buffer before its token is checked (with gRPC's
+            # bandwidth-delay probing each stream's window grows to megabytes, and 64
+            # unauthenticated 7 MiB calls grew a coordinator by 20-100 MiB). Requests
+            # here are control-plane sized; replies use the client's windows.
+            ("grpc.http2.bdp_probe", 0),
         ],
     )
 
@@ -299,6 +305,12 @@ def new_aio_server(
             # gRPC sets SO_REUSEPORT by default: a second daemon on a taken port would
             # bind too and silently take half the connections (half the agents).
             ("grpc.so_reuseport", 0),
+            # No window growth: HTTP/2's 64 KiB per stream bounds what a caller can
+            # make the server buffer before its token is checked (with gRPC's
+            # bandwidth-delay probing each stream's window grows to megabytes, and 64
+            # unauthenticated 7 MiB calls grew a coordinator by 20-100 MiB). Requests
+            # here are control-plane sized; replies use the client's windows.
+            ("grpc.http2.bdp_probe", 0),
         ],
     )
 
