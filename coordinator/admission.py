@@ -142,7 +142,7 @@ class Decision:
 
 
 def key(d: DeviceSlot) -> DeviceKey:
-    return (d.node_id, d.index)
+    return d.key
 
 
 def has_room(d: DeviceSlot) -> bool:
@@ -160,22 +160,31 @@ def admit(
     jobs ahead of the whole queue (restarts waiting for devices). Returns a decision for
     each job the pass looked at, in order; the jobs after the last one were not looked at
     (no device had room left outside those held for earlier jobs: the last decision
-    says why its job waits, and the ones behind it keep the reason they had)."""
+    says why its job waits, and the ones behind it keep the reason they had).
+
+    A submission runs this pass on the event loop, so each job it looks at costs one
+    walk over the devices its spec may use (a cluster of thousands of devices is
+    walked a few times a pass, not once per check): a job that wants more ranks than
+    that room holds waits without a placement being tried."""
     slots = {key(d): d for d in devices}
     kept: set[DeviceKey] = set(held)
     out: list[Decision] = []
     for waiting in queue:
-        free = [d for k, d in slots.items() if k not in kept]
         spec = waiting.spec()
-        if not any(has_room(d) for d in free):
-            # Nothing can start: say why the head waits, and read no further.
-            out.append(Decision(waiting.job_id, reason=reason(spec, list(slots.values()), kept)))
-            break
+        usable = [d for d in slots.values() if suitable(spec, d)]
+        free = [d for d in usable if has_room(d) and key(d) not in kept]
+        room = sum(spec.world_size if d.room is None else d.room for d in free)
+        if room < spec.world_size:
+            out.append(Decision(waiting.job_id, reason=reason(spec, usable, kept)))
+            if not any(has_room(d) and key(d) not in kept for d in slots.values()):
+                break  # nothing can start: read no further
+            kept.update(key(d) for d in usable)
+            continue
         try:
             placement = place(spec, free, 0)
-        except PlacementError:
-            out.append(Decision(waiting.job_id, reason=reason(spec, list(slots.values()), kept)))
-            kept |= {key(d) for d in slots.values() if suitable(spec, d)}
+        except PlacementError:  # room enough, but not where the spec may run (memory)
+            out.append(Decision(waiting.job_id, reason=reason(spec, usable, kept)))
+            kept.update(key(d) for d in usable)
             continue
         port = next(ports, None)
         if port is None:
@@ -188,15 +197,26 @@ def admit(
     return out
 
 
+#: Node names a reason lists at most ("3,744 free on n1, n2, n3 and 933 more nodes").
+REASON_NODES = 3
+
+
 def reason(spec: JobSpec, devices: Sequence[DeviceSlot], held: set[DeviceKey]) -> str:
     """Why ``spec`` waits, in one line: "waiting for 2 CPU slots; 1 free on n1"."""
-    usable = [d for d in devices if suitable(spec, d)]
     what = {"cuda": "CUDA device", "cpu": "CPU slot"}.get(spec.resources.device, "device")
     plural = "s" if spec.world_size != 1 else ""
     want = f"waiting for {spec.world_size} {what}{plural}"
     free_on: dict[str, int] = {}
     kept = 0
-    for d in usable:
+    drained: set[str] = set()
+    down: set[str] = set()
+    for d in devices:
+        if not suitable(spec, d):
+            continue
+        if not d.healthy:
+            down.add(d.node_name)
+        elif d.draining:
+            drained.add(d.node_name)
         if not has_room(d):
             continue
         n = d.room if d.room is not None else spec.world_size
@@ -205,13 +225,20 @@ def reason(spec: JobSpec, devices: Sequence[DeviceSlot], held: set[DeviceKey]) -
         else:
             free_on[d.node_name] = free_on.get(d.node_name, 0) + n
     free = sum(free_on.values())
-    parts = [f"{free} free on {', '.join(sorted(free_on))}" if free else "none free"]
+    parts = [f"{free:,} free on {_names(free_on)}" if free else "none free"]
     if kept:
-        parts.append(f"{kept} held for jobs ahead in the queue")
-    drained = sorted({d.node_name for d in usable if d.healthy and d.draining})
-    down = sorted({d.node_name for d in usable if not d.healthy})
+        parts.append(f"{kept:,} held for jobs ahead in the queue")
     if drained:
-        parts.append(f"drained: {', '.join(drained)}")
+        parts.append(f"drained: {_names(drained)}")
     if down:
-        parts.append(f"down: {', '.join(down)}")
+        parts.append(f"down: {_names(down)}")
     return f"{want}; {'; '.join(parts)}"
+
+
+def _names(nodes: Iterable[str]) -> str:
+    """The first :data:`REASON_NODES` node names, and how many more: a job's message
+    stays one line on a cluster of a thousand nodes."""
+    names = sorted(nodes)
+    shown = ", ".join(names[:REASON_NODES])
+    more = len(names) - REASON_NODES
+    return f"{shown} and {more:,} more node{'s' if more != 1 else ''}" if more > 0 else shown

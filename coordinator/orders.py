@@ -29,7 +29,7 @@ def orders_of(
     (submission, job id, rank), and its stops (ranks ordered to stop, not confirmed) by
     (job id, rank)."""
     launches, stops = [], []
-    for job in state.jobs.values():
+    for job in state.unqueued():
         for r in job.ranks:
             if r.node_id != node_id:
                 continue

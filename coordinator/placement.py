@@ -25,8 +25,9 @@ store, calls ``place``, and stores the result. Rules:
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hetero.core.balancer import (
     Batches,
@@ -70,19 +71,19 @@ class DeviceSlot:
     #: Ranks of active jobs the device may run at once; None = one on CUDA, no limit on
     #: CPU (the coordinator always sets it: ``ranks_per_cpu_device`` for CPU devices).
     capacity: int | None = None
+    #: Ranks this device may run at once (None = no limit) and how many more it may take
+    #: now (None = no limit): derived, kept as fields because an admission pass reads
+    #: them for thousands of devices at every submission.
+    max_ranks: int | None = field(init=False, repr=False, compare=False)
+    room: int | None = field(init=False, repr=False, compare=False)
+    #: ``(node_id, index)``, the device's key wherever devices are matched.
+    key: tuple[str, int] = field(init=False, repr=False, compare=False)
 
-    @property
-    def max_ranks(self) -> int | None:
-        """Ranks this device may run at once (None = no limit)."""
-        if self.capacity is not None:
-            return self.capacity
-        return 1 if self.kind == "cuda" else None
-
-    @property
-    def room(self) -> int | None:
-        """Ranks more it may take now (None = no limit)."""
-        cap = self.max_ranks
-        return None if cap is None else max(cap - self.ranks_running, 0)
+    def __post_init__(self) -> None:
+        cap = self.capacity if self.capacity is not None else (1 if self.kind == "cuda" else None)
+        object.__setattr__(self, "max_ranks", cap)
+        object.__setattr__(self, "room", None if cap is None else max(cap - self.ranks_running, 0))
+        object.__setattr__(self, "key", (self.node_id, self.index))
 
 
 @dataclass(frozen=True)
@@ -166,12 +167,13 @@ def suitable(spec: JobSpec, device: DeviceSlot) -> bool:
 def choose_devices(spec: JobSpec, devices: Sequence[DeviceSlot]) -> list[DeviceSlot]:
     """One device per rank, in rank order. Raises ``PlacementError`` if too few."""
     candidates = [d for d in devices if eligible(spec, d)]
-    cuda = sorted(
+    # The fastest CUDA devices first: the k best of thousands without sorting them all.
+    chosen = heapq.nsmallest(
+        spec.world_size,
         (d for d in candidates if d.kind == "cuda"),
         key=lambda d: (-d.compute_score, d.node_name, d.index),
     )
     cpus = [d for d in candidates if d.kind == "cpu"]
-    chosen = cuda[: spec.world_size]
     load = {(d.node_id, d.index): d.ranks_running for d in cpus}
 
     def has_room(d: DeviceSlot) -> bool:

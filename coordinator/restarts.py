@@ -62,7 +62,7 @@ def sweep(c: Cluster, *, now: float, admit: bool = True) -> None:
 def lose_node(c: Cluster, node: Node, *, now: float) -> None:
     """Every active job with ranks on ``node`` (down) restarts or fails; its ranks
     there are gone."""
-    for job in sorted(c.state.jobs.values(), key=lambda j: j.submitted_at_unix_s):
+    for job in sorted(c.state.unqueued(), key=lambda j: j.submitted_at_unix_s):
         on_node = [r for r in job.ranks if r.node_id == node.id]
         live = [r for r in on_node if r.state in lifecycle.LIVE_RANK_STATES]
         if job.finished or not live:

@@ -141,3 +141,26 @@ def test_limits_are_checked_in_one_line_each() -> None:
         Limits(ranks_per_cpu_device=0)
     with pytest.raises(ConfigError, match="max_spec_bytes"):
         Limits(max_spec_bytes=2 << 20)
+
+
+def test_a_reason_names_three_nodes_and_counts_the_rest() -> None:
+    """On a cluster of a thousand nodes a job's message stays one short line (it listed
+    every node with a free device: 12 KB a job on 1,000 nodes)."""
+    devices = [gpu(f"n{i:03d}", 0) for i in range(30)]
+    text = admission.reason(spec("big", 31, device="cuda"), devices, set())
+    assert text == "waiting for 31 CUDA devices; 30 free on n000, n001, n002 and 27 more nodes"
+
+
+def test_a_job_wanting_more_than_the_free_room_waits_and_holds_what_it_may_use() -> None:
+    devices = [gpu("g", 0), gpu("g", 1), cpu("c")]
+    decisions = admit(
+        waiting(spec("big", 3, device="cuda"), spec("small", 1, device="cuda"), spec("c", 1)),
+        devices,
+        ports(),
+    )
+    assert [(d.job_id, d.placement is not None) for d in decisions] == [
+        ("big", False),
+        ("small", False),
+        ("c", True),
+    ], "the GPUs are held for the head; the CPU job behind takes the CPU device"
+    assert decisions[0].reason == "waiting for 3 CUDA devices; 2 free on g"

@@ -98,3 +98,43 @@ def test_the_state_module_needs_no_database_nor_grpc() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_device_slots_follow_a_node_that_registers_new_devices_and_its_drain() -> None:
+    """The slots of idle devices are kept per node between passes: a new device list, a
+    drain or a rank placed shows at the next call."""
+    state = ClusterState()
+    node = _node("n1", "alpha", heard=100.0, devices=2)
+    state.add_node(node)
+    assert len(state.device_slots(now=100.0, timeout_s=10.0, cpu_capacity=4)) == 2
+    node.devices = tuple(Device(i, "cpu", "cpu", 1.0) for i in range(3))
+    node.draining = True
+    slots = state.device_slots(now=100.0, timeout_s=10.0, cpu_capacity=4)
+    assert len(slots) == 3 and all(s.draining for s in slots)
+    node.draining = False
+    running = _job("r", 1.0, state=lifecycle.RUNNING)
+    running.ranks = [Rank(0, "n1", 2, "cpu", "cpu", 0, lifecycle.RUNNING)]
+    state.add_job(running)
+    slots = state.device_slots(now=100.0, timeout_s=10.0, cpu_capacity=4)
+    assert [(s.index, s.ranks_running, s.room, s.draining) for s in slots] == [
+        (0, 0, 4, False),
+        (1, 0, 4, False),
+        (2, 1, 3, False),
+    ]
+
+
+def test_an_owners_jobs_count_the_queued_and_the_active_not_the_finished() -> None:
+    state = ClusterState()
+    for job_id, job_state in (
+        ("q", "QUEUED"),
+        ("r", lifecycle.RUNNING),
+        ("f", lifecycle.SUCCEEDED),
+    ):
+        job = _job(job_id, 1.0, state=job_state)
+        job.owner = "ann"
+        state.add_job(job)
+    assert state.jobs_of("ann") == 2
+    state.left_queue(state.jobs["q"])
+    state.jobs["q"].state = lifecycle.CANCELLED
+    assert state.jobs_of("ann") == 1 and state.jobs_of("bob") == 0
+    assert sorted(j.id for j in state.unqueued()) == ["f", "q", "r"]
