@@ -41,7 +41,7 @@ from prometheus_client import Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from hetero.coordinator import messages
+from hetero.coordinator import lifecycle, messages
 from hetero.coordinator.state import ClusterState
 from hetero.core.states import job_label
 from hetero.v1 import coordinator_pb2 as pb
@@ -118,7 +118,9 @@ class ClusterCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         state = self._state()
         yield _nodes(state, self._now(), self._timeout_s)
-        jobs = Counter(j.state for j in state.jobs.values() if not j.finished)
+        jobs = Counter(j.state for j in state.unqueued() if not j.finished)
+        if state.queued_count():
+            jobs[lifecycle.QUEUED] = state.queued_count()
         counted = GaugeMetricFamily("hetero_jobs", "Jobs not finished, by state.", labels=["state"])
         for name in sorted(jobs):
             counted.add_metric([name.lower()], jobs[name])

@@ -165,6 +165,9 @@ class Job:
     plan: Plan | None = None
     history: deque[Interval] = field(default_factory=deque)
     latest: object | None = None
+    #: The live view built from ``latest`` (``messages.job_live``): (that report, the
+    #: newest interval's end step, the view), rebuilt when either moves.
+    live: tuple[object, int, object] | None = None
     events: deque[Event] = field(default_factory=lambda: deque(maxlen=JOB_EVENTS))
     #: The newest "not helping" message said of the job ("" = none).
     not_helping: str = ""
@@ -303,6 +306,9 @@ class ClusterState:
         """RESTARTING jobs in queue order: the first placed when devices are short."""
         jobs = (j for j in self._unqueued.values() if j.state == lifecycle.RESTARTING)
         return sorted(jobs, key=Job.queue_key)
+
+    def queued_count(self) -> int:
+        return len(self._queue_keys)
 
     def jobs_of(self, owner: str) -> int:
         """Queued and placed jobs of ``owner`` (a credential's name)."""
