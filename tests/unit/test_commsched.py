@@ -112,6 +112,20 @@ def test_no_trial_while_the_planner_may_still_move_the_plan():
     assert auto.next_mode(PLAN, 0.086, False, settled=True)[0] == OVERLAP
 
 
+def test_a_plan_held_past_the_patience_gets_its_trial_though_a_move_is_pending():
+    """Two nodes over a 2 Gbit/s link: the planner held the plan with +0.6% predicted
+    against 1.0% needed for 7 intervals, never settled, and every deferred interval
+    exposed the whole all-reduce (0.89x plain DDP)."""
+    auto = AutoComm(settle_intervals=2, patience_intervals=3)
+    modes = [auto.next_mode(PLAN, 0.560, False, settled=False) for _ in range(5)]
+    assert [m for m, _ in modes] == [DEFERRED] * 4 + [OVERLAP]
+    assert modes[-1][1] == (
+        "trial of overlap: plan unchanged for 5 intervals, the planner's pending move "
+        "not made, deferred step 560.0 ms"
+    )
+    assert auto.next_mode(PLAN, 0.470, False, settled=False)[0] == OVERLAP, "kept: faster"
+
+
 def test_a_trial_must_beat_the_deferred_intervals_by_more_than_their_noise():
     # On a loaded host deferred intervals at one plan spread by ~7%: a trial 3.5% faster
     # is noise, and keeping overlap on it would withhold every later interval from the
