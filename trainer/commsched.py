@@ -16,7 +16,8 @@ in both; at a balanced one, which is faster is a property of the job.
    and the planner counts it as settled (``Decision.settled``: no rank's jump
    waiting for confirmation, no move predicted to gain over half of what it
    needs), or has held it for ``patience_intervals`` more whatever it predicts,
-   runs one trial interval in ``overlap``. A trial interval never
+   or the deferred intervals expose an all-reduce that overlap may hide worth
+   ``worth_share`` of the step, runs one trial interval in ``overlap``. A trial interval never
    reaches the planner, so a trial while the planner still converges takes
    its evidence away: on a loaded 2-core host 11 of 25 intervals were left
    out, and the plan sat far from balanced for 22;
@@ -94,6 +95,7 @@ class CommPolicy(Protocol):
         plan_changed: bool,
         *,
         settled: bool = True,
+        hideable_s: float | None = None,
     ) -> tuple[str, str]: ...
 
 
@@ -110,6 +112,7 @@ class FixedComm:
         plan_changed: bool,
         *,
         settled: bool = True,
+        hideable_s: float | None = None,
     ) -> tuple[str, str]:
         return self.mode, f"{self.mode} (fixed)"
 
@@ -134,6 +137,11 @@ class AutoComm:
     #: link (ResNet-50, 2x H200) held +0.6% predicted against 1.0% needed for 7
     #: intervals, deferred, at 0.89x plain DDP, where overlap would have won.
     patience_intervals: int = 3
+    #: Share of the deferred step that the all-reduce overlap may hide (``hideable_s``:
+    #: the slowest rank's exposed all-reduce, at most its backward) above which the
+    #: trial does not wait for the planner to settle: deferral costs that much every
+    #: step, more than the sub-threshold moves the planner may still be weighing.
+    worth_share: float = 0.10
     margin: float = 0.01
     drift: float = 0.10
     #: Newest deferred intervals whose median is the reference for the trial.
@@ -152,6 +160,7 @@ class AutoComm:
         plan_changed: bool,
         *,
         settled: bool = True,
+        hideable_s: float | None = None,
     ) -> tuple[str, str]:
         if plan_changed:
             self._settle(None)
@@ -181,10 +190,17 @@ class AutoComm:
         if n < self.settle_intervals:
             return DEFERRED, f"deferred: plan settling ({n}/{self.settle_intervals} intervals)"
         waited = n >= self.settle_intervals + self.patience_intervals
-        if not settled and not waited:
+        worth = hideable_s is not None and hideable_s >= self.worth_share * step_s
+        if not settled and not waited and not worth:
             return DEFERRED, "deferred: the planner may still move the plan (no trial yet)"
         self.phase = Phase.TRIAL
-        held = "" if settled else ", the planner's pending move not made"
+        held = ""
+        if not settled:
+            held = (
+                f", overlap may hide {hideable_s * 1e3:.1f} ms of the all-reduce a step"
+                if worth and hideable_s is not None
+                else ", the planner's pending move not made"
+            )
         return OVERLAP, (
             f"trial of overlap: plan unchanged for {n} intervals{held}, "
             f"deferred step {self._reference() * 1e3:.1f} ms"

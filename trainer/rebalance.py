@@ -296,7 +296,11 @@ def next_comm(
     measured = all(s.steps > 0 for s in summaries)
     batches = tuple(s.batch for s in summaries) if measured else None
     step_s = max(s.step_s for s in summaries) if measured else None
-    return ctx.comm.next_mode(batches, step_s, plan_changed, settled=settled)
+    # What overlap may hide: the slowest rank's all-reduce after its backward (the others
+    # wait for it there too), up to that backward, which overlap runs it beside.
+    slowest = max(summaries, key=lambda s: s.compute_s) if measured else None
+    hideable_s = min(slowest.comm_s, slowest.backward_s) if slowest is not None else None
+    return ctx.comm.next_mode(batches, step_s, plan_changed, settled=settled, hideable_s=hideable_s)
 
 
 def decide(ctx: Context, current: tuple[int, ...], depth: int) -> tuple[PlanDecision, str, bool]:

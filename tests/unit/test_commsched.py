@@ -126,6 +126,24 @@ def test_a_plan_held_past_the_patience_gets_its_trial_though_a_move_is_pending()
     assert auto.next_mode(PLAN, 0.470, False, settled=False)[0] == OVERLAP, "kept: faster"
 
 
+def test_an_exposed_all_reduce_worth_a_tenth_of_the_step_gets_its_trial_at_once():
+    """The same link: the slowest rank waited 414 ms a step for the all-reduce after a
+    93 ms backward, which overlap may hide: the trial comes as soon as the plan has
+    run its settle intervals, not after the patience."""
+    auto = AutoComm(settle_intervals=2, patience_intervals=3)
+    first = auto.next_mode(PLAN, 0.566, False, settled=False, hideable_s=0.093)
+    assert first == (DEFERRED, "deferred: plan settling (1/2 intervals)")
+    mode, reason = auto.next_mode(PLAN, 0.566, False, settled=False, hideable_s=0.093)
+    assert (mode, reason) == (
+        OVERLAP,
+        "trial of overlap: plan unchanged for 2 intervals, overlap may hide 93.0 ms of "
+        "the all-reduce a step, deferred step 566.0 ms",
+    )
+    small = AutoComm(settle_intervals=2, patience_intervals=3)
+    small.next_mode(PLAN, 0.086, False, settled=False, hideable_s=0.004)
+    assert small.next_mode(PLAN, 0.086, False, settled=False, hideable_s=0.004)[0] == DEFERRED
+
+
 def test_a_trial_must_beat_the_deferred_intervals_by_more_than_their_noise():
     # On a loaded host deferred intervals at one plan spread by ~7%: a trial 3.5% faster
     # is noise, and keeping overlap on it would withhold every later interval from the
