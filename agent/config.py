@@ -15,6 +15,7 @@ from hetero.agent.ranklog import KEEP, MAX_BYTES, RankLogLimits
 from hetero.core import defaults
 from hetero.core.defaults import LOG_FORMATS, default_state_dir
 from hetero.core.errors import ConfigError
+from hetero.core.roots import absolute
 from hetero.core.yamlfields import Fields
 
 
@@ -92,6 +93,18 @@ class AgentConfig:
     @property
     def resolved_state_dir(self) -> Path:
         return self.state_dir or default_state_dir()
+
+    @property
+    def private_paths(self) -> tuple[tuple[str, str], ...]:
+        """What no job may reach, each with what it is (``core.roots.absolute`` paths):
+        the state directory (rank records, its rank logs, the local token) and the token
+        file and TLS key where they are configured elsewhere."""
+        found = [
+            ("agent state directory", self.resolved_state_dir),
+            ("agent token file", self.token_file),
+            ("agent TLS key", self.tls_key),
+        ]
+        return tuple((what, absolute(path)) for what, path in found if path is not None)
 
     @property
     def node_name(self) -> str:

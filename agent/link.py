@@ -1,6 +1,8 @@
 """The agent's link to the coordinator: register, heartbeat (the node's lease), back off;
 and the stream of the node's orders (``OrderStream``).
 
+An agent whose state directory (or token file) lies in one of the coordinator's
+allowed roots, where jobs write, refuses to run: registering raises ``ConfigError``.
 The coordinator being down at start or later is never fatal: calls are retried
 with exponential backoff (capped at half the heartbeat timeout, so a restarted
 coordinator hears from every agent before it would call one down), and telemetry
@@ -28,6 +30,7 @@ from hetero.agent.outbox import Outbox
 from hetero.agent.profile import NodeProfile
 from hetero.agent.telemetry import TelemetrySampler
 from hetero.core.errors import UnknownNameError, UnreachableError
+from hetero.core.roots import check_private
 from hetero.security.transport import ClientSecurity, client_channel, is_unreachable, remote_error
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
@@ -160,6 +163,9 @@ class CoordinatorLink:
             ),
             timeout=CALL_TIMEOUT_S,
         )
+        # A job may write anywhere in the coordinator's allowed roots, as this agent's
+        # user: the agent's token and rank records must lie in none of them.
+        check_private(self.config.private_paths, resp.allowed_roots)
         self.profile = profile
         self.node_id = resp.node_id
         self._reregister = False

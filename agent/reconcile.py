@@ -2,10 +2,17 @@
 
 A launch order starts a rank under the supervisor (with its command and
 environment from ``agent.orders``) unless it was carried out already; a stop
-order ends one. Each launch carries its job's attempt number: a rank of an
-earlier attempt still running here is stopped first, and the launch waits until
-that process has ended (``retry``, every tick of the agent's loop). Every start,
-failure to start and exit is queued with the shipper for the coordinator.
+order ends one. Each burst of orders ends with the ranks the coordinator wants on
+this node (``Orders.wanted``): every rank running here that is not among them is
+stopped. That is how a node that was cut off or declared down, and comes back,
+ends the ranks of jobs that ended, were cancelled, or moved to another attempt or
+node meanwhile: the coordinator counted them gone and sends them no stop order.
+
+Nothing runs twice on a device: a launch waits (``retry``, every tick of the
+agent's loop) while a rank of an earlier attempt of its job is still here (stopped
+first), or, on a CUDA device, while a rank being stopped still holds that device.
+Every start, failure to start and exit is queued with the shipper for the
+coordinator.
 """
 
 from __future__ import annotations
@@ -49,12 +56,15 @@ class Reconciler:
         self.job_tokens = job_tokens
         #: (job, rank, attempt) of every launch order carried out.
         self.launched: set[tuple[str, int, int]] = set()
-        #: Launches waiting for a rank of an earlier attempt to end, with the ranks of
-        #: their job on this node.
+        #: Launches waiting for a rank they must not run beside to end (``_blocked``),
+        #: with the ranks of their job on this node.
         self.waiting: dict[tuple[str, int], tuple[pb.RankLaunch, int]] = {}
 
     def carry_out(self, orders: pb.Orders) -> None:
-        """Launch the ordered ranks not launched yet, then stop those ordered to stop."""
+        """Stop the ranks not wanted (if the message says which are), launch the ordered
+        ranks not launched yet, then stop those ordered to stop."""
+        if orders.HasField("wanted"):
+            self.stop_unwanted(orders.wanted)
         per_job: dict[str, int] = defaultdict(int)
         for order in orders.launches:
             per_job[order.job_id] += 1
@@ -64,12 +74,42 @@ class Reconciler:
         for stop in orders.stops:
             self.stop_rank(stop)
 
+    def stop_unwanted(self, wanted: pb.NodeRanks) -> None:
+        """Stop every rank running here that ``wanted`` lacks, and forget the launches
+        waiting for a device that it lacks (their job ended or moved meanwhile)."""
+        keep = {(r.job_id, r.rank, r.attempt) for r in wanted.ranks}
+        for key, (order, _) in list(self.waiting.items()):
+            if (order.job_id, order.rank, order.attempt) not in keep:
+                del self.waiting[key]
+        for w in list(self.supervisor.workers.values()):
+            if (w.job_id, w.rank, w.attempt) in keep or w.stopping:
+                continue
+            log.warning(
+                "job %s rank %d (attempt %d) is no longer wanted on this node (its job "
+                "ended or moved while the coordinator did not hear from it): stopping it",
+                w.job_id,
+                w.rank,
+                w.attempt,
+            )
+            self.supervisor.stop(w.job_id, w.rank, self.config.stop_grace_s)
+
     def retry(self) -> None:
-        """Launch what waited for an earlier attempt's rank that has ended since."""
-        for (job_id, rank), (order, local) in list(self.waiting.items()):
-            if self.supervisor.attempt_of(job_id, rank) is None:
-                del self.waiting[(job_id, rank)]
+        """Launch what waited for a rank that has ended since."""
+        for key, (order, local) in list(self.waiting.items()):
+            if not self._blocked(order):
+                del self.waiting[key]
                 self.launch(order, local)
+
+    def _blocked(self, order: pb.RankLaunch) -> bool:
+        """Whether a rank ``order`` must not run beside is still here: one of an earlier
+        attempt of its job, or, on a CUDA device (one rank each), one being stopped."""
+        device = _device(order)
+        for w in self.supervisor.workers.values():
+            if w.job_id == order.job_id and w.attempt < order.attempt:
+                return True
+            if w.stopping and w.device == device and order.device_kind == tpb.DEVICE_KIND_CUDA:
+                return True
+        return False
 
     def _threads(self, order: pb.RankLaunch) -> int:
         if order.device_kind == tpb.DEVICE_KIND_CUDA:
@@ -80,13 +120,16 @@ class Reconciler:
         return max(1, cpus.usable() // cpu_ranks)
 
     def launch(self, order: pb.RankLaunch, local_world_size: int) -> None:
-        older = self.supervisor.attempt_of(order.job_id, order.rank)
-        if older is not None:
-            # A rank of an earlier attempt is still here (this node was cut off while
-            # the job restarted): end it first; the launch waits for it to be gone.
-            if older < order.attempt:
-                self.supervisor.stop(order.job_id, order.rank, self.config.stop_grace_s)
-                self.waiting[(order.job_id, order.rank)] = (order, local_world_size)
+        current = self.supervisor.attempt_of(order.job_id, order.rank)
+        if current is not None and current >= order.attempt:
+            return  # launched already (or a later attempt is)
+        for w in list(self.supervisor.workers.values()):
+            if w.job_id == order.job_id and w.attempt < order.attempt:
+                # A rank of an earlier attempt is still here (this node was cut off while
+                # the job restarted): end it first; the launch waits for it to be gone.
+                self.supervisor.stop(w.job_id, w.rank, self.config.stop_grace_s)
+        if self._blocked(order):
+            self.waiting[(order.job_id, order.rank)] = (order, local_world_size)
             return
         self.launched.add((order.job_id, order.rank, order.attempt))
         self.plans.offer(order.plan)
@@ -129,6 +172,7 @@ class Reconciler:
                 out_dir,
                 attempt=attempt,
                 progress_file=progress,
+                device=_device(order),
             )
         except OSError as exc:
             log.error(
@@ -166,3 +210,9 @@ class Reconciler:
         for e in self.supervisor.poll():
             self.shipper.queue_exit(e, e.reason or ("stopped by the agent" if e.stopped else ""))
         self.retry()
+
+
+def _device(order: pb.RankLaunch) -> str:
+    """The launch's device as the supervisor keys it: "cuda:0", "cpu:0"."""
+    kind = "cuda" if order.device_kind == tpb.DEVICE_KIND_CUDA else "cpu"
+    return f"{kind}:{order.device_index}"

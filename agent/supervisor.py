@@ -100,6 +100,12 @@ class Worker:
     last_output: float = field(default_factory=time.perf_counter)
     #: Set when the watchdog killed it.
     reason: str = ""
+    #: The device it was launched on ("cuda:0", "cpu:0"; "" if not said).
+    device: str = ""
+
+    @property
+    def stopping(self) -> bool:
+        return self.kill_at is not None
 
     def silent_s(self, now: float) -> float:
         """Seconds since the rank last printed or touched its progress file."""
@@ -161,8 +167,9 @@ class Supervisor:
         *,
         attempt: int = 0,
         progress_file: Path | None = None,
+        device: str = "",
     ) -> None:
-        """Start one rank. Raises ``OSError`` if the program cannot be started."""
+        """Start one rank on ``device``. Raises ``OSError`` if the program cannot be started."""
         job_dir = self.job_dir(job_id)
         job_dir.mkdir(parents=True, exist_ok=True)
         cwd.mkdir(parents=True, exist_ok=True)
@@ -188,6 +195,7 @@ class Supervisor:
             RankLog(log_path, self.log_limits),
             attempt=attempt,
             progress_file=progress_file,
+            device=device,
         )
         assert proc.stdout is not None and proc.stderr is not None
         for stream, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):

@@ -72,6 +72,12 @@ class LocalCluster:
     _channel: grpc.Channel | None = None
 
     @property
+    def job_files(self) -> Path:
+        """The cluster's allowed root: where its jobs' checkpoints and data go (beside the
+        daemons' state directories, never holding one)."""
+        return self.root / "job-files"
+
+    @property
     def token_path(self) -> Path:
         """The token clients of this cluster present (``hetero-coord --token-file``)."""
         return self.token_file or local_token_path(self.root / "coordinator")
@@ -115,8 +121,8 @@ class LocalCluster:
                 f"heartbeat_timeout_s: {self.heartbeat_timeout_s}\n"
                 f"heartbeat_interval_s: {self.heartbeat_interval_s}\ngrace_s: 1\n"
                 f"master_port_base: {random.randrange(20000, 40000, 100)}\n"
-                # Jobs' checkpoints and data live under the cluster's folder.
-                f"allowed_roots: [{json.dumps(str(self.root))}]\n"
+                # Jobs' checkpoints and data live in a folder of their own.
+                f"allowed_roots: [{json.dumps(str(self.job_files))}]\n"
             )
         argv = [self.python, "-m", "hetero.coordinator.cli", "serve", "--config", str(config)]
         argv += ["--listen", self.address, "--state-dir", str(self.root / "coordinator")]

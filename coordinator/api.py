@@ -30,6 +30,7 @@ from hetero.coordinator import (
     admission,
     attach,
     exclusion,
+    jobdirs,
     jobpages,
     lifecycle,
     logwire,
@@ -122,6 +123,7 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
             node_id=node.id,
             heartbeat_interval_s=settings.heartbeat_interval_s,
             heartbeat_timeout_s=settings.heartbeat_timeout_s,
+            allowed_roots=settings.allowed_roots or (),
         )
 
     @rpc
@@ -215,6 +217,10 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
             req.spec_yaml,
             source=source_name(req.source_name),
             allowed_roots=settings.allowed_roots,
+            private=settings.private_paths,
+        )
+        jobdirs.check_directories(
+            spec, caller.label, self.service.state.jobs.values(), source_name(req.source_name)
         )
         priority = req.priority if req.HasField("priority") else spec.priority
         check_priority(priority)

@@ -243,6 +243,7 @@ def _serve(args: argparse.Namespace) -> int:
     )
     set_daemon_umask()
     configure_logging(config.log_format)
+    config.check_private_paths()  # before anything is made: the state, its token
     security = server_security(
         config.token_file, config.tls_cert, config.tls_key, config.tls_ca, config.insecure
     )
@@ -278,6 +279,7 @@ def _serve(args: argparse.Namespace) -> int:
         log_retention=config.log_retention,
         limits=config.limits,
         allowed_roots=config.resolved_allowed_roots,
+        private_paths=tuple(path for _, path in config.private_paths),
     )
     serve(
         config.listen,

@@ -10,13 +10,16 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from sqlalchemy import make_url
+from sqlalchemy.exc import ArgumentError
+
 from hetero.coordinator.admission import Limits
 from hetero.coordinator.database import sqlite_url
 from hetero.coordinator.retention import IntervalRetention, LogRetention
 from hetero.core import defaults
 from hetero.core.defaults import LOG_FORMATS, default_state_dir
 from hetero.core.errors import ConfigError
-from hetero.core.roots import default_roots, normalize_root
+from hetero.core.roots import absolute, check_private, default_roots, normalize_root
 from hetero.core.yamlfields import Fields
 
 
@@ -49,8 +52,8 @@ class CoordinatorConfig:
     revoked: tuple[str, ...] = ()
     #: Client certificates' common names and the role each maps to (``roles.certificate_callers``).
     certificates: tuple[tuple[str, str], ...] = ()
-    #: Directories a job's checkpoint.dir and data_dir must lie under; None = the defaults
-    #: of ``coordinator.roots.default_roots``.
+    #: Directories a job's checkpoint.dir and data_dir must lie under; None = the default
+    #: of ``core.roots.default_roots``. None may hold one of ``private_paths``.
     allowed_roots: tuple[str, ...] | None = None
     #: First rendezvous port (MASTER_PORT) handed to jobs; each job and restart takes the next.
     master_port_base: int = defaults.MASTER_PORT_BASE
@@ -105,6 +108,31 @@ class CoordinatorConfig:
         if self.allowed_roots is None:
             return default_roots(self.resolved_state_dir)
         return tuple(normalize_root(r) for r in self.allowed_roots)
+
+    @property
+    def private_paths(self) -> tuple[tuple[str, str], ...]:
+        """What no job may reach, each with what it is (``core.roots.absolute`` paths):
+        the state directory (database, generated token, credential secret) and each of
+        those, the token files and the TLS key where they are configured elsewhere."""
+        found: list[tuple[str, Path | None]] = [
+            ("state directory", self.resolved_state_dir),
+            ("credential secret", self.resolved_credential_secret),
+            ("token file", self.token_file),
+            ("TLS key", self.tls_key),
+            *((f"{role} token file", path) for role, path in self.roles),
+        ]
+        if self.db is not None and self.db.startswith("sqlite"):  # else: in the state dir
+            try:
+                file = make_url(self.db).database
+            except ArgumentError:
+                file = None  # opening the database says what is wrong with the URL
+            if file and file != ":memory:":
+                found.append(("database", Path(file)))
+        return tuple((what, absolute(path)) for what, path in found if path is not None)
+
+    def check_private_paths(self) -> None:
+        """A one-line ``ConfigError`` if an allowed root holds one of ``private_paths``."""
+        check_private(self.private_paths, self.resolved_allowed_roots)
 
     @property
     def interval_retention(self) -> IntervalRetention:

@@ -74,7 +74,8 @@ RELOAD_RETRY_S = 1.0
 class Settings:
     """What the coordinator answers by: its database, node health (seconds), the
     rendezvous ports, retention, admission's limits, the roots jobs' paths must lie
-    under (None = only "absolute"), and the clock (tests move one by hand)."""
+    under (None = only "absolute") and the paths they must not hold, and the clock
+    (tests move one by hand)."""
 
     db_url: str
     heartbeat_interval_s: float = defaults.HEARTBEAT_INTERVAL_S
@@ -86,6 +87,9 @@ class Settings:
     log_retention: LogRetention = field(default_factory=LogRetention)
     limits: Limits = field(default_factory=Limits)
     allowed_roots: tuple[str, ...] | None = None
+    #: The coordinator's own files and directories (``core.roots.absolute``), which no
+    #: job path may hold (``core.roots.path_problem``).
+    private_paths: tuple[str, ...] = ()
     clock: Callable[[], float] = time.time
     #: Seconds between sweeps; None = half the heartbeat interval. Tests that move a
     #: clock by hand sweep when they choose (``CoordinatorServer.sweep``) and set it long.

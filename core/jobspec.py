@@ -255,12 +255,17 @@ def read_job_file(path: str | Path) -> str:
 
 
 def parse_jobspec(
-    text: str, source: str = "job.yaml", *, allowed_roots: Sequence[str] | None = None
+    text: str,
+    source: str = "job.yaml",
+    *,
+    allowed_roots: Sequence[str] | None = None,
+    private: Sequence[str] = (),
 ) -> JobSpec:
     """Parse and validate the YAML text of a job spec.
 
     ``allowed_roots``: directories ``checkpoint.dir``, ``data_dir`` and ``tensorboard``
-    must lie under (``hetero.core.roots``); None checks only that they are absolute."""
+    must lie under (``hetero.core.roots``); None checks only that they are absolute.
+    ``private``: the coordinator's own files and directories, which none may hold."""
     if len(text) > MAX_SPEC_BYTES:  # characters >= bytes / 4: cheap before encoding
         raise ConfigError(
             f"{source}: job spec is {len(text):,} characters, limit {MAX_SPEC_BYTES:,}"
@@ -282,10 +287,10 @@ def parse_jobspec(
         given[option.name] = _checked(top, option, _value(top, option))
         places[option.name] = (top, option.key)
         if isinstance(option.kind, PathKind) and (
-            problem := path_problem(given[option.name], allowed_roots)
+            problem := path_problem(given[option.name], allowed_roots, private)
         ):
             raise top.fail(option.key, problem)
-    checkpoint = _checkpoint(top, allowed_roots, given, places)
+    checkpoint = _checkpoint(top, allowed_roots, private, given, places)
     emulate_slowdown = _slowdowns(top, resources.ranks)
     try:
         options = TrainingOptions(name=name, **given)
@@ -409,6 +414,7 @@ def _command_args(top: Fields) -> tuple[str, ...]:
 def _checkpoint(
     top: Fields,
     roots: Sequence[str] | None,
+    private: Sequence[str],
     given: dict[str, Any],
     places: dict[str, tuple[Fields, str]],
 ) -> Checkpoint | None:
@@ -419,7 +425,7 @@ def _checkpoint(
     if not ck.has("dir"):
         raise ck.fail("dir", "required (directory shared by the job's nodes)")
     directory = _checked(ck, BY_NAME["checkpoint_dir"], ck.scalar("dir"))
-    if problem := path_problem(directory, roots):
+    if problem := path_problem(directory, roots, private):
         raise ck.fail("dir", problem)
     given["checkpoint_dir"], places["checkpoint_dir"] = directory, (ck, "dir")
     if ck.has("interval_steps"):

@@ -125,7 +125,7 @@ def test_kill_9_of_an_nccl_rank_restarts_the_job_from_its_checkpoint(tmp_path: P
     reference = _reference_losses(tmp_path)
     root = tmp_path / "cluster"
     with LocalCluster(root, [AgentSpec("gpu-node", watchdog_s=60)]) as cluster:
-        ckpt = root / "ckpt"
+        ckpt = cluster.job_files / "ckpt"
         spec = JOB.format(seq=SEQ_LEN, batch=GLOBAL_BATCH, steps=STEPS, ckpt=ckpt)
         job_id = cluster.submit(spec)
         deadline = time.monotonic() + 240

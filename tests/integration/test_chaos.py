@@ -97,8 +97,8 @@ class Timeline:
 
 
 def _ckpt(tmp_path: Path) -> Path:
-    """The job's checkpoint.dir: under the cluster's folder, its allowed root."""
-    return tmp_path / "cluster" / "ckpt"
+    """The job's checkpoint.dir: under the cluster's allowed root (``LocalCluster.job_files``)."""
+    return tmp_path / "cluster" / "job-files" / "ckpt"
 
 
 def _spec(tmp_path: Path, steps: int = STEPS) -> str:

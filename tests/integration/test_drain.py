@@ -198,7 +198,7 @@ def test_a_coordinator_restart_resumes_from_the_step_its_ranks_drained_at(tmp_pa
     and the drained exits are confirmations, not failures."""
     root = tmp_path / "cluster"
     with LocalCluster(root, [AgentSpec("node")]) as cluster:
-        job_id = cluster.submit(SHED.format(ckpt=root / "ckpt"))
+        job_id = cluster.submit(SHED.format(ckpt=cluster.job_files / "ckpt"))
         job = cluster.wait(job_id, timeout_s=120)
         text = "\n".join(line.text for line in cluster.logs(job_id))
     assert JobState(job.state) is JobState.SUCCEEDED, job.message

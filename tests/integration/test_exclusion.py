@@ -43,7 +43,7 @@ def test_a_built_in_job_restarts_from_its_checkpoint_without_its_slow_rank(
 ) -> None:
     root = tmp_path / "cluster"
     with LocalCluster(root, [AgentSpec("node")]) as cluster:
-        shed = cluster.submit(BUILTIN.format(ckpt=root / "ckpt"))
+        shed = cluster.submit(BUILTIN.format(ckpt=cluster.job_files / "ckpt"))
         job = cluster.wait(shed, timeout_s=120)
         detail = cluster.stub.GetJob(pb.GetJobRequest(job_id=shed), timeout=10)
     assert JobState(job.state) is JobState.SUCCEEDED, job.message

@@ -238,8 +238,9 @@ def _start_cluster(net: Network, d: Daemons) -> pb_grpc.CoordinatorStub:
     config.write_text(
         f"heartbeat_interval_s: {HEARTBEAT_INTERVAL_S}\n"
         f"heartbeat_timeout_s: {HEARTBEAT_TIMEOUT_S}\ngrace_s: 1\n"
-        # Checkpoints of the restart test live under the test's directory.
-        f"allowed_roots: [{d.root}]\n"
+        # Checkpoints of the restart test live in a folder of the test's directory
+        # (not the one that holds the daemons' state directories).
+        f"allowed_roots: [{d.root / 'job-files'}]\n"
     )
     d.spawn(
         "coordinator",
@@ -345,7 +346,7 @@ def test_after_a_cut_the_job_restarts_on_the_surviving_host_and_completes(
     on the host that kept its link and completes; the healed host is healthy again."""
     stub = _start_cluster(network, daemons)
     spec = _job_yaml(steps=400) + (
-        f"max_restarts: 2\ncheckpoint:\n  dir: {tmp_path / 'ckpt'}\n  interval_steps: 20\n"
+        f"max_restarts: 2\ncheckpoint:\n  dir: {tmp_path / 'job-files' / 'ckpt'}\n  interval_steps: 20\n"
     )
     job_id = stub.SubmitJob(pb.SubmitJobRequest(spec_yaml=spec), timeout=CALL_TIMEOUT_S).job_id
     _wait("the two-host job trains", lambda: _job(stub, job_id).last_step >= 40, 120, daemons)

@@ -1,12 +1,14 @@
 """The rules that change the coordinator's in-memory state (``coordinator.cluster``), with
 no database: a job placed or queued, the queue moving when devices free, a failed rank
 restarting the job on what is left, a silent node lost, each change collecting the
-write operations and the nodes whose orders it changed."""
+write operations and the nodes whose orders it changed, and the orders a node's stream
+sends (``coordinator.orders``)."""
 
 from __future__ import annotations
 
 from hetero.coordinator import lifecycle
 from hetero.coordinator.cluster import Cluster, NotFoundError, Rules
+from hetero.coordinator.orders import OrderStream
 from hetero.coordinator.persist import SaveJob
 from hetero.coordinator.state import ClusterState, Device
 from hetero.core.jobspec import parse_jobspec
@@ -134,6 +136,37 @@ def test_a_silent_node_is_lost_and_its_job_restarts_on_fewer_ranks() -> None:
     assert job.plan is not None and job.plan.batches == (64,), "the same global batch"
     cluster.heartbeat(quiet.id, T0 + 31)
     assert not quiet.down, "heard again: up"
+
+
+def test_a_lost_node_is_told_it_should_run_none_of_its_ranks_though_no_stop_is_ordered() -> None:
+    """A node declared down gets no stop order (its ranks count as gone at once); the
+    wanted ranks its stream sends then lack them, so its agent, if it comes back,
+    stops them itself."""
+    cluster = _cluster(nodes=2)
+    job, _ = _submit(cluster, "moves", 2, T0 + 1, restarts=1)
+    quiet = cluster.state.node_named("n1")
+    loud = cluster.state.node_named("n0")
+    assert quiet is not None and loud is not None
+    streams = {n.id: OrderStream(n.id) for n in (quiet, loud)}
+    for r in job.ranks:
+        cluster.rank_status(
+            job.id, r.rank, node_id=r.node_id, state=lifecycle.RUNNING, exit_code=None, now=T0 + 2
+        )
+    (first,) = streams[quiet.id].new(cluster.state, T0 + 2)
+    lost = next(r for r in job.ranks if r.node_id == quiet.id)
+    assert first.complete and not first.launches
+    assert [(w.job_id, w.rank, w.attempt) for w in first.wanted.ranks] == [(job.id, lost.rank, 0)]
+    assert streams[quiet.id].new(cluster.state, T0 + 3) == [], "nothing changed: nothing sent"
+    streams[loud.id].new(cluster.state, T0 + 3)
+
+    cluster.heartbeat(loud.id, T0 + 30)
+    cluster.sweep(now=T0 + 30)
+    assert quiet.down and job.state == lifecycle.RESTARTING
+    (told,) = streams[quiet.id].new(cluster.state, T0 + 30)
+    assert not told.launches and not told.stops, "no stop order for a lost node"
+    assert told.complete and told.HasField("wanted") and not told.wanted.ranks
+    (survivor,) = streams[loud.id].new(cluster.state, T0 + 30)
+    assert len(survivor.stops) == 1 and not survivor.wanted.ranks
 
 
 def test_unknown_jobs_and_nodes_are_not_found() -> None:

@@ -10,7 +10,7 @@ import pytest
 from hetero.agent.orders import rank_process
 from hetero.core.errors import ConfigError
 from hetero.core.jobspec import parse_jobspec
-from hetero.core.roots import default_roots, path_problem
+from hetero.core.roots import check_private, default_roots, path_problem
 from hetero.security.auth import AGENT_TOKEN_ENV, Secret, load_token, new_token, scrub_environment
 from hetero.security.transport import ServerSecurity, TLSFiles, check_listen, is_loopback
 from hetero.v1 import coordinator_pb2 as pb
@@ -145,12 +145,37 @@ def test_paths_must_be_absolute_and_under_an_allowed_root(path: str, problem: st
     assert (found is None) if problem is None else (found is not None and problem in found)
 
 
-def test_default_roots_are_the_state_dir_and_home_never_tmp(tmp_path: Path) -> None:
+def test_the_default_root_is_job_files_in_the_state_dir_never_the_state_home_or_tmp(
+    tmp_path: Path,
+) -> None:
     """/tmp is writable by every local user: a checkpoint planted there must not be a
-    default place a job may resume from."""
-    roots = default_roots(tmp_path / "state")
-    assert roots == (str(tmp_path / "state"), str(Path.home()))
-    assert path_problem("/tmp/ckpt", roots) is not None
+    default place a job may resume from. The state directory holds the database and
+    the secrets, and the home directory holds the default state directory."""
+    state = tmp_path / "state"
+    roots = default_roots(state)
+    assert roots == (str(state / "job-files"),)
+    for path in ("/tmp/ckpt", str(state / "credential-secret"), str(Path.home() / "ckpt")):
+        assert path_problem(path, roots) is not None, path
+    check_private([("state directory", str(state))], roots)  # not held by the default
+
+
+@pytest.mark.parametrize("root", ["/", "/var/lib", "/var/lib/hetero"])
+def test_no_allowed_root_may_hold_a_daemons_state(root: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        check_private([("state directory", "/var/lib/hetero")], ["/shared", root])
+    assert str(err.value) == (
+        f"state directory /var/lib/hetero lies inside the allowed root {root}, where jobs "
+        "write: list allowed_roots that do not hold it, or move it out"
+    )
+    check_private([("state directory", "/var/lib/hetero")], ["/var/lib/hetero-jobs"])
+
+
+@pytest.mark.parametrize("path", ["/", "/var", "/var/lib/../lib/hetero", "/var/lib/hetero/secret"])
+def test_no_job_path_may_hold_the_coordinators_own_files(path: str) -> None:
+    private = ("/var/lib/hetero", "/var/lib/hetero/secret")
+    problem = path_problem(path, None, private)
+    assert problem is not None and "holds the coordinator's own files" in problem
+    assert path_problem("/var/lib/hetero-jobs/run", None, private) is None
 
 
 BASE = """\

@@ -56,14 +56,16 @@ class RegisterNodeRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., agent_endpoint: _Optional[str] = ..., agent_version: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[_types_pb2.DeviceProfile, _Mapping]]] = ..., host: _Optional[_Union[_types_pb2.HostProfile, _Mapping]] = ...) -> None: ...
 
 class RegisterNodeResponse(_message.Message):
-    __slots__ = ("node_id", "heartbeat_interval_s", "heartbeat_timeout_s")
+    __slots__ = ("node_id", "heartbeat_interval_s", "heartbeat_timeout_s", "allowed_roots")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_ROOTS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     heartbeat_interval_s: float
     heartbeat_timeout_s: float
-    def __init__(self, node_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., heartbeat_timeout_s: _Optional[float] = ...) -> None: ...
+    allowed_roots: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., heartbeat_timeout_s: _Optional[float] = ..., allowed_roots: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_id", "host", "devices", "sampled_at_unix_s")
@@ -475,16 +477,34 @@ class RankStop(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., reason: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class Orders(_message.Message):
-    __slots__ = ("launches", "stops", "sent_at_unix_s", "complete")
+    __slots__ = ("launches", "stops", "sent_at_unix_s", "complete", "wanted")
     LAUNCHES_FIELD_NUMBER: _ClassVar[int]
     STOPS_FIELD_NUMBER: _ClassVar[int]
     SENT_AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    WANTED_FIELD_NUMBER: _ClassVar[int]
     launches: _containers.RepeatedCompositeFieldContainer[RankLaunch]
     stops: _containers.RepeatedCompositeFieldContainer[RankStop]
     sent_at_unix_s: float
     complete: bool
-    def __init__(self, launches: _Optional[_Iterable[_Union[RankLaunch, _Mapping]]] = ..., stops: _Optional[_Iterable[_Union[RankStop, _Mapping]]] = ..., sent_at_unix_s: _Optional[float] = ..., complete: bool = ...) -> None: ...
+    wanted: NodeRanks
+    def __init__(self, launches: _Optional[_Iterable[_Union[RankLaunch, _Mapping]]] = ..., stops: _Optional[_Iterable[_Union[RankStop, _Mapping]]] = ..., sent_at_unix_s: _Optional[float] = ..., complete: bool = ..., wanted: _Optional[_Union[NodeRanks, _Mapping]] = ...) -> None: ...
+
+class NodeRanks(_message.Message):
+    __slots__ = ("ranks",)
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    ranks: _containers.RepeatedCompositeFieldContainer[RankRef]
+    def __init__(self, ranks: _Optional[_Iterable[_Union[RankRef, _Mapping]]] = ...) -> None: ...
+
+class RankRef(_message.Message):
+    __slots__ = ("job_id", "rank", "attempt")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    rank: int
+    attempt: int
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class ReportRankStatusRequest(_message.Message):
     __slots__ = ("node_id", "job_id", "rank", "state", "exit_code", "message", "attempt")
