@@ -220,7 +220,7 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
             private=settings.private_paths,
         )
         jobdirs.check_directories(
-            spec, caller.label, self.service.state.jobs.values(), source_name(req.source_name)
+            spec, caller.label, self.service.state.writers(), source_name(req.source_name)
         )
         priority = req.priority if req.HasField("priority") else spec.priority
         check_priority(priority)

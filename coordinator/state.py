@@ -233,6 +233,9 @@ class ClusterState:
         #: the queued jobs of each owner.
         self._unqueued: dict[str, Job] = {}
         self._queued_of: collections.Counter[str] = collections.Counter()
+        #: The jobs whose spec names a directory they write (``jobdirs.written``): a submission
+        #: compares its directories with these, not with every queued job.
+        self._writers: dict[str, Job] = {}
         #: Each node's devices as placement sees them on a healthy, undrained node with
         #: nothing running, kept until its devices, address or the CPU capacity change
         #: (``device_slots`` copies only the slots that differ); the nodes by name.
@@ -263,6 +266,9 @@ class ClusterState:
         """Jobs are added in submission order (``persist.load`` sorts them): the views
         that show the newest read them backwards."""
         self.jobs[job.id] = job
+        spec = job.spec
+        if (spec.checkpoint is not None and spec.checkpoint.dir) or spec.options.tensorboard:
+            self._writers[job.id] = job
         if job.state == lifecycle.QUEUED:
             bisect.insort(self._queue_keys, job.queue_key())
             self._queued_of[job.owner] += 1
@@ -293,6 +299,11 @@ class ClusterState:
         if job is not None and job.state == lifecycle.QUEUED:
             self.left_queue(job)
         self._unqueued.pop(job_id, None)
+        self._writers.pop(job_id, None)
+
+    def writers(self) -> Iterator[Job]:
+        """The jobs whose spec names a directory they write (checkpoints, TensorBoard)."""
+        return iter(self._writers.values())
 
     def unqueued(self) -> Iterator[Job]:
         """The jobs out of the queue: placed, restarting, attached and finished ones (only
