@@ -5,7 +5,8 @@ logs, export and health, each a thin gRPC client of the coordinator. The daemon'
 Every call carries a deadline (``--timeout``); a failed one becomes the
 ``HeteroError`` its status maps to (``transport.remote_error``), with the
 server's one-line message. Tables come from ``render``, files from
-``export``; ``--json`` prints the reply as JSON instead.
+``export``; ``--json`` prints the reply as JSON instead, in the shape ``apijson``
+gives it (every field, short enum names, integers as numbers).
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
-from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
 
 from hetero.client import export, render
+from hetero.client.apijson import api_dict
 from hetero.core import defaults
 from hetero.core.errors import COORDINATOR_HINT, ConfigError, HeteroError, UnknownNameError
 from hetero.core.jobspec import check_priority, parse_jobspec, read_job_file
@@ -58,7 +59,7 @@ def _call(address: str, fn: Callable[[], T]) -> T:
 
 def _emit(args: argparse.Namespace, message: Message, human: Callable[[Console], None]) -> None:
     if getattr(args, "json", False):
-        print(json.dumps(MessageToDict(message, preserving_proto_field_name=True), indent=2))
+        print(json.dumps(api_dict(message), indent=2))
     else:
         human(Console())
 
@@ -243,12 +244,7 @@ def _logs(args: argparse.Namespace, stub: Any, call: Callable[[Callable[[], Any]
             if args.rank is not None and line.rank != args.rank:
                 continue
             if args.json:
-                entry = MessageToDict(
-                    line,
-                    preserving_proto_field_name=True,
-                    always_print_fields_with_no_presence=True,  # rank 0 is a rank
-                )
-                print(json.dumps(entry))
+                print(json.dumps(api_dict(line)))  # one line each: JSON Lines
             else:
                 text = line.text.rstrip()  # --raw: the bytes as shipped, for a pipe
                 print(f"[rank {line.rank} {line.stream}] {text if args.raw else printable(text)}")
