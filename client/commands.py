@@ -59,11 +59,23 @@ def _call(address: str, fn: Callable[[], T]) -> T:
         raise remote_error(exc, f"the coordinator at {address}", hint=COORDINATOR_HINT) from None
 
 
+#: Columns of a table written to a pipe or a file: so many that no cell is cut ("suc…"
+#: for succeeded defeats a grep), as kubectl prints; a table is only as wide as its
+#: cells. A terminal's own width, or $COLUMNS, still rules.
+PIPE_COLUMNS = 1000
+
+
+def _console() -> Console:
+    if sys.stdout.isatty() or os.environ.get("COLUMNS"):
+        return Console()
+    return Console(width=PIPE_COLUMNS)
+
+
 def _emit(args: argparse.Namespace, message: Message, human: Callable[[Console], None]) -> None:
     if getattr(args, "json", False):
         print(json.dumps(api_dict(message), indent=2))
     else:
-        human(Console())
+        human(_console())
 
 
 def add_commands(sub: argparse._SubParsersAction[Any]) -> None:

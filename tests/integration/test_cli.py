@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
 import subprocess
@@ -124,6 +125,30 @@ def test_every_json_output_has_defaults_short_enum_names_and_integer_numbers(coo
     assert cancelled["state"] == "CANCELLED"
     everything = [dry, submitted, job, listed, nodes, drained, entries, cancelled]
     assert _long_enum_names(everything) == []
+
+
+def test_tables_in_a_pipe_cut_no_cell(coordinator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Issue #34: piped, ``hetero-coord jobs`` was cut to 80 columns: states read "pen…",
+    names "a-ra…", so ``| grep pending`` found nothing."""
+    device = tpb.DeviceProfile(index=0, name="cpu", kind=tpb.DEVICE_KIND_CPU, compute_score=1.0)
+    request = pb.RegisterNodeRequest(name="laptop", address="127.0.0.1", devices=[device])
+    coordinator.stub.RegisterNode(request, timeout=5)
+    named = tmp_path / "job.yaml"
+    long_name = "a-rather-long-job-name-that-says-what-it-trains"
+    named.write_text(DEMO.read_text().replace("name: demo", f"name: {long_name}"))
+    assert _cli("submit", str(named), "--coordinator", coordinator.address).returncode == 0
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    command = [sys.executable, "-m", "hetero.coordinator.cli", "jobs"]
+    jobs = subprocess.run(
+        [*command, "--coordinator", coordinator.address],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
+    assert jobs.returncode == 0, jobs.stderr
+    row = next(line for line in jobs.stdout.splitlines() if long_name in line)
+    assert "pending" in row and "…" not in jobs.stdout, jobs.stdout
 
 
 def test_unknown_ids_and_unreachable_coordinators_are_one_line_errors(coordinator) -> None:  # type: ignore[no-untyped-def]
