@@ -4,10 +4,13 @@ and the stream of the node's orders (``OrderStream``).
 An agent whose state directory (or token file) lies in one of the coordinator's
 allowed roots, where jobs write, refuses to run: registering raises ``ConfigError``.
 The coordinator being down at start or later is never fatal: calls are retried
-with exponential backoff (capped at half the heartbeat timeout, so a restarted
-coordinator hears from every agent before it would call one down), and telemetry
-sampled meanwhile waits in the outbox (``agent.outbox``). A coordinator that
-no longer knows the node (its database was reset) gets a fresh registration.
+with exponential backoff and jitter (capped at half the heartbeat timeout, so a
+restarted coordinator hears from every agent before it would call one down, and
+its agents do not all call in the same instant), and telemetry sampled meanwhile
+waits in the outbox (``agent.outbox``). A coordinator that no longer knows the
+node (its database was reset) gets a fresh registration. One that refuses the
+agent's token is retried the same way, after one line that says which token was
+sent, where it came from and how to give the right one (``refused_token_hint``).
 Orders are pushed: one ``WatchOrders`` stream per agent, on a thread of its own,
 opened again with backoff and jitter whenever it ends.
 """
@@ -19,7 +22,7 @@ import queue
 import random
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import grpc
 
@@ -31,7 +34,14 @@ from hetero.agent.profile import NodeProfile
 from hetero.agent.telemetry import TelemetrySampler
 from hetero.core.errors import UnknownNameError, UnreachableError
 from hetero.core.roots import check_private
-from hetero.security.transport import ClientSecurity, client_channel, is_unreachable, remote_error
+from hetero.security.auth import local_token_path
+from hetero.security.transport import (
+    ClientSecurity,
+    client_channel,
+    is_loopback,
+    is_unreachable,
+    remote_error,
+)
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 
@@ -43,20 +53,43 @@ CALL_TIMEOUT_S = 5.0
 
 @dataclass
 class Backoff:
-    """Exponential retry delay in seconds: ``initial_s`` doubling up to ``max_s``."""
+    """Exponential retry delay in seconds: ``initial_s`` doubling up to ``max_s``
+    (``delay_s``), of which each retry waits a random fraction in [1 - ``jitter``, 1]:
+    never longer than the cap, and agents refused together do not retry together."""
 
     initial_s: float = 0.5
     max_s: float = 30.0
     delay_s: float = 0.0
     failures: int = 0
+    jitter: float = 0.5
+    rng: random.Random = field(default_factory=random.Random)
 
     def failed(self) -> float:
+        """Count a failure; the seconds to wait before the next try."""
         self.failures += 1
         self.delay_s = min(self.max_s, self.initial_s * 2 ** (self.failures - 1))
-        return self.delay_s
+        return self.delay_s * self.rng.uniform(1.0 - self.jitter, 1.0)
 
     def succeeded(self) -> None:
         self.failures, self.delay_s = 0, 0.0
+
+
+def refused_token_hint(coordinator: str, node: str, security: ClientSecurity) -> str:
+    """One line for an agent whose token the coordinator refused (UNAUTHENTICATED): which
+    token it sent and where that came from, and how to give it the right one."""
+    fix = (
+        "give it the coordinator's token (a copy of the coordinator's token file, "
+        f"mode 0600) or node {node}'s own credential (hetero-coord node-token {node} "
+        "--out FILE), as --token-file FILE or token_file: in agent.yaml"
+    )
+    if security.token is None:
+        local = f", nor a readable {local_token_path()}" if is_loopback(coordinator) else ""
+        return (
+            f"coordinator {coordinator} requires a token and this agent has none "
+            f"(no --token-file, $HETERO_TOKEN_FILE or $HETERO_TOKEN{local}): {fix}"
+        )
+    source = security.token_source or "the token given"
+    return f"coordinator {coordinator} refused this agent's token, from {source}: {fix}"
 
 
 class CoordinatorLink:
@@ -76,6 +109,7 @@ class CoordinatorLink:
         self.profile = profile
         self.telemetry = telemetry
         self.outbox = outbox
+        self.security = security
         self.channel = client_channel(config.coordinator, security, options=CHANNEL_OPTIONS)
         self.stub = pb_grpc.CoordinatorStub(self.channel)  # type: ignore[no-untyped-call, unused-ignore]
         #: AgentLocal's address as the node's ranks reach it; set before the first contact.
@@ -85,6 +119,7 @@ class CoordinatorLink:
         self.backoff = Backoff()
         self._next_contact = 0.0
         self._unreachable_logged = False
+        self._refused_logged = False
         self._reregister = False
 
     def update_profile(self, profile: NodeProfile) -> None:
@@ -112,6 +147,9 @@ class CoordinatorLink:
         if self._unreachable_logged:
             log.info("coordinator %s reachable again", self.config.coordinator)
             self._unreachable_logged = False
+        if self._refused_logged:
+            log.info("coordinator %s accepted the token", self.config.coordinator)
+            self._refused_logged = False
         self.backoff.succeeded()
         self._next_contact = time.perf_counter() + self.heartbeat_interval_s
         return True
@@ -136,7 +174,16 @@ class CoordinatorLink:
             return
         delay = self.backoff.failed()
         unreachable = isinstance(error, UnreachableError)
-        if not self._unreachable_logged or not unreachable:
+        if error.status == "UNAUTHENTICATED":
+            if not self._refused_logged:  # once: it will not change until someone fixes it
+                log.warning(
+                    refused_token_hint(
+                        self.config.coordinator, self.config.node_name, self.security
+                    )
+                    + f"; retrying, at most every {self.backoff.max_s:g} s"
+                )
+                self._refused_logged = True
+        elif not self._unreachable_logged or not unreachable:
             log.warning(
                 "coordinator %s: %s (%s); retrying in %.1f s",
                 self.config.coordinator,
@@ -245,5 +292,4 @@ class OrderStream:
                 log.debug("order stream ended (%s)", error)
             finally:
                 self._call = None
-            delay = self.backoff.failed()
-            self._stopping.wait(random.uniform(0.5, 1.0) * delay)
+            self._stopping.wait(self.backoff.failed())

@@ -5,30 +5,33 @@ logs, export and health, each a thin gRPC client of the coordinator. The daemon'
 Every call carries a deadline (``--timeout``); a failed one becomes the
 ``HeteroError`` its status maps to (``transport.remote_error``), with the
 server's one-line message. Tables come from ``render``, files from
-``export``; ``--json`` prints the reply as JSON instead.
+``export``; ``--json`` prints the reply as JSON instead, in the shape ``apijson``
+gives it (every field, short enum names, integers as numbers).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import functools
 import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
-from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
 
 from hetero.client import export, render
+from hetero.client.apijson import api_dict
 from hetero.core import defaults
 from hetero.core.errors import COORDINATOR_HINT, ConfigError, HeteroError, UnknownNameError
+from hetero.core.failure import failed_rank
 from hetero.core.jobspec import check_priority, parse_jobspec, read_job_file
 from hetero.core.states import JobState, job_terminal
 from hetero.core.textsafe import printable
@@ -56,11 +59,23 @@ def _call(address: str, fn: Callable[[], T]) -> T:
         raise remote_error(exc, f"the coordinator at {address}", hint=COORDINATOR_HINT) from None
 
 
+#: Columns of a table written to a pipe or a file: so many that no cell is cut ("suc…"
+#: for succeeded defeats a grep), as kubectl prints; a table is only as wide as its
+#: cells. A terminal's own width, or $COLUMNS, still rules.
+PIPE_COLUMNS = 1000
+
+
+def _console() -> Console:
+    if sys.stdout.isatty() or os.environ.get("COLUMNS"):
+        return Console()
+    return Console(width=PIPE_COLUMNS)
+
+
 def _emit(args: argparse.Namespace, message: Message, human: Callable[[Console], None]) -> None:
     if getattr(args, "json", False):
-        print(json.dumps(MessageToDict(message, preserving_proto_field_name=True), indent=2))
+        print(json.dumps(api_dict(message), indent=2))
     else:
-        human(Console())
+        human(_console())
 
 
 def add_commands(sub: argparse._SubParsersAction[Any]) -> None:
@@ -94,7 +109,8 @@ def add_commands(sub: argparse._SubParsersAction[Any]) -> None:
     submit.add_argument(
         "--wait",
         action="store_true",
-        help="follow the job to its end; exit non-zero unless it succeeds",
+        help="follow the job to its end; exit non-zero unless it succeeds; a rank whose exit "
+        "failed the job has its last 20 output lines printed",
     )
     submit.add_argument(
         "--priority",
@@ -243,12 +259,7 @@ def _logs(args: argparse.Namespace, stub: Any, call: Callable[[Callable[[], Any]
             if args.rank is not None and line.rank != args.rank:
                 continue
             if args.json:
-                entry = MessageToDict(
-                    line,
-                    preserving_proto_field_name=True,
-                    always_print_fields_with_no_presence=True,  # rank 0 is a rank
-                )
-                print(json.dumps(entry))
+                print(json.dumps(api_dict(line)))  # one line each: JSON Lines
             else:
                 text = line.text.rstrip()  # --raw: the bytes as shipped, for a pipe
                 print(f"[rank {line.rank} {line.stream}] {text if args.raw else printable(text)}")
@@ -322,7 +333,8 @@ def _submit(
 def _wait(
     args: argparse.Namespace, stub: Any, call: Callable[[Callable[[], Any]], Any], job_id: str
 ) -> int:
-    """Poll the job until it finishes; print each state change on stderr."""
+    """Poll the job until it finishes; print each state change on stderr and, when a rank
+    failed it, that rank's last ``TAIL_LINES`` output lines."""
     last = None
     while True:
         job = call(lambda: stub.GetJob(pb.GetJobRequest(job_id=job_id), timeout=args.timeout))
@@ -334,7 +346,58 @@ def _wait(
             )
             last = state
         if job_terminal(job.state):
+            rank = failed_rank(job.message) if JobState(job.state) is JobState.FAILED else None
+            if rank is not None:
+                _print_tail(job_id, rank, _rank_tail(args, stub, call, job_id, rank))
             if args.json:
                 _emit(args, job, lambda c: None)
             return 0 if JobState(job.state) is JobState.SUCCEEDED else 1
         time.sleep(WAIT_POLL_S)
+
+
+#: A failed rank's last output lines that ``submit --wait`` prints.
+TAIL_LINES = 20
+#: Seconds between reads of a failed job's output while its last lines still arrive, and
+#: the most spent so: an agent reports a rank's exit, then ships its last lines.
+TAIL_SETTLE_S, TAIL_SETTLE_MAX_S = 0.5, 5.0
+
+
+def _rank_tail(
+    args: argparse.Namespace,
+    stub: Any,
+    call: Callable[[Callable[[], Any]], Any],
+    job_id: str,
+    rank: int,
+) -> list[Any]:
+    """The last ``TAIL_LINES`` lines of ``rank``'s output: read to the end, then again
+    ``TAIL_SETTLE_S`` later until a read brings nothing new (``TAIL_SETTLE_MAX_S`` at
+    most), since an agent ships a rank's last lines after it reports the exit."""
+    tail: collections.deque[Any] = collections.deque(maxlen=TAIL_LINES)
+    after, deadline = 0, time.monotonic() + TAIL_SETTLE_MAX_S
+    waited = arrived = False
+    while True:
+        request = pb.GetJobLogsRequest(job_id=job_id, after_seq=after)
+        resp = call(functools.partial(stub.GetJobLogs, request, timeout=args.timeout))
+        if resp.lines:
+            tail.extend(line for line in resp.lines if line.rank == rank)
+            after, arrived = resp.next_seq, True
+            continue  # more pages may be waiting
+        if (waited and not arrived) or time.monotonic() >= deadline:
+            return list(tail)
+        waited, arrived = True, False
+        time.sleep(TAIL_SETTLE_S)
+
+
+def _print_tail(job_id: str, rank: int, lines: Sequence[Any]) -> None:
+    """The failed rank's last lines on stderr, under a line that says how to see all."""
+    if not lines:
+        print(f"rank {rank} left no output (hetero-coord logs {job_id})", file=sys.stderr)
+        return
+    print(
+        f"last {len(lines)} lines of rank {rank} (all: hetero-coord logs {job_id} --rank {rank}):",
+        file=sys.stderr,
+    )
+    for line in lines:
+        print(
+            f"  [rank {line.rank} {line.stream}] {printable(line.text.rstrip())}", file=sys.stderr
+        )

@@ -4,7 +4,8 @@ Pure formatting over ``JobDetail`` pages (the CLI fetches them). CSV is one
 table per call (``intervals``: one row per interval and rank; ``plans``: one
 row per plan) so it loads straight into pandas or a spreadsheet; JSON holds
 the job, its plans and its intervals together. Units are in the column names;
-an empty CSV cell (JSON null) is a value the trainer did not measure.
+an empty CSV cell (JSON null) is a value the trainer did not measure. States are
+named as ``--json`` names them (``"SUCCEEDED"``: ``apijson``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from hetero.core.states import job_label
+from hetero.client.apijson import enum_short_name
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
 
@@ -127,7 +128,7 @@ def to_json(job: pb.Job, plans: Sequence[tpb.Plan], intervals: Sequence[tpb.Inte
         "job": {
             "id": job.id,
             "name": job.name,
-            "state": job_label(job.state),
+            "state": enum_short_name(pb.JobState.DESCRIPTOR, job.state),
             "policy": job.policy,
             "global_batch": job.global_batch,
             "world_size": job.world_size,

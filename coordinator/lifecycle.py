@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hetero.core.errors import HeteroError
+from hetero.core.failure import rank_exit_cause
 from hetero.core.states import JOB_TERMINAL, RANK_LIVE, JobState, RankState
 
 # The store keeps states by name; the states and their sets are hetero.core.states'.
@@ -77,8 +78,8 @@ def failure_cause(ranks: Sequence[RankStatus]) -> str | None:
     if not failed:
         return None
     first = min(failed, key=lambda r: r.rank)
-    cause = f"rank {first.rank} exited with code {first.exit_code}"
-    return f"{cause} ({first.message})" if first.message else cause
+    assert first.exit_code is not None  # failed ranks have one
+    return rank_exit_cause(first.rank, first.exit_code, first.message)
 
 
 def on_failure(cause: str, restarts: int, max_restarts: int) -> Transition:

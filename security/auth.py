@@ -142,16 +142,27 @@ def load_token(
 ) -> Secret | None:
     """The token from ``path``, else ``$HETERO_TOKEN_FILE``, else ``$HETERO_TOKEN``, else
     the file ``fallback`` if it exists and this user may read it, else None."""
+    return find_token(path, environ, fallback)[0]
+
+
+def find_token(
+    path: Path | None,
+    environ: Mapping[str, str] | None = None,
+    fallback: Path | None = None,
+) -> tuple[Secret | None, str]:
+    """:func:`load_token`'s token and where it came from, said for a person who must fix
+    a refused one ("token file /etc/hetero/token", "$HETERO_TOKEN"; "" for none)."""
     env = os.environ if environ is None else environ
     if path is not None:
-        return read_token_file(path)
+        return read_token_file(path), f"token file {path}"
     if env.get(TOKEN_FILE_ENV):
-        return read_token_file(Path(env[TOKEN_FILE_ENV]))
+        named = Path(env[TOKEN_FILE_ENV])
+        return read_token_file(named), f"${TOKEN_FILE_ENV} ({named})"
     if env.get(TOKEN_ENV):
-        return check_token(env[TOKEN_ENV], f"${TOKEN_ENV}")
+        return check_token(env[TOKEN_ENV], f"${TOKEN_ENV}"), f"${TOKEN_ENV}"
     if fallback is not None and os.access(fallback, os.R_OK):
-        return read_token_file(fallback)
-    return None
+        return read_token_file(fallback), f"the local coordinator's token file {fallback}"
+    return None, ""
 
 
 def local_token_path(state_dir: Path | None = None) -> Path:

@@ -33,6 +33,7 @@ from hetero.security.auth import (
     RoleToken,
     Secret,
     TokenAuthInterceptor,
+    find_token,
     load_token,
     local_token_path,
 )
@@ -154,6 +155,9 @@ class ClientSecurity:
 
     token: Secret | None = None
     tls: TLSFiles = field(default_factory=TLSFiles)
+    #: Where the token came from ("token file /etc/hetero/token", "$HETERO_TOKEN"; "" for
+    #: none or unknown): what a refused daemon tells the operator to fix.
+    token_source: str = ""
 
     @property
     def secured(self) -> bool:
@@ -192,9 +196,8 @@ def client_security(
     tls = TLSFiles(env(tls_cert, "cert"), env(tls_key, "key"), env(tls_ca, "ca"))
     tls.channel_credentials()
     local = address is not None and is_loopback(address)
-    return ClientSecurity(
-        load_token(token_file, fallback=local_token_path() if local else None), tls
-    )
+    token, source = find_token(token_file, fallback=local_token_path() if local else None)
+    return ClientSecurity(token, tls, source)
 
 
 # ---- servers -------------------------------------------------------------------------------

@@ -181,7 +181,7 @@ def test_coordinator_and_two_agent_containers_run_the_demo_job_to_success(demo) 
     demo_s = time.perf_counter() - started
     assert submitted.returncode == 0, submitted.stderr[-2000:]
     job = json.loads(submitted.stdout)
-    assert job["state"] == "JOB_STATE_SUCCEEDED", job.get("message")
+    assert job["state"] == "SUCCEEDED", job.get("message")
     assert {r["node_name"] for r in job["ranks"]} == {"node-a", "node-b"}, "ranks on both agents"
     _figures(demo_job_s=round(demo_s, 1))
     for service in project.services:  # the HEALTHCHECK of each container passes

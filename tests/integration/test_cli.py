@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
@@ -66,9 +68,87 @@ def test_submit_dry_run_then_submit_and_read_back_as_json(coordinator) -> None: 
     jobs = json.loads(_cli("jobs", "--json", "--coordinator", coordinator.address).stdout)
     assert [j["id"] for j in jobs["jobs"]] == [job_id]
     job = json.loads(_cli("job", job_id, "--json", "--coordinator", coordinator.address).stdout)
-    assert job["state"] == "JOB_STATE_PENDING" and job["plan"]["batches"] == [32, 32, 32]
+    assert job["state"] == "PENDING" and job["plan"]["batches"] == [32, 32, 32]
     cancel = _cli("cancel", job_id, "--coordinator", coordinator.address)
     assert cancel.returncode == 0 and "cancelled" in cancel.stdout
+
+
+def _long_enum_names(doc: object) -> list[str]:
+    """Every string in ``doc`` that is an enum value's full proto name."""
+    if isinstance(doc, dict):
+        return [s for v in doc.values() for s in _long_enum_names(v)]
+    if isinstance(doc, list):
+        return [s for v in doc for s in _long_enum_names(v)]
+    prefixes = ("JOB_STATE_", "RANK_STATE_", "DEVICE_KIND_")
+    return [doc] if isinstance(doc, str) and doc.startswith(prefixes) else []
+
+
+def test_every_json_output_has_defaults_short_enum_names_and_integer_numbers(coordinator) -> None:  # type: ignore[no-untyped-def]
+    """Issue #34: ``--json`` dropped zero values (rank 0 had no ``rank``), printed 64-bit
+    integers as strings (``"seq": "1"``) and states as ``JOB_STATE_SUCCEEDED``."""
+    device = tpb.DeviceProfile(index=0, name="cpu", kind=tpb.DEVICE_KIND_CPU, compute_score=1.0)
+    request = pb.RegisterNodeRequest(name="laptop", address="127.0.0.1", devices=[device])
+    coordinator.stub.RegisterNode(request, timeout=5)
+    at = ("--coordinator", coordinator.address)
+
+    def doc(*args: str) -> Any:
+        result = _cli(*args, "--json", *at)
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
+    dry = doc("submit", str(DEMO), "--dry-run")
+    assert dry["job"]["id"] == "" and dry["job"]["state"] == "UNSPECIFIED"
+    submitted = doc("submit", str(DEMO))
+    job_id = submitted["job_id"]
+    job = doc("job", job_id)
+    assert job["state"] == "PENDING" and job["last_step"] == 0 and job["restarts"] == 0
+    assert [r["rank"] for r in job["ranks"]] == [0, 1, 2]
+    assert {r["device_kind"] for r in job["ranks"]} == {"CPU"}
+    assert {r["state"] for r in job["ranks"]} <= {"UNSPECIFIED", "ASSIGNED"}
+    assert job["ranks"][0]["exit_code"] is None and job["live"] is None, "unset is null"
+    assert job["plan"]["version"] == 1 and job["total_steps"] == 300
+    listed = doc("jobs")
+    assert listed["total"] == 1 and listed["next_page_token"] == ""
+    assert listed["jobs"][0]["ranks"][0]["rank"] == 0
+    nodes = doc("nodes")
+    assert nodes["nodes"][0]["devices"][0]["index"] == 0
+    assert nodes["nodes"][0]["devices"][0]["kind"] == "CPU"
+    drained = doc("drain", "laptop")
+    assert drained["draining"] is True
+
+    lines = [pb.LogLine(rank=r, stream="stdout", text=f"hello from {r}") for r in (0, 1)]
+    coordinator.stub.AppendJobLogs(pb.AppendJobLogsRequest(job_id=job_id, lines=lines), timeout=5)
+    logs = _cli("logs", job_id, "--json", *at)
+    entries = [json.loads(x) for x in logs.stdout.splitlines()]
+    assert [(e["rank"], type(e["seq"])) for e in entries] == [(0, int), (1, int)]
+    cancelled = doc("cancel", job_id)
+    assert cancelled["state"] == "CANCELLED"
+    everything = [dry, submitted, job, listed, nodes, drained, entries, cancelled]
+    assert _long_enum_names(everything) == []
+
+
+def test_tables_in_a_pipe_cut_no_cell(coordinator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Issue #34: piped, ``hetero-coord jobs`` was cut to 80 columns: states read "pen…",
+    names "a-ra…", so ``| grep pending`` found nothing."""
+    device = tpb.DeviceProfile(index=0, name="cpu", kind=tpb.DEVICE_KIND_CPU, compute_score=1.0)
+    request = pb.RegisterNodeRequest(name="laptop", address="127.0.0.1", devices=[device])
+    coordinator.stub.RegisterNode(request, timeout=5)
+    named = tmp_path / "job.yaml"
+    long_name = "a-rather-long-job-name-that-says-what-it-trains"
+    named.write_text(DEMO.read_text().replace("name: demo", f"name: {long_name}"))
+    assert _cli("submit", str(named), "--coordinator", coordinator.address).returncode == 0
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    command = [sys.executable, "-m", "hetero.coordinator.cli", "jobs"]
+    jobs = subprocess.run(
+        [*command, "--coordinator", coordinator.address],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
+    assert jobs.returncode == 0, jobs.stderr
+    row = next(line for line in jobs.stdout.splitlines() if long_name in line)
+    assert "pending" in row and "…" not in jobs.stdout, jobs.stdout
 
 
 def test_unknown_ids_and_unreachable_coordinators_are_one_line_errors(coordinator) -> None:  # type: ignore[no-untyped-def]

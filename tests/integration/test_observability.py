@@ -147,5 +147,6 @@ def test_export_writes_intervals_and_plans_as_csv_and_json(
     assert cli.main([*base, "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["job"]["emulated"] and len(doc["intervals"]) == 24 and doc["plans"]
+    assert doc["job"]["state"] == "RUNNING", "named as --json names it"
     assert cli.main(["export", "nope", "--coordinator", coordinator.address]) == 1
     assert "unknown job 'nope'" in capsys.readouterr().err
