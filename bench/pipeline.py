@@ -73,13 +73,13 @@ def _run(
     a: argparse.Namespace, split: Partition, factors: list[float]
 ) -> tuple[float, list[float]]:
     """Median seconds a step and each stage's seconds a microbatch, after a warm-up."""
-    pipe = build(_model(a), split.bounds, a.microbatches, schedule=Schedule(a.schedule))
-    pipe.stage.clock.slowdown = factors[dist.get_rank()]
-    opt = torch.optim.SGD(pipe.stage.parameters(), lr=0.01)
+    pipe = build(_model(a), split.bounds, a.microbatch, schedule=Schedule(a.schedule))
+    pipe.clock.slowdown = factors[dist.get_rank()]
+    opt = torch.optim.SGD(pipe.module.parameters(), lr=0.01)
     steps = []
     for step in range(a.steps + 2):
         if step == 2:
-            pipe.stage.clock.seconds, pipe.stage.clock.passes = 0.0, 0
+            pipe.clock.take()
         dist.barrier()
         start = time.perf_counter()
         opt.zero_grad()
@@ -88,7 +88,8 @@ def _run(
         dist.barrier()
         if step >= 2:
             steps.append(time.perf_counter() - start)
-    mine = pipe.stage.clock.seconds / max(pipe.stage.clock.passes, 1)
+    seconds, _, passes = pipe.clock.take()
+    mine = seconds / max(passes, 1)
     stage_s: list[float] = [0.0] * dist.get_world_size()
     dist.all_gather_object(stage_s, mine)
     return statistics.median(steps), stage_s

@@ -1,5 +1,6 @@
-"""Pipeline stages on Gloo (``hetero.trainer.pipeline``): uneven stages train exactly as
-one process over the same global batch."""
+"""Pipeline stages on Gloo (``hetero.trainer.pipeline``): uneven stages, and replicas of
+them given uneven shares of each global batch, train exactly as one process over the same
+global batch."""
 
 from __future__ import annotations
 
@@ -21,29 +22,48 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.parametrize(
     ("args"),
-    [("0,4,6", "1f1b"), ("0,1,4,6", "1f1b"), ("0,2,3,6", "gpipe"), ("0,1,4,6", "1f1b", "0,4,5,6")],
+    [
+        ("bounds=0,4,6", "schedule=1f1b"),
+        ("bounds=0,1,4,6", "schedule=1f1b"),
+        ("bounds=0,2,3,6", "schedule=gpipe"),
+        ("bounds=0,1,4,6", "schedule=1f1b", "resume=0,4,5,6"),
+        ("bounds=0,4,6", "schedule=1f1b", "shares=6,2"),
+        ("bounds=0,4,6", "schedule=1f1b", "shares=6,2", "resume=0,1,6"),
+    ],
     ids=[
         "2-stages-4+2-1f1b",
         "3-stages-1+3+2-1f1b",
         "3-stages-2+1+3-gpipe",
         "3-stages-1+3+2-resumed-as-4+1+1",
+        "2-replicas-of-6-and-2-samples-x-2-stages-4+2",
+        "2-replicas-x-2-stages-4+2-resumed-as-1+5",
     ],
 )
-def test_uneven_stages_give_one_process_losses_and_parameters(
+def test_uneven_stages_and_replicas_give_one_process_losses_and_parameters(
     run_ranks, tmp_path: Path, args: tuple[str, ...]
 ) -> None:
-    """The last case checkpoints after two steps and resumes the third on another split:
+    """A resumed case checkpoints after two steps and resumes the third on another split:
     the parameters and the SGD momentum move between ranks, and nothing changes."""
-    stages = args[0].count(",")
+    opts = dict(a.split("=", 1) for a in args)
+    stages = opts["bounds"].count(",")
+    shares = [int(s) for s in opts.get("shares", str(worker.GLOBAL_BATCH)).split(",")]
+    ranks_n = stages * len(shares)
     out = tmp_path / "run"
-    run_ranks("pipeline_equivalence.py", stages, str(out), *args)
-    ranks = [torch.load(f"{out}.rank{r}") for r in range(stages)]
+    run_ranks("pipeline_equivalence.py", ranks_n, str(out), *args)
+    ranks = [torch.load(f"{out}.rank{r}") for r in range(ranks_n)]
     losses, params = worker.reference()
-    assert ranks[-1]["losses"] == pytest.approx(losses, rel=1e-5)
-    held = [name for r in ranks for name in r["params"]]
-    # Every parameter is held once, but the tied embedding by the first and last stage.
-    assert sorted(set(held)) == sorted(params)
-    assert held.count("tok_emb.weight") == 2
+    # The global batch's mean loss: each replica's mean weighted by its share.
+    lasts = [ranks[(k + 1) * stages - 1]["losses"] for k in range(len(shares))]
+    got = [
+        sum(b * lasts[k][step] for k, b in enumerate(shares)) / worker.GLOBAL_BATCH
+        for step in range(worker.STEPS)
+    ]
+    assert got == pytest.approx(losses, rel=1e-5)
+    for k in range(len(shares)):
+        held = [name for r in ranks[k * stages : (k + 1) * stages] for name in r["params"]]
+        # Every parameter is held once, but the tied embedding by the first and last stage.
+        assert sorted(set(held)) == sorted(params)
+        assert held.count("tok_emb.weight") == 2
     for r in ranks:
         for name, value in r["params"].items():
             torch.testing.assert_close(value, params[name], rtol=1e-4, atol=1e-5)
