@@ -2,13 +2,15 @@
 or several with uneven shares of each global batch.
 
 Usage: pipeline_equivalence.py OUT_PATH bounds=B0,B1,... schedule=gpipe|1f1b
-       [shares=S0,S1,...] [resume=B0,B1,...]
+       [shares=S0,S1,...] [resume=B0,B1,...] [model=gpt2|user]
 
 ``bounds``: the split (e.g. 0,4,6: two stages of 4 and 2 blocks); ``shares``: each
 replica's samples of every global batch (default: one replica, all of it; ranks =
 stages x replicas); ``resume``: the ranks stop after ``STEPS - 1`` steps, write the
 checkpoint (``torch.distributed.checkpoint``, as a job does), and resume the last step
-on a model cut at these bounds instead.
+on a model cut at these bounds instead; ``model=user``: a model of one's own
+(:class:`Mine`: its own embedding, blocks and output layer tied to the embedding), cut by
+torch's tracer instead of the built-in model's parts.
 
 Every rank trains its stage for ``STEPS`` SGD steps over the same global batches; the
 last stage of each replica saves its replica's step losses, and every rank its stage's
@@ -23,10 +25,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from hetero.core.pipeplan import Layout
 from hetero.core.stages import Schedule
-from hetero.trainer.models.transformer import GPT, BertMLM, build_transformer
+from hetero.trainer.models.transformer import build_transformer
 from hetero.trainer.pipeline import Pipe, build, lm_loss
 from hetero.trainer.shardstate import load_shards, save_shards
 
@@ -37,8 +40,42 @@ SEQ_LEN = 16
 LAYERS = 6
 
 
-def model() -> GPT | BertMLM:
+class Block(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, 2 * d)
+        self.out = nn.Linear(2 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.out(torch.relu(self.fc(self.norm(x))))
+
+
+class Mine(nn.Module):
+    """A user's language model: nothing of hetero's in it."""
+
+    def __init__(self, vocab: int = 256, d: int = 32) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.layers = nn.ModuleList(Block(d) for _ in range(LAYERS))
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids) * 2.0
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(self.norm(h))
+
+
+KIND = "gpt2"
+
+
+def model() -> nn.Module:
     torch.manual_seed(0)
+    if KIND == "user":
+        return Mine()
     return build_transformer("gpt2-tiny", max_seq_len=SEQ_LEN, n_layers=LAYERS)
 
 
@@ -55,8 +92,10 @@ def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids[:, :-1], ids[:, 1:]
 
 
-def reference() -> tuple[list[float], dict[str, torch.Tensor]]:
+def reference(kind: str = "gpt2") -> tuple[list[float], dict[str, torch.Tensor]]:
     """One process over each whole global batch."""
+    global KIND
+    KIND = kind
     m = model()
     opt = optimizer(m.parameters())
     losses = []
@@ -73,6 +112,8 @@ def reference() -> tuple[list[float], dict[str, torch.Tensor]]:
 def main(argv: list[str]) -> None:
     out = argv[0]
     opts = dict(a.split("=", 1) for a in argv[1:])
+    global KIND
+    KIND = opts.get("model", "gpt2")
     bounds = [int(b) for b in opts["bounds"].split(",")]
     shares = [int(s) for s in opts.get("shares", str(GLOBAL_BATCH)).split(",")]
     dist.init_process_group("gloo")
@@ -81,7 +122,8 @@ def main(argv: list[str]) -> None:
     replica = layout.replica_of(dist.get_rank())
     start = sum(shares[:replica])
     schedule = Schedule(opts["schedule"])
-    pipe = build(model(), bounds, MICROBATCH, layout=layout, schedule=schedule)
+    example = batch(0)[0][:MICROBATCH]
+    pipe = build(model(), bounds, MICROBATCH, layout=layout, schedule=schedule, example=example)
     opt = optimizer(pipe.module.parameters())
     losses = []
     for step in range(STEPS):
@@ -112,7 +154,8 @@ def resume(
     """Checkpoint through files, as a job would, and load onto a pipeline cut at ``bounds``."""
     save_shards(path, pipe.module, opt, by_name=True)
     dist.barrier()
-    moved = build(model(), bounds, MICROBATCH, layout=layout, schedule=schedule)
+    example = batch(0)[0][:MICROBATCH]
+    moved = build(model(), bounds, MICROBATCH, layout=layout, schedule=schedule, example=example)
     moved_opt = optimizer(moved.module.parameters())
     load_shards(path, moved.module, moved_opt, by_name=True)
     return moved, moved_opt
