@@ -150,11 +150,20 @@ class Pipe:
     def step(
         self, x: torch.Tensor, target: torch.Tensor, global_batch: int | None = None
     ) -> torch.Tensor | None:
+        """:meth:`forward_backward`, then :meth:`sum_replicas`: the gradients are then one
+        process's over the global batch; the caller steps its optimizer."""
+        loss = self.forward_backward(x, target, global_batch)
+        self.sum_replicas()
+        return loss
+
+    def forward_backward(
+        self, x: torch.Tensor, target: torch.Tensor, global_batch: int | None = None
+    ) -> torch.Tensor | None:
         """Forward and backward of this replica's share, ``x`` and ``target`` (every rank of
         the replica passes the same; each uses what its stage needs), as part of a step of
-        ``global_batch`` samples (default: this share alone). The gradients are then one
-        process's over the global batch (module doc); the caller steps its optimizer. The
-        share's mean loss (detached) on the last stage, None on the others."""
+        ``global_batch`` samples (default: this share alone), the tied copies' gradients
+        summed (module doc). The share's mean loss (detached) on the last stage, None on
+        the others."""
         samples = int(x.shape[0])
         if samples % self.microbatch:
             raise ValueError(f"a share of {samples} samples is no multiple of {self.microbatch}")
@@ -170,7 +179,6 @@ class Pipe:
         else:
             schedule.step()
         self._sum_tied()
-        self._sum_replicas()
         if not losses:
             return None
         return torch.stack([loss.detach() for loss in losses]).mean() / self._weight
@@ -183,8 +191,9 @@ class Pipe:
                 p.grad = torch.zeros_like(p)
             dist.all_reduce(p.grad, group=self.groups.tied[stages])
 
-    def _sum_replicas(self) -> None:
-        """The stage's gradients summed over its replicas, in buckets."""
+    def sum_replicas(self) -> None:
+        """The stage's gradients summed over its replicas, in buckets (the data-parallel
+        all-reduce; nothing with one replica)."""
         if self.groups.grads is None:
             return
         grads = []
