@@ -229,10 +229,12 @@ def load_checkpoint(
         )
     shards = state.get("shards")
     stages = ctx.layout.stages if ctx.layout is not None else 1
-    if (state.get("pipeline", 1) > 1) != (stages > 1):
+    theirs_stages = int(state.get("pipeline", 1))
+    if (theirs_stages > 1) != (stages > 1):
+        how = f"with {theirs_stages} pipeline stages" if theirs_stages > 1 else "without stages"
         raise CheckpointError(
-            f"checkpoint {path} was written with pipeline {state.get('pipeline', 1)}: resume it "
-            f"with pipeline stages{' too' if state.get('pipeline', 1) > 1 else ' none'}"
+            f"checkpoint {path} was written {how}: resume it so (a pipeline's state is keyed "
+            "by its stages' names, data parallelism's by the model's)"
         )
     if shards is not None:
         if not isinstance(shards, str) or "/" in shards or not shards.endswith(".shards"):

@@ -220,6 +220,7 @@ class Context:
         schedule: str = "1f1b",
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
         example: tuple[torch.Tensor, torch.Tensor] | None = None,
+        split: Sequence[int] | None = None,
         **ddp_kwargs: Any,
     ) -> nn.Module:
         """Move ``model`` to this rank's device and wrap it for uneven-batch data parallelism.
@@ -248,7 +249,8 @@ class Context:
         ``microbatch`` (samples, default 4), ``schedule`` (``1f1b`` or ``gpipe``) and
         ``loss_fn`` (default: cross-entropy of logits against ids) need no touching;
         ``example=(x, y)``, a batch, is needed for a model other than the built-in
-        language models (``hetero.trainer.pipeline.wrap``).
+        language models; ``split`` (the blocks' bounds, ``(0, b1, ..., n)``) cuts there
+        instead of where the measured speeds say (``hetero.trainer.pipeline.wrap``).
         """
         stages = self.config.pipeline if pipeline is None else pipeline
         if stages > 1:
@@ -263,6 +265,7 @@ class Context:
                 schedule=schedule,
                 loss_fn=loss_fn,
                 example=example,
+                split=split,
             )
         from hetero.trainer.wrapping import wrap_model
 

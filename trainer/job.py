@@ -5,15 +5,16 @@
 the dataset's real size — under the chosen policy, checkpoints, measures each
 rank alone for the ideal throughput, and (on rank 0) returns the summary
 (``trainer.report``). ``ht.train(**options)`` is the same job from Python.
-A little over the usual ~450 lines as ruff formats it: the job's steps read in
-order, each handing its work to the module named in it.
+Over the usual ~450 lines as ruff formats it: the job's steps read in order, each
+handing its work to the module named in it, for data parallelism and pipeline stages
+alike (``trainer.pipeline``: the stages' step, their re-cut at a checkpoint).
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +142,10 @@ class _Run:
     eval_samples: int = 0
     #: The whole model's parameters (a pipeline stage holds some of them).
     parameters: int = 0
+    #: Seconds the last checkpoint took to write.
+    checkpoint_s: float = 0.0
+    #: A pipeline's re-cuts (``recut``).
+    moves: list[Any] = field(default_factory=list)
 
     @property
     def zero(self) -> bool:
@@ -181,7 +186,27 @@ class _Run:
         if self.zero:
             self.optimizer.consolidate_state_dict(to=0)  # type: ignore[attr-defined]
         identity = RunIdentity.of(self.ctx, spec_hash(self.cfg))
-        return save_checkpoint(path, self.ctx, self.model, self.optimizer, identity=identity)
+        started = time.perf_counter()
+        written = save_checkpoint(path, self.ctx, self.model, self.optimizer, identity=identity)
+        self.checkpoint_s = time.perf_counter() - started
+        return written
+
+    def recut(self, total_steps: int) -> None:
+        """After a pipeline's checkpoint: its stages re-cut if that pays (``recut``)."""
+        from hetero.trainer.pipeline.recut import at_checkpoint
+
+        ctx, cfg = self.ctx, self.cfg
+        moved = at_checkpoint(
+            ctx,
+            cfg,
+            self.built.fresh,
+            lambda m: make_optimizer(cfg, m, ctx.world_size),
+            total_steps=total_steps,
+            checkpoint_s=self.checkpoint_s,
+        )
+        if moved is not None:
+            self.model, self.optimizer, move = moved
+            self.moves.append(move)
 
     def stop(self, checkpointed: bool) -> Stopped:
         """The ranks agreed to stop on SIGTERM after this step: checkpoint it (unless the
@@ -282,12 +307,8 @@ def _announce(run: _Run, total_steps: int) -> None:
     emu = f", EMULATED slowdown {format_slowdowns(ctx.slowdowns)}" if ctx.emulated else ""
     sim = f", SIMULATED {cfg.simulate_nodes} nodes on one device" if cfg.simulate_nodes else ""
     probed = f", memory probe caps {describe(run.probe.caps)}" if run.probe is not None else ""
-    if ctx.pipeline is not None and ctx.layout is not None:
-        split = ctx.pipeline.split
-        probed += (
-            f", pipeline {ctx.layout.stages} stages x {ctx.layout.replicas} replica(s), blocks "
-            f"{split.partition.sizes}, microbatch {ctx.pipeline.pipe.microbatch}"
-        )
+    if ctx.pipeline is not None:
+        probed += f", {ctx.pipeline.describe()}"
     length = f"{cfg.epochs} epochs = {total_steps} steps" if cfg.epochs else f"{total_steps} steps"
     print(
         f"hetero-train: {cfg.model} ({run.built.task.name}) on {cfg.dataset}, {ctx.world_size} "
@@ -327,6 +348,8 @@ def _train(ctx: Context, cfg: JobConfig) -> dict[str, Any] | None:
             periodic = bool(cfg.checkpoint_every) and ctx.global_step % cfg.checkpoint_every == 0
             if periodic:
                 run.checkpoint()
+                if ctx.pipeline is not None and ctx.global_step < total_steps:
+                    run.recut(total_steps)
             if ctx.stopping:
                 raise run.stop(checkpointed=periodic)
             if ctx.global_step >= total_steps:
@@ -458,7 +481,7 @@ def _finish(
         activation_checkpointing=cfg.activation_checkpointing,
         optimizer=type(local_optimizer(run.optimizer)).__name__,
         parameters=run.parameters,
-        pipeline=stages if stages is not None else None,
+        pipeline=stages | {"recuts": [vars(m) for m in run.moves]} if stages is not None else None,
         memory_caps=list(run.monitor.caps) if run.monitor.caps else None,
         memory_caps_text=describe(run.monitor.caps),
         memory_probe=run.probe.as_dicts() if run.probe is not None else None,

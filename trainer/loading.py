@@ -134,7 +134,7 @@ def _open_replicas(
     process, also under an agent: a coordinator plans ranks, not replicas. An epoch's
     short last step is dropped, since a share of it would not be whole microbatches."""
     from hetero.core.pipeplan import microbatch_for
-    from hetero.trainer.pipeline.wrap import MicrobatchPlanner
+    from hetero.trainer.pipeline.replicas import MicrobatchPlanner
 
     assert ctx.pipeline is not None and ctx.layout is not None
     if is_stream(dataset):

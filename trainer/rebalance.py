@@ -172,7 +172,7 @@ def per_plan_entry(ctx: Context, summaries: list[RankSummary]) -> list[RankSumma
     exchange (the planner, the records, the reports) reads these."""
     if ctx.layout is None:
         return summaries
-    from hetero.trainer.pipeline.wrap import replica_summaries
+    from hetero.trainer.pipeline.replicas import replica_summaries
 
     return replica_summaries(summaries, ctx.layout)
 

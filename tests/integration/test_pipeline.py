@@ -78,3 +78,37 @@ def test_uneven_stages_and_replicas_give_one_process_losses_and_parameters(
     for r in ranks:
         for name, value in r["params"].items():
             torch.testing.assert_close(value, params[name], rtol=1e-4, atol=1e-5)
+
+
+_ctx_spec = importlib.util.spec_from_file_location(
+    "pipeline_context_worker", Path(__file__).parent / "workers" / "pipeline_context.py"
+)
+assert _ctx_spec and _ctx_spec.loader
+ctx_worker = importlib.util.module_from_spec(_ctx_spec)
+_ctx_spec.loader.exec_module(ctx_worker)
+
+
+def test_a_training_loop_with_uneven_replicas_recut_at_a_checkpoint_trains_as_one_process(
+    run_ranks, tmp_path: Path
+) -> None:
+    """ctx.wrap(model, pipeline=2) on 4 Gloo ranks: replicas given 12 and 4 samples, the
+    stages re-cut after stage 1 slowed down (EMULATED), the losses and parameters are one
+    process's over the same global batches."""
+    out = tmp_path / "loop"
+    run_ranks("pipeline_context.py", 4, str(out))
+    ranks = [torch.load(f"{out}.rank{r}") for r in range(4)]
+    losses, params = ctx_worker.reference()
+    assert ranks[0]["plan"] == list(ctx_worker.PLAN)
+    # Re-cut: the slowed stage 1 gives blocks to stage 0.
+    before, *after = ranks[0]["splits"]
+    assert before == (0, 3, 6)
+    assert len(after) == 1 and after[0][1] > 3, ranks[0]["moves"]
+    lasts = [ranks[1]["losses"], ranks[3]["losses"]]
+    got = [
+        sum(b * lasts[k][step] for k, b in enumerate(ctx_worker.PLAN)) / ctx_worker.GLOBAL_BATCH
+        for step in range(ctx_worker.STEPS)
+    ]
+    assert got == pytest.approx(losses, rel=1e-5)
+    for r in ranks:
+        for name, value in r["params"].items():
+            torch.testing.assert_close(value, params[name], rtol=1e-4, atol=1e-5)

@@ -264,19 +264,21 @@ def build(
     loss: Loss = lm_loss,
     device: torch.device | None = None,
     example: torch.Tensor | None = None,
+    groups: Groups | None = None,
 ) -> Pipe:
     """This rank's stage of ``model`` split at ``bounds`` (from
     :func:`hetero.core.stages.partition`), in ``layout`` (default: one replica of the
     whole group, a stage a rank), run in microbatches of ``microbatch`` samples under
     ``schedule`` with ``loss`` on the last stage. Every rank calls it (its groups are
-    made collectively); a built-in ``model`` is cut in place."""
+    made collectively, unless ``groups``, those of an earlier split of the model, are
+    given); a built-in ``model`` is cut in place."""
     rank, world = dist.get_rank(), dist.get_world_size()
     layout = layout or Layout(world, world)
     if len(bounds) != layout.stages + 1:
         raise ValueError(f"{len(bounds) - 1} stages' bounds for a pipeline of {layout.stages}")
     device = device or torch.device("cpu")
     part = cut(model, bounds, layout.stage_of(rank), example)
-    groups = make_groups(layout, rank, part.tie_sets)
+    groups = groups or make_groups(layout, rank, part.tie_sets)
     module = part.module.to(device)
     clock = StageClock(device)
     clock.attach(module)

@@ -44,11 +44,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hetero.core.balancer import Decision, History, Horizon
 from hetero.core.errors import ConfigError
 from hetero.core.pipeplan import Layout, microbatch_for, stage_devices
 from hetero.core.stages import Model, Partition, Pipeline, Schedule, partition, stage_cost
-from hetero.trainer.exchange import Planner, RankSummary
+from hetero.trainer.models.recompute import set_recompute
 from hetero.trainer.pipeline.pipe import Pipe, build
 from hetero.trainer.pipeline.profile import profile, speed_probe
 from hetero.trainer.pipeline.stage import Loss, is_builtin, lm_loss
@@ -79,12 +78,24 @@ class PipelineModel(nn.Module):
     the optimizer from this module's parameters) and :meth:`step`. It is not called: a
     pipeline's forward and backward interleave, microbatch by microbatch."""
 
-    def __init__(self, ctx: Context, pipe: Pipe, split: Split) -> None:
+    def __init__(
+        self, ctx: Context, pipe: Pipe, split: Split, example: torch.Tensor | None = None
+    ) -> None:
         super().__init__()
         self.stage = pipe.module
         self.pipe = pipe
         self.split = split
+        #: A microbatch of input the model was traced with (a model of one's own).
+        self.example = example
         self._ctx = ctx
+
+    def describe(self) -> str:
+        """``pipeline 2 stages x 1 replica(s), blocks (20, 16), microbatch 4``."""
+        layout = self.pipe.layout
+        return (
+            f"pipeline {layout.stages} stages x {layout.replicas} replica(s), blocks "
+            f"{self.split.partition.sizes}, microbatch {self.pipe.microbatch}"
+        )
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise ConfigError(
@@ -134,6 +145,9 @@ def wrap_pipeline(
     mu = microbatch_for(job_batch, layout.replicas, wanted) if job_batch else wanted
     x, y = _example(model, example, mu)
     chosen = _choose(ctx, model, layout, x, y, loss_fn or lm_loss, Schedule(schedule), split)
+    if ctx.config.activation_checkpointing == "on" and is_builtin(model):
+        set_recompute(model, True)  # its blocks run through the model's switch (``Stage``)
+    traced = x[: chosen.microbatch].to(ctx.device) if not is_builtin(model) else None
     pipe = build(
         model,
         chosen.partition.bounds,
@@ -142,9 +156,9 @@ def wrap_pipeline(
         schedule=Schedule(schedule),
         loss=loss_fn or lm_loss,
         device=ctx.device,
-        example=x[: chosen.microbatch].to(ctx.device) if not is_builtin(model) else None,
+        example=traced,
     )
-    wrapped = PipelineModel(ctx, pipe, chosen)
+    wrapped = PipelineModel(ctx, pipe, chosen, traced)
     ctx.pipeline = wrapped
     ctx.layout = layout
     return wrapped
@@ -251,49 +265,36 @@ def pipeline_figures(ctx: Context) -> dict[str, Any]:
     }
 
 
-# ---- the planner, one level up ----------------------------------------------------------------
-
-
-def replica_summaries(summaries: Sequence[RankSummary], layout: Layout) -> list[RankSummary]:
-    """Each replica's interval as a rank's: its busiest stage's times (a replica is as fast
-    as its slowest stage), its last stage's samples and loss (every stage draws the
-    replica's samples; the last one computes the loss), the largest peak memory, and the
-    replica as its rank. What the planner, the reports and the gap breakdown read."""
-    out = []
-    for k in range(layout.replicas):
-        mine = [summaries[r] for r in layout.replica_ranks(k)]
-        slowest = max(mine, key=lambda s: s.data_s + s.compute_s + s.optimizer_s)
-        out.append(
-            replace(
-                slowest,
-                rank=k,
-                samples=mine[-1].samples,
-                loss_sum=mine[-1].loss_sum,
-                peak_memory_bytes=max(s.peak_memory_bytes for s in mine),
-                lookahead=max(s.lookahead for s in mine),
-            )
-        )
-    return out
-
-
-@dataclass(frozen=True)
-class MicrobatchPlanner:
-    """A planner over replicas that plans in microbatches of ``microbatch`` samples: the
-    history's and the plan's batches are divided by it on the way in and multiplied on
-    the way out, so every plan gives each replica whole microbatches."""
-
-    inner: Planner
-    microbatch: int
-
-    def decide(
-        self, history: History, current: tuple[int, ...], horizon: Horizon | None = None
-    ) -> Decision:
-        mu = self.microbatch
-        units = tuple(tuple(replace(r, batch=r.batch // mu) for r in iv) for iv in history)
-        d = self.inner.decide(units, tuple(b // mu for b in current), horizon)
-        return replace(d, batches=tuple(b * mu for b in d.batches))
-
-    def close(self, *, failed: bool = False) -> None:
-        close = getattr(self.inner, "close", None)
-        if close is not None:
-            close(failed=failed)
+def recut(ctx: Context, model: nn.Module, bounds: Sequence[int]) -> PipelineModel:
+    """Every rank: a fresh copy of the model (``model``) cut at ``bounds`` in place of the
+    pipeline ``ctx`` runs, with its layout, microbatch, schedule, loss and groups; its
+    parameters are the fresh model's until a checkpoint is loaded into them. The split's
+    predicted stage times are the profile's for the speeds last cut for."""
+    old = ctx.pipeline
+    assert old is not None and ctx.layout is not None
+    p = old.pipe
+    costs, devices = (
+        old.split.model,
+        stage_devices(old.split.speeds, old.split.capacities, ctx.layout),
+    )
+    cfg = Pipeline(4 * ctx.layout.stages, p.microbatch, p.schedule)
+    bounds = tuple(bounds)
+    seconds = [
+        stage_cost(costs, devices, cfg, j, bounds[j], bounds[j + 1]) for j in range(len(devices))
+    ]
+    cut = Partition(bounds, tuple(s for s, _ in seconds), tuple(b for _, b in seconds))
+    example = old.example
+    pipe = build(
+        model,
+        bounds,
+        p.microbatch,
+        layout=ctx.layout,
+        schedule=p.schedule,
+        loss=p.loss or lm_loss,
+        device=ctx.device,
+        example=example,
+        groups=p.groups,
+    )
+    wrapped = PipelineModel(ctx, pipe, replace(old.split, partition=cut), example)
+    ctx.pipeline = wrapped
+    return wrapped
