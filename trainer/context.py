@@ -13,10 +13,12 @@
 
 ``init`` joins the torch.distributed job described by the environment (torchrun,
 ``hetero-train``, or an agent) or runs alone. ``wrap`` puts the model in DDP with the
-exact-weighting comm hook and the timing hooks. ``loader`` yields this rank's share of each
+exact-weighting comm hook and the timing hooks, or with ``pipeline=N`` cuts it into
+pipeline stages (``trainer.pipeline``): a plan's entries are then the pipeline's
+replicas (``dp_rank``, ``dp_size``), not the ranks. ``loader`` yields this rank's share of each
 global batch, of a map-style dataset or of a stream. ``step`` closes the step and, at each
 rebalance boundary, exchanges statistics and applies the next plan on every rank at the
-same step. Slightly over the usual ~450 lines: it is the API's one object, and each of
+same step. Over the usual ~450 lines: it is the API's one object, and each of
 its methods already hands its work to a module of its own (``loading``, ``rebalance``,
 ``bootstrap``, ``intervalhooks``).
 

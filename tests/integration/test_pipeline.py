@@ -112,3 +112,34 @@ def test_a_training_loop_with_uneven_replicas_recut_at_a_checkpoint_trains_as_on
     for r in ranks:
         for name, value in r["params"].items():
             torch.testing.assert_close(value, params[name], rtol=1e-4, atol=1e-5)
+
+
+def test_the_benchmark_writes_its_raw_intervals_and_summary_on_cpu(tmp_path: Path) -> None:
+    """``python -m hetero.bench.pipeline`` on a tiny model, EMULATED: both runs, their
+    predicted and measured stage times, the ratio and the ideal, and the raw records."""
+    import gzip
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "bench"
+    args = ["--model", "gpt2-tiny", "--layers", "4", "--slowdown", "1,2", "--steps", "2"]
+    args += ["--warmup", "1", "--microbatches", "4", "--interval", "1", "--out", str(out)]
+    done = subprocess.run(
+        [sys.executable, "-m", "hetero.bench.pipeline", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines and all(line.startswith("EMULATED") for line in lines[:-1]), done.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["runs"]) == {"even", "speed-sized"}
+    assert summary["runs"]["even"]["blocks"] == [2, 2]
+    assert summary["emulated"] and summary["speed_sized_over_even"] > 0
+    assert summary["pct_of_ideal"] > 0
+    with gzip.open(out / "intervals.jsonl.gz", "rt") as fh:
+        records = [json.loads(line) for line in fh]
+    assert [r["run"] for r in records] == ["even", "even", "speed-sized", "speed-sized"]
+    assert all(len(r["stage_s_per_microbatch"]) == 2 for r in records)
