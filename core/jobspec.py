@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from hetero.core import defaults
 from hetero.core.catalogue import BY_NAME, OPTIONS, Entry, OptionError, TrainingOptions
 from hetero.core.catalogue.kinds import ListKind, PathKind
 from hetero.core.catalogue.limits import MAX_RANKS
+from hetero.core.catalogue.rules import pipeline_model
 from hetero.core.errors import ConfigError
 from hetero.core.roots import path_problem
 from hetero.core.slowdown import MAX_FACTOR
@@ -300,6 +301,8 @@ def parse_jobspec(
         if exc.option not in places and exc.anchor in places:
             raise fields.fail_near(places[exc.anchor][1], key, message) from None
         raise fields.fail(key, message) from None
+    if options.pipeline > 1:
+        resources = _pipelined(top, resources, options)
     spec = JobSpec(
         name=name,
         resources=resources,
@@ -375,6 +378,29 @@ def _resources(top: Fields, *, builtin: bool) -> Resources:
     exclusion = res.boolean("allow_exclusion", builtin)  # off for a script: fewer ranks
     res.finish()
     return Resources(ranks, nodes, allow_cpu, device, allow_exclusion=exclusion)
+
+
+def _pipelined(top: Fields, resources: Resources, options: TrainingOptions) -> Resources:
+    """A pipeline job's model and resources: a language model, ranks a multiple of its
+    stages, and no rank left out (its replicas need every stage): exclusion is off unless
+    asked for, and refused then."""
+    stages = options.pipeline
+    try:
+        pipeline_model(options)
+    except OptionError as exc:
+        raise top.fail("pipeline", exc.detail_for(lambda n: BY_NAME[n].key)) from None
+    if resources.ranks % stages:
+        raise top.fail(
+            "pipeline",
+            f"{stages} stages do not divide resources.ranks {resources.ranks}: each pipeline "
+            f"replica needs all {stages}",
+        )
+    res = top.mapping("resources")
+    if res is not None and res.has("allow_exclusion") and resources.allow_exclusion:
+        raise res.fail(
+            "allow_exclusion", "not with pipeline: a replica's stages need every one of its ranks"
+        )
+    return replace(resources, allow_exclusion=False)
 
 
 def _command(top: Fields) -> tuple[str, ...]:

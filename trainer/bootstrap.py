@@ -54,6 +54,8 @@ class TrainerConfig:
     offload: str = "none"
     #: ``auto`` (per rank, where memory binds), ``on`` or ``off`` (``trainer.activations``).
     activation_checkpointing: str = "auto"
+    #: Pipeline stages ``ctx.wrap`` cuts the model into (1: none; ``trainer.pipeline``).
+    pipeline: int = 1
     #: Seconds a collective may wait for a peer before failing (a dead peer must not
     #: hang the job): ``HETERO_COLLECTIVE_TIMEOUT_S`` under an agent, else 600.
     collective_timeout_s: float = field(default_factory=_collective_timeout_s)
@@ -85,6 +87,7 @@ _CHECKED = (
     "shard",
     "offload",
     "activation_checkpointing",
+    "pipeline",
 )
 
 

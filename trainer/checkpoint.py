@@ -32,6 +32,11 @@ it resumes onto any number of ranks, sharded or not. A checkpoint of an
 unsharded run does not resume a sharded one (its optimizer state is keyed by
 parameter index, not by name): refused with one line.
 
+**Pipeline stages** (``pipeline``) are saved the same way, every rank its stage, keyed by
+the whole model's names (the optimizer's hyperparameters too): the checkpoint resumes onto
+another split of the blocks, or another number of replicas, and the file records the
+split it was written under (``split``). It resumes a pipelined run only.
+
 **A checkpoint belongs to one run.** It records its :class:`RunIdentity`: the
 coordinator's job id (``HETERO_JOB_ID``; none outside a coordinator) and a
 spec hash, the SHA-256 of the training options that define what is trained
@@ -153,13 +158,14 @@ def save_checkpoint(
         gathered: list[Any] = [None] * ctx.world_size
         dist.all_gather_object(gathered, rng[0])
         rng = gathered
-    shards = shards_dir(path, ctx.global_step) if ctx.shard != "none" else None
+    by_name = ctx.pipeline is not None
+    shards = shards_dir(path, ctx.global_step) if ctx.shard != "none" or by_name else None
     if shards is not None:
         if ctx.rank == 0:
             ensure_dir(path.parent)  # the shards are written by path, by every rank
             shutil.rmtree(shards, ignore_errors=True)  # a save of this step that crashed
         ctx.barrier()
-        save_shards(shards, model, optimizer)
+        save_shards(shards, model, optimizer, by_name=by_name)
     if ctx.rank == 0:
         loader = ctx._require_loader()
         state = {
@@ -167,6 +173,9 @@ def save_checkpoint(
             "job_id": identity.job_id,
             "spec_hash": identity.spec_hash,
             "world_size": ctx.world_size,
+            # Pipeline stages, and their split: a plan is the replicas' then.
+            "pipeline": ctx.layout.stages if ctx.layout is not None else 1,
+            "split": list(ctx.pipeline.pipe.bounds) if ctx.pipeline is not None else None,
             "global_step": ctx.global_step,
             "model": _unwrap(model).state_dict() if shards is None else None,
             "optimizer": optimizer.state_dict()
@@ -219,10 +228,18 @@ def load_checkpoint(
             "(give each job its own checkpoint.dir)"
         )
     shards = state.get("shards")
+    stages = ctx.layout.stages if ctx.layout is not None else 1
+    theirs_stages = int(state.get("pipeline", 1))
+    if (theirs_stages > 1) != (stages > 1):
+        how = f"with {theirs_stages} pipeline stages" if theirs_stages > 1 else "without stages"
+        raise CheckpointError(
+            f"checkpoint {path} was written {how}: resume it so (a pipeline's state is keyed "
+            "by its stages' names, data parallelism's by the model's)"
+        )
     if shards is not None:
         if not isinstance(shards, str) or "/" in shards or not shards.endswith(".shards"):
             raise CheckpointError(f"checkpoint {path} names no shard directory beside it")
-        load_shards(path.with_name(shards), model, optimizer)
+        load_shards(path.with_name(shards), model, optimizer, by_name=stages > 1)
     elif ctx.shard != "none":
         raise CheckpointError(
             f"checkpoint {path} was written without shard: resume it with shard none"
@@ -232,7 +249,7 @@ def load_checkpoint(
         if optimizer is not None and state["optimizer"] is not None:
             optimizer.load_state_dict(state["optimizer"])
     loader = ctx._require_loader()
-    same_world = state["world_size"] == ctx.world_size
+    same_world = state["world_size"] == ctx.world_size and state.get("pipeline", 1) == stages
     loader.load_state_dict(state["loader"], plans=same_world)
     ctx.global_step = int(state["global_step"])
     ctx.stats_from_step = ctx.global_step + ctx.config.warmup_steps

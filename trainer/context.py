@@ -13,10 +13,12 @@
 
 ``init`` joins the torch.distributed job described by the environment (torchrun,
 ``hetero-train``, or an agent) or runs alone. ``wrap`` puts the model in DDP with the
-exact-weighting comm hook and the timing hooks. ``loader`` yields this rank's share of each
+exact-weighting comm hook and the timing hooks, or with ``pipeline=N`` cuts it into
+pipeline stages (``trainer.pipeline``): a plan's entries are then the pipeline's
+replicas (``dp_rank``, ``dp_size``), not the ranks. ``loader`` yields this rank's share of each
 global batch, of a map-style dataset or of a stream. ``step`` closes the step and, at each
 rebalance boundary, exchanges statistics and applies the next plan on every rank at the
-same step. Slightly over the usual ~450 lines: it is the API's one object, and each of
+same step. Over the usual ~450 lines: it is the API's one object, and each of
 its methods already hands its work to a module of its own (``loading``, ``rebalance``,
 ``bootstrap``, ``intervalhooks``).
 
@@ -32,7 +34,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import torch
 import torch.distributed as dist
@@ -41,8 +43,10 @@ from torch.utils.data import Dataset
 
 from hetero.core import replan
 from hetero.core.balancer import DeviceProfile, Interval
+from hetero.core.catalogue import BY_NAME
 from hetero.core.errors import ConfigError
 from hetero.core.gap import Solo
+from hetero.core.pipeplan import Layout
 from hetero.core.rankenv import JobTerms, RankEnv, term
 from hetero.trainer import procgroup
 from hetero.trainer.activations import RecomputeChoice
@@ -69,6 +73,9 @@ from hetero.trainer.rebalance import IntervalTotals, PlanRecord, rebalance, rech
 from hetero.trainer.streamloader import StreamLoader
 from hetero.trainer.tensorboard import TensorBoardWriter, require_tensorboard
 from hetero.trainer.timing import PhaseHooks, StepClock, StepTimes
+
+if TYPE_CHECKING:
+    from hetero.trainer.pipeline.wrap import PipelineModel
 
 __all__ = ["Context", "HeteroLoader", "PlanRecord", "StreamLoader", "TrainerConfig"]
 
@@ -131,6 +138,10 @@ class Context:
         self._ddp = False
         #: ``grad_op`` or ``full`` once :meth:`wrap` sharded the model with FSDP2.
         self.shard = "none"
+        #: The model :meth:`wrap` cut into pipeline stages, and its ranks' layout (None:
+        #: data parallel alone). The plans are then the replicas' (``dp_rank``).
+        self.pipeline: PipelineModel | None = None
+        self.layout: Layout | None = None
         #: Which ranks recompute activations in backward, and why (``trainer.activations``).
         self.recompute = RecomputeChoice(
             config.activation_checkpointing,
@@ -178,6 +189,16 @@ class Context:
         return self._stop is not None and self._stop.agreed
 
     @property
+    def dp_rank(self) -> int:
+        """This rank's entry in a plan: its rank, or its pipeline replica."""
+        return self.rank if self.layout is None else self.layout.replica_of(self.rank)
+
+    @property
+    def dp_size(self) -> int:
+        """Entries in a plan: the ranks, or the pipeline replicas."""
+        return self.world_size if self.layout is None else self.layout.replicas
+
+    @property
     def slowdown(self) -> Slowdown | None:
         return self.slowdowns.get(self.rank)
 
@@ -196,6 +217,12 @@ class Context:
         offload: str | None = None,
         param_dtype: torch.dtype | None = None,
         activation_checkpointing: str | bool | None = None,
+        pipeline: int | None = None,
+        microbatch: int | None = None,
+        schedule: str = "1f1b",
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        example: tuple[torch.Tensor, torch.Tensor] | None = None,
+        split: Sequence[int] | None = None,
         **ddp_kwargs: Any,
     ) -> nn.Module:
         """Move ``model`` to this rank's device and wrap it for uneven-batch data parallelism.
@@ -215,7 +242,33 @@ class Context:
         gets its repeated blocks one, ``trainer.models.repeated``); ``auto`` lets
         :meth:`probe_memory` turn it on for a rank whose memory binds
         (``trainer.activations``). Build the optimizer from the returned model.
+
+        ``pipeline`` (default: ``init``'s, 1) > 1 cuts the model into that many stages, one
+        a rank, sized to each rank's measured speed and memory; the ranks make replicas of
+        the pipeline, which the plans give uneven shares of each global batch. Call it
+        before :meth:`loader`; the returned module is this rank's stage: train it with
+        ``loss = model.step(x, y)`` in place of forward and :meth:`backward`.
+        ``microbatch`` (samples, default 4), ``schedule`` (``1f1b`` or ``gpipe``) and
+        ``loss_fn`` (default: cross-entropy of logits against ids) need no touching;
+        ``example=(x, y)``, a batch, is needed for a model other than the built-in
+        language models; ``split`` (the blocks' bounds, ``(0, b1, ..., n)``) cuts there
+        instead of where the measured speeds say (``hetero.trainer.pipeline.wrap``).
         """
+        stages = self.config.pipeline if pipeline is None else pipeline
+        if stages > 1:
+            from hetero.trainer.pipeline.wrap import wrap_pipeline
+
+            BY_NAME["pipeline"].check(stages)
+            return wrap_pipeline(
+                self,
+                model,
+                stages,
+                microbatch=microbatch,
+                schedule=schedule,
+                loss_fn=loss_fn,
+                example=example,
+                split=split,
+            )
         from hetero.trainer.wrapping import wrap_model
 
         return wrap_model(
@@ -310,7 +363,7 @@ class Context:
 
     def _begin_step(self, sizes: tuple[int, ...]) -> None:
         self._step_sizes = sizes
-        self.weighting.scale = sizes[self.rank] / sum(sizes)
+        self.weighting.scale = sizes[self.dp_rank] / sum(sizes)
 
     # -- the step ---------------------------------------------------------------------
     def backward(self, loss: torch.Tensor) -> None:
@@ -322,6 +375,8 @@ class Context:
         ``loss.backward()`` itself still gets exact gradients for models
         without cross-rank layers: the hook applies ``b_i/B`` instead.
         """
+        if self.pipeline is not None:
+            raise ConfigError("a pipeline stage runs its backward in model.step(x, y)")
         self._last_loss = loss.detach()
         sizes = self._step_sizes
         share = sizes[self.rank] / sum(sizes) if sizes else 1.0
@@ -335,7 +390,7 @@ class Context:
         """Close the step (after ``optimizer.step()``); at a boundary, rebalance."""
         if not self._step_sizes:
             raise ConfigError("ctx.step() called before a batch was drawn from ctx.loader()")
-        mine = self._step_sizes[self.rank]
+        mine = self._step_sizes[self.dp_rank]
         if mine != self._last_batch:
             # The first batch size of a run (or of a resumed one) is no plan change.
             self._batch_switched = self._last_batch >= 0

@@ -183,13 +183,16 @@ def broadcast_plan(
     comm: str | None,
     world_size: int,
     device: torch.device,
+    *,
+    entries: int | None = None,
 ) -> tuple[bool, int, int, tuple[int, ...], int, str]:
     """Rank 0's ``(changed, version, apply_at_step, plan, recheck_steps)`` and comm mode
-    on every rank (``decision`` and ``comm`` are read on rank 0 only)."""
+    on every rank (``decision`` and ``comm`` are read on rank 0 only); the plan has
+    ``entries`` batches (default one a rank; pipeline replicas: one a replica)."""
     if world_size == 1:
         assert decision is not None and comm is not None
         return (*decision, comm)
-    buf = torch.zeros(5 + world_size, dtype=torch.int64, device=device)
+    buf = torch.zeros(5 + (entries or world_size), dtype=torch.int64, device=device)
     if decision is not None and comm is not None:
         changed, version, apply_at, plan, recheck = decision
         buf[0], buf[1], buf[2], buf[3] = int(changed), version, apply_at, mode_code(comm)

@@ -5,15 +5,16 @@
 the dataset's real size — under the chosen policy, checkpoints, measures each
 rank alone for the ideal throughput, and (on rank 0) returns the summary
 (``trainer.report``). ``ht.train(**options)`` is the same job from Python.
-A little over the usual ~450 lines as ruff formats it: the job's steps read in
-order, each handing its work to the module named in it.
+Over the usual ~450 lines as ruff formats it: the job's steps read in order, each
+handing its work to the module named in it, for data parallelism and pipeline stages
+alike (``trainer.pipeline``: the stages' step, their re-cut at a checkpoint).
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ from hetero.trainer.memory import MemoryMonitor, describe, parse_max_batch
 from hetero.trainer.memprobe import ProbeResult
 from hetero.trainer.models.recompute import recomputing, set_recompute
 from hetero.trainer.oom import OomGuard
+from hetero.trainer.pipeline.wrap import pipeline_figures
 from hetero.trainer.precision import Autocast, autocast, grad_scaler
 from hetero.trainer.runsummary import gap_fields
 from hetero.trainer.sharding import full_weights
@@ -138,6 +140,12 @@ class _Run:
     probe: ProbeResult | None = None
     #: Samples each evaluation scores (``eval_samples``, else proportionate to the run).
     eval_samples: int = 0
+    #: The whole model's parameters (a pipeline stage holds some of them).
+    parameters: int = 0
+    #: Seconds the last checkpoint took to write.
+    checkpoint_s: float = 0.0
+    #: A pipeline's re-cuts (``recut``).
+    moves: list[Any] = field(default_factory=list)
 
     @property
     def zero(self) -> bool:
@@ -151,8 +159,15 @@ class _Run:
         with autocast(self.ctx.device, self.cfg.amp):
             return self.built.task.loss(self.model(x), y)
 
-    def compute(self, batch: Any) -> torch.Tensor:
-        """Forward, loss and backward on this rank's share of the step."""
+    def compute(self, batch: Any) -> torch.Tensor | None:
+        """Forward, loss and backward on this rank's share of the step (a pipeline stage's:
+        its replica's share, the loss on the last stage alone)."""
+        if self.ctx.pipeline is not None:
+            return self.ctx.pipeline.step(*batch)
+        return self.data_parallel(batch)
+
+    def data_parallel(self, batch: Any) -> torch.Tensor:
+        """Forward, loss and backward of data parallelism alone."""
         loss = self.loss(batch)
         self.ctx.backward(self.scaler.scale(loss) if self.scaler is not None else loss)
         return loss
@@ -171,7 +186,27 @@ class _Run:
         if self.zero:
             self.optimizer.consolidate_state_dict(to=0)  # type: ignore[attr-defined]
         identity = RunIdentity.of(self.ctx, spec_hash(self.cfg))
-        return save_checkpoint(path, self.ctx, self.model, self.optimizer, identity=identity)
+        started = time.perf_counter()
+        written = save_checkpoint(path, self.ctx, self.model, self.optimizer, identity=identity)
+        self.checkpoint_s = time.perf_counter() - started
+        return written
+
+    def recut(self, total_steps: int) -> None:
+        """After a pipeline's checkpoint: its stages re-cut if that pays (``recut``)."""
+        from hetero.trainer.pipeline.recut import at_checkpoint
+
+        ctx, cfg = self.ctx, self.cfg
+        moved = at_checkpoint(
+            ctx,
+            cfg,
+            self.built.fresh,
+            lambda m: make_optimizer(cfg, m, ctx.world_size),
+            total_steps=total_steps,
+            checkpoint_s=self.checkpoint_s,
+        )
+        if moved is not None:
+            self.model, self.optimizer, move = moved
+            self.moves.append(move)
 
     def stop(self, checkpointed: bool) -> Stopped:
         """The ranks agreed to stop on SIGTERM after this step: checkpoint it (unless the
@@ -195,19 +230,30 @@ def _setup(ctx: Context, cfg: JobConfig) -> tuple[_Run, float | None]:
     if caps is not None:
         ctx.set_max_batch(caps)
     built = build(cfg)
+    parameters = sum(p.numel() for p in built.model.parameters())
     layout = memory_format(cfg)
     built.model = built.model.to(memory_format=layout)
     # Sharded in bf16: gather and compute in bf16, keep the shards and the reduction in fp32.
     param_dtype = torch.bfloat16 if cfg.amp == "bf16" and cfg.shard != "none" else None
-    model = ctx.wrap(built.model, sync_batchnorm=cfg.sync_batchnorm, param_dtype=param_dtype)
+    if cfg.pipeline > 1:  # this rank's stage (the catalogue's rules: a language model)
+        model = ctx.wrap(built.model, pipeline=cfg.pipeline, loss_fn=built.task.loss)
+    else:
+        model = ctx.wrap(built.model, sync_batchnorm=cfg.sync_batchnorm, param_dtype=param_dtype)
     optimizer = make_optimizer(cfg, model, ctx.world_size)
     global_batch = cfg.global_batch_for(ctx.world_size)
     loader = ctx.loader(built.dataset, global_batch, seed=cfg.seed, num_workers=cfg.num_workers)
     assert isinstance(loader, HeteroLoader)  # the built-in datasets are map-style
     if cfg.resume:
         _resume(ctx, cfg, model, optimizer)
+    # Memory caps and the probe size ranks' batches; a pipeline's shares are whole
+    # microbatches, each sized when the stages were cut to fit (``core.stages``).
+    pipelined = ctx.pipeline is not None
     monitor = MemoryMonitor(
-        ctx, margin=cfg.memory_margin, configured=caps, fraction=fraction, measure=cfg.memory_caps
+        ctx,
+        margin=cfg.memory_margin,
+        configured=caps,
+        fraction=fraction,
+        measure=cfg.memory_caps and not pipelined,
     )
     guard = OomGuard(ctx, model, monitor) if cfg.oom_retry else None
     run = _Run(
@@ -221,8 +267,9 @@ def _setup(ctx: Context, cfg: JobConfig) -> tuple[_Run, float | None]:
         grad_scaler(ctx.device, cfg.amp),
         monitor,
         guard,
+        parameters=parameters,
     )
-    if cfg.memory_probe and cfg.memory_caps:
+    if cfg.memory_probe and cfg.memory_caps and not pipelined:
         # Before the first step: the first plan must already fit every rank's memory.
         # Under activation_checkpointing auto it also decides which ranks recompute.
         run.probe = probe_choosing(
@@ -260,6 +307,8 @@ def _announce(run: _Run, total_steps: int) -> None:
     emu = f", EMULATED slowdown {format_slowdowns(ctx.slowdowns)}" if ctx.emulated else ""
     sim = f", SIMULATED {cfg.simulate_nodes} nodes on one device" if cfg.simulate_nodes else ""
     probed = f", memory probe caps {describe(run.probe.caps)}" if run.probe is not None else ""
+    if ctx.pipeline is not None:
+        probed += f", {ctx.pipeline.describe()}"
     length = f"{cfg.epochs} epochs = {total_steps} steps" if cfg.epochs else f"{total_steps} steps"
     print(
         f"hetero-train: {cfg.model} ({run.built.task.name}) on {cfg.dataset}, {ctx.world_size} "
@@ -284,8 +333,9 @@ def _train(ctx: Context, cfg: JobConfig) -> dict[str, Any] | None:
         ctx.stop_on_sigterm()  # SIGTERM: finish the step, checkpoint it, exit 143
     while ctx.global_step < total_steps:
         for batch in run.loader:
+            loss: torch.Tensor | None
             if run.guard is not None:
-                batch, loss = run.guard.run(batch, run.compute)
+                batch, loss = run.guard.run(batch, run.data_parallel)
             else:
                 loss = run.compute(batch)
             run.optimizer_step()
@@ -298,6 +348,8 @@ def _train(ctx: Context, cfg: JobConfig) -> dict[str, Any] | None:
             periodic = bool(cfg.checkpoint_every) and ctx.global_step % cfg.checkpoint_every == 0
             if periodic:
                 run.checkpoint()
+                if ctx.pipeline is not None and ctx.global_step < total_steps:
+                    run.recut(total_steps)
             if ctx.stopping:
                 raise run.stop(checkpointed=periodic)
             if ctx.global_step >= total_steps:
@@ -346,7 +398,7 @@ def _ideal(run: _Run) -> tuple[list[Solo], list[float]]:
     ctx, cfg, built = run.ctx, run.cfg, run.built
     solos: list[Solo] = []
     side_by_side: list[float] = []
-    if cfg.ideal_steps <= 0:
+    if cfg.ideal_steps <= 0 or ctx.pipeline is not None:  # a stage alone trains nothing
         return solos, side_by_side
 
     report.measuring_ideal(ctx, cfg)
@@ -407,6 +459,7 @@ def _finish(
                 {"step": ctx.global_step, "time_s": time.time(), "metrics": metrics}
             )
     final_plan = ctx.plan
+    stages = pipeline_figures(ctx) if ctx.pipeline is not None else None  # collective
     solos, side_by_side = _ideal(run)
     if ctx.rank != 0:
         return None
@@ -427,12 +480,13 @@ def _finish(
         offload=cfg.offload,
         activation_checkpointing=cfg.activation_checkpointing,
         optimizer=type(local_optimizer(run.optimizer)).__name__,
-        parameters=sum(p.numel() for p in built.model.parameters()),
+        parameters=run.parameters,
+        pipeline=stages | {"recuts": [vars(m) for m in run.moves]} if stages is not None else None,
         memory_caps=list(run.monitor.caps) if run.monitor.caps else None,
         memory_caps_text=describe(run.monitor.caps),
         memory_probe=run.probe.as_dicts() if run.probe is not None else None,
         per_rank_peak_memory_bytes=[
-            max(iv[r].peak_memory_bytes for iv in ctx.summaries) for r in range(ctx.world_size)
+            max(iv[r].peak_memory_bytes for iv in ctx.summaries) for r in range(ctx.dp_size)
         ]
         if ctx.summaries
         else None,

@@ -171,8 +171,9 @@ class HeteroLoader:
         epoch, step_in_epoch, _ = self._consumed
         step_in_epoch -= 1
         sizes = s.cut(tuple(plan), step_in_epoch)
-        start = step_in_epoch * s.global_batch + sum(sizes[: self.ctx.rank])
-        indices = s._permutation(epoch)[start : start + sizes[self.ctx.rank]]
+        mine = self.ctx.dp_rank
+        start = step_in_epoch * s.global_batch + sum(sizes[:mine])
+        indices = s._permutation(epoch)[start : start + sizes[mine]]
         self.ctx._begin_step(sizes)
         return to_device(self._fetch(indices), self.ctx.device)
 

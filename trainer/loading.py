@@ -55,6 +55,17 @@ def open_loader(
 ) -> Loader:
     """The loader of ``dataset`` for ``ctx``, its first plan recorded in ``ctx.plans`` and
     the planner set up if none was (module doc). ``split`` applies to streams only."""
+    if ctx.pipeline is not None:
+        return _open_replicas(
+            ctx,
+            dataset,
+            global_batch,
+            seed=seed,
+            num_workers=num_workers,
+            prefetch_factor=prefetch_factor,
+            pin_memory=pin_memory,
+            collate_fn=collate_fn,
+        )
     if global_batch < ctx.config.min_batch * ctx.world_size:
         given = "ctx.loader: global_batch"
         raise ConfigError(too_small(given, global_batch, ctx.world_size, ctx.config.min_batch))
@@ -94,6 +105,65 @@ def open_loader(
         seed=seed,
         min_batch=ctx.config.min_batch,
         drop_last=drop_last,
+    )
+    return HeteroLoader(
+        ctx,
+        dataset,  # type: ignore[arg-type]
+        sampler,
+        num_workers=num_workers,
+        prefetch_factor=prefetch_factor,
+        pin_memory=pin_memory,
+        collate_fn=collate_fn,
+    )
+
+
+def _open_replicas(
+    ctx: Context,
+    dataset: Dataset[Any] | Iterable[Any],
+    global_batch: int,
+    *,
+    seed: int,
+    num_workers: int,
+    prefetch_factor: int,
+    pin_memory: bool,
+    collate_fn: Callable[[Any], Any] | None,
+) -> Loader:
+    """The loader of a pipelined model (``ctx.wrap(model, pipeline=N)``): every stage of a
+    replica draws the replica's share, and the plans are the replicas', in whole
+    microbatches (``trainer.pipeline.wrap``). The policy plans the replicas inside this
+    process, also under an agent: a coordinator plans ranks, not replicas. An epoch's
+    short last step is dropped, since a share of it would not be whole microbatches."""
+    from hetero.core.pipeplan import microbatch_for
+    from hetero.trainer.pipeline.replicas import MicrobatchPlanner
+
+    assert ctx.pipeline is not None and ctx.layout is not None
+    if is_stream(dataset):
+        raise ConfigError("ctx.loader: a pipelined model reads a map-style dataset, not a stream")
+    pipe, replicas = ctx.pipeline.pipe, ctx.layout.replicas
+    pipe.microbatch = mu = microbatch_for(global_batch, replicas, pipe.microbatch)
+    constraints = Constraints(global_batch // mu, replicas, 1, None)
+    policy = make_policy(ctx.config.policy)
+    profiles = None
+    if ctx.profiles is not None:  # a replica is as fast as its slowest stage's device
+        profiles = [
+            min(
+                (ctx.profiles[r] for r in ctx.layout.replica_ranks(k)),
+                key=lambda p: p.compute_score,
+            )
+            for k in range(replicas)
+        ]
+    initial = tuple(b * mu for b in policy.initial(constraints, profiles))
+    if ctx.planner is None:
+        ctx.planner = MicrobatchPlanner(EmbeddedPlanner(policy, constraints, profiles), mu)
+    reason = f"initial ({policy.name}, {replicas} replicas of {ctx.layout.stages} stages)"
+    ctx.plans = [PlanRecord(0, 0, initial, reason)]
+    sampler = UnevenBatchSampler(
+        len(dataset),  # type: ignore[arg-type]
+        initial,
+        ctx.dp_rank,
+        seed=seed,
+        min_batch=mu,
+        drop_last=True,
     )
     return HeteroLoader(
         ctx,

@@ -141,6 +141,7 @@ def rank_figures(s: RankSummary) -> dict[str, Any]:
 def interval_record(
     ctx: Context,
     summaries: list[RankSummary],
+    mine: RankSummary,
     wall_s: float,
     changed: bool,
     plan: tuple[int, ...],
@@ -148,8 +149,9 @@ def interval_record(
     reason: str,
     gpu: GpuReading | None = None,
 ) -> dict[str, Any]:
-    """One metrics record: this rank's interval and the job's, as rank ``ctx.rank`` saw
-    them at the boundary ending step ``ctx.global_step``. ``gpu``: this rank's GPU
+    """One metrics record: this rank's interval (``mine``) and the job's (``summaries``, one
+    a plan entry: a rank, or a pipeline replica), as rank ``ctx.rank`` saw them at the
+    boundary ending step ``ctx.global_step``. ``gpu``: this rank's GPU
     utilisation and memory in use over the interval, per cent (``trainer.gpustats``);
     None, or a field of it None, is ``null``: no GPU, or NVML cannot say. The caller
     adds ``comm`` and ``comm_reason``."""
@@ -162,7 +164,7 @@ def interval_record(
         "interval_wall_s": wall_s,
         "samples_per_s": total_samples / wall_s if wall_s > 0 else 0.0,
         "loss": total_loss / total_samples if total_samples else None,
-        **rank_figures(summaries[ctx.rank]),
+        **rank_figures(mine),
         "gpu_util_percent": gpu.util_percent if gpu is not None else None,
         "gpu_memory_percent": gpu.memory_percent if gpu is not None else None,
         "plan": list(ctx._step_sizes),  # the plan that ran in this interval

@@ -21,6 +21,7 @@ from pathlib import Path
 from hetero.core import catalogue
 from hetero.core.balancer import Constraints
 from hetero.core.catalogue import TrainingOptions
+from hetero.core.catalogue.rules import pipeline_model
 from hetero.core.errors import ConfigError, PlanError
 from hetero.core.slowdown import parse_slowdowns
 from hetero.trainer import safefile
@@ -32,8 +33,10 @@ def check(cfg: TrainingOptions, world_size: int) -> None:
     check_data_dir(cfg)
     check_write_dirs(cfg)
     global_batch = cfg.global_batch_for(world_size)
+    if cfg.pipeline > 1:
+        _pipeline_fits(cfg, world_size, global_batch)
     least = cfg.min_batch * world_size
-    if global_batch < least:
+    if global_batch < least and cfg.pipeline == 1:
         given = "--global-batch" if cfg.global_batch is not None else "the global batch"
         raise ConfigError(too_small(given, global_batch, world_size, cfg.min_batch))
     if cfg.max_batch:
@@ -41,6 +44,22 @@ def check(cfg: TrainingOptions, world_size: int) -> None:
     beyond = sorted(r for r in parse_slowdowns(cfg.emulate_slowdown) if r >= world_size)
     if beyond:
         raise ConfigError(f"--emulate-slowdown names rank {beyond[0]} of a {world_size}-rank job")
+
+
+def _pipeline_fits(cfg: TrainingOptions, world_size: int, global_batch: int) -> None:
+    """``--pipeline N``: a language model, ``N`` stages dividing the ranks, and a global batch
+    of at least a sample for each replica."""
+    pipeline_model(cfg)
+    if world_size % cfg.pipeline:
+        raise ConfigError(
+            f"--pipeline {cfg.pipeline} does not divide {world_size} ranks: each pipeline "
+            f"replica needs all {cfg.pipeline} stages"
+        )
+    replicas = world_size // cfg.pipeline
+    if global_batch < replicas:
+        raise ConfigError(
+            f"the global batch {global_batch} is smaller than {replicas} pipeline replicas"
+        )
 
 
 def too_small(given: str, global_batch: int, world_size: int, min_batch: int) -> str:

@@ -80,6 +80,7 @@ def rebalance(ctx: Context) -> None:
         summaries = all_gather_summaries(mine, ctx.world_size, ctx.device)
     except RuntimeError as exc:
         raise DistributedError(f"stats exchange at step {ctx.global_step} failed: {exc}") from None
+    summaries = per_plan_entry(ctx, summaries)
     wall_s = time.perf_counter() - ctx._interval.started_s
     ran = ctx.comm_mode
     # Under comm="auto" only deferred intervals are planned from: in overlap a rank's
@@ -97,7 +98,7 @@ def rebalance(ctx: Context) -> None:
         comm, comm_reason = next_comm(ctx, summaries, decision[0], settled)
     try:
         changed, version, apply_at, plan, recheck, comm = broadcast_plan(
-            decision, comm or None, ctx.world_size, ctx.device
+            decision, comm or None, ctx.world_size, ctx.device, entries=ctx.dp_size
         )
     except RuntimeError as exc:
         raise DistributedError(f"plan broadcast at step {ctx.global_step} failed: {exc}") from None
@@ -113,7 +114,7 @@ def rebalance(ctx: Context) -> None:
     ctx.interval_walls.append(wall_s)
     ctx.interval_comm.append(ran)
     gpu = ctx.gpu.take() if ctx.gpu is not None else None
-    record = interval_record(ctx, summaries, wall_s, changed, plan, apply_at, reason, gpu)
+    record = interval_record(ctx, summaries, mine, wall_s, changed, plan, apply_at, reason, gpu)
     record.update(comm=ran, comm_reason=comm_reason if ctx.rank == 0 else None)
     ctx.metrics.write(record)
     if len(ctx.summaries) == 1:
@@ -138,20 +139,21 @@ def recheck(ctx: Context) -> None:
         summaries = all_gather_summaries(mine, ctx.world_size, ctx.device)
     except RuntimeError as exc:
         raise DistributedError(f"stats exchange at step {ctx.global_step} failed: {exc}") from None
-    planned = all(s.steps > 0 for s in summaries) and (
+    summaries = per_plan_entry(ctx, summaries)
+    measured = all(s.steps > 0 for s in summaries) and (
         ctx.comm_choice != AUTO or ctx.comm_mode != OVERLAP
     )
-    if planned:
+    if measured:
         ctx.history.append(tuple(s.to_interval() for s in summaries))
     decision: PlanDecision | None = None
     reason = ""
     if ctx.rank == 0:
         depth = max(s.lookahead for s in summaries)
-        decision, reason, _ = decide(ctx, ctx.plan, depth) if planned else _keep(ctx)
+        decision, reason, _ = decide(ctx, ctx.plan, depth) if measured else _keep(ctx)
         decision = (*decision[:4], 0)  # one re-check per move on a new speed
     try:
         changed, version, apply_at, plan, _, _ = broadcast_plan(
-            decision, ctx.comm_mode or DEFERRED, ctx.world_size, ctx.device
+            decision, ctx.comm_mode or DEFERRED, ctx.world_size, ctx.device, entries=ctx.dp_size
         )
     except RuntimeError as exc:
         raise DistributedError(f"plan broadcast at step {ctx.global_step} failed: {exc}") from None
@@ -159,9 +161,20 @@ def recheck(ctx: Context) -> None:
         loader.sampler.set_plan(plan, apply_at)
         ctx.plans.append(PlanRecord(version, apply_at, plan, f"re-check: {reason}"))
         log.info("step %d: re-check moved the plan to %s (%s)", ctx.global_step, plan, reason)
-    elif planned:
+    elif measured:
         ctx.history.pop()
     ctx.clock.restart()
+
+
+def per_plan_entry(ctx: Context, summaries: list[RankSummary]) -> list[RankSummary]:
+    """The interval as the plan's entries ran it: each rank's, or under pipeline stages
+    each replica's (``trainer.pipeline.wrap.replica_summaries``). Everything after the
+    exchange (the planner, the records, the reports) reads these."""
+    if ctx.layout is None:
+        return summaries
+    from hetero.trainer.pipeline.replicas import replica_summaries
+
+    return replica_summaries(summaries, ctx.layout)
 
 
 def _keep(ctx: Context) -> tuple[PlanDecision, str, bool]:
@@ -187,7 +200,7 @@ def summarize(ctx: Context, times: list[StepTimes], *, reset_peak: bool = True) 
     again).
     """
     valid = [t for t in times if t.step >= ctx.stats_from_step]
-    current = ctx._step_sizes[ctx.rank]
+    current = ctx._step_sizes[ctx.dp_rank]
     sel = [t for t in valid if t.batch == current]
     settle_end = ctx._batch_since + ctx.config.settle_steps
     settled = [t for t in sel if t.step >= settle_end]
@@ -278,7 +291,7 @@ def _first_size_s(ctx: Context, times: list[StepTimes], settled: list[StepTimes]
     0.17-0.20 s against 22-40 ms, where the prior of one step let two moves cost a
     neighbour's whole 100-step phase. Input wait is left out: the loader's first
     batches wait for its workers to start, once, at no plan change."""
-    current = ctx._step_sizes[ctx.rank]
+    current = ctx._step_sizes[ctx.dp_rank]
     warm = [t for t in times if t.step < ctx.stats_from_step and t.batch == current]
     if not warm or not settled:
         return None

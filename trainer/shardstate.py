@@ -29,7 +29,11 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
@@ -91,9 +95,23 @@ def shards_dir(path: Path, step: int) -> Path:
     return path.with_name(f"{path.name}.step{step}.shards")
 
 
-def save_shards(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
-    """Collective: every rank writes its shards of model and optimizer into ``directory``."""
-    model_sd, optim_sd = get_state_dict(model, optimizer if optimizer is not None else [])
+def save_shards(
+    directory: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    *,
+    by_name: bool = False,
+) -> None:
+    """Collective: every rank writes its shards of model and optimizer into ``directory``.
+    ``by_name``: the optimizer's hyperparameters too are kept per parameter name
+    (``flatten_optimizer_state_dict``), for ranks that hold different parameters (pipeline
+    stages): each rank's param groups name only its own parameters, so saved as groups
+    they would not load onto another split."""
+    model_sd, optim_sd = get_state_dict(
+        model,
+        optimizer if optimizer is not None else [],
+        options=StateDictOptions(flatten_optimizer_state_dict=by_name),
+    )
     try:
         dcp_save(
             {"model": model_sd, "optimizer": optim_sd},
@@ -105,9 +123,15 @@ def save_shards(directory: Path, model: nn.Module, optimizer: torch.optim.Optimi
         ) from None
 
 
-def load_shards(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+def load_shards(
+    directory: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    *,
+    by_name: bool = False,
+) -> None:
     """Collective: load ``directory``'s shards into ``model`` and ``optimizer``, resharded
-    for this run's ranks."""
+    for this run's ranks (``by_name`` as it was saved: :func:`save_shards`)."""
     if not directory.is_dir():
         raise CheckpointError(f"checkpoint shards {directory} do not exist")
     optimizers: torch.optim.Optimizer | list[torch.optim.Optimizer] = (
@@ -117,7 +141,8 @@ def load_shards(directory: Path, model: nn.Module, optimizer: torch.optim.Optimi
     # Read (and vet) the metadata first: inside dcp's load a refusal comes back wrapped,
     # after DCP has logged a traceback and tried per-rank metadata files.
     reader.read_metadata()
-    model_sd, optim_sd = get_state_dict(model, optimizers)
+    options = StateDictOptions(flatten_optimizer_state_dict=by_name)
+    model_sd, optim_sd = get_state_dict(model, optimizers, options=options)
     state: dict[str, Any] = {"model": model_sd, "optimizer": optim_sd}
     try:
         dcp_load(state, storage_reader=reader)
@@ -132,6 +157,7 @@ def load_shards(directory: Path, model: nn.Module, optimizer: torch.optim.Optimi
         optimizers,
         model_state_dict=state["model"],
         optim_state_dict=state["optimizer"] if optimizer is not None else {},
+        options=options,
     )
 
 

@@ -41,7 +41,8 @@ def init(
     ``hetero-train``'s flags and job.yaml's keys): ``min_batch``, ``max_batch``,
     ``emulate_slowdown``, ``output_dir``, ``device``, ``backend``, ``warmup_steps``,
     ``settle_steps``, ``history_intervals``, ``collective_timeout_s``,
-    ``compute_scores``, ``gpu_profiles``, ``comm``, ``shard``, ``offload``, ``tensorboard``
+    ``compute_scores``, ``gpu_profiles``, ``comm``, ``shard``, ``offload``, ``pipeline``
+    (the stages ``ctx.wrap`` cuts the model into), ``tensorboard``
     (a directory: rank 0 writes every interval's figures there, ``trainer.tensorboard``). A
     bad one is a ``ConfigError`` naming it.
 

@@ -22,6 +22,7 @@ class Resolved:
         model: str
         global_batch: int | None
         eval_samples: int | None
+        pipeline: int
         batch_size: int | None
         steps: int | None
         epochs: int | None
@@ -45,6 +46,8 @@ class Resolved:
         two-step smoke test is not held up scoring 512 samples of a large model."""
         if self.eval_samples is not None:
             return self.eval_samples
+        if self.pipeline > 1:  # rank 0 holds the first stage alone: nothing to score with
+            return 0
         return min(limits.DEFAULT_EVAL_SAMPLES, max(trained_samples, 1))
 
     def steps_for(self, steps_per_epoch: int) -> int:

@@ -26,6 +26,7 @@ def check_rules(o: TrainingOptions) -> None:
     _exclusive(o)
     _workload(o)
     _sharding(o)
+    _pipeline(o)
     _outputs(o)
     if o.simulate_nodes == 1:
         raise OptionError("simulate_nodes", "needs at least 2 nodes")
@@ -99,6 +100,48 @@ def _sharding(o: TrainingOptions) -> None:
     if o.oom_retry:
         raise OptionError(
             "oom_retry", f"retries a step of replicated DDP, not of {ref('shard')} (FSDP2)"
+        )
+
+
+#: What a pipeline (``pipeline`` > 1) does not combine with, and why.
+_NOT_WITH_PIPELINE = (
+    ("shard", "none", "shards every layer over the ranks; pipeline stages split the layers"),
+    ("zero", False, "shards the optimizer state of replicated data parallelism"),
+    ("oom_retry", False, "retries a step of replicated data parallelism"),
+    ("sync_batchnorm", False, "is for the image models, which are not cut into stages"),
+    ("comm", "auto", "schedules DDP's all-reduce; a stage sums its gradients after its schedule"),
+    ("amp", "none", "autocast is not applied inside the stages yet"),
+    ("max_batch", None, "caps each rank's batch; a replica's share is planned in microbatches"),
+    ("simulate_nodes", 0, "shares one device; a pipeline's stages need a device each"),
+    ("eval_every", None, "evaluates on rank 0, which holds the first stage alone"),
+)
+
+
+def pipeline_model(o: TrainingOptions) -> None:
+    """A built-in job's pipeline cuts a built-in language model (gpt2-*, bert-*). Not among
+    :func:`check_rules`: ``ht.init``'s options hold no model (a training loop's own model
+    is checked when ``ctx.wrap`` cuts it); the job's entry points call it."""
+    m = model(o.model)
+    if o.pipeline > 1 and m.kind != "text":
+        raise OptionError(
+            "pipeline",
+            f"cuts the built-in language models (gpt2-*, bert-*) at their blocks, not {m.name}",
+        )
+
+
+def _pipeline(o: TrainingOptions) -> None:
+    """What pipeline stages (``pipeline`` > 1) combine with: none of the data-parallel
+    path's own devices."""
+    if o.pipeline == 1:
+        return
+    for name, plain, why in _NOT_WITH_PIPELINE:
+        if getattr(o, name) != plain:
+            raise OptionError(name, f"not with {ref('pipeline')}: {ref(name)} {why}")
+    if o.eval_samples:
+        raise OptionError(
+            "eval_samples",
+            f"not with {ref('pipeline')}: evaluation runs on rank 0, which holds the first "
+            "stage alone",
         )
 
 

@@ -208,6 +208,15 @@ class TrainingOptions(Resolved):
         "memory",
         init=True,
     )
+    pipeline: int = opt(
+        1,
+        Int(1, limits.MAX_RANKS, "stages"),
+        "cut the model into this many pipeline stages, each rank a stage, the blocks sized "
+        "to each rank's measured speed and memory; the ranks make replicas of the pipeline, "
+        "which get uneven shares of the global batch (docs/models.md); 1: none",
+        "memory",
+        init=True,
+    )
     activation_checkpointing: str = opt(
         "auto",
         Switch(),

@@ -192,3 +192,49 @@ def test_resume_auto_without_a_checkpoint_yet_starts_from_step_zero(hetero_train
     )
     assert proc.returncode == 0, proc.stderr
     assert (out / "checkpoints" / "last.pt").is_file()
+
+
+def test_a_pipeline_job_of_two_replicas_resumes_with_the_losses_of_an_uninterrupted_run(
+    hetero_train, tmp_path: Path
+):
+    """--pipeline 2 on 4 ranks: 2 replicas of 2 stages, a checkpoint every 8 steps (each a
+    chance to re-cut the stages), resumed after 8: the loss is the uninterrupted run's."""
+    common = [
+        "--model",
+        "gpt2-tiny",
+        "--seq-len",
+        "16",
+        "--num-samples",
+        "512",
+        "--quiet",
+        "--nproc",
+        "4",
+        "--pipeline",
+        "2",
+        "--global-batch",
+        "16",
+        "--rebalance-interval",
+        "4",
+        "--policy",
+        "equal",
+        "--checkpoint-interval",
+        "8",
+    ]
+    full, part = tmp_path / "full", tmp_path / "part"
+    summary = tmp_path / "summary.json"
+    a = hetero_train(
+        *common, "--steps", "16", "--output-dir", str(full), "--summary-json", str(summary)
+    )
+    assert a.returncode == 0, a.stderr
+    pipeline = json.loads(summary.read_text())["pipeline"]
+    assert (pipeline["stages"], pipeline["replicas"], pipeline["blocks"]) == (2, 2, [1, 1])
+    assert all(s is not None and s > 0 for s in pipeline["measured_stage_s"])
+    b = hetero_train(*common, "--steps", "8", "--output-dir", str(part))
+    assert b.returncode == 0, b.stderr
+    c = hetero_train(*common, "--steps", "16", "--output-dir", str(part), "--resume", "auto")
+    assert c.returncode == 0, c.stderr
+    ref = {r["step"]: r["loss"] for r in read_metrics(full / "metrics" / "rank0.jsonl")}
+    got = {r["step"]: r["loss"] for r in read_metrics(part / "metrics" / "rank0.jsonl")}
+    assert sorted(got) == [4, 8, 12, 16]
+    for step in (12, 16):
+        assert got[step] == pytest.approx(ref[step], rel=1e-5), step

@@ -52,6 +52,7 @@ SAMPLES: dict[str, tuple[Any, dict[str, Any]]] = {
     "channels_last": (True, {}),
     "zero": (True, {}),
     "shard": ("full", {}),
+    "pipeline": (2, {"model": "gpt2-tiny"}),
     "offload": ("params", {"shard": "grad_op"}),
     "activation_checkpointing": ("on", {"model": "resnet18"}),
     "sync_batchnorm": (True, {}),
@@ -305,6 +306,44 @@ def test_sharding_refuses_what_fsdp2_cannot_do_in_one_line(
         _cli(*_flags(given))
     assert "\n" not in str(info.value)
     _cli("--shard", "full", "--offload", "params", "--amp", "bf16")  # what it can do
+
+
+@pytest.mark.parametrize(
+    ("given", "refused"),
+    [
+        ({"pipeline": 2, "shard": "full"}, r"^--shard: not with --pipeline: --shard shards every"),
+        ({"pipeline": 2, "zero": True}, r"^--zero: not with --pipeline"),
+        ({"pipeline": 2, "comm": "overlap"}, r"^--comm: not with --pipeline"),
+        ({"pipeline": 2, "amp": "bf16"}, r"^--amp: not with --pipeline"),
+        ({"pipeline": 2, "max_batch": "8"}, r"^--max-batch: not with --pipeline"),
+        ({"pipeline": 2, "eval_samples": 64}, r"^--eval-samples: not with --pipeline"),
+    ],
+)
+def test_a_pipeline_refuses_what_its_stages_cannot_do_in_one_line(
+    given: dict[str, Any], refused: str
+) -> None:
+    with pytest.raises(ConfigError, match=refused) as info:
+        _cli(*_flags({"model": "gpt2-tiny", **given}))
+    assert "\n" not in str(info.value)
+    assert _cli("--model", "bert-tiny", "--pipeline", "2").eval_samples_for(100) == 0
+
+
+def test_a_pipeline_job_cuts_a_language_model_over_ranks_its_stages_divide() -> None:
+    spec = parse_jobspec("name: x\nmodel: gpt2-tiny\npipeline: 2\nresources: {ranks: 4}\n")
+    assert spec.options.pipeline == 2
+    assert not spec.resources.allow_exclusion  # a replica needs every one of its stages
+    for text, refused in [
+        ("model: resnet18\npipeline: 2\nresources: {ranks: 2}", r":3: pipeline: cuts the built-in"),
+        ("model: gpt2-tiny\npipeline: 3\nresources: {ranks: 4}", r":3: pipeline: 3 stages do not"),
+        (
+            "model: gpt2-tiny\npipeline: 2\nresources: {ranks: 2, allow_exclusion: true}",
+            r"resources\.allow_exclusion: not with pipeline",
+        ),
+    ]:
+        with pytest.raises(ConfigError, match=refused):
+            parse_jobspec(f"name: x\n{text}\n")
+    # ht.init takes it for a loop's own model: no built-in model to check.
+    assert init_keywords({"pipeline": 2}) == {"pipeline": 2}
 
 
 # ---- the origin documents' flags ---------------------------------------------------------

@@ -110,6 +110,7 @@ ENTRY_POINTS = {
     "hetero.core.balancer": (*HEAVY, "hetero.v1", "hetero.bench"),
     # The pipeline partitioner: the trainer embeds it, as it does the balancer.
     "hetero.core.stages": (*HEAVY, "hetero.v1", "hetero.bench", "hetero.trainer"),
+    "hetero.core.pipeplan": (*HEAVY, "hetero.v1", "hetero.bench", "hetero.trainer"),
 }
 
 

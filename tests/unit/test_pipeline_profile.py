@@ -50,3 +50,44 @@ def test_a_profiled_model_splits_toward_the_faster_device() -> None:
     # one (how many depends on the head's and the tail's measured share).
     assert fast_first.sizes[0] > fast_last.sizes[0]
     assert fast_first.sizes[0] > fast_first.sizes[1]
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.fc(x))
+
+
+class _Mine(torch.nn.Module):
+    """A user's model: embedding, 5 blocks, an output layer tied to the embedding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(64, 16)
+        self.layers = torch.nn.ModuleList(_Block(16) for _ in range(5))
+        self.head = torch.nn.Linear(16, 64, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(h)
+
+
+def test_a_users_model_is_profiled_through_its_own_forward() -> None:
+    torch.manual_seed(0)
+    model = _Mine()
+    ids = torch.randint(0, 64, (2, 9))
+    got = profile(model, ids[:, :-1], ids[:, 1:], repeats=1)
+    assert len(got.blocks) == 5
+    assert all(b.seconds > 0 and b.activation_bytes > 0 for b in got.blocks)
+    block_state = sum(p.numel() for p in model.layers[0].parameters()) * STATE_BYTES_PER_PARAM
+    assert got.blocks[0].state_bytes == block_state
+    # The embedding runs before the first block, the tied output layer after the last.
+    emb = model.embed.weight.numel() * STATE_BYTES_PER_PARAM
+    assert got.head.state_bytes == emb and got.tail.state_bytes == emb
+    assert got.head.seconds > 0 and got.tail.seconds >= 0

@@ -23,6 +23,9 @@ FAST = ["--num-samples", "64", "--global-batch", "8", "--steps", "4", "--ideal-s
         (["--memory-fraction", "2"], "must be in (0, 1]"),
         (["--max-batch", "4,4"], "2 caps for 1 ranks"),
         (["--memory-margin", "1.5"], "--memory-margin"),
+        (["--pipeline", "2", "--nproc", "3"], "--pipeline 2 does not divide 3 ranks"),
+        (["--model", "debug", "--dataset", "synthetic", "--pipeline", "2"], "cuts the built-in"),
+        (["--pipeline", "2", "--shard", "full"], "--shard: not with --pipeline"),
     ],
 )
 def test_bad_input_is_a_one_line_error(capsys, args: list[str], message: str):

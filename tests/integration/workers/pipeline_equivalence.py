@@ -1,37 +1,81 @@
-"""Rank worker: a gpt2-tiny of 6 blocks as one pipeline stage a rank, cut unevenly.
+"""Rank worker: a gpt2-tiny of 6 blocks as pipeline stages, cut unevenly, in one replica
+or several with uneven shares of each global batch.
 
-Usage: pipeline_equivalence.py OUT_PATH BOUNDS SCHEDULE [RESUME_BOUNDS]   (BOUNDS: e.g.
-0,4,6; SCHEDULE: gpipe | 1f1b)
+Usage: pipeline_equivalence.py OUT_PATH bounds=B0,B1,... schedule=gpipe|1f1b
+       [shares=S0,S1,...] [resume=B0,B1,...] [model=gpt2|user]
 
-With ``RESUME_BOUNDS`` the ranks stop after ``STEPS - 1`` steps, write their shares of the
-checkpoint, and resume the last step on a model cut at ``RESUME_BOUNDS`` instead.
+``bounds``: the split (e.g. 0,4,6: two stages of 4 and 2 blocks); ``shares``: each
+replica's samples of every global batch (default: one replica, all of it; ranks =
+stages x replicas); ``resume``: the ranks stop after ``STEPS - 1`` steps, write the
+checkpoint (``torch.distributed.checkpoint``, as a job does), and resume the last step
+on a model cut at these bounds instead; ``model=user``: a model of one's own
+(:class:`Mine`: its own embedding, blocks and output layer tied to the embedding), cut by
+torch's tracer instead of the built-in model's parts.
 
 Every rank trains its stage for ``STEPS`` SGD steps over the same global batches; the
-last stage saves the step losses, and every rank its stage's parameters under the
-model's own names, to ``OUT_PATH.rank<r>``.
+last stage of each replica saves its replica's step losses, and every rank its stage's
+parameters under the model's own names, to ``OUT_PATH.rank<r>``.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
+from hetero.core.pipeplan import Layout
 from hetero.core.stages import Schedule
-from hetero.trainer.models.transformer import GPT, BertMLM, build_transformer
-from hetero.trainer.pipeline import Pipe, build, lm_loss, load_stage_state, stage_state
+from hetero.trainer.models.transformer import build_transformer
+from hetero.trainer.pipeline import Pipe, build, lm_loss
+from hetero.trainer.shardstate import load_shards, save_shards
 
 STEPS = 3
 GLOBAL_BATCH = 8
-MICROBATCHES = 4
+MICROBATCH = 2
 SEQ_LEN = 16
 LAYERS = 6
 
 
-def model() -> GPT | BertMLM:
+class Block(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, 2 * d)
+        self.out = nn.Linear(2 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.out(torch.relu(self.fc(self.norm(x))))
+
+
+class Mine(nn.Module):
+    """A user's language model: nothing of hetero's in it."""
+
+    def __init__(self, vocab: int = 256, d: int = 32) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.layers = nn.ModuleList(Block(d) for _ in range(LAYERS))
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids) * 2.0
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(self.norm(h))
+
+
+KIND = "gpt2"
+
+
+def model() -> nn.Module:
     torch.manual_seed(0)
+    if KIND == "user":
+        return Mine()
     return build_transformer("gpt2-tiny", max_seq_len=SEQ_LEN, n_layers=LAYERS)
 
 
@@ -48,8 +92,10 @@ def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids[:, :-1], ids[:, 1:]
 
 
-def reference() -> tuple[list[float], dict[str, torch.Tensor]]:
+def reference(kind: str = "gpt2") -> tuple[list[float], dict[str, torch.Tensor]]:
     """One process over each whole global batch."""
+    global KIND
+    KIND = kind
     m = model()
     opt = optimizer(m.parameters())
     losses = []
@@ -64,34 +110,54 @@ def reference() -> tuple[list[float], dict[str, torch.Tensor]]:
 
 
 def main(argv: list[str]) -> None:
-    out, bounds, schedule = argv[0], [int(b) for b in argv[1].split(",")], Schedule(argv[2])
+    out = argv[0]
+    opts = dict(a.split("=", 1) for a in argv[1:])
+    global KIND
+    KIND = opts.get("model", "gpt2")
+    bounds = [int(b) for b in opts["bounds"].split(",")]
+    shares = [int(s) for s in opts.get("shares", str(GLOBAL_BATCH)).split(",")]
     dist.init_process_group("gloo")
-    pipe = build(model(), bounds, MICROBATCHES, schedule=schedule)
-    opt = optimizer(pipe.stage.parameters())
+    layout = Layout(len(bounds) - 1, dist.get_world_size())
+    assert layout.replicas == len(shares) and sum(shares) == GLOBAL_BATCH
+    replica = layout.replica_of(dist.get_rank())
+    start = sum(shares[:replica])
+    schedule = Schedule(opts["schedule"])
+    example = batch(0)[0][:MICROBATCH]
+    pipe = build(model(), bounds, MICROBATCH, layout=layout, schedule=schedule, example=example)
+    opt = optimizer(pipe.module.parameters())
     losses = []
     for step in range(STEPS):
-        if step == STEPS - 1 and len(argv) > 3:
-            pipe, opt = resume(f"{out}.share", pipe, opt, [int(b) for b in argv[3].split(",")])
+        if step == STEPS - 1 and "resume" in opts:
+            resumed = [int(b) for b in opts["resume"].split(",")]
+            pipe, opt = resume(Path(f"{out}.shards"), pipe, opt, resumed, layout, schedule)
+        x, y = batch(step)
         opt.zero_grad()
-        loss = pipe.step(*batch(step))
+        loss = pipe.step(
+            x[start : start + shares[replica]], y[start : start + shares[replica]], GLOBAL_BATCH
+        )
         opt.step()
         if loss is not None:
-            losses.append(loss)
-    params = {k.removeprefix("model."): v.detach() for k, v in pipe.stage.state_dict().items()}
+            losses.append(float(loss))
+    params = {k.removeprefix("model."): v.detach() for k, v in pipe.module.state_dict().items()}
     torch.save({"losses": losses, "params": params}, f"{out}.rank{dist.get_rank()}")
     dist.destroy_process_group()
 
 
 def resume(
-    path: str, pipe: Pipe, opt: torch.optim.Optimizer, bounds: list[int]
+    path: Path,
+    pipe: Pipe,
+    opt: torch.optim.Optimizer,
+    bounds: list[int],
+    layout: Layout,
+    schedule: Schedule,
 ) -> tuple[Pipe, torch.optim.Optimizer]:
     """Checkpoint through files, as a job would, and load onto a pipeline cut at ``bounds``."""
-    torch.save(stage_state(pipe, opt), f"{path}{dist.get_rank()}")
+    save_shards(path, pipe.module, opt, by_name=True)
     dist.barrier()
-    shares = [torch.load(f"{path}{r}") for r in range(dist.get_world_size())]
-    moved = build(model(), bounds, MICROBATCHES, schedule=Schedule.ONE_F_ONE_B)
-    moved_opt = optimizer(moved.stage.parameters())
-    load_stage_state(moved, moved_opt, shares)
+    example = batch(0)[0][:MICROBATCH]
+    moved = build(model(), bounds, MICROBATCH, layout=layout, schedule=schedule, example=example)
+    moved_opt = optimizer(moved.module.parameters())
+    load_shards(path, moved.module, moved_opt, by_name=True)
     return moved, moved_opt
 
 
