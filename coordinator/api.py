@@ -35,7 +35,6 @@ from hetero.coordinator import (
     logwire,
     messages,
     orders,
-    persist,
     reports,
     store,
     validate,
@@ -45,7 +44,6 @@ from hetero.coordinator import (
 from hetero.coordinator.calls import STANDBY, PermissionDenied, invalid, rpc, state_name
 from hetero.coordinator.identity import Caller, Identities
 from hetero.coordinator.metrics import RpcLatency
-from hetero.coordinator.models import LogLineRow
 from hetero.coordinator.placement import PlacementError, place, predict
 from hetero.coordinator.scope import Scope, denied
 from hetero.coordinator.service import Service
@@ -164,19 +162,20 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
     async def AppendJobLogs(
         self, req: pb.AppendJobLogsRequest, caller: Caller
     ) -> pb.AppendJobLogsResponse:
-        if req.job_id not in self.service.state.jobs:
-            await self.service.read(lambda s: store.get_job(s, req.job_id))
-        rows = tuple(
-            {
-                "job_id": req.job_id,
-                "rank": r.rank,
-                "stream": r.stream,
-                "text": r.text,
-                "time_unix_s": r.time_unix_s,
-            }
-            for r in logwire.log_rows(req, self._now())
+        """Store the lines that fit the log caps; note the rest where they were dropped
+        (``logcaps``)."""
+        logwire.check_lines(req)
+        job = self.service.state.jobs.get(req.job_id)
+        owner = (
+            job.owner
+            if job is not None
+            else await self.service.read(lambda s: store.get_job(s, req.job_id).owner)
         )
-        await self.service.writer.write(persist.AddRows(LogLineRow, rows))
+        settings, now = self.service.settings, self._now()
+        op, admitted = logwire.intake(req, owner, self.service.state.logs, settings.log_caps, now)
+        await self.service.writer.write(op)
+        if (catch_up := logwire.noted(op, admitted)) is not None:
+            self.service.writer.put(catch_up)
         return pb.AppendJobLogsResponse()
 
     @rpc
@@ -331,9 +330,7 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
         limit = min(req.limit or 1000, 10_000)
 
         def lines(s: Session) -> list[pb.LogLine]:
-            return [
-                logwire.log_message(r) for r in store.job_logs(s, req.job_id, req.after_seq, limit)
-            ]
+            return logwire.log_page(store.job_logs(s, req.job_id, req.after_seq, limit))
 
         found = await self.service.read(lines)
         next_seq = found[-1].seq if found else req.after_seq
