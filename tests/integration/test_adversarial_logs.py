@@ -14,6 +14,10 @@ agent running a real rank.
 
 from __future__ import annotations
 
+import json
+import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,8 +29,14 @@ from handclock import Clock
 from simcluster import DEADLINE_S
 from sqlalchemy import func, select, text
 
+from hetero.agent.config import AgentConfig
+from hetero.agent.daemon import Agent
+from hetero.agent.profile import DeviceMeasure, NodeProfile
+from hetero.agent.shipper import LOG_BATCH_BYTES
+from hetero.agent.supervisor import DROPPED_PREFIX
+from hetero.coordinator.admission import Limits
 from hetero.coordinator.config import load_config
-from hetero.coordinator.logcaps import NOTE_COST, NOTE_PREFIX, KiB, LogCaps, line_cost
+from hetero.coordinator.logcaps import NOTE_COST, NOTE_PREFIX, KiB, LogCaps, MiB, line_cost
 from hetero.coordinator.models import JobRow, LogLineRow
 from hetero.coordinator.retention import JobRetention
 from hetero.core.errors import ConfigError
@@ -264,3 +274,81 @@ def test_log_caps_and_job_retention_are_read_from_coordinator_yaml(tmp_path: Pat
         with pytest.raises(ConfigError, match=message) as err:
             load_config(path)
         assert "\n" not in str(err.value)
+
+
+#: A rank that prints 1,000 lines of 4,096 4-byte characters (16 KiB each) as fast as
+#: it can: a 1,000-line batch of them is 16 MiB.
+FLOOD = (
+    "import sys\n"
+    "for i in range(1000): sys.stdout.write(f'{i:03d} ' + '\\U0001f600' * 4092 + '\\n')\n"
+)
+
+
+@pytest.mark.parametrize("batch_bytes", [LOG_BATCH_BYTES, 8 * MiB], ids=["cut", "split"])
+def test_an_agent_ships_wide_lines_under_the_coordinators_message_limit(
+    db_url: str, tmp_path: Path, batch_bytes: int
+) -> None:
+    """A coordinator taking messages of 3 MiB at most, a real agent and rank: every line
+    arrives, in order, and nothing is noted as dropped. Before, a batch was 1,000 lines,
+    ~16 MiB of them, refused whole and noted as "the agent's queue was full". Batches
+    are cut at 1 MiB; one larger than the coordinator takes (an agent cutting at 8 MiB)
+    is refused and sent again in halves, each alone."""
+    clock = Clock()
+    limits = Limits(max_message_bytes=3 * MiB)
+    c = start_coordinator(hand_clocked(db_url, clock, limits=limits), clock)
+    profile = NodeProfile("test cpu", 1, 10.0, 1 << 30, (DeviceMeasure(0, "cpu", "cpu", 1.0),))
+    config = AgentConfig(
+        coordinator=c.address,
+        name="n1",
+        address="127.0.0.1",
+        local_listen="127.0.0.1:0",
+        state_dir=tmp_path / "agent",
+    )
+    agent = Agent(config, profile)
+    agent.shipper.batch_bytes = batch_bytes
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    try:
+        _wait_for(
+            "the node", lambda: bool(c.stub.ListNodes(pb.ListNodesRequest(), timeout=5).nodes)
+        )
+        spec = (
+            f"name: wide\ncommand: {json.dumps([sys.executable, '-c', FLOOD])}\n"
+            "global_batch: 8\nsteps: 5\nresources: {ranks: 1, device: cpu}\n"
+        )
+        job_id = c.stub.SubmitJob(pb.SubmitJobRequest(spec_yaml=spec), timeout=5).job_id
+
+        def lines() -> list[pb.LogLine]:
+            got: list[pb.LogLine] = []
+            while True:
+                req = pb.GetJobLogsRequest(job_id=job_id, after_seq=got[-1].seq if got else 0)
+                page = c.stub.GetJobLogs(req, timeout=5).lines
+                if not page:
+                    return got
+                got.extend(page)
+
+        def ended() -> bool:
+            job = c.stub.GetJob(pb.GetJobRequest(job_id=job_id), timeout=5)
+            return job.state in (pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED)
+
+        _wait_for("the job's end", ended, 120)
+        _wait_for("every line", lambda: sum(x.stream == "stdout" for x in lines()) >= 1000, 60)
+        got = lines()
+        assert [x.text for x in got if x.stream == "stdout"] == [
+            f"{i:03d} " + "\U0001f600" * 4092 for i in range(1000)
+        ]
+        assert not [x.text for x in got if x.text.startswith(DROPPED_PREFIX)]
+    finally:
+        agent.stop()
+        thread.join(timeout=30)
+        c.channel.close()
+        c.server.stop(0).wait()
+
+
+def _wait_for(what: str, check: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
