@@ -45,7 +45,7 @@ from hetero.coordinator.calls import STANDBY, PermissionDenied, invalid, rpc, st
 from hetero.coordinator.identity import Caller, Identities
 from hetero.coordinator.metrics import RpcLatency
 from hetero.coordinator.placement import PlacementError, place, predict
-from hetero.coordinator.scope import Scope, denied
+from hetero.coordinator.scope import Scope, denied, own_jobs_only, read_refusal
 from hetero.coordinator.service import Service
 from hetero.coordinator.state import KEEP_FINISHED_S
 from hetero.coordinator.writer import StoreUnavailable
@@ -273,9 +273,10 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
         limit = jobpages.page_limit(req.limit)
         after = jobpages.decode(req.page_token)
         held = frozenset(self.service.state.jobs)
+        owner = own_jobs_only(caller)
 
         def page(s: Session) -> tuple[list[str], dict[str, pb.Job], str, int]:
-            jobs = store.list_jobs(s, states, limit + 1, after)  # one more: is there a next?
+            jobs = store.list_jobs(s, states, limit + 1, after, owner)  # one more: a next?
             rows = jobs[:limit]
             token = jobpages.encode(rows[-1]) if len(jobs) > limit else ""
             others = views.job_messages(s, [j for j in rows if j.id not in held])
@@ -283,7 +284,7 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
                 [j.id for j in rows],
                 {m.id: m for m in others},
                 token,
-                store.count_jobs(s, states),
+                store.count_jobs(s, states, owner),
             )
 
         ids, stored, token, total = await self.service.read(page)
@@ -301,7 +302,7 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
         if job is not None:
             return messages.job_message(self.service.state, job, detail=True)
         return await self.service.read(
-            lambda s: views.job_message(s, store.get_job(s, req.job_id), detail=True)
+            lambda s: views.job_message(s, _readable(s, caller, req.job_id), detail=True)
         )
 
     @rpc
@@ -330,6 +331,7 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
         limit = min(req.limit or 1000, 10_000)
 
         def lines(s: Session) -> list[pb.LogLine]:
+            _readable(s, caller, req.job_id)
             return logwire.log_page(store.job_logs(s, req.job_id, req.after_seq, limit))
 
         found = await self.service.read(lines)
@@ -341,9 +343,12 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
         if req.max_intervals < 0:
             raise invalid(f"max_intervals must be >= 0, got {req.max_intervals}")
         after = req.after_step if req.HasField("after_step") else None
-        detail = await self.service.read(
-            lambda s: views.job_detail(s, req.job_id, req.max_intervals, after)
-        )
+
+        def read(s: Session) -> pb.JobDetail:
+            _readable(s, caller, req.job_id)
+            return views.job_detail(s, req.job_id, req.max_intervals, after)
+
+        detail = await self.service.read(read)
         job = self.service.state.jobs.get(req.job_id)
         if job is not None:
             detail.job.CopyFrom(messages.job_message(self.service.state, job, detail=True))
@@ -420,18 +425,21 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, refused)
         period_s = min(max(req.period_s or 1.0, 0.2), 60.0)
         stopping = self.service.stopping
+        owner = own_jobs_only(caller)
         while not stopping.is_set():
-            yield self.snapshot()
+            yield self.snapshot(owner)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stopping.wait(), period_s)
 
-    def snapshot(self) -> pb.ClusterSnapshot:
-        """The cluster now, from memory (on the event loop)."""
+    def snapshot(self, owner: str | None = None) -> pb.ClusterSnapshot:
+        """The cluster now, from memory (on the event loop); with ``owner``, that owner's
+        jobs alone (``scope.own_jobs_only``)."""
         return messages.snapshot(
             self.service.state,
             now=self._now(),
             timeout_s=self._timeout(),
             finished_s=KEEP_FINISHED_S,
+            owner=owner,
         )
 
 
@@ -450,6 +458,16 @@ def _dry_run(req: pb.SubmitJobRequest, spec: Any, devices: list[Any]) -> pb.Subm
     job_msg.message = waits
     predictions = [wire.prediction_message(p) for p in predict(spec, placed)]
     return pb.SubmitJobResponse(job=job_msg, predictions=predictions)
+
+
+def _readable(s: Session, caller: Caller, job_id: str) -> Any:
+    """The stored row of job ``job_id`` if ``caller`` may read it (``scope``: the state's
+    jobs were checked before the handler; these are the others)."""
+    row = store.get_job(s, job_id)
+    refused = read_refusal(caller, row.id, row.owner)
+    if refused is not None:
+        raise PermissionDenied(refused)
+    return row
 
 
 def source_name(name: str) -> str:
