@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -29,6 +28,7 @@ from sqlalchemy.orm import Session
 from hetero.coordinator import (
     admission,
     attach,
+    bounds,
     exclusion,
     jobpages,
     lifecycle,
@@ -41,7 +41,14 @@ from hetero.coordinator import (
     views,
     wire,
 )
-from hetero.coordinator.calls import STANDBY, PermissionDenied, invalid, rpc, state_name
+from hetero.coordinator.calls import (
+    STANDBY,
+    PermissionDenied,
+    invalid,
+    rpc,
+    state_name,
+    stream_bounds,
+)
 from hetero.coordinator.identity import Caller, Identities
 from hetero.coordinator.metrics import RpcLatency
 from hetero.coordinator.placement import PlacementError, place, predict
@@ -60,6 +67,8 @@ log = logging.getLogger("hetero.coordinator")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Coordinator"].full_name
 #: Largest Probe reply, in bytes: below gRPC's default 4 MiB message limit.
 MAX_PROBE_BYTES = 4 * 1024 * 1024 - 1024
+#: Longest message of a rank's state kept, in characters (an agent's are one short line).
+MAX_MESSAGE_CHARS = 1024
 
 
 class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
@@ -87,14 +96,6 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
     async def RegisterNode(
         self, req: pb.RegisterNodeRequest, caller: Caller
     ) -> pb.RegisterNodeResponse:
-        if not req.name or not req.address:
-            raise invalid("RegisterNode needs name and address")
-        indexes = [d.index for d in req.devices]
-        if len(set(indexes)) != len(indexes):
-            raise invalid(f"node {req.name}: duplicate device indexes {indexes}")
-        for d in req.devices:
-            if not (d.compute_score > 0 and math.isfinite(d.compute_score)):
-                raise invalid(f"node {req.name} device {d.index}: compute_score must be > 0")
         validate.register_node(req)
         node = self.cluster.register(
             name=req.name,
@@ -111,7 +112,7 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
             "node %s registered as %s with %d devices%s%s",
             req.name,
             node.id,
-            len(indexes),
+            len(req.devices),
             f", EMULATED slowdown {max(emulated):g}x" if emulated else "",
             _host_summary(req.host) if req.HasField("host") else "",
         )
@@ -126,9 +127,7 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
     async def Heartbeat(self, req: pb.HeartbeatRequest, caller: Caller) -> pb.HeartbeatResponse:
         buffered = req.HasField("sampled_at_unix_s")
         now = self._now()
-        at = min(req.sampled_at_unix_s, now) if buffered else now
-        if not math.isfinite(at):
-            raise invalid(f"sampled_at_unix_s must be a finite time, got {req.sampled_at_unix_s}")
+        at = min(req.sampled_at_unix_s, now) if buffered else now  # finite: ``bounds``
         node = self.cluster.heartbeat(req.node_id, now)
         if not buffered:
             node.telemetry = req
@@ -153,7 +152,7 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
             exit_code=req.exit_code if req.HasField("exit_code") else None,
             now=self._now(),
             attempt=req.attempt,
-            message=req.message,
+            message=req.message[:MAX_MESSAGE_CHARS],
         )
         await self.service.commit()
         return pb.ReportRankStatusResponse(job_state=wire.job_state(job.state))
@@ -360,6 +359,7 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
     async def ReportIntervalStats(
         self, req: tpb.IntervalReport, caller: Caller
     ) -> tpb.ReportIntervalStatsResponse:
+        bounds.clear_diverged(req)
         job = self.service.state.jobs.get(req.job_id)
         before = (job.plan, job.state) if job is not None else None
         plan = reports.handle(self.cluster, req, self._now())
@@ -387,6 +387,7 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
         each change (``orders``). Ends when the coordinator stops or the client leaves."""
         if not self.service.ready:
             await context.abort(grpc.StatusCode.UNAVAILABLE, STANDBY)
+        await stream_bounds(context, "WatchOrders", req)
         caller = self.identities.of(context.invocation_metadata(), context.auth_context())
         refused = self.scope.check(self.service.state, caller, "WatchOrders", req)
         if refused is not None:
@@ -419,6 +420,7 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
     ) -> AsyncIterator[pb.ClusterSnapshot]:
         if not self.service.ready:
             await context.abort(grpc.StatusCode.UNAVAILABLE, STANDBY)
+        await stream_bounds(context, "WatchCluster", req)
         caller = self.identities.of(context.invocation_metadata(), context.auth_context())
         refused = self.scope.method_refusal(caller, "WatchCluster")
         if refused is not None:
