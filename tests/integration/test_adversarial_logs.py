@@ -51,9 +51,10 @@ DAY = 86400.0
 
 
 @pytest.fixture
-def capped(db_url: str) -> Iterator[Coordinator]:
+def capped(both_stores_url: str) -> Iterator[Coordinator]:
+    """A coordinator with small log caps, on SQLite, then on PostgreSQL."""
     clock = Clock()
-    c = start_coordinator(hand_clocked(db_url, clock, log_caps=CAPS), clock)
+    c = start_coordinator(hand_clocked(both_stores_url, clock, log_caps=CAPS), clock)
     try:
         yield c
     finally:
@@ -84,8 +85,12 @@ def _flood(c: Coordinator, job_id: str, batches: int, per_batch: int = 32) -> in
 
 
 def _db_bytes(c: Coordinator) -> int:
-    """The SQLite file's pages in use, its write-ahead log folded in."""
+    """The database's bytes in use: SQLite's pages (its write-ahead log folded in), or
+    PostgreSQL's log table with its index and TOAST."""
     with c.engine.connect() as conn:
+        if c.engine.dialect.name == "postgresql":
+            size = conn.execute(text("SELECT pg_total_relation_size('log_lines')")).scalar()
+            return int(size or 0)
         conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
         pages = conn.exec_driver_sql("PRAGMA page_count").scalar() or 0
         free = conn.exec_driver_sql("PRAGMA freelist_count").scalar() or 0
