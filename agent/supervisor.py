@@ -11,7 +11,8 @@ Output lines go to ``<state>/jobs/<job>/rank<r>.log`` (capped and rotated:
 ``agent.ranklog``) and to a queue the agent ships to the coordinator with
 ``AppendJobLogs``. The queue is bounded; a line it has no room for is dropped
 and counted, and the next lines shipped for that rank begin with
-``[hetero-agent] N lines dropped ...``, so a gap is never silent.
+``[hetero-agent] N lines dropped ... (REASON)``, so a gap is never silent and says
+why: the queue was full, or the coordinator refused them (``agent.shipper``).
 
 Watchdog: a rank shows progress by printing a line or by touching its progress
 file (the trainer does so as it steps, ``HETERO_PROGRESS_FILE``). One silent
@@ -47,6 +48,10 @@ log = logging.getLogger("hetero.agent.supervisor")
 MAX_LINE_CHARS = 4096
 #: Lines kept for shipping per job while the coordinator is unreachable.
 MAX_PENDING_LINES = 20_000
+#: How a note about dropped lines begins (it is itself never counted as dropped).
+DROPPED_PREFIX = "[hetero-agent] "
+#: Why lines were dropped when the queue had no room for them.
+QUEUE_FULL = "the agent's queue was full"
 
 _PR_SET_PDEATHSIG = 1
 _libc = (
@@ -135,8 +140,8 @@ class Supervisor:
         self.records = RankRecords(state_dir)
         self.workers: dict[tuple[str, int], Worker] = {}
         self._lines: collections.deque[Line] = collections.deque(maxlen=max_pending_lines)
-        #: Lines dropped per (job, rank) since the last note about them was queued.
-        self._dropped: collections.Counter[tuple[str, int]] = collections.Counter()
+        #: Lines dropped per (job, rank, reason) since the last note about them was queued.
+        self._dropped: collections.Counter[tuple[str, int, str]] = collections.Counter()
         #: Every line dropped since start (the agent's log says so at shutdown).
         self.dropped_total = 0
         self._lock = threading.Lock()
@@ -223,8 +228,8 @@ class Supervisor:
                 self._lines.append(line)
         pipe.close()
 
-    def _count_dropped(self, line: Line) -> None:
-        self._dropped[(line.job_id, line.rank)] += 1
+    def _count_dropped(self, line: Line, reason: str = QUEUE_FULL) -> None:
+        self._dropped[(line.job_id, line.rank, reason)] += 1
         self.dropped_total += 1
 
     def take_lines(self) -> list[Line]:
@@ -236,8 +241,8 @@ class Supervisor:
             dropped, self._dropped = self._dropped, collections.Counter()
         now = self.clock()
         notes = [
-            Line(job_id, rank, "stderr", _dropped_note(n, rank), now)
-            for (job_id, rank), n in sorted(dropped.items())
+            Line(job_id, rank, "stderr", _dropped_note(n, rank, reason), now)
+            for (job_id, rank, reason), n in sorted(dropped.items())
         ]
         return notes + lines
 
@@ -252,12 +257,13 @@ class Supervisor:
                     self._count_dropped(line)
             self._lines.extendleft(reversed(lines[excess:]))
 
-    def count_dropped(self, lines: Sequence[Line]) -> None:
-        """Count ``lines`` as dropped (the coordinator refused them): noted like the rest."""
+    def count_dropped(self, lines: Sequence[Line], reason: str) -> None:
+        """Count ``lines`` as dropped for ``reason`` ("refused by the coordinator: ..."):
+        noted like the rest."""
         with self._lock:
             for line in lines:
                 if not line.text.startswith(DROPPED_PREFIX):
-                    self._count_dropped(line)
+                    self._count_dropped(line, reason)
 
     def stop(self, job_id: str, rank: int, grace_s: float) -> bool:
         """Ask a rank to stop (SIGTERM to its group); False if it is not running here."""
@@ -325,14 +331,10 @@ class Supervisor:
         return ended
 
 
-#: How a note about dropped lines begins (it is itself never counted as dropped).
-DROPPED_PREFIX = "[hetero-agent] "
-
-
-def _dropped_note(n: int, rank: int) -> str:
+def _dropped_note(n: int, rank: int, reason: str) -> str:
     return (
         f"{DROPPED_PREFIX}{n} line{'s' if n != 1 else ''} dropped before shipping "
-        f"(the agent's queue was full); rank{rank}.log* on the node have them"
+        f"({reason}); rank{rank}.log* on the node have them"
     )
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -29,6 +28,7 @@ from sqlalchemy.orm import Session
 from hetero.coordinator import (
     admission,
     attach,
+    bounds,
     exclusion,
     jobdirs,
     jobpages,
@@ -36,19 +36,24 @@ from hetero.coordinator import (
     logwire,
     messages,
     orders,
-    persist,
     reports,
     store,
     validate,
     views,
     wire,
 )
-from hetero.coordinator.calls import STANDBY, PermissionDenied, invalid, rpc, state_name
+from hetero.coordinator.calls import (
+    STANDBY,
+    PermissionDenied,
+    invalid,
+    rpc,
+    state_name,
+    stream_bounds,
+)
 from hetero.coordinator.identity import Caller, Identities
 from hetero.coordinator.metrics import RpcLatency
-from hetero.coordinator.models import LogLineRow
 from hetero.coordinator.placement import PlacementError, place, predict
-from hetero.coordinator.scope import Scope, denied
+from hetero.coordinator.scope import Scope, denied, own_jobs_only, read_refusal
 from hetero.coordinator.service import Service
 from hetero.coordinator.state import KEEP_FINISHED_S
 from hetero.coordinator.writer import StoreUnavailable
@@ -63,6 +68,8 @@ log = logging.getLogger("hetero.coordinator")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Coordinator"].full_name
 #: Largest Probe reply, in bytes: below gRPC's default 4 MiB message limit.
 MAX_PROBE_BYTES = 4 * 1024 * 1024 - 1024
+#: Longest message of a rank's state kept, in characters (an agent's are one short line).
+MAX_MESSAGE_CHARS = 1024
 
 
 class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
@@ -90,14 +97,6 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
     async def RegisterNode(
         self, req: pb.RegisterNodeRequest, caller: Caller
     ) -> pb.RegisterNodeResponse:
-        if not req.name or not req.address:
-            raise invalid("RegisterNode needs name and address")
-        indexes = [d.index for d in req.devices]
-        if len(set(indexes)) != len(indexes):
-            raise invalid(f"node {req.name}: duplicate device indexes {indexes}")
-        for d in req.devices:
-            if not (d.compute_score > 0 and math.isfinite(d.compute_score)):
-                raise invalid(f"node {req.name} device {d.index}: compute_score must be > 0")
         validate.register_node(req)
         node = self.cluster.register(
             name=req.name,
@@ -114,7 +113,7 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
             "node %s registered as %s with %d devices%s%s",
             req.name,
             node.id,
-            len(indexes),
+            len(req.devices),
             f", EMULATED slowdown {max(emulated):g}x" if emulated else "",
             _host_summary(req.host) if req.HasField("host") else "",
         )
@@ -130,9 +129,7 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
     async def Heartbeat(self, req: pb.HeartbeatRequest, caller: Caller) -> pb.HeartbeatResponse:
         buffered = req.HasField("sampled_at_unix_s")
         now = self._now()
-        at = min(req.sampled_at_unix_s, now) if buffered else now
-        if not math.isfinite(at):
-            raise invalid(f"sampled_at_unix_s must be a finite time, got {req.sampled_at_unix_s}")
+        at = min(req.sampled_at_unix_s, now) if buffered else now  # finite: ``bounds``
         node = self.cluster.heartbeat(req.node_id, now)
         if not buffered:
             node.telemetry = req
@@ -157,7 +154,7 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
             exit_code=req.exit_code if req.HasField("exit_code") else None,
             now=self._now(),
             attempt=req.attempt,
-            message=req.message,
+            message=req.message[:MAX_MESSAGE_CHARS],
         )
         await self.service.commit()
         return pb.ReportRankStatusResponse(job_state=wire.job_state(job.state))
@@ -166,19 +163,20 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
     async def AppendJobLogs(
         self, req: pb.AppendJobLogsRequest, caller: Caller
     ) -> pb.AppendJobLogsResponse:
-        if req.job_id not in self.service.state.jobs:
-            await self.service.read(lambda s: store.get_job(s, req.job_id))
-        rows = tuple(
-            {
-                "job_id": req.job_id,
-                "rank": r.rank,
-                "stream": r.stream,
-                "text": r.text,
-                "time_unix_s": r.time_unix_s,
-            }
-            for r in logwire.log_rows(req, self._now())
+        """Store the lines that fit the log caps; note the rest where they were dropped
+        (``logcaps``)."""
+        logwire.check_lines(req)
+        job = self.service.state.jobs.get(req.job_id)
+        owner = (
+            job.owner
+            if job is not None
+            else await self.service.read(lambda s: store.get_job(s, req.job_id).owner)
         )
-        await self.service.writer.write(persist.AddRows(LogLineRow, rows))
+        settings, now = self.service.settings, self._now()
+        op, admitted = logwire.intake(req, owner, self.service.state.logs, settings.log_caps, now)
+        await self.service.writer.write(op)
+        if (catch_up := logwire.noted(op, admitted)) is not None:
+            self.service.writer.put(catch_up)
         return pb.AppendJobLogsResponse()
 
     @rpc
@@ -280,9 +278,10 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
         limit = jobpages.page_limit(req.limit)
         after = jobpages.decode(req.page_token)
         held = frozenset(self.service.state.jobs)
+        owner = own_jobs_only(caller)
 
         def page(s: Session) -> tuple[list[str], dict[str, pb.Job], str, int]:
-            jobs = store.list_jobs(s, states, limit + 1, after)  # one more: is there a next?
+            jobs = store.list_jobs(s, states, limit + 1, after, owner)  # one more: a next?
             rows = jobs[:limit]
             token = jobpages.encode(rows[-1]) if len(jobs) > limit else ""
             others = views.job_messages(s, [j for j in rows if j.id not in held])
@@ -290,7 +289,7 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
                 [j.id for j in rows],
                 {m.id: m for m in others},
                 token,
-                store.count_jobs(s, states),
+                store.count_jobs(s, states, owner),
             )
 
         ids, stored, token, total = await self.service.read(page)
@@ -308,7 +307,7 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
         if job is not None:
             return messages.job_message(self.service.state, job, detail=True)
         return await self.service.read(
-            lambda s: views.job_message(s, store.get_job(s, req.job_id), detail=True)
+            lambda s: views.job_message(s, _readable(s, caller, req.job_id), detail=True)
         )
 
     @rpc
@@ -337,9 +336,8 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
         limit = min(req.limit or 1000, 10_000)
 
         def lines(s: Session) -> list[pb.LogLine]:
-            return [
-                logwire.log_message(r) for r in store.job_logs(s, req.job_id, req.after_seq, limit)
-            ]
+            _readable(s, caller, req.job_id)
+            return logwire.log_page(store.job_logs(s, req.job_id, req.after_seq, limit))
 
         found = await self.service.read(lines)
         next_seq = found[-1].seq if found else req.after_seq
@@ -350,9 +348,12 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
         if req.max_intervals < 0:
             raise invalid(f"max_intervals must be >= 0, got {req.max_intervals}")
         after = req.after_step if req.HasField("after_step") else None
-        detail = await self.service.read(
-            lambda s: views.job_detail(s, req.job_id, req.max_intervals, after)
-        )
+
+        def read(s: Session) -> pb.JobDetail:
+            _readable(s, caller, req.job_id)
+            return views.job_detail(s, req.job_id, req.max_intervals, after)
+
+        detail = await self.service.read(read)
         job = self.service.state.jobs.get(req.job_id)
         if job is not None:
             detail.job.CopyFrom(messages.job_message(self.service.state, job, detail=True))
@@ -364,6 +365,7 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
     async def ReportIntervalStats(
         self, req: tpb.IntervalReport, caller: Caller
     ) -> tpb.ReportIntervalStatsResponse:
+        bounds.clear_diverged(req)
         job = self.service.state.jobs.get(req.job_id)
         before = (job.plan, job.state) if job is not None else None
         plan = reports.handle(self.cluster, req, self._now())
@@ -391,6 +393,7 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
         each change (``orders``). Ends when the coordinator stops or the client leaves."""
         if not self.service.ready:
             await context.abort(grpc.StatusCode.UNAVAILABLE, STANDBY)
+        await stream_bounds(context, "WatchOrders", req)
         caller = self.identities.of(context.invocation_metadata(), context.auth_context())
         refused = self.scope.check(self.service.state, caller, "WatchOrders", req)
         if refused is not None:
@@ -423,24 +426,28 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
     ) -> AsyncIterator[pb.ClusterSnapshot]:
         if not self.service.ready:
             await context.abort(grpc.StatusCode.UNAVAILABLE, STANDBY)
+        await stream_bounds(context, "WatchCluster", req)
         caller = self.identities.of(context.invocation_metadata(), context.auth_context())
         refused = self.scope.method_refusal(caller, "WatchCluster")
         if refused is not None:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, refused)
         period_s = min(max(req.period_s or 1.0, 0.2), 60.0)
         stopping = self.service.stopping
+        owner = own_jobs_only(caller)
         while not stopping.is_set():
-            yield self.snapshot()
+            yield self.snapshot(owner)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stopping.wait(), period_s)
 
-    def snapshot(self) -> pb.ClusterSnapshot:
-        """The cluster now, from memory (on the event loop)."""
+    def snapshot(self, owner: str | None = None) -> pb.ClusterSnapshot:
+        """The cluster now, from memory (on the event loop); with ``owner``, that owner's
+        jobs alone (``scope.own_jobs_only``)."""
         return messages.snapshot(
             self.service.state,
             now=self._now(),
             timeout_s=self._timeout(),
             finished_s=KEEP_FINISHED_S,
+            owner=owner,
         )
 
 
@@ -459,6 +466,16 @@ def _dry_run(req: pb.SubmitJobRequest, spec: Any, devices: list[Any]) -> pb.Subm
     job_msg.message = waits
     predictions = [wire.prediction_message(p) for p in predict(spec, placed)]
     return pb.SubmitJobResponse(job=job_msg, predictions=predictions)
+
+
+def _readable(s: Session, caller: Caller, job_id: str) -> Any:
+    """The stored row of job ``job_id`` if ``caller`` may read it (``scope``: the state's
+    jobs were checked before the handler; these are the others)."""
+    row = store.get_job(s, job_id)
+    refused = read_refusal(caller, row.id, row.owner)
+    if refused is not None:
+        raise PermissionDenied(refused)
+    return row
 
 
 def source_name(name: str) -> str:

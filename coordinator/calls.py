@@ -1,5 +1,6 @@
-"""How a Coordinator call is handled (``api``): checked against its caller (``scope``),
-refused while this coordinator is a standby, its errors turned into status codes (a
+"""How a Coordinator call is handled (``api``): its request checked against the bounds
+of every field (``bounds``) and against its caller (``scope``), refused while this
+coordinator is a standby, its errors turned into status codes (a
 ``HeteroError`` with its ``grpc_code`` and message; anything else is INTERNAL, by
 ``security.guard``), and its time counted into ``/metrics``' histogram
 (``metrics``)."""
@@ -15,6 +16,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from hetero.coordinator import bounds
 from hetero.coordinator.identity import Caller
 from hetero.coordinator.writer import StoreUnavailable
 from hetero.core.errors import ConfigError, HeteroError
@@ -44,6 +46,7 @@ def rpc(
         try:
             if not self.service.ready:
                 raise StoreUnavailable(STANDBY)
+            bounds.check(name, request)
             caller = self.identities.of(context.invocation_metadata(), context.auth_context())
             if caller.scoped:
                 refused = self.scope.check(self.service.state, caller, name, request)
@@ -78,3 +81,13 @@ def state_name(states: type[JobState] | type[RankState], value: int, field: str)
         return states(value).name
     except ValueError:
         raise invalid(f"{field}: unknown value {value}") from None
+
+
+async def stream_bounds(
+    context: grpc.aio.ServicerContext[Any, Any], method: str, request: Any
+) -> None:
+    """A stream's request against ``bounds`` (``rpc`` checks the others' requests)."""
+    try:
+        bounds.check(method, request)
+    except ConfigError as exc:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))

@@ -277,7 +277,9 @@ def _serve(args: argparse.Namespace) -> int:
         telemetry=TelemetryPolicy(retention_s=config.telemetry_retention_h * 3600),
         interval_retention=config.interval_retention,
         log_retention=config.log_retention,
+        job_retention=config.job_retention,
         limits=config.limits,
+        log_caps=config.log_caps,
         allowed_roots=config.resolved_allowed_roots,
         private_paths=tuple(path for _, path in config.private_paths),
     )

@@ -15,7 +15,8 @@ from sqlalchemy.exc import ArgumentError
 
 from hetero.coordinator.admission import Limits
 from hetero.coordinator.database import sqlite_url
-from hetero.coordinator.retention import IntervalRetention, LogRetention
+from hetero.coordinator.logcaps import MIN_JOB_CAP, LogCaps
+from hetero.coordinator.retention import IntervalRetention, JobRetention, LogRetention
 from hetero.core import defaults
 from hetero.core.defaults import LOG_FORMATS, default_state_dir
 from hetero.core.errors import ConfigError
@@ -69,6 +70,11 @@ class CoordinatorConfig:
     log_keep_days: float = 7.0
     log_lines_per_job: int = 200_000
     event_keep_days: float = 30.0
+    #: Finished jobs (``retention.JobRetention``): deleted with all their rows this many
+    #: days after they finished.
+    job_keep_days: float = 30.0
+    #: Byte caps on stored log lines (``logcaps.LogCaps``): per job, per user, in all.
+    log_caps: LogCaps = field(default_factory=LogCaps)
     #: Admission (``admission.Limits``): the queue and the server's limits.
     limits: Limits = field(default_factory=Limits)
 
@@ -91,6 +97,7 @@ class CoordinatorConfig:
             )
         _ = self.interval_retention  # built now so a bad value fails at startup, by its key
         _ = self.log_retention
+        _ = self.job_retention
 
     @property
     def resolved_state_dir(self) -> Path:
@@ -151,6 +158,10 @@ class CoordinatorConfig:
         )
 
     @property
+    def job_retention(self) -> JobRetention:
+        return JobRetention(keep_s=self.job_keep_days * 86400)
+
+    @property
     def db_url(self) -> str:
         return self.db or sqlite_url(self.resolved_state_dir)
 
@@ -194,6 +205,8 @@ def load_config(path: Path | None) -> CoordinatorConfig:
         log_lines_per_job=f.integer("log_lines_per_job", d.log_lines_per_job, minimum=1000)
         or d.log_lines_per_job,
         event_keep_days=f.number("event_keep_days", d.event_keep_days, positive=True) or 30.0,
+        job_keep_days=f.number("job_keep_days", d.job_keep_days, positive=True) or 30.0,
+        log_caps=_log_caps(f),
         limits=_limits(f.mapping("limits")),
     )
     f.finish()
@@ -221,6 +234,17 @@ def _limits(f: Fields | None) -> Limits:
         return Limits(**values)
     except ConfigError as exc:
         raise ConfigError(f"limits: {exc}") from None
+
+
+def _log_caps(f: Fields) -> LogCaps:
+    """``log_bytes_per_job``, ``log_bytes_per_user``, ``log_bytes_total``: each optional,
+    each a whole number of bytes (``logcaps.LogCaps``)."""
+    d, least = LogCaps(), MIN_JOB_CAP
+    return LogCaps(
+        per_job=f.integer("log_bytes_per_job", d.per_job, minimum=least) or d.per_job,
+        per_user=f.integer("log_bytes_per_user", d.per_user, minimum=least) or d.per_user,
+        total=f.integer("log_bytes_total", d.total, minimum=least) or d.total,
+    )
 
 
 def _role_files(f: Fields | None) -> tuple[tuple[str, Path], ...]:

@@ -183,15 +183,22 @@ WATCH_JOBS = 1000
 
 
 def snapshot(
-    state: ClusterState, *, now: float, timeout_s: float, finished_s: float
+    state: ClusterState,
+    *,
+    now: float,
+    timeout_s: float,
+    finished_s: float,
+    owner: str | None = None,
 ) -> pb.ClusterSnapshot:
     """Every node; every placed job (pending, running, restarting), and of the others the
     newest :data:`WATCH_JOBS` not finished or finished within ``finished_s``: newest
     first. A flood of queued jobs never hides a running one, and never makes the
-    snapshot long to build on the event loop."""
+    snapshot long to build on the event loop. With ``owner``, only that owner's jobs."""
     placed: list[Job] = []
     others: list[Job] = []
     for j in reversed(state.jobs.values()):  # newest first: the state holds them in order
+        if owner is not None and j.owner != owner:
+            continue
         if j.placed:
             placed.append(j)
         elif len(others) < WATCH_JOBS and (

@@ -44,6 +44,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from hetero.coordinator import lifecycle, messages
 from hetero.coordinator.state import ClusterState
 from hetero.core.states import job_label
+from hetero.core.textsafe import printable
 from hetero.v1 import coordinator_pb2 as pb
 
 NAME = "hetero_rpc_duration_seconds"
@@ -185,7 +186,9 @@ class _Families:
         if family is None:
             kind = CounterMetricFamily if counter else GaugeMetricFamily
             family = self.families[name] = kind(name, help_text, labels=list(labels))
-        family.add_metric(list(labels.values()), float(value))
+        # Names come from nodes and users: the API refuses control characters in them,
+        # and what an older coordinator stored is escaped here, never exported raw.
+        family.add_metric([printable(v) for v in labels.values()], float(value))
 
 
 def _job(out: _Families, job: pb.Job) -> None:

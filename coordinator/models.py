@@ -30,7 +30,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 #: 0003). From 3 on, ``migrations/`` holds every change and ``schema`` applies it.
 #: 6: jobs.priority and jobs.owner (the queue; revision 0004).
 #: 7: jobs.excluded and jobs.exclusion_restarts (ranks left out; revision 0005).
-SCHEMA_VERSION = 9
+#: 10: log_lines.cost_bytes and jobs.log_bytes (byte caps on stored logs; revision 0008).
+SCHEMA_VERSION = 10
 
 #: A 64-bit integer: PostgreSQL's INTEGER is 32-bit, and a GPU's memory in bytes (or
 #: the telemetry table's ids after a month of 1,000 nodes) overflows it. SQLite's
@@ -166,6 +167,9 @@ class JobRow(Base):
     excluded: Mapped[str] = mapped_column(Text, default="", server_default="")
     #: Restarts the coordinator made to leave a rank out: they use none of ``max_restarts``.
     exclusion_restarts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    #: Bytes its stored log lines are charged (``logcaps``: the sum of their
+    #: ``cost_bytes``), kept with each append and each pruning batch.
+    log_bytes: Mapped[int] = mapped_column(Int64, default=0, server_default="0")
     ranks: Mapped[list[RankRow]] = relationship(
         back_populates="job", cascade="all, delete-orphan", order_by="RankRow.rank"
     )
@@ -254,3 +258,6 @@ class LogLineRow(Base):
     stream: Mapped[str] = mapped_column(String(8))
     text: Mapped[str] = mapped_column(Text)
     time_unix_s: Mapped[float] = mapped_column(Float)
+    #: Bytes the line is charged against the log caps (``logcaps.line_cost``); 0 for
+    #: lines stored before the caps.
+    cost_bytes: Mapped[int] = mapped_column(Integer, default=0, server_default="0")

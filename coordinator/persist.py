@@ -10,7 +10,8 @@ they were put.
 
 ``load`` reads the state back: every node, every job not finished and those finished
 within ``state.KEEP_FINISHED_S``, each job's ranks, newest plan, the current attempt's
-recent complete intervals and newest events. Each job's spec is parsed once, here.
+recent complete intervals and newest events, and what every job's stored log lines
+weigh (``logcaps``). Each job's spec is parsed once, here.
 It is the coordinator's recovery: what it read is all it knows when it starts serving.
 """
 
@@ -291,6 +292,9 @@ def load(s: Session, *, now: float, history: int) -> ClusterState:
             newest = latest_interval(s, row)
             job.latest = interval_message(row.id, newest) if newest else None
         state.add_job(job)
+    charged = select(JobRow.id, JobRow.owner, JobRow.log_bytes).where(JobRow.log_bytes > 0)
+    for job_id, owner, stored in s.execute(charged):
+        state.logs.load(job_id, owner, stored)
     return state
 
 

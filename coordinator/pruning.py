@@ -1,4 +1,5 @@
-"""Applying ``retention.IntervalRetention`` to the ``interval_stats`` table.
+"""Applying ``retention.IntervalRetention`` to the ``interval_stats`` table, and
+``retention.JobRetention`` to finished jobs (``prune_finished_jobs``).
 
 Never pruned, whatever their age: the rows of each job's history, i.e. the current
 attempt's newest ``reports.HISTORY`` complete intervals (and any newer rows) of every
@@ -25,9 +26,16 @@ from sqlalchemy import Table, bindparam, delete, func, select
 from sqlalchemy.orm import Session
 
 from hetero.coordinator import lifecycle, store
-from hetero.coordinator.models import IntervalStatRow, JobRow
+from hetero.coordinator.models import (
+    EventRow,
+    IntervalStatRow,
+    JobRow,
+    LogLineRow,
+    PlanRow,
+    RankRow,
+)
 from hetero.coordinator.reports import HISTORY
-from hetero.coordinator.retention import IntervalRetention
+from hetero.coordinator.retention import IntervalRetention, JobRetention
 
 #: Ids one batch's thinning walk covers (the database reads them, not Python).
 SCAN_IDS = 50_000
@@ -219,3 +227,30 @@ def _thin(
         hi, caught_up = rows[-1][0], False
     walked = [(row_id, protected(job_id, step, pv)) for row_id, job_id, step, pv in rows]
     return walked, hi, not caught_up and hi < top
+
+
+def prune_finished_jobs(s: Session, policy: JobRetention, *, now: float) -> tuple[list[str], bool]:
+    """Delete at most ``policy.batch_jobs`` jobs that finished more than ``policy.keep_s``
+    before ``now``, oldest first, with every row of theirs; returns their ids and
+    whether another batch now would find more. Never commits.
+
+    Their rows go table by table (the schema's ``ON DELETE CASCADE`` would do it on a
+    database that enforces foreign keys; this does not depend on it). By then their
+    log lines and most of their intervals have aged out (``log_keep_days``,
+    ``interval_stats_keep_days``): a batch deletes little beside the jobs' rows."""
+    cutoff = now - policy.keep_s
+    ids = list(
+        s.scalars(
+            select(JobRow.id)
+            .where(JobRow.state.in_(lifecycle.FINISHED), JobRow.finished_at_unix_s < cutoff)
+            .order_by(JobRow.finished_at_unix_s, JobRow.id)
+            .limit(policy.batch_jobs)
+        )
+    )
+    if not ids:
+        return [], False
+    for model in (LogLineRow, IntervalStatRow, PlanRow, RankRow, EventRow, JobRow):
+        t = cast(Table, model.__table__)
+        key = t.c.id if model is JobRow else t.c.job_id
+        s.connection().execute(delete(t).where(key.in_(ids)))
+    return ids, len(ids) == policy.batch_jobs

@@ -1,7 +1,8 @@
 """Retention policies: how long the coordinator keeps what it is sent.
 
 Pure (no database): ``coordinator.config`` builds them from ``coordinator.yaml``
-and flags, ``coordinator.pruning`` applies ``IntervalRetention``.
+and flags; ``coordinator.pruning`` applies ``IntervalRetention`` and ``JobRetention``,
+``coordinator.logpruning`` ``LogRetention``.
 
 ``interval_stats`` gets one row per rank per rebalance interval of every job
 (256 ranks reporting every second: 0.92 M rows, ~100 MB an hour). An
@@ -103,3 +104,27 @@ class LogRetention:
             raise ConfigError(f"log_lines_per_job must be >= 1000, got {self.lines_per_job!r}")
         if self.batch_rows < 1:
             raise ConfigError(f"batch_rows must be >= 1, got {self.batch_rows}")
+
+
+#: The shortest a finished job is kept: it outlives its time in the coordinator's memory
+#: (``state.KEEP_FINISHED_S``, an hour) and a day of looking back at it.
+MIN_JOB_KEEP_S = 86400.0
+
+
+@dataclass(frozen=True)
+class JobRetention:
+    """How long a finished job is kept, in seconds since it finished: then it is deleted
+    with its spec, ranks, plans, interval statistics, log lines and events
+    (``pruning.prune_finished_jobs``). ``batch_jobs``: most jobs one batch deletes.
+
+    Without it the jobs table only grew: a spec is up to 256 KiB, and a user may
+    submit and cancel without end."""
+
+    keep_s: float = 30 * 86400.0
+    batch_jobs: int = 100
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.keep_s) and self.keep_s >= MIN_JOB_KEEP_S):
+            raise ConfigError(f"job_keep_days must be at least 1, got {self.keep_s / 86400:g}")
+        if self.batch_jobs < 1:
+            raise ConfigError(f"batch_jobs must be >= 1, got {self.batch_jobs}")

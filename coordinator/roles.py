@@ -16,7 +16,7 @@ every method of the service, so a new RPC cannot slip into a role unreviewed.
 Beside the shared role tokens, a credential may name its holder
 (``hetero.security.credentials``): a node's may call what the agent role may, for its own
 node only; a user's what the user role may but ``DrainNode`` (an operator's
-act), cancelling its own jobs only (``scope``). A client certificate maps onto
+act), reading and cancelling its own jobs only (``scope``). A client certificate maps onto
 the same roles through ``certificates:`` (:func:`certificate_callers`).
 """
 

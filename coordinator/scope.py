@@ -1,4 +1,5 @@
-"""What a named caller may touch: a node acts only for itself, a user cancels only its own jobs.
+"""What a named caller may touch: a node acts only for itself, a user reads and cancels
+only its own jobs.
 
 The token interceptor decides which *methods* a credential may call; only the
 request tells *what* a call acts on, so this check runs once the request is
@@ -18,6 +19,13 @@ A node's credential (``node:gpu-3``) may
 
 A user's credential (``user:ana``) may cancel only the jobs it submitted (a
 job's ``owner``); the cluster token and an "admin" certificate may cancel any.
+It also reads only its own jobs: ``GetJob``, ``GetJobDetail`` and ``GetJobLogs``
+of another's job are refused, and ``ListJobs`` and ``WatchCluster`` show its own
+jobs alone (:func:`own_jobs_only`); nodes stay visible to all. Reading every job
+needs the read or admin role: the ``read`` token, a certificate mapped to "read"
+or "admin", or the cluster token. The shared tokens (cluster, ``user`` and
+``read`` role tokens) read every job, as before: their holders are one caller
+each (``identity``), so there is no owner among them to tell apart.
 A caller that may not act for nodes (a user's credential, the user role's token)
 reports intervals, reads the plan and detaches only for jobs attached by their
 launcher (``attach``), and a user's credential only for its own: the jobs the
@@ -44,10 +52,29 @@ _NODE_ID_METHODS = ("Heartbeat", "WatchOrders", "ReportRankStatus")
 _JOB_METHODS = ("ReportIntervalStats", "GetPlan")
 #: Methods an attached job's rank 0 calls (``attach``).
 _ATTACHED_METHODS = (*_JOB_METHODS, "DetachJob")
+#: Methods that read one job, named by ``job_id``.
+_READ_JOB_METHODS = ("GetJob", "GetJobDetail", "GetJobLogs")
 
 
 def denied(caller: Caller, what: str) -> str:
     return f"permission denied: {caller.label} may not {what}"
+
+
+def own_jobs_only(caller: Caller) -> str | None:
+    """The owner whose jobs alone ``caller`` may read (a user's credential: its own
+    label), or None: every job."""
+    who = caller.named
+    return who.label if who is not None and who.kind == "user" else None
+
+
+def read_refusal(caller: Caller, job_id: str, owner: str) -> str | None:
+    """Why ``caller`` may not read job ``job_id`` of ``owner``, or None (the handlers
+    check the jobs the state does not hold by their stored owner)."""
+    mine = own_jobs_only(caller)
+    if mine is None or owner == mine:
+        return None
+    by = owner or "an earlier coordinator's caller"
+    return denied(caller, f"read job {job_id} (submitted by {by})")
 
 
 class Scope:
@@ -80,9 +107,12 @@ class Scope:
         if who is None:
             return None
         if who.kind == "user":
-            job = state.jobs.get(request.job_id) if method == "CancelJob" else None
+            reads = method in _READ_JOB_METHODS
+            job = state.jobs.get(request.job_id) if reads or method == "CancelJob" else None
             if job is None or job.owner == who.label:
                 return None
+            if reads:
+                return read_refusal(caller, job.id, job.owner)
             owner = job.owner or "an earlier coordinator's caller"
             return denied(caller, f"cancel job {job.id} (submitted by {owner})")
         if method == "RegisterNode":

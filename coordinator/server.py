@@ -31,6 +31,7 @@ from hetero.coordinator.api import SERVICE_NAME, Api
 from hetero.coordinator.database import open_database
 from hetero.coordinator.dburl import masked
 from hetero.coordinator.identity import Caller, Identities
+from hetero.coordinator.logcaps import size_text
 from hetero.coordinator.metrics import ClusterCollector, RpcLatency
 from hetero.coordinator.metricsserver import MetricsServer
 from hetero.coordinator.service import Service, Settings
@@ -213,6 +214,10 @@ class CoordinatorServer:
         """One sweep now, as the sweeper's (silent nodes, restarts, the queue)."""
         self.run(self.service.sweep())
 
+    def prune(self) -> None:
+        """One pruning pass now, as the pruner's (retention, and the log caps' room)."""
+        self.run(self.service.prune())
+
     def snapshot(self) -> pb.ClusterSnapshot:
         """The cluster now, from memory (``WatchCluster``'s)."""
         return self.call(self.api.snapshot)
@@ -325,7 +330,8 @@ def serve(
     )
     log.info(
         "retention: telemetry %g h; interval stats whole for %g h, then 1 interval in %d, "
-        "deleted after %g days; log lines %g days, at most %d a job; events %g days",
+        "deleted after %g days; log lines %g days, at most %d a job; events %g days; "
+        "finished jobs %g days",
         settings.telemetry.retention_s / 3600,
         kept.raw_s / 3600,
         kept.thin_every,
@@ -333,6 +339,14 @@ def serve(
         logs.logs_keep_s / 86400,
         logs.lines_per_job,
         logs.events_keep_s / 86400,
+        settings.job_retention.keep_s / 86400,
+    )
+    caps = settings.log_caps
+    log.info(
+        "stored logs: at most %s a job, %s a user, %s in all",
+        size_text(caps.per_job),
+        size_text(caps.per_user),
+        size_text(caps.total),
     )
     if metrics_listen is not None and metrics_port is not None:
         host = metrics_listen.rpartition(":")[0]

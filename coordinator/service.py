@@ -28,11 +28,12 @@ from hetero.coordinator import lifecycle, persist
 from hetero.coordinator.admission import Limits
 from hetero.coordinator.cluster import Cluster, Rules
 from hetero.coordinator.database import read_session_factory, session_factory
+from hetero.coordinator.logcaps import LogCaps
 from hetero.coordinator.logpruning import prune_logs_batch
 from hetero.coordinator.models import TelemetryRow
-from hetero.coordinator.pruning import PruneState, prune_batch
+from hetero.coordinator.pruning import PruneState, prune_batch, prune_finished_jobs
 from hetero.coordinator.reports import HISTORY
-from hetero.coordinator.retention import IntervalRetention, LogRetention
+from hetero.coordinator.retention import IntervalRetention, JobRetention, LogRetention
 from hetero.coordinator.state import ClusterState, Node
 from hetero.coordinator.store.telemetry import TelemetryPolicy
 from hetero.coordinator.writer import FAILURE_LOG_S, StoreUnavailable, Writer
@@ -73,9 +74,9 @@ RELOAD_RETRY_S = 1.0
 @dataclass(frozen=True)
 class Settings:
     """What the coordinator answers by: its database, node health (seconds), the
-    rendezvous ports, retention, admission's limits, the roots jobs' paths must lie
-    under (None = only "absolute") and the paths they must not hold, and the clock
-    (tests move one by hand)."""
+    rendezvous ports, retention, admission's limits, the byte caps on stored logs, the
+    roots jobs' paths must lie under (None = only "absolute") and the paths they must
+    not hold, and the clock (tests move one by hand)."""
 
     db_url: str
     heartbeat_interval_s: float = defaults.HEARTBEAT_INTERVAL_S
@@ -85,7 +86,9 @@ class Settings:
     telemetry: TelemetryPolicy = field(default_factory=TelemetryPolicy)
     interval_retention: IntervalRetention = field(default_factory=IntervalRetention)
     log_retention: LogRetention = field(default_factory=LogRetention)
+    job_retention: JobRetention = field(default_factory=JobRetention)
     limits: Limits = field(default_factory=Limits)
+    log_caps: LogCaps = field(default_factory=LogCaps)
     allowed_roots: tuple[str, ...] | None = None
     #: The coordinator's own files and directories (``core.roots.absolute``), which no
     #: job path may hold (``core.roots.path_problem``).
@@ -406,12 +409,14 @@ class Service:
         await self.commit()
 
     async def prune(self) -> None:
-        """Telemetry, interval statistics, log lines and events within their retention, in
-        batches written by the writer between the others' (``pruning``, ``logpruning``)."""
+        """Telemetry, interval statistics, log lines, events and finished jobs within their
+        retention, in batches written by the writer between the others' (``pruning``,
+        ``logpruning``); the log caps' ledger gets back what the deleted lines weighed."""
         policy = self.settings.telemetry
         oldest = int((self.now() - policy.retention_s) // policy.period_s)
         await self.writer.write(persist.DropTelemetry(tuple(self.state.nodes), oldest))
         retention, logs = self.settings.interval_retention, self.settings.log_retention
+        jobs = self.settings.job_retention
         for _ in range(MAX_PRUNE_BATCHES):
             op = persist.Call(lambda s: prune_batch(s, retention, self._prune, now=self.now()))
             await self.writer.write(op)
@@ -419,7 +424,21 @@ class Service:
             if not op.result.more or self.stopping.is_set():
                 break
         for _ in range(MAX_PRUNE_BATCHES):
+            ledger = self.state.logs  # a reload meanwhile brings a ledger read after the delete
             op = persist.Call(lambda s: prune_logs_batch(s, logs, now=self.now()))
             await self.writer.write(op)
-            if not op.result[1] or self.stopping.is_set():
+            if self.state.logs is ledger:
+                ledger.release(op.result.freed)
+            if not op.result.more or self.stopping.is_set():
+                break
+        for _ in range(MAX_PRUNE_BATCHES):
+            ledger = self.state.logs
+            op = persist.Call(lambda s: prune_finished_jobs(s, jobs, now=self.now()))
+            await self.writer.write(op)
+            gone, more = op.result
+            if self.state.logs is ledger:
+                ledger.forget(gone)
+            for job_id in gone:  # no later write of it may bring its row back
+                self.state.forget_job(job_id)
+            if not more or self.stopping.is_set():
                 break

@@ -11,7 +11,8 @@ newest telemetry; every job not finished, and the finished ones for
 once, at submission or at load), its ranks, its newest plan, the recent intervals of
 its current attempt that straggler detection and the balancer read, and its newest
 events. What is too big to keep (log lines, every interval and plan of a job, jobs that
-ended long ago) stays in the database and is read from there when asked for.
+ended long ago) stays in the database and is read from there when asked for; what the
+stored lines weigh is kept, for the log caps (``logcaps``).
 
 The field names of :class:`Node`, :class:`Job` and :class:`Rank` are their tables'
 column names (``models``), so a row and its object read alike.
@@ -26,6 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from hetero.coordinator import lifecycle
+from hetero.coordinator.logcaps import LogLedger
 from hetero.coordinator.placement import DeviceSlot
 from hetero.core.balancer import Batches, RankInterval
 from hetero.core.jobspec import JobSpec
@@ -244,6 +246,8 @@ class ClusterState:
         self.next_event_id = next_event_id
         #: Where the next search for a free rendezvous port starts (``free_ports``).
         self.port_cursor = port_cursor
+        #: Bytes charged for every job's stored log lines, the ended ones' too (``logcaps``).
+        self.logs = LogLedger()
 
     # ---- nodes -------------------------------------------------------------------------
 

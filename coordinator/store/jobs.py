@@ -24,11 +24,16 @@ JobKey = tuple[float, str]
 
 
 def list_jobs(
-    s: Session, states: Sequence[str] = (), limit: int = 100, after: JobKey | None = None
+    s: Session,
+    states: Sequence[str] = (),
+    limit: int = 100,
+    after: JobKey | None = None,
+    owner: str | None = None,
 ) -> list[JobRow]:
     """Jobs newest first (then by id), those older than ``after`` when given (keyset
-    paging: a page costs the same however deep), ``limit`` at most. Their ranks and
-    the ranks' nodes come with them, in one more query each, not one per job."""
+    paging: a page costs the same however deep), ``limit`` at most, ``owner``'s alone
+    when given. Their ranks and the ranks' nodes come with them, in one more query
+    each, not one per job."""
     query = (
         select(JobRow)
         .options(selectinload(JobRow.ranks).joinedload(RankRow.node))
@@ -37,6 +42,8 @@ def list_jobs(
     )
     if states:
         query = query.where(JobRow.state.in_(states))
+    if owner is not None:
+        query = query.where(JobRow.owner == owner)
     if after is not None:
         submitted, job_id = after
         query = query.where(
@@ -46,8 +53,10 @@ def list_jobs(
     return list(s.scalars(query))
 
 
-def count_jobs(s: Session, states: Sequence[str] = ()) -> int:
+def count_jobs(s: Session, states: Sequence[str] = (), owner: str | None = None) -> int:
     query = select(func.count()).select_from(JobRow)
     if states:
         query = query.where(JobRow.state.in_(states))
+    if owner is not None:
+        query = query.where(JobRow.owner == owner)
     return s.scalar(query) or 0

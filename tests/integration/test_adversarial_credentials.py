@@ -219,9 +219,71 @@ def test_a_user_cancels_only_their_own_jobs_and_is_limited_by_name(tmp_path: Pat
         drain = _denied(lambda: bob.DrainNode(pb.DrainNodeRequest(node="node-a"), timeout=5))
         assert drain == "permission denied: user:bob may not call DrainNode"
         assert ana.CancelJob(cancel, timeout=DEADLINE_S).state == pb.JOB_STATE_CANCELLED
-        bob.ListJobs(pb.ListJobsRequest(), timeout=DEADLINE_S)  # users read everything
         admin = served.stub(served.cluster)
         admin.CancelJob(pb.CancelJobRequest(job_id=bobs), timeout=DEADLINE_S)  # the admin: any
+
+
+def test_a_user_reads_only_their_own_jobs_and_the_read_role_reads_all(tmp_path: Path) -> None:
+    """A user's credential lists, reads, follows and watches its own jobs alone, whether
+    the coordinator holds the job or reads it from its database; the read token and
+    the cluster token read every job (issue #33: any user read every job's spec and logs)."""
+    from handclock import Clock
+
+    from hetero.coordinator.roles import ROLES
+    from hetero.security.auth import RoleToken
+
+    clock = Clock()
+    settings = Settings(db_url=f"sqlite:///{tmp_path / 'c.db'}", clock=clock)
+    cluster, reader, named = new_token(), new_token(), NamedCredentials(new_token(), NAMED)
+    security = ServerSecurity(
+        token=cluster, roles=(RoleToken("read", reader, ROLES["read"]),), named=named
+    )
+    server, port = create_server("127.0.0.1:0", settings, security)
+    server.start()
+    served = Served(f"127.0.0.1:{port}", cluster, named, server)
+    try:
+        admin = served.stub(cluster)
+        device = tpb.DeviceProfile(index=0, name="cpu", kind=tpb.DEVICE_KIND_CPU, compute_score=1)
+        node = pb.RegisterNodeRequest(name="node-a", address="10.0.0.2", devices=[device])
+        admin.RegisterNode(node, timeout=DEADLINE_S)
+        ana, bob = served.user("ana"), served.user("bob")
+        spec = pb.SubmitJobRequest(spec_yaml=JOB.replace("ranks: 2", "ranks: 1"))
+        anas = ana.SubmitJob(spec, timeout=DEADLINE_S).job_id
+        bobs = bob.SubmitJob(spec, timeout=DEADLINE_S).job_id
+        line = pb.LogLine(rank=0, text="bob's secret")
+        admin.AppendJobLogs(pb.AppendJobLogsRequest(job_id=bobs, lines=[line]), timeout=5)
+
+        def reads_of_bobs_job(who: pb_grpc.CoordinatorStub) -> list[str]:
+            return [
+                _denied(lambda: who.GetJob(pb.GetJobRequest(job_id=bobs), timeout=5)),
+                _denied(lambda: who.GetJobDetail(pb.GetJobDetailRequest(job_id=bobs), timeout=5)),
+                _denied(lambda: who.GetJobLogs(pb.GetJobLogsRequest(job_id=bobs), timeout=5)),
+            ]
+
+        refused = f"permission denied: user:ana may not read job {bobs} (submitted by user:bob)"
+        assert reads_of_bobs_job(ana) == [refused] * 3
+        listed = ana.ListJobs(pb.ListJobsRequest(), timeout=DEADLINE_S)
+        assert [j.id for j in listed.jobs] == [anas] and listed.total == 1
+        watch = ana.WatchCluster(pb.WatchClusterRequest(), timeout=DEADLINE_S)
+        snapshot = next(iter(watch))
+        watch.cancel()
+        assert [j.id for j in snapshot.jobs] == [anas]
+        assert [n.name for n in snapshot.nodes] == ["node-a"], "nodes are everyone's to see"
+        assert ana.GetJob(pb.GetJobRequest(job_id=anas), timeout=DEADLINE_S).id == anas
+        for everyone in (served.stub(reader), admin):
+            listed = everyone.ListJobs(pb.ListJobsRequest(), timeout=DEADLINE_S)
+            assert {j.id for j in listed.jobs} == {anas, bobs} and listed.total == 2
+            logs = everyone.GetJobLogs(pb.GetJobLogsRequest(job_id=bobs), timeout=DEADLINE_S)
+            assert [x.text for x in logs.lines] == ["bob's secret"]
+        # A job that ended long ago is read from the database: checked by its stored owner.
+        admin.CancelJob(pb.CancelJobRequest(job_id=bobs), timeout=DEADLINE_S)
+        clock.now += 2 * 3600
+        server.sweep()
+        assert bobs not in {j.id for j in server.snapshot().jobs}, "no longer held"
+        assert reads_of_bobs_job(ana) == [refused] * 3
+        assert bob.GetJob(pb.GetJobRequest(job_id=bobs), timeout=DEADLINE_S).id == bobs
+    finally:
+        server.stop(0).wait()
 
 
 def test_forged_revoked_and_foreign_credentials_are_unauthenticated(tmp_path: Path) -> None:

@@ -67,10 +67,14 @@ def test_lines_the_coordinator_refused_or_that_no_longer_fit_are_counted(tmp_pat
     _run_to_end(sup, "job-a", 3)
     first = sup.take_lines()
     assert [x.text for x in first] == [str(i) for i in range(8)]
-    sup.count_dropped(first[:3])  # refused by the coordinator
+    sup.count_dropped(first[:3], "refused by the coordinator: no")  # the note says why
     sup.put_back(first[3:])  # unreachable: back into the queue
     again = sup.take_lines()
-    assert again[0].text.startswith(f"{DROPPED_PREFIX}3 lines dropped") and again[0].rank == 3
+    assert again[0].text == (
+        f"{DROPPED_PREFIX}3 lines dropped before shipping (refused by the coordinator: no); "
+        "rank3.log* on the node have them"
+    )
+    assert again[0].rank == 3
     assert [x.text for x in again[1:]] == [str(i) for i in range(3, 8)]
     sup.put_back(again)  # the note is put back like any line, never counted as a drop
     assert sup.take_lines()[0].text == again[0].text and sup.dropped_total == 3

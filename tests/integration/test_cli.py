@@ -334,16 +334,16 @@ def test_job_output_and_node_fields_cannot_drive_the_terminal(coordinator) -> No
             name="laptop",
             address="127.0.0.1",
             devices=[
-                tpb.DeviceProfile(
-                    index=0,
-                    name=f"cpu{TERMINAL_ATTACK}",
-                    kind=tpb.DEVICE_KIND_CPU,
-                    compute_score=1.0,
-                )
+                tpb.DeviceProfile(index=0, name="cpu", kind=tpb.DEVICE_KIND_CPU, compute_score=1.0)
             ],
         ),
         timeout=5,
     )
+    # The API refuses such a name now (``coordinator.bounds``); a database an older
+    # coordinator wrote may still hold one.
+    with sqlite3.connect(coordinator.db_path) as db:
+        db.execute("UPDATE devices SET name = ?", (f"cpu{TERMINAL_ATTACK}",))
+    coordinator.restart()
     job_id = _cli("submit", str(DEMO), "--coordinator", coordinator.address).stdout.strip()
     line = pb.LogLine(rank=0, stream="stdout", text=f"step 1 {TERMINAL_ATTACK} loss 0.5")
     coordinator.stub.AppendJobLogs(pb.AppendJobLogsRequest(job_id=job_id, lines=[line]), timeout=5)

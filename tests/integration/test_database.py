@@ -196,6 +196,11 @@ def test_a_pre_alembic_database_is_upgraded_on_open_and_loses_no_row(
         with engine.connect() as conn:
             got = conn.execute(text("SELECT host_profile FROM nodes")).all()
         assert [tuple(r) for r in got] == [("",)] * len(got)
+        # Revision 0008's: lines stored before the log caps weigh nothing against them.
+        revised |= {("jobs", "log_bytes"), ("log_lines", "cost_bytes")}
+        with engine.connect() as conn:
+            got = conn.execute(text("SELECT log_bytes FROM jobs")).all()
+        assert [tuple(r) for r in got] == [(0,)] * ROWS
         if version == 3:  # revision 0002's columns, with the values of a device without them
             assert added == revised | {
                 ("devices", "suspect"),

@@ -69,9 +69,9 @@ def _prune_logs(sessions: sessionmaker[Session], policy: LogRetention) -> int:
     removed = 0
     while True:
         with sessions.begin() as s:
-            batch, more = prune_logs_batch(s, policy, now=NOW)
-        removed += batch
-        if not more:
+            batch = prune_logs_batch(s, policy, now=NOW)
+        removed += batch.removed
+        if not batch.more:
             return removed
 
 

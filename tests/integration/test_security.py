@@ -215,12 +215,20 @@ def test_values_outside_the_schema_are_invalid_argument_naming_the_field(serve) 
     with client_channel(s.address) as channel:
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)
         cases = [
-            (stub.ListJobs, pb.ListJobsRequest(limit=-1), "limit must be >= 0, got -1"),
-            (stub.ListJobs, pb.ListJobsRequest(states=[99]), "states: unknown value 99"),
+            (
+                stub.ListJobs,
+                pb.ListJobsRequest(limit=-1),
+                "ListJobs: limit: must be in [0, 2147483647], got -1",
+            ),
+            (
+                stub.ListJobs,
+                pb.ListJobsRequest(states=[99]),
+                "ListJobs: states[0]: unknown value 99",
+            ),
             (
                 stub.ReportRankStatus,
                 pb.ReportRankStatusRequest(job_id="j", state=-3),
-                "state: unknown value -3",
+                "ReportRankStatus: state: unknown value -3",
             ),
             (
                 stub.RegisterNode,
@@ -229,7 +237,7 @@ def test_values_outside_the_schema_are_invalid_argument_naming_the_field(serve) 
                     address="a",
                     devices=[tpb.DeviceProfile(compute_score=1, emulated_slowdown=float("nan"))],
                 ),
-                "node n device 0: emulated_slowdown must be in [1, 100] (or unset), got nan",
+                "RegisterNode: devices[0].emulated_slowdown: must be a finite number, got nan",
             ),
         ]
         for method, request, message in cases:
