@@ -43,13 +43,16 @@ def test_the_disk_read_and_links_are_kept_shown_and_survive_a_restart(
         (tpb.HostProfile(disk_read_method="guessed"), "disk_read_method must be one of"),
         (
             tpb.HostProfile(disk_read_bytes_per_s=float("nan")),
-            "disk_read_bytes_per_s must be a finite",
+            "host.disk_read_bytes_per_s: must be a finite number",
         ),
         (
             tpb.HostProfile(peer_links=[tpb.PeerLink(peer="\x1b]0;x", rtt_s=0.1)]),
-            "printable node id",
+            "host.peer_links[0].peer: must be one printable line",
         ),
-        (tpb.HostProfile(peer_links=[tpb.PeerLink(peer="n2", rtt_s=-1)]), "rtt_s must be a finite"),
+        (
+            tpb.HostProfile(peer_links=[tpb.PeerLink(peer="n2", rtt_s=-1)]),
+            "host.peer_links[0].rtt_s: must be in [0,",
+        ),
     ],
 )
 def test_a_host_profile_that_makes_no_sense_is_refused_in_one_line(
