@@ -55,9 +55,13 @@ def test_torchrun_ranks_attach_take_the_coordinators_plans_and_detach(
     job = coordinator.stub.GetJob(pb.GetJobRequest(job_id=seen.id), timeout=5)
     assert job.state == pb.JOB_STATE_SUCCEEDED, job.message
     assert job.last_step > 0, "rank 0 reported its intervals"
-    # The coordinator planned it: the 4x slow rank 1 got fewer samples, and rank 0 ran it.
-    assert job.plan.version > 1 and job.plan.batches[1] < job.plan.batches[0], job.plan
-    assert f"final plan {list(job.plan.batches)}" in out, out[-2000:]
+    # The coordinator planned it: a plan of its gave the 4x slow rank 1 fewer samples, and
+    # the ranks ran one of its plans to the end (the report of the last boundary may make
+    # a newer one that no step runs, and a late plan may go back to equal batches).
+    detail = coordinator.stub.GetJobDetail(pb.GetJobDetailRequest(job_id=seen.id), timeout=5)
+    made = [list(p.batches) for p in detail.plans]
+    assert job.plan.version > 1 and any(b[1] < b[0] for b in made[1:]), made
+    assert any(f"final plan {batches}" in out for batches in made), (made, out[-2000:])
     assert render.state_name(job).startswith("succeeded (torchrun")  # hetero-coord jobs
     assert state.job_view(job).launcher.startswith("torchrun")  # hetero-top's " ext"
     kinds = [e.kind for e in job.events]
