@@ -7,6 +7,13 @@ rank that exits takes its group with it. On Linux each rank also gets
 the kernel kills the rank; what the rank started is ended by the agent's next
 start from the records of ``agent.leftovers``, so nothing is orphaned.
 
+The death signal is set by a few lines of Python the rank's process runs before
+it execs the rank's program (``_EXEC_WITH_DEATHSIG``), not by a ``preexec_fn``:
+the agent is a threaded gRPC process, and a ``preexec_fn`` makes ``subprocess``
+fork it whole and run the at-fork handlers of gRPC's threads in the child, which
+then aborted now and then before the rank's program began ("Mutex::Fer with
+pending CondVar"); without one ``subprocess`` uses ``vfork``, which runs none.
+
 Output lines go to ``<state>/jobs/<job>/rank<r>.log`` (capped and rotated:
 ``agent.ranklog``) and to a queue the agent ships to the coordinator with
 ``AppendJobLogs``. The queue is bounded; a line it has no room for is dropped
@@ -25,10 +32,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import ctypes
-import ctypes.util
+import errno
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -53,17 +60,49 @@ DROPPED_PREFIX = "[hetero-agent] "
 #: Why lines were dropped when the queue had no room for them.
 QUEUE_FULL = "the agent's queue was full"
 
-_PR_SET_PDEATHSIG = 1
-_libc = (
-    ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-    if os.name == "posix"
-    else None
-)
+#: Run as ``python -I -S -c CODE AGENT_PID PROGRAM ARGV...`` in the rank's process: ask
+#: for SIGKILL when the agent dies (PR_SET_PDEATHSIG, 1), give up if it already has,
+#: put back the signal defaults Python changed (an ignored SIGPIPE would outlive the
+#: exec), then become the rank's program; 127 and one line if that cannot start.
+_EXEC_WITH_DEATHSIG = """\
+import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+if os.getppid() != int(sys.argv[1]):
+    os._exit(128 + signal.SIGKILL)
+for name in ("SIGPIPE", "SIGXFSZ"):
+    if hasattr(signal, name):
+        signal.signal(getattr(signal, name), signal.SIG_DFL)
+try:
+    os.execv(sys.argv[2], sys.argv[3:])
+except OSError as exc:
+    sys.stderr.write(f"hetero-agent: cannot start {sys.argv[2]}: {exc.strerror}\\n")
+    os._exit(127)
+"""
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec: C calls only
-    if _libc is not None and sys.platform.startswith("linux"):
-        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+def _program(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> str:
+    """The file ``argv[0]`` names, found as ``subprocess`` would (the rank's ``PATH``, a
+    path with a slash from ``cwd``). Raises ``FileNotFoundError`` or ``PermissionError``."""
+    name = argv[0]
+    if os.sep in name:
+        path = str(cwd / name)
+        if not os.path.exists(path):
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), name)
+        if os.path.isdir(path) or not os.access(path, os.X_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), name)
+        return path
+    found = shutil.which(name, path=env.get("PATH", os.defpath))
+    if found is None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), name)
+    return str(Path(cwd, found))
+
+
+def _with_deathsig(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> list[str]:
+    """``argv`` run so that the rank dies with the agent (Linux); unchanged elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return list(argv)
+    program = _program(argv, env, cwd)
+    return [sys.executable, "-I", "-S", "-c", _EXEC_WITH_DEATHSIG, str(os.getpid()), program, *argv]
 
 
 @dataclass(frozen=True)
@@ -180,14 +219,13 @@ class Supervisor:
         cwd.mkdir(parents=True, exist_ok=True)
         log_path = job_dir / f"rank{rank}.log"
         proc = subprocess.Popen(
-            list(argv),
+            _with_deathsig(argv, env, cwd),
             env=dict(env),
             cwd=cwd,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
-            preexec_fn=_die_with_parent,  # a prctl() call only: no Python locks
         )
         self.records.record(job_id, rank, attempt, proc.pid)
         if progress_file is not None:

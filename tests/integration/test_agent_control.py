@@ -366,3 +366,37 @@ def test_supervisor_escalates_to_sigkill_and_captures_output(tmp_path: Path) -> 
         time.sleep(0.05)
     assert exits and exits[0].code == 128 + signal.SIGKILL and exits[0].stopped
     assert "ready" in (tmp_path / "jobs" / "j" / "rank0.log").read_text()
+
+
+def test_supervisor_starts_a_rank_without_forking_the_agent_and_it_dies_with_the_agent(
+    tmp_path: Path,
+) -> None:
+    """The agent is a threaded gRPC process: forking it whole runs gRPC's at-fork handlers
+    in the child, which aborted a rank now and then before its program began. A launch
+    runs no at-fork handler of the agent's, the rank's program still gets the death signal
+    and Python's ignored SIGPIPE is not passed on; a program that is not there is refused
+    at launch, naming it."""
+    forks: list[int] = []
+    os.register_at_fork(before=lambda: forks.append(os.getpid()))
+    sup = Supervisor(tmp_path)
+    show = "grep -E '^(SigIgn|PPid):' /proc/$$/status"
+    sup.launch("j", 0, ["sh", "-c", show], dict(os.environ), tmp_path / "w")
+    deathsig = (
+        "import ctypes; v = ctypes.c_int(); "
+        "ctypes.CDLL(None).prctl(2, ctypes.byref(v)); print('deathsig', v.value)"
+    )
+    sup.launch("j", 1, [sys.executable, "-c", deathsig], dict(os.environ), tmp_path / "w")
+    deadline = time.monotonic() + 20
+    exits: list = []
+    while len(exits) < 2 and time.monotonic() < deadline:
+        exits += sup.poll()
+        time.sleep(0.05)
+    assert sorted(x.code for x in exits) == [0, 0]
+    assert forks == [], "launching a rank forked the agent's process"
+    log = (tmp_path / "jobs" / "j" / "rank0.log").read_text()
+    assert "SigIgn:\t0000000000000000" in log, log
+    assert f"PPid:\t{os.getpid()}" in log, log
+    log = (tmp_path / "jobs" / "j" / "rank1.log").read_text()
+    assert f"deathsig {int(signal.SIGKILL)}" in log, log
+    with pytest.raises(FileNotFoundError, match="no-such-program"):
+        sup.launch("j", 2, ["no-such-program"], dict(os.environ), tmp_path / "w")
