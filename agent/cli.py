@@ -102,6 +102,12 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="run ranks even as root (they run as the agent's user; see docs/deploy.md)",
     )
+    run.add_argument(
+        "--rank-user",
+        metavar="NAME",
+        help="run every rank as this unprivileged account (the agent must run as root): "
+        "a job's code then reads none of the agent's files (docs/deploy.md)",
+    )
     run.add_argument("--name", help="node name (default: the hostname)")
     run.add_argument("--address", help="address other nodes reach this node at")
     run.add_argument(
@@ -143,7 +149,7 @@ def _config(args: argparse.Namespace) -> AgentConfig:
     }
     names: tuple[str, ...] = ("name", "address", "local_listen", "metrics_listen", "cpu_threads")
     names += ("stop_grace_s", "insecure", "allow_root", "watchdog_s", "token_file", "tls_ca")
-    names += ("tls_cert", "tls_key")
+    names += ("tls_cert", "tls_key", "rank_user")
     for name in names:
         flags[name] = getattr(args, name, None)
     return with_flags(load_config(args.config), **flags)
@@ -281,8 +287,13 @@ def _run(config: AgentConfig, refresh: bool) -> int:
         check_listen(
             config.metrics_listen, ServerSecurity(insecure=config.insecure), "agent /metrics"
         )
-    refuse_root(config.allow_root)
-    private_dir(config.resolved_state_dir)
+    ranks_as = config.rank_account()
+    refuse_root(config.allow_root, rank_user=ranks_as is not None)
+    private_dir(config.resolved_state_dir, passable=ranks_as is not None)
+    if ranks_as is not None:
+        logging.getLogger("hetero.agent").info(
+            "ranks run as %s (uid %d, gid %d)", ranks_as.name, ranks_as.uid, ranks_as.gid
+        )
     # What a killed predecessor left running goes first: before the profile, which
     # takes seconds and would measure beside it.
     leftovers = RankRecords(config.resolved_state_dir).end_leftovers()

@@ -17,6 +17,7 @@ from hetero.core.defaults import LOG_FORMATS, default_state_dir
 from hetero.core.errors import ConfigError
 from hetero.core.roots import absolute
 from hetero.core.yamlfields import Fields
+from hetero.security.permissions import RankUser, rank_user
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,9 @@ class AgentConfig:
     insecure: bool = False
     #: Run ranks even when the agent is root (they run as the agent's user).
     allow_root: bool = False
+    #: An unprivileged account every rank runs as (the agent must run as root): ranks
+    #: then read none of the agent's files. None: ranks run as the agent's user.
+    rank_user: str | None = None
     #: Seconds a rank may go without progress (a step, an output line) before the
     #: agent kills it and reports it failed. Generous: loading data or a checkpoint,
     #: or the ideal measurement after training, shows no step progress.
@@ -85,6 +89,10 @@ class AgentConfig:
                 raise ConfigError(f"{key} must be host:port, got {value!r}")
         if self.metrics_listen is not None and not _host_port(self.metrics_listen):
             raise ConfigError(f"metrics_listen must be host:port, got {self.metrics_listen!r}")
+
+    def rank_account(self) -> RankUser | None:
+        """The ``rank_user`` account; ``ConfigError`` if it cannot be used here."""
+        return rank_user(self.rank_user) if self.rank_user else None
 
     @property
     def rank_logs(self) -> RankLogLimits:
@@ -144,6 +152,7 @@ def load_config(path: Path | None) -> AgentConfig:
         tls_key=f.path("tls_key"),
         insecure=f.boolean("insecure", False),
         allow_root=f.boolean("allow_root", False),
+        rank_user=f.string("rank_user"),
         watchdog_s=f.number("watchdog_s", d.watchdog_s, positive=True) or d.watchdog_s,
         rank_log_max_bytes=f.integer("rank_log_max_bytes", MAX_BYTES, minimum=4096) or MAX_BYTES,
         rank_log_keep=f.integer("rank_log_keep", KEEP, minimum=1) or KEEP,

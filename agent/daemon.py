@@ -67,7 +67,12 @@ class Agent:
         self.security = security or ClientSecurity()
         gpus = [d.index for d in self.profile.devices if d.kind == "cuda"]
         cpus = [d.index for d in self.profile.devices if d.kind != "cuda"]
-        self.supervisor = Supervisor(self.state_dir, clock=clock, log_limits=config.rank_logs)
+        self.supervisor = Supervisor(
+            self.state_dir,
+            clock=clock,
+            log_limits=config.rank_logs,
+            rank_user=config.rank_account(),
+        )
         self.telemetry = TelemetrySampler(
             nvml or Nvml(), gpus, cpu_indexes=cpus, clock=clock, rank_pids=self.supervisor.pids
         )

@@ -12,8 +12,10 @@ attached to any logger, so nothing else reaches these files.
 
 from __future__ import annotations
 
+import io
 import logging
 import logging.handlers
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,9 +43,15 @@ class RankLogLimits:
 
 
 class _Rotating(logging.handlers.RotatingFileHandler):
-    """Counts write failures (a full disk) instead of printing a traceback per line."""
+    """Counts write failures (a full disk) instead of printing a traceback per line. Its
+    files are 0640 at most whatever the umask (ranks under a ``rank_user`` pass through
+    the job's directory) and never a link's target."""
 
     failures = 0
+
+    def _open(self) -> io.TextIOWrapper:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        return open(os.open(self.baseFilename, flags, 0o640), "a", encoding=self.encoding)
 
     def handleError(self, record: logging.LogRecord) -> None:
         self.failures += 1

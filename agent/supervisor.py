@@ -8,11 +8,18 @@ the kernel kills the rank; what the rank started is ended by the agent's next
 start from the records of ``agent.leftovers``, so nothing is orphaned.
 
 The death signal is set by a few lines of Python the rank's process runs before
-it execs the rank's program (``_EXEC_WITH_DEATHSIG``), not by a ``preexec_fn``:
+it execs the rank's program (``_EXEC_RANK``), not by a ``preexec_fn``:
 the agent is a threaded gRPC process, and a ``preexec_fn`` makes ``subprocess``
 fork it whole and run the at-fork handlers of gRPC's threads in the child, which
 then aborted now and then before the rank's program began ("Mutex::Fer with
 pending CondVar"); without one ``subprocess`` uses ``vfork``, which runs none.
+
+An agent running as root with a ``rank_user`` (``security.permissions.RankUser``)
+starts every rank as that account, in the same lines: the rank then reads none
+of the agent's files (its token file, its state directory) and may gain no
+privilege. Its working directory ``<state>/jobs/<job>/rank<r>`` is then the
+rank user's (0700), and the directories above it let others pass (0711) but not
+list; the rank logs beside it stay the agent's (0640).
 
 Output lines go to ``<state>/jobs/<job>/rank<r>.log`` (capped and rotated:
 ``agent.ranklog``) and to a queue the agent ships to the coordinator with
@@ -48,6 +55,7 @@ from typing import IO
 
 from hetero.agent.leftovers import RankRecords
 from hetero.agent.ranklog import RankLog, RankLogLimits
+from hetero.security.permissions import RankUser
 
 log = logging.getLogger("hetero.agent.supervisor")
 
@@ -60,22 +68,38 @@ DROPPED_PREFIX = "[hetero-agent] "
 #: Why lines were dropped when the queue had no room for them.
 QUEUE_FULL = "the agent's queue was full"
 
-#: Run as ``python -I -S -c CODE AGENT_PID PROGRAM ARGV...`` in the rank's process: ask
-#: for SIGKILL when the agent dies (PR_SET_PDEATHSIG, 1), give up if it already has,
-#: put back the signal defaults Python changed (an ignored SIGPIPE would outlive the
-#: exec), then become the rank's program; 127 and one line if that cannot start.
-_EXEC_WITH_DEATHSIG = """\
+#: Run as ``python -I -S -c CODE AGENT_PID USER PROGRAM ARGV...`` in the rank's process.
+#: USER is ``-`` (the agent's) or ``UID:GID:GROUP,GROUP``: the rank then takes those
+#: ids and groups and may gain no privilege (``PR_SET_NO_NEW_PRIVS``, 38: no set-uid
+#: program). Then: ask for SIGKILL when the agent dies (``PR_SET_PDEATHSIG``, 1; after
+#: the switch, which clears it), give up if the agent is gone already, put back the
+#: signal defaults Python changed (an ignored SIGPIPE would outlive the exec) and
+#: become the rank's program; one line and 126 or 127 if any of it fails.
+_EXEC_RANK = """\
 import ctypes, os, signal, sys
-ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
-if os.getppid() != int(sys.argv[1]):
+libc = ctypes.CDLL(None, use_errno=True)
+agent, user, program = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+try:
+    if user != "-":
+        uid, gid, groups = user.split(":")
+        os.setgroups([int(g) for g in groups.split(",") if g])
+        os.setresgid(int(gid), int(gid), int(gid))
+        os.setresuid(int(uid), int(uid), int(uid))
+        if libc.prctl(38, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+except OSError as exc:
+    sys.stderr.write(f"hetero-agent: cannot run as {user}: {exc.strerror}\\n")
+    os._exit(126)
+libc.prctl(1, signal.SIGKILL)
+if os.getppid() != agent:
     os._exit(128 + signal.SIGKILL)
 for name in ("SIGPIPE", "SIGXFSZ"):
     if hasattr(signal, name):
         signal.signal(getattr(signal, name), signal.SIG_DFL)
 try:
-    os.execv(sys.argv[2], sys.argv[3:])
+    os.execv(program, sys.argv[4:])
 except OSError as exc:
-    sys.stderr.write(f"hetero-agent: cannot start {sys.argv[2]}: {exc.strerror}\\n")
+    sys.stderr.write(f"hetero-agent: cannot start {program}: {exc.strerror}\\n")
     os._exit(127)
 """
 
@@ -97,12 +121,18 @@ def _program(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> str:
     return str(Path(cwd, found))
 
 
-def _with_deathsig(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> list[str]:
-    """``argv`` run so that the rank dies with the agent (Linux); unchanged elsewhere."""
+def _exec_argv(
+    argv: Sequence[str], env: Mapping[str, str], cwd: Path, user: RankUser | None
+) -> list[str]:
+    """``argv`` run so that the rank dies with the agent, as ``user`` if given (Linux);
+    unchanged elsewhere."""
     if not sys.platform.startswith("linux"):
         return list(argv)
+    who = "-"
+    if user is not None:
+        who = f"{user.uid}:{user.gid}:{','.join(str(g) for g in user.groups)}"
     program = _program(argv, env, cwd)
-    return [sys.executable, "-I", "-S", "-c", _EXEC_WITH_DEATHSIG, str(os.getpid()), program, *argv]
+    return [sys.executable, "-I", "-S", "-c", _EXEC_RANK, str(os.getpid()), who, program, *argv]
 
 
 @dataclass(frozen=True)
@@ -171,8 +201,12 @@ class Supervisor:
         clock: Callable[[], float] = time.time,
         log_limits: RankLogLimits | None = None,
         max_pending_lines: int = MAX_PENDING_LINES,
+        rank_user: RankUser | None = None,
     ) -> None:
+        self.state_dir = state_dir
         self.jobs_dir = state_dir / "jobs"
+        #: Who ranks run as; None: the agent's own user.
+        self.rank_user = rank_user
         self.clock = clock
         self.log_limits = log_limits or RankLogLimits()
         #: Every running rank, on disk: what a restarted agent ends (``agent.leftovers``).
@@ -187,6 +221,24 @@ class Supervisor:
 
     def job_dir(self, job_id: str) -> Path:
         return self.jobs_dir / job_id
+
+    def _hand_over(self, cwd: Path) -> None:
+        """Make ``cwd`` the rank user's own (0700), reachable through directories others
+        may pass but not list (0711) from the state directory down."""
+        assert self.rank_user is not None
+        if self.state_dir in cwd.parents:
+            for path in cwd.parents:
+                path.chmod(0o711)
+                if path == self.state_dir:
+                    break
+        os.chown(cwd, self.rank_user.uid, self.rank_user.gid)
+        cwd.chmod(0o700)
+
+    def _home(self, cwd: Path) -> str:
+        """The rank user's home where it exists, else the rank's working directory
+        (``nobody``'s is ``/nonexistent``)."""
+        assert self.rank_user is not None
+        return self.rank_user.home if os.path.isdir(self.rank_user.home) else str(cwd)
 
     def pids(self) -> set[int]:
         """Pids of the running ranks; safe to call from the telemetry thread (the copy
@@ -217,9 +269,13 @@ class Supervisor:
         job_dir = self.job_dir(job_id)
         job_dir.mkdir(parents=True, exist_ok=True)
         cwd.mkdir(parents=True, exist_ok=True)
+        if self.rank_user is not None:
+            self._hand_over(cwd)
+            env = {**env, "HOME": self._home(cwd)}
+            env.update(USER=self.rank_user.name, LOGNAME=self.rank_user.name)
         log_path = job_dir / f"rank{rank}.log"
         proc = subprocess.Popen(
-            _with_deathsig(argv, env, cwd),
+            _exec_argv(argv, env, cwd, self.rank_user),
             env=dict(env),
             cwd=cwd,
             stdin=subprocess.DEVNULL,

@@ -8,7 +8,9 @@ token, rank logs and checkpoints they create are then readable by their own user
 exists with permissions for others is tightened when this user owns it.
 
 The agent runs every rank as its own user, so an agent running as root would run
-every job's ``command:`` as root: it refuses unless told ``--allow-root``.
+every job's ``command:`` as root: it refuses unless told ``--allow-root``, or given
+a ``rank_user`` (:func:`rank_user`): an unprivileged account every rank runs as,
+which reads none of the agent's files.
 
 A rank of the agent's own user could still read the agent's secrets through
 ``/proc/<agent>/environ`` (``$HETERO_TOKEN`` in a container) and
@@ -24,9 +26,11 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import pwd
 import stat
 import sys
 from collections.abc import MutableMapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from hetero.core.errors import ConfigError
@@ -42,28 +46,71 @@ def set_daemon_umask() -> None:
     os.umask(DAEMON_UMASK)
 
 
-def private_dir(path: Path) -> Path:
+def private_dir(path: Path, *, passable: bool = False) -> Path:
     """``path`` created if missing (0750 under the daemon umask); if it exists with
-    access for others and belongs to this user, that access is removed (logged)."""
+    access for others and belongs to this user, that access is removed (logged).
+    ``passable``: others may pass through it (x), as ranks under a ``rank_user`` do on
+    the way to their working directories, but neither list nor write it."""
+    kept = stat.S_IXOTH if passable else 0
     try:
         path.mkdir(parents=True, exist_ok=True, mode=0o750)
         info = path.stat()
-        if info.st_mode & stat.S_IRWXO and info.st_uid == os.geteuid():
-            path.chmod(stat.S_IMODE(info.st_mode) & ~stat.S_IRWXO)
-            log.warning("state directory %s was open to other users; now %o", path, 0o750)
+        if info.st_mode & stat.S_IRWXO & ~kept and info.st_uid == os.geteuid():
+            mode = stat.S_IMODE(info.st_mode) & ~stat.S_IRWXO | kept
+            path.chmod(mode)
+            log.warning("state directory %s was open to other users; now %o", path, mode)
     except OSError as exc:
         raise ConfigError(f"cannot create state directory {path}: {exc.strerror}") from None
     return path
 
 
-def refuse_root(allow_root: bool, euid: int | None = None) -> None:
-    """Raise unless this process is not root or ``allow_root`` says running ranks as
-    root is intended (``euid`` for tests; default this process's)."""
-    if (os.geteuid() if euid is None else euid) == 0 and not allow_root:
+def refuse_root(allow_root: bool, euid: int | None = None, *, rank_user: bool = False) -> None:
+    """Raise unless this process is not root, or its ranks run as a ``rank_user``, or
+    ``allow_root`` says running ranks as root is intended (``euid`` for tests; default
+    this process's)."""
+    if (os.geteuid() if euid is None else euid) == 0 and not (allow_root or rank_user):
         raise ConfigError(
             "refusing to run ranks as root: every job's command would run as root; run the "
-            "agent as a service user (docs/deploy.md), or pass --allow-root"
+            "agent as a service user, or as root with --rank-user NAME (docs/deploy.md), "
+            "or pass --allow-root"
         )
+
+
+@dataclass(frozen=True)
+class RankUser:
+    """The unprivileged account an agent started as root runs every rank as: the rank
+    gets its uid, primary group and supplementary groups (``video``/``render`` for the
+    GPUs where the driver asks for them), its home directory as ``HOME`` where it has one."""
+
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    home: str
+
+
+def rank_user(name: str, euid: int | None = None) -> RankUser:
+    """The account ``name`` as a :class:`RankUser`. Raises ``ConfigError`` for an unknown
+    user, for root, and where this process (``euid``) is not root: only root can start a
+    process as another user without handing it capabilities of its own (a non-root
+    agent's ambient capabilities would outlive the switch)."""
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        raise ConfigError(f"rank_user: no user {name!r} on this host") from None
+    if entry.pw_uid == 0:
+        raise ConfigError(
+            f"rank_user: {name} is root; name an unprivileged account "
+            "(useradd --system --shell /usr/sbin/nologin hetero-rank)"
+        )
+    me = os.geteuid() if euid is None else euid
+    if me != 0:
+        raise ConfigError(
+            f"rank_user: {name}: starting ranks as another user needs an agent running as "
+            f"root (this one runs as uid {me})"
+        )
+    groups = tuple(os.getgrouplist(name, entry.pw_gid))
+    return RankUser(name, entry.pw_uid, entry.pw_gid, groups, entry.pw_dir)
 
 
 #: ``prctl`` option that sets whether this process can be dumped or traced (linux/prctl.h).

@@ -19,6 +19,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,7 +27,12 @@ from pathlib import Path
 
 import grpc
 import pytest
+from conftest import hand_clocked, start_coordinator
+from handclock import Clock
 
+from hetero.agent.config import AgentConfig
+from hetero.agent.daemon import Agent
+from hetero.agent.profile import DeviceMeasure, NodeProfile
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
 
@@ -291,9 +297,37 @@ def test_the_agent_refuses_to_run_ranks_as_root_without_allow_root(tmp_path: Pat
     assert refused.returncode == 2
     assert refused.stderr.splitlines() == [
         "error: refusing to run ranks as root: every job's command would run as root; run the "
-        "agent as a service user (docs/deploy.md), or pass --allow-root"
+        "agent as a service user, or as root with --rank-user NAME (docs/deploy.md), "
+        "or pass --allow-root"
     ]
     assert not (tmp_path / "agent" / "profiles").exists(), "refused before the profile"
+
+
+@needs_root
+@pytest.mark.parametrize(
+    ("uid", "user", "error"),
+    [
+        (None, "root", "error: rank_user: root is root; name an unprivileged account"),
+        (None, "no-such-user", "error: rank_user: no user 'no-such-user' on this host"),
+        (NOBODY, "nobody", "error: rank_user: nobody: starting ranks as another user needs an "),
+    ],
+    ids=["root", "unknown", "agent-not-root"],
+)
+def test_a_rank_user_the_agent_cannot_use_is_refused_in_one_line(
+    root_dir: Path, uid: int | None, user: str, error: str
+) -> None:
+    home = root_dir / "home"
+    home.mkdir()
+    os.chown(home, NOBODY, NOBODY)
+    argv = [sys.executable, "-m", "hetero.agent.cli", "run", "--coordinator", "127.0.0.1:1"]
+    argv += ["--state-dir", str(home / "agent"), "--quick", "--rank-user", user]
+    refused = subprocess.run(
+        _argv(uid, *argv), capture_output=True, text=True, timeout=60, env=_env(home)
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert len(refused.stderr.splitlines()) == 1, refused.stderr
+    assert refused.stderr.startswith(error), refused.stderr
+    assert not (home / "agent" / "profiles").exists(), "refused before the profile"
 
 
 READ_AGENT_SECRETS = """
@@ -343,3 +377,76 @@ def test_a_process_of_the_agents_user_cannot_read_its_token_from_proc(root_dir: 
     finally:
         agent.terminate()
         agent.wait(timeout=30)
+
+
+#: A rank's shell script: who it runs as, what of the agent's it can read, and a file of
+#: its own in its working directory. (The shell: the test's Python may live where
+#: ``nobody`` cannot run it.)
+READ_AS_RANK = """
+echo "uid $(id -u)"
+cat "$1" >/dev/null 2>&1 && echo "token: read" || echo "token: refused"
+cat "/proc/$2/environ" >/dev/null 2>&1 && echo "environ: read" || echo "environ: refused"
+ls "$(dirname "$1")" >/dev/null 2>&1 && echo "state: listed" || echo "state: refused"
+grep NoNewPrivs /proc/self/status
+echo ok > mine.txt && echo "wrote $(pwd)"
+"""
+
+
+@needs_root
+def test_ranks_under_a_rank_user_read_none_of_the_agents_files(root_dir: Path) -> None:
+    """Issue 33: a rank of the agent's own uid read the agent's token file (on one host,
+    the coordinator's too). An agent running as root with ``rank_user: nobody`` starts
+    each rank as ``nobody``: it can neither read the agent's token file nor its
+    ``/proc/<pid>/environ`` nor list its state directory, may gain no privilege (no
+    set-uid program), and writes its own working directory; the job succeeds. (Before, the key did not exist: the rank ran as root.)"""
+    clock = Clock()
+    c = start_coordinator(hand_clocked(f"sqlite:///{root_dir / 'coordinator.db'}", clock), clock)
+    state = root_dir / "agent"
+    state.mkdir(mode=0o750)
+    token_file = state / "token"
+    token_file.write_text("t0ken-" + os.urandom(12).hex())
+    token_file.chmod(0o600)
+    config = AgentConfig(
+        coordinator=c.address,
+        name="n1",
+        address="127.0.0.1",
+        local_listen="127.0.0.1:0",
+        state_dir=state,
+        rank_user="nobody",
+    )
+    profile = NodeProfile("test cpu", 1, 10.0, 1 << 30, (DeviceMeasure(0, "cpu", "cpu", 1.0),))
+    agent = Agent(config, profile)
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    try:
+        command = ["/bin/sh", "-c", READ_AS_RANK, "sh", str(token_file), str(os.getpid())]
+        spec = (
+            f"name: isolated\ncommand: {json.dumps(command)}\n"
+            "global_batch: 8\nsteps: 1\nresources: {ranks: 1, device: cpu}\n"
+        )
+        deadline = time.monotonic() + 60
+        while not c.stub.ListNodes(pb.ListNodesRequest(), timeout=DEADLINE_S).nodes:
+            assert time.monotonic() < deadline, "the agent did not register"
+            time.sleep(0.2)
+        job_id = c.stub.SubmitJob(pb.SubmitJobRequest(spec_yaml=spec), timeout=DEADLINE_S).job_id
+        ended = (pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED)
+        deadline = time.monotonic() + 120
+        while (
+            job := c.stub.GetJob(pb.GetJobRequest(job_id=job_id), timeout=DEADLINE_S)
+        ).state not in ended:
+            assert time.monotonic() < deadline, "the job did not end"
+            time.sleep(0.2)
+        log = (state / "jobs" / job_id / "rank0.log").read_text()
+        assert job.state == pb.JOB_STATE_SUCCEEDED, log
+        assert f"uid {NOBODY}\n" in log, log
+        for line in ("token: refused", "environ: refused", "state: refused", "NoNewPrivs:\t1"):
+            assert line in log, log
+        cwd = state / "jobs" / job_id / "rank0"
+        assert (cwd / "mine.txt").read_text() == "ok\n"
+        assert cwd.stat().st_uid == NOBODY and stat.S_IMODE(cwd.stat().st_mode) == 0o700
+        assert stat.S_IMODE((state / "jobs" / job_id / "rank0.log").stat().st_mode) & 0o007 == 0
+    finally:
+        agent.stop()
+        thread.join(timeout=30)
+        c.channel.close()
+        c.server.stop(0).wait()

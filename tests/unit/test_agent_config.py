@@ -23,6 +23,18 @@ def test_file_values_are_overridden_by_flags(tmp_path: Path) -> None:
     assert config.emulate_slowdown == 3.0 and config.cpu_threads == 4
 
 
+def test_a_rank_user_is_read_from_the_file_and_checked_when_the_agent_uses_it(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text("rank_user: no-such-account-here\n")
+    config = load_config(path)
+    assert config.rank_user == "no-such-account-here"
+    with pytest.raises(ConfigError, match="rank_user: no user 'no-such-account-here'"):
+        config.rank_account()
+    assert AgentConfig().rank_account() is None
+
+
 def test_a_misspelled_key_names_the_line_and_the_likely_field(tmp_path: Path) -> None:
     path = tmp_path / "agent.yaml"
     path.write_text("coordinator: a:1\ncpu_thread: 2\n")
