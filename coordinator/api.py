@@ -176,7 +176,8 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
         op, admitted = logwire.intake(req, owner, self.service.state.logs, settings.log_caps, now)
         await self.service.writer.write(op)
         if (catch_up := logwire.noted(op, admitted)) is not None:
-            self.service.writer.put(catch_up)
+            with contextlib.suppress(StoreUnavailable):  # the lines are in; a reload resets
+                self.service.writer.put(catch_up)
         return pb.AppendJobLogsResponse()
 
     @rpc

@@ -51,7 +51,8 @@ UNIX_S = 1e11
 #: Ranks of one job, and devices of one node (indexes).
 RANKS = 2**20
 DEVICE_INDEXES = 4095
-#: Longest id (a job's or node's: 12 hex digits today), name and label, in characters.
+#: Longest id (a job's or node's: 12 hex digits today), and longest name, in characters
+#: (255: the name columns' length, which PostgreSQL enforces; SQLite stores any).
 ID_CHARS = 64
 NAME_CHARS = 255
 
