@@ -15,8 +15,8 @@ ranks, ``hetero.bench.harness.neighbour`` on GPU ``N`` (back-to-back bf16 matmul
 stops it after them. Rank 0 profiles the model on its device at the microbatch size
 (``hetero.trainer.pipeline.profile``); every rank times a block on its own device at once
 (``speed_probe``: the neighbour's share shows); the even split
-(:func:`hetero.core.stages.even_partition`) and the speed-sized one (``partition``) then
-train in turn, ``--warmup`` steps and ``--steps`` measured each, from the same weights.
+(:func:`hetero.core.stages.even_partition`), the speed-sized one (``partition``) and the
+re-cut then train in turn, ``--warmup`` steps and ``--steps`` measured each, from the same weights.
 
 It prints, for each run, the blocks a stage, each stage's predicted and measured seconds a
 microbatch (its own compute, CUDA events on a GPU; not its waits for its neighbour), the
@@ -24,8 +24,8 @@ predicted step (``sum(t) + (M − 1)·max(t)``: no transfers, no optimizer) and 
 one (median wall time of a step, optimizer included); then the speed-sized split's step
 rate over the even one's, and its step against the ideal: the step of a split balanced
 exactly for the speeds the even run measured (``ideal_step_seconds``, the sum of the
-stage times at balance plus the bubble), and what a re-cut from those speeds would
-choose. With ``--out DIR`` it writes ``DIR/intervals.jsonl.gz`` (one record every
+stage times at balance plus the bubble). A third run trains the split a re-cut at a
+checkpoint would choose from those speeds (``measured_speeds``), predicted from them. With ``--out DIR`` it writes ``DIR/intervals.jsonl.gz`` (one record every
 ``--interval`` steps a run: each rank's stage seconds a microbatch and the steps' wall
 times) and ``DIR/summary.json`` (everything printed, the command and the devices).
 """
@@ -236,11 +236,29 @@ def _rank(a: argparse.Namespace) -> None:
         name: (split, *_run(a, name, split, device, raw))
         for name, split in (("even", even), ("speed-sized", sized))
     }
+    # What a re-cut at a checkpoint does: a split from the speeds the even run measured.
+    recut = _recut(a, costs, devices, results["even"])
+    results["re-cut"] = (recut, *_run(a, "re-cut", recut, device, raw))
     if dist.get_rank() == 0:
         summary = _report(a, costs, devices, results)
         if a.out is not None:
             _write(a, raw, summary)
     dist.destroy_process_group()
+
+
+def _recut(
+    a: argparse.Namespace,
+    costs: Model,
+    devices: list[Device],
+    even: tuple[Partition, float, list[float]],
+) -> Partition:
+    """The split for the speeds the even run measured (``measured_speeds``), as the
+    pipeline's re-cut at a checkpoint chooses it (the same on every rank: the stage
+    seconds are gathered)."""
+    split, _, stage_s = even
+    speeds = measured_speeds(costs, split.bounds, stage_s)
+    read = [Device(s, d.capacity_bytes) for s, d in zip(speeds, devices, strict=True)]
+    return partition(costs, read, Pipeline(a.microbatches, a.microbatch, Schedule(a.schedule)))
 
 
 def _report(
@@ -287,14 +305,15 @@ def _report(
     speeds = measured_speeds(costs, even_split.bounds, even_stage)
     read = [Device(s, d.capacity_bytes) for s, d in zip(speeds, devices, strict=True)]
     ideal = ideal_step_seconds(costs, read, a.microbatches)
-    recut = partition(costs, read, Pipeline(a.microbatches, a.microbatch, Schedule(a.schedule)))
+    recut = results["re-cut"][0]
     ratio = even_step / sized_step
     print(f"{emu}speed-sized over even: {ratio:.2f}x the step rate")
     print(
         f"{emu}ideal step (balanced for the speeds the even run measured: "
         + ", ".join(f"{s:.2f}" for s in speeds)
-        + f") {ideal * 1e3:.0f}ms: speed-sized at {100 * ideal / sized_step:.1f}% of it; "
-        f"a re-cut from them: blocks {recut.sizes}"
+        + f") {ideal * 1e3:.0f}ms: speed-sized at {100 * ideal / sized_step:.1f}% of it, "
+        f"the re-cut from them (blocks {recut.sizes}) at "
+        f"{100 * ideal / results['re-cut'][1]:.1f}%"
     )
     out |= {
         "speed_sized_over_even": ratio,

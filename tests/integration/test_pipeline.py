@@ -115,8 +115,9 @@ def test_a_training_loop_with_uneven_replicas_recut_at_a_checkpoint_trains_as_on
 
 
 def test_the_benchmark_writes_its_raw_intervals_and_summary_on_cpu(tmp_path: Path) -> None:
-    """``python -m hetero.bench.pipeline`` on a tiny model, EMULATED: both runs, their
-    predicted and measured stage times, the ratio and the ideal, and the raw records."""
+    """``python -m hetero.bench.pipeline`` on a tiny model, EMULATED: the three runs (even,
+    speed-sized, the re-cut from the even run's speeds), their predicted and measured
+    stage times, the ratio and the ideal, and the raw records."""
     import gzip
     import json
     import subprocess
@@ -135,11 +136,13 @@ def test_the_benchmark_writes_its_raw_intervals_and_summary_on_cpu(tmp_path: Pat
     lines = done.stdout.splitlines()
     assert lines and all(line.startswith("EMULATED") for line in lines[:-1]), done.stdout
     summary = json.loads((out / "summary.json").read_text())
-    assert set(summary["runs"]) == {"even", "speed-sized"}
+    assert set(summary["runs"]) == {"even", "speed-sized", "re-cut"}
     assert summary["runs"]["even"]["blocks"] == [2, 2]
+    assert summary["runs"]["re-cut"]["blocks"] == summary["recut_blocks"]
     assert summary["emulated"] and summary["speed_sized_over_even"] > 0
     assert summary["pct_of_ideal"] > 0
     with gzip.open(out / "intervals.jsonl.gz", "rt") as fh:
         records = [json.loads(line) for line in fh]
-    assert [r["run"] for r in records] == ["even", "even", "speed-sized", "speed-sized"]
+    runs = ["even", "even", "speed-sized", "speed-sized", "re-cut", "re-cut"]
+    assert [r["run"] for r in records] == runs
     assert all(len(r["stage_s_per_microbatch"]) == 2 for r in records)

@@ -3,12 +3,14 @@ measures is what the partitioner needs, and the split it leads to follows speed.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from hetero.core.stages import Device, Pipeline, partition
 from hetero.trainer.models.repeated import repeated_blocks
 from hetero.trainer.models.transformer import build_transformer
-from hetero.trainer.pipeline import STATE_BYTES_PER_PARAM, profile
+from hetero.trainer.pipeline import STATE_BYTES_PER_PARAM, profile, speed_probe
 
 
 def tiny(layers: int = 4) -> torch.nn.Module:
@@ -91,3 +93,22 @@ def test_a_users_model_is_profiled_through_its_own_forward() -> None:
     emb = model.embed.weight.numel() * STATE_BYTES_PER_PARAM
     assert got.head.state_bytes == emb and got.tail.state_bytes == emb
     assert got.head.seconds > 0 and got.tail.seconds >= 0
+
+
+def test_the_speed_probe_runs_the_block_back_to_back_for_each_window() -> None:
+    """As a stage runs its blocks: a window is at least 3 forward-and-backward runs with no
+    wait between them (a shared GPU's time slices show only so), the model untouched."""
+    model = tiny()
+    block = repeated_blocks(model)[0][1]
+    calls = [0]
+    block.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))  # copied too
+    before = [p.detach().clone() for p in model.parameters()]
+    start = time.perf_counter()
+    seconds = speed_probe(model, torch.randint(0, 256, (2, 16)), torch.device("cpu"), window_s=0.05)
+    took = time.perf_counter() - start
+    assert seconds > 0
+    assert calls[0] >= 1 + 3 * 3  # the sizing run, then 3 windows of 3 or more
+    assert took >= 3 * 0.05 * 0.9, took
+    assert seconds * calls[0] <= took * 1.5  # each run's seconds, not a window's
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert all(p.grad is None for p in model.parameters())
