@@ -13,6 +13,7 @@ their commit before it answers; nodes whose orders changed are told after it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -244,7 +245,9 @@ class Service:
 
     async def _reload(self, error: StoreUnavailable) -> None:
         """After a failed write: the state again as the database has it, the changes not
-        kept gone from memory too. Nodes keep their liveness and newest telemetry."""
+        kept gone from memory too. Nodes keep their liveness and newest telemetry. A
+        database that cannot be read either (a damaged file) is tried again until it
+        can, or until the coordinator stops (which then has nothing to write)."""
         tries = 0
         while True:
             try:
@@ -256,10 +259,13 @@ class Service:
                         "reloading the state after %s failed %d times (%s); trying again",
                         error,
                         tries + 1,
-                        exc,
+                        str(exc).splitlines()[0],
                     )
                 tries += 1
-                await asyncio.sleep(RELOAD_RETRY_S)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stopping.wait(), RELOAD_RETRY_S)
+                if self.stopping.is_set():
+                    return
         for node_id, node in state.nodes.items():
             old = self.state.nodes.get(node_id)
             if old is not None:
