@@ -393,15 +393,16 @@ def _evaluate_now(run: _Run) -> dict[str, Any]:
     return {k.removeprefix("eval_"): v for k, v in result.items() if k in _CURVES}
 
 
-def _ideal(run: _Run) -> tuple[list[Solo], list[float]]:
-    """Each rank alone at the batch it ran last (and, on a shared CPU host, all at once)."""
+def _ideal(run: _Run, steps: int) -> tuple[list[Solo], list[float]]:
+    """Each rank alone at the batch it ran last for ``steps`` steps (and, on a shared CPU
+    host, all at once)."""
     ctx, cfg, built = run.ctx, run.cfg, run.built
     solos: list[Solo] = []
     side_by_side: list[float] = []
-    if cfg.ideal_steps <= 0 or ctx.pipeline is not None:  # a stage alone trains nothing
+    if steps <= 0 or ctx.pipeline is not None:  # a stage alone trains nothing
         return solos, side_by_side
 
-    report.measuring_ideal(ctx, cfg)
+    report.measuring_ideal(ctx, cfg, steps)
     weights = full_weights(run.model) if ctx.shard != "none" else built.model.state_dict()
 
     def fresh_copy() -> nn.Module:
@@ -420,7 +421,7 @@ def _ideal(run: _Run) -> tuple[list[Solo], list[float]]:
             built.dataset,
             built.task.loss,
             ctx.running_plan,  # a plan scheduled at the last boundary never ran
-            steps=cfg.ideal_steps,
+            steps=steps,
             seed=cfg.seed,
             concurrent=concurrent,
             memory_format=run.layout,
@@ -460,7 +461,7 @@ def _finish(
             )
     final_plan = ctx.plan
     stages = pipeline_figures(ctx) if ctx.pipeline is not None else None  # collective
-    solos, side_by_side = _ideal(run)
+    solos, side_by_side = _ideal(run, report.ideal_steps(cfg, ctx.global_step - start_step))
     if ctx.rank != 0:
         return None
     standalone = [s.samples_per_s for s in solos]

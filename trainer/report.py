@@ -65,15 +65,26 @@ def progress(ctx: Context, cfg: JobConfig, total_steps: int, t0: float) -> None:
     )
 
 
-def measuring_ideal(ctx: Context, cfg: JobConfig) -> None:
+def ideal_steps(cfg: JobConfig, trained: int) -> int:
+    """Steps each rank runs alone for the ideal: ``ideal_steps``, but no more than the run
+    trained (after 2 warm-up steps): a 2-step smoke test spent ten times its own length
+    measuring it. 0: not measured."""
+    return min(cfg.ideal_steps, max(trained, 0))
+
+
+def measuring_ideal(ctx: Context, cfg: JobConfig, steps: int) -> None:
     """Rank 0's line before the ideal measurement: on a CPU, a large model's solo steps
     take minutes, and a run that printed nothing for them looked hung."""
     if ctx.rank == 0 and not cfg.quiet:
         print(
-            f"measuring the ideal: each rank alone for {cfg.ideal_steps} steps "
+            f"measuring the ideal: each rank alone for {steps} steps "
             "(--ideal-steps 0 skips it)",
             flush=True,
         )
+
+
+def _unmeasured_ideal(cfg: JobConfig) -> str:
+    return "--ideal-steps 0" if cfg.ideal_steps <= 0 else "the run trained no step"
 
 
 def evaluate_rank0(
@@ -178,9 +189,9 @@ def summarize(
         "ideal_method": (
             f"sum over ranks of each rank's standalone throughput at the batch it ran last, "
             f"measured one rank at a time after training, the batch on the device "
-            f"({cfg.ideal_steps} steps each, median)"
+            f"({ideal_steps(cfg, ctx.global_step - start_step)} steps each, median)"
             if standalone
-            else "not measured (ideal_steps 0)"
+            else f"not measured ({_unmeasured_ideal(cfg)})"
         ),
         "standalone_samples_per_s": standalone,
         "pct_of_ideal": 100.0 * steady / ideal if ideal and rates else None,
@@ -243,7 +254,7 @@ def print_summary(summary: dict[str, Any]) -> None:
     elif summary.get("standalone_samples_per_s"):
         t.add_row("ideal", "not measured: a rank ran out of memory alone")
     else:
-        t.add_row("ideal", "not measured (--ideal-steps 0)")
+        t.add_row("ideal", summary["ideal_method"])
     pct = summary["pct_of_ideal"]
     if pct is not None:
         t.add_row("% of ideal", f"{pct:.1f}%")

@@ -427,7 +427,8 @@ class TrainingOptions(Resolved):
     ideal_steps: int = opt(
         8,
         Int(0, 10**6, "steps"),
-        "steps per rank of the standalone (ideal) measurement after training; 0 skips it",
+        "steps per rank of the standalone (ideal) measurement after training, at most the "
+        "steps the run trained; 0 skips it",
         "output",
     )
     quiet: bool = opt(False, Bool(), "no progress lines (the summary still prints)", "output")

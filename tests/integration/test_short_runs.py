@@ -60,6 +60,19 @@ def test_a_long_evaluation_says_how_far_it_got(
     assert "ideal" in out and "not measured (--ideal-steps 0)" in out, out
 
 
+def test_the_ideal_runs_no_more_steps_a_rank_than_the_run_trained(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A 2-step smoke test measured the ideal for the default 8 steps a rank (10 with the
+    warm-up): ten times its own length. Now at most the steps it trained."""
+    assert main(["--model", "debug", "--global-batch", "4", "--steps", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "measuring the ideal: each rank alone for 2 steps" in out, out
+    assert report.ideal_steps(TrainingOptions(), 2) == 2
+    assert report.ideal_steps(TrainingOptions(), 1000) == 8
+    assert report.ideal_steps(TrainingOptions(ideal_steps=0), 1000) == 0
+
+
 def test_ctx_report_of_a_run_shorter_than_an_interval_names_what_was_not_measured() -> None:
     ctx = ht.init("equal", device="cpu", rebalance_interval=10)
     try:
