@@ -77,8 +77,7 @@ def measuring_ideal(ctx: Context, cfg: JobConfig, steps: int) -> None:
     take minutes, and a run that printed nothing for them looked hung."""
     if ctx.rank == 0 and not cfg.quiet:
         print(
-            f"measuring the ideal: each rank alone for {steps} steps "
-            "(--ideal-steps 0 skips it)",
+            f"measuring the ideal: each rank alone for {steps} steps (--ideal-steps 0 skips it)",
             flush=True,
         )
 
