@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.hetero-installed
 PY     ?= 3.12
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv demo demo-embedded test test-fast test-postgres test-slurm test-kubernetes test-link test-browser test-gpu test-container image chaos load lint typecheck check proto docs-tables wheelhouse pyroot clean
+.PHONY: help venv demo demo-embedded test test-fast test-postgres test-slurm test-kubernetes test-ecosystem test-link test-browser test-gpu test-container image chaos load lint typecheck check proto docs-tables wheelhouse pyroot clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -34,8 +34,8 @@ demo-embedded: $(STAMP)  ## the same comparison with hetero-train alone (no cont
 # tests from a fresh clone, both beside other work. 0: one process, one test at a time.
 TEST_WORKERS ?= 2
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
-test: $(STAMP)  ## run the whole test suite (chaos tests excepted: make chaos; PostgreSQL: make test-postgres; Slurm: make test-slurm; the image: make test-container)
-	@$(BIN)/python -m pytest -q $(XDIST) --durations=25 -m 'not chaos and not postgres and not container and not slurm and not link'
+test: $(STAMP)  ## run the whole test suite (chaos tests excepted: make chaos; PostgreSQL: make test-postgres; Slurm: make test-slurm; the image: make test-container; W&B, MLflow, datasets, WebDataset: make test-ecosystem)
+	@$(BIN)/python -m pytest -q $(XDIST) --durations=25 -m 'not chaos and not postgres and not container and not slurm and not link and not ecosystem'
 
 # As root on Debian it installs the postgresql package when no server is there; the
 # server itself is a throwaway cluster under /tmp (tests/integration/pgserver.py).
@@ -59,6 +59,22 @@ $(K8S_VENV)/bin/kubernetes-validate:
 test-kubernetes: $(STAMP) $(K8S_VENV)/bin/kubernetes-validate  ## deploy/kubernetes: kubectl apply --dry-run=client and the API's schemas (1.29, 1.37)
 	@HETERO_K8S_VALIDATE=1 $(BIN)/python -m pytest -q -rs tests/integration/test_kubernetes_manifests.py
 
+# The loggers and streams docs/trainer.md shows (pyproject's `ecosystem` extra: wandb,
+# mlflow-skinny, datasets, webdataset, from PyPI) go into .venv itself: they run beside
+# torch and hetero. The constraints hold .venv's torch, numpy, protobuf and grpcio where
+# they are: a release that wants other versions of them fails to install (CI then skips
+# the tier in one line) rather than replacing them. Local files only: W&B offline,
+# MLflow on SQLite, the Hugging Face Hub switched off.
+ECO_STAMP := $(VENV)/.hetero-ecosystem
+$(ECO_STAMP): $(STAMP)
+	@$(BIN)/python -m pip freeze | grep -iE '^(torch|torchvision|numpy|protobuf|grpcio[a-z-]*)==' \
+	    > $(VENV)/ecosystem-constraints.txt
+	@$(BIN)/python -m pip install --quiet -c $(VENV)/ecosystem-constraints.txt -e '.[ecosystem]'
+	@touch $@
+
+test-ecosystem: $(ECO_STAMP)  ## W&B offline, MLflow on SQLite, a Hugging Face datasets stream and WebDataset shards through ctx.on_interval and ctx.loader (installs them into .venv)
+	@$(BIN)/python -m pytest -q -rs -m ecosystem tests/integration/test_ecosystem_*.py
+
 # As root on Debian it installs the chromium and chromium-driver packages when they are
 # missing (tests/integration/browser.py); nothing is downloaded from elsewhere. make test
 # runs the same test when chromium is there, and skips it in one line when not.
@@ -66,7 +82,7 @@ test-browser: $(STAMP)  ## hetero-top --web in a real headless Chromium against 
 	@HETERO_BROWSER_INSTALL=1 $(BIN)/python -m pytest -q -rs -m browser tests/integration/test_tui_web.py
 
 test-fast: $(STAMP)  ## run the tests not marked slow
-	@$(BIN)/python -m pytest -q $(XDIST) -m 'not slow and not postgres and not browser and not container and not slurm and not link'
+	@$(BIN)/python -m pytest -q $(XDIST) -m 'not slow and not postgres and not browser and not container and not slurm and not link and not ecosystem'
 
 # The GPU tier runs where hetero may not be installed (a GPU host with Python, torch,
 # grpcio, protobuf, nvidia-ml-py and pyyaml): hetero comes from this checkout, the

@@ -12,7 +12,9 @@ the stream is split between *readers* and each rank's readers make its batches:
   dataset yields: right for any dataset that yields the whole stream in every
   process, which each reader then reads whole. With ``split="dataset"`` the dataset
   yields only its reader's part itself: :func:`split_shards` over its files, or
-  Hugging Face's ``split_dataset_by_node`` (which splits between workers on its own).
+  Hugging Face's ``split_dataset_by_node``. A Hugging Face stream splits its shards
+  between a rank's workers on its own (WebDataset's too, by default), so with workers
+  it takes ``split="dataset"``: ``split="items"`` is refused for it.
 - **Steps.** Step ``s`` of a pass that began at step ``p`` is made on every rank by
   its reader ``j = (s − p) mod w``, from the next ``b_i(s)`` items of that reader's
   part, ``b_i(s)`` the rank's size in the plan in force at ``s``. Every step holds
@@ -42,6 +44,8 @@ the stream is split between *readers* and each rank's readers make its batches:
 
 from __future__ import annotations
 
+import copy
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
@@ -209,12 +213,20 @@ class StreamReader(Dataset[Any]):
     ) -> None:
         if split not in SPLITS:
             raise ConfigError(f"split: {split!r} is not one of {', '.join(SPLITS)}")
+        if split == "items" and readers > 1 and _hugging_face_stream(dataset):
+            raise ConfigError(
+                "ctx.loader: a Hugging Face stream splits its shards between DataLoader "
+                f"workers itself, so split='items' would keep 1 item in {readers * world_size} "
+                "of each worker's shards only: give split='dataset' (after "
+                "datasets.distributed.split_dataset_by_node on several ranks) or num_workers=1"
+            )
         self.dataset = dataset
         self.rank, self.world_size, self.readers, self.split = rank, world_size, readers, split
         self.worker = worker
         self._pass = -1
         self._items: Iterator[Any] = iter(())
         self._taken = 0
+        self._private = False  # whether ``dataset`` was made this worker's own (``_open``)
 
     def __getitem__(self, index: int) -> Any:
         raise TypeError("a stream is read in order, not by index")
@@ -222,7 +234,7 @@ class StreamReader(Dataset[Any]):
     def __getstate__(self) -> dict[str, Any]:
         """Without the open iterator: a worker started by pickling (``spawn``) opens its own
         (a generator cannot be pickled, and the reader's position travels in the requests)."""
-        return self.__dict__ | {"_pass": -1, "_items": iter(()), "_taken": 0}
+        return self.__dict__ | {"_pass": -1, "_items": iter(()), "_taken": 0, "_private": False}
 
     def __getitems__(self, takes: list[Take]) -> tuple[Take, float, list[Any] | None]:
         """``(take, start, items)``: ``start`` (``perf_counter`` seconds, in this reader)
@@ -262,6 +274,15 @@ class StreamReader(Dataset[Any]):
         return items if len(items) == take.size else None
 
     def _open(self, pass_: int, j: int) -> None:
+        if not self._private and get_worker_info() is not None:
+            self._private = True
+            if _hugging_face_stream(self.dataset):
+                # Its epoch is a tensor in shared memory, one for all of a rank's workers
+                # (set_epoch in the main process reaches them so); here each reader sets
+                # its own pass, and with read-ahead two readers of a rank open two passes
+                # at once: one would read the other pass's order of the shards, and a
+                # sample could come twice in a pass. Its own copy has an epoch of its own.
+                self.dataset = copy.deepcopy(self.dataset)
         set_epoch = getattr(self.dataset, "set_epoch", None)
         if callable(set_epoch):
             set_epoch(pass_)
@@ -270,6 +291,16 @@ class StreamReader(Dataset[Any]):
             readers = self.world_size * self.readers
             items = islice(items, self.rank * self.readers + j, None, readers)
         self._items, self._pass, self._taken = items, pass_, 0
+
+
+def _hugging_face_stream(dataset: object) -> bool:
+    """Whether ``dataset`` is a Hugging Face ``datasets.IterableDataset``. In a DataLoader
+    worker it yields only its shards ``worker::workers``, whatever hetero asks: not the
+    whole stream that ``split="items"`` cuts. ``datasets`` is looked up, never imported:
+    a dataset of it means the user imported it."""
+    hf = sys.modules.get("datasets")
+    stream = getattr(hf, "IterableDataset", None)
+    return isinstance(stream, type) and isinstance(dataset, stream)
 
 
 class StreamCollate:

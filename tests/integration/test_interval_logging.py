@@ -1,35 +1,24 @@
 """The interval's figures for the user's loggers, in one process: ``ctx.on_interval`` and
 ``ht.init(tensorboard=...)``; the figures on two ranks: ``test_stream_distributed.py``.
 
-``wandb`` and ``mlflow`` are not installed here: the docs' ``flat`` (what their examples
-log) runs as written, through a callback into a plain ``logging`` logger.
+The docs' ``flat`` (what their W&B and MLflow examples log) runs as written, through a
+callback into a plain ``logging`` logger; into W&B and MLflow themselves:
+``test_ecosystem_loggers.py`` (``make test-ecosystem``).
 """
 
 from __future__ import annotations
 
 import logging
-import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from docscode import docs_flat
 from torch.utils.data import TensorDataset
 
 from hetero import trainer as ht
 from hetero.core.errors import ConfigError
-
-DOCS = Path(__file__).parents[2] / "docs" / "trainer.md"
-
-
-def docs_flat() -> Callable[[dict[str, Any]], dict[str, float]]:
-    """``flat`` from docs/trainer.md's logging section, executed as the docs show it."""
-    blocks = re.findall(r"```python\n(.*?)```", DOCS.read_text(), re.S)
-    block = next(b for b in blocks if "def flat(" in b)
-    namespace: dict[str, Any] = {}
-    exec(block[: block.index("# Weights & Biases")], namespace)
-    return namespace["flat"]  # type: ignore[no-any-return]
 
 
 def test_callbacks_get_every_boundarys_figures_and_one_that_raises_is_logged_once(

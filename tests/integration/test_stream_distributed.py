@@ -1,22 +1,20 @@
 """A user's own data on two Gloo ranks: a collate function, streams, their resume, and
 the interval's figures for the user's loggers (``workers/stream_jobs.py``).
 
-A Hugging Face ``datasets`` stream is not tested here: the package is not installed in
-this environment. The ``generator`` job streams what such a dataset yields (dict samples
-from an ``IterableDataset``) through the same path (``split="items"``); a Hugging Face
-stream split by ``split_dataset_by_node`` takes ``split="dataset"``, as the tar shards do.
+The ``generator`` job streams what a Hugging Face ``datasets`` stream yields (dict samples
+from an ``IterableDataset``) through the same path (``split="items"``); the real
+``datasets`` and ``webdataset`` streams: ``test_ecosystem_streams.py`` (``make
+test-ecosystem``).
 """
 
 from __future__ import annotations
 
 import importlib.util
-from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 import pytest
+import streamcheck as check
 import torch
-from torch import nn
 
 _spec = importlib.util.spec_from_file_location(
     "stream_jobs", Path(__file__).parent / "workers" / "stream_jobs.py"
@@ -39,35 +37,10 @@ def runs(ranks_in_turn, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _load(runs: Path, mode: str) -> list[dict[str, Any]]:
-    return [torch.load(runs / f"{mode}.rank{r}", weights_only=False) for r in range(2)]
-
-
-def _steps(got: list[dict[str, Any]]) -> list[tuple[int, tuple[int, ...], list[list[int]], int]]:
-    """Per step: the global step, the plan, each rank's sample ids and the pass."""
-    out = []
-    for (step, plan, ids0, p0), (step1, plan1, ids1, p1) in zip(
-        got[0]["steps"], got[1]["steps"], strict=True
-    ):
-        assert (step, plan, p0) == (step1, plan1, p1)
-        out.append((step, tuple(plan), [ids0, ids1], p0))
-    return out
-
-
-def _check_cut(steps: list[tuple[int, tuple[int, ...], list[list[int]], int]]) -> None:
-    """Every step the global batch cut by the plan; no sample twice within a pass."""
-    seen: dict[int, set[int]] = defaultdict(set)
-    for step, plan, ids, pass_ in steps:
-        assert [len(i) for i in ids] == list(plan) and sum(plan) == jobs.GLOBAL_BATCH, step
-        for i in ids[0] + ids[1]:
-            assert i not in seen[pass_], f"sample {i} twice in pass {pass_}"
-            seen[pass_].add(i)
-
-
 def test_a_collate_function_batches_variable_length_samples_in_the_workers(runs: Path):
     # Map-style: the epoch of a step is its place in the sampler's order (6 steps each).
-    steps = [(s, plan, ids, s // 6) for s, plan, ids, _ in _steps(_load(runs, "collate"))]
-    _check_cut(steps)
+    steps = [(s, plan, ids, s // 6) for s, plan, ids, _ in check.steps(check.load(runs, "collate"))]
+    check.check_cut(steps, jobs.GLOBAL_BATCH)
     plans = [plan for _, plan, _, _ in steps]
     assert set(plans) > set(jobs.CYCLE[:2]), plans  # the plan moved, the workers went on
     for epoch in range(4):  # map-style: every sample once per epoch (96 / 16 = 6 steps)
@@ -75,32 +48,13 @@ def test_a_collate_function_batches_variable_length_samples_in_the_workers(runs:
         assert ids == list(range(96))
 
 
-def _reader_order(
-    steps: list[Any], readers: list[list[int]], workers: int = 2
-) -> dict[tuple[int, int, int], list]:
-    """Each reader's ids per pass, in the order its steps took them (reader r: worker
-    r mod ``workers`` of rank r div ``workers``)."""
-    taken: dict[tuple[int, int, int], list[int]] = defaultdict(list)
-    starts = {}
-    for step, _, _, pass_ in steps:
-        starts.setdefault(pass_, step)
-    for step, _, ids, pass_ in steps:
-        j = (step - starts[pass_]) % workers
-        for rank in range(2):
-            taken[pass_, rank, j] += ids[rank]
-    for (pass_, rank, j), got in taken.items():
-        part = readers[rank * workers + j]
-        assert got == part[: len(got)], (pass_, rank, j)  # the head of its part, in order
-    return taken
-
-
 def test_a_generator_stream_is_split_item_by_item_and_each_pass_ends_together(runs: Path):
-    got = _load(runs, "generator")
-    steps = _steps(got)
-    _check_cut(steps)
+    got = check.load(runs, "generator")
+    steps = check.steps(got)
+    check.check_cut(steps, jobs.GLOBAL_BATCH)
     # split="items", one reader per rank (no workers): rank r keeps items r, r + 2, ...
     readers = [list(range(r, 150, 2)) for r in range(2)]
-    taken = _reader_order(steps, readers, 1)
+    taken = check.reader_order(steps, readers, 1)
     passes = got[0]["passes"]
     assert passes == got[1]["passes"] and len(passes) >= 2, passes
     assert [p[1] for p in passes[1:]] == [p[2] for p in passes[:-1]]  # each where one ended
@@ -114,40 +68,32 @@ def test_a_generator_stream_is_split_item_by_item_and_each_pass_ends_together(ru
 
 
 def test_tar_shards_read_one_per_reader_resume_mid_pass_with_exact_gradients(runs: Path):
-    got = _load(runs, "tar")
-    steps = _steps(got)
-    _check_cut(steps)
+    got = check.load(runs, "tar")
+    steps = check.steps(got)
+    check.check_cut(steps, jobs.GLOBAL_BATCH)
     first = 0
     readers = []
     for n in jobs.SHARDS:  # split_shards: reader r (rank 2 + worker) reads shard r
         readers.append(list(range(first, first + n)))
         first += n
-    _reader_order(steps, readers)
+    check.reader_order(steps, readers)
     # The plans set by hand and the shards' lengths end the passes at steps 6, 12, 20.
     assert got[0]["passes"] == [(0, 0, 6, 1), (1, 6, 12, 0), (2, 12, 20, 0)]
     assert [s for s, *_ in steps] == list(range(jobs.TAR_STEPS))
     # Exact: one process over each step's global batch (rank 0's samples, then rank
     # 1's) with the mean loss reaches the same parameters.
-    torch.manual_seed(0)
-    model = nn.Linear(4, 3)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for _, _, ids, _ in steps:
-        x, y = zip(*(jobs.features(i) for i in ids[0] + ids[1]), strict=True)
-        nn.functional.cross_entropy(model(torch.stack(x)), torch.tensor(y)).backward()
-        opt.step()
-        opt.zero_grad()
-    for name, value in model.state_dict().items():
+    for name, value in check.one_process(steps, jobs.features).items():
         torch.testing.assert_close(got[0]["params"][name], value, rtol=1e-5, atol=1e-6)
     # Resumed from the checkpoint at step 15 (pass 2, three steps in): the same samples
     # step by step, and the same parameters.
-    resumed = _load(runs, "tar-resume")
-    assert _steps(resumed) == [s for s in steps if s[0] >= jobs.CHECKPOINT_AT]
+    resumed = check.load(runs, "tar-resume")
+    assert check.steps(resumed) == [s for s in steps if s[0] >= jobs.CHECKPOINT_AT]
     for name, value in got[0]["params"].items():
         torch.testing.assert_close(resumed[0]["params"][name], value)
 
 
 def test_on_interval_hands_rank_0_every_ranks_figures_and_tensorboard_gets_them(runs: Path):
-    got = _load(runs, "generator")
+    got = check.load(runs, "generator")
     figures = got[0]["figures"]
     assert got[1]["figures"] == []  # rank 0 only
     assert [f["step"] for f in figures] == list(range(4, 25, 4))

@@ -6,10 +6,9 @@ Usage: stream_jobs.py MODE OUT_PREFIX [DATA_DIR]
   collate function (padded, with lengths) in 2 DataLoader workers per rank, while the
   plan moves at every boundary; 2 epochs.
 - ``generator``: a stream of dict samples (what a Hugging Face ``datasets`` stream
-  yields; the package is not installed here) from a plain generator ``IterableDataset``,
-  split item by item (``split="items"``) between the 2 ranks, read and padded by the same
-  collate function on the training thread, the plan moving at every boundary; several
-  passes. Two
+  yields) from a plain generator ``IterableDataset``, split item by item
+  (``split="items"``) between the 2 ranks, read and padded by the same collate function
+  on the training thread, the plan moving at every boundary; several passes. Two
   ``on_interval`` callbacks (one records the figures, one always raises) and
   ``tensorboard=OUT_PREFIX.tb``.
 - ``tar``: WebDataset-style tar shards (``KEY.cls`` and ``KEY.x`` members) under
@@ -17,6 +16,18 @@ Usage: stream_jobs.py MODE OUT_PREFIX [DATA_DIR]
   ``split="dataset"``), plans set by hand mid-pass; a checkpoint at step
   :data:`CHECKPOINT_AT` in the second pass, then on to :data:`TAR_STEPS`.
 - ``tar-resume``: the ``tar`` job again from its checkpoint, to the same step.
+- ``hf-items``: the JSON lines files of :func:`write_jsonl` under DATA_DIR as a Hugging
+  Face ``datasets`` stream (``load_dataset("json", ..., streaming=True)``), split item by
+  item between the 2 ranks, no workers, padded by the collate function, the plan moving
+  at every boundary.
+- ``hf-nodes``: the same stream cut by ``split_dataset_by_node`` and, in each rank's 2
+  workers, by the dataset itself (``split="dataset"``).
+- ``wds``: the tar shards of :func:`write_webdataset` under DATA_DIR read by
+  ``webdataset.WebDataset`` with its own node and worker splitters (``split="dataset"``),
+  2 workers per rank, the plan moving at every boundary.
+
+The ``hf-*`` and ``wds`` jobs need the ``datasets`` and ``webdataset`` packages (``make
+test-ecosystem``); the test writes their files before the ranks start.
 
 Every rank saves, per step, the global step, the plan that ran and the ids of its
 samples; and the final parameters, the loader's passes and the callbacks' figures.
@@ -27,6 +38,7 @@ host (``trainer.passend``: the steps in 50 ms) and every run of a job cuts the s
 from __future__ import annotations
 
 import io
+import json
 import sys
 import tarfile
 import time
@@ -49,6 +61,11 @@ CYCLE = ((12, 4), (4, 12), (10, 6), (6, 10))
 SHARDS = (40, 44, 36, 48)
 TAR_PLANS = ((3, (5, 11)), (8, (12, 4)), (14, (9, 7)))
 CHECKPOINT_AT, TAR_STEPS = 15, 22
+#: The ``hf-*`` jobs: JSON lines files of these many samples (one per reader of ``hf-nodes``).
+JSONL = (30, 26, 34, 28)
+#: The ``wds`` job: tar shards of these many samples; reader (rank i, worker j) reads the
+#: shards ``[i::2][j::2]`` (WebDataset's ``split_by_node``, then ``split_by_worker``).
+WDS_SHARDS = (22, 18, 25, 20, 17, 24)
 
 
 def features(i: int) -> tuple[torch.Tensor, int]:
@@ -157,7 +174,58 @@ def write_shards(data_dir: Path) -> list[Path]:
     return paths
 
 
-def _train(
+def write_jsonl(data_dir: Path) -> list[Path]:
+    """The ``hf-*`` jobs' files: :func:`sequence` ``i`` per line, ids numbered across them."""
+    paths, first = [], 0
+    for k, n in enumerate(JSONL):
+        path = data_dir / f"part-{k:02d}.jsonl"
+        path.write_text("".join(json.dumps(sequence(i)) + "\n" for i in range(first, first + n)))
+        paths.append(path)
+        first += n
+    return paths
+
+
+def write_webdataset(data_dir: Path) -> list[Path]:
+    """The ``wds`` job's shards, written by WebDataset's ``TarWriter``: sample ``i`` is
+    ``KEY.npy`` (:func:`features`' 4 float32) and ``KEY.cls``, ``KEY`` its id."""
+    import webdataset as wds
+
+    paths, first = [], 0
+    for k, n in enumerate(WDS_SHARDS):
+        path = data_dir / f"wds-{k:02d}.tar"
+        with wds.TarWriter(str(path)) as writer:
+            for i in range(first, first + n):
+                x, label = features(i)
+                writer.write({"__key__": f"{i:06d}", "npy": x.numpy(), "cls": label})
+        paths.append(path)
+        first += n
+    return paths
+
+
+def hugging_face_stream(data_dir: Path) -> Any:
+    """The ``hf-*`` jobs' files as a Hugging Face stream, one shard per file."""
+    import datasets
+
+    files = [str(p) for p in sorted(data_dir.glob("part-*.jsonl"))]
+    return datasets.load_dataset("json", data_files=files, split="train", streaming=True)
+
+
+def webdataset_stream(data_dir: Path) -> Any:
+    """The ``wds`` job's shards: ``(x, label, id)`` per sample, each rank its shards
+    (``split_by_node``) and each of its workers some of them (the default
+    ``split_by_worker``)."""
+    import webdataset as wds
+
+    urls = [str(p) for p in sorted(data_dir.glob("wds-*.tar"))]
+    return (
+        wds.WebDataset(urls, shardshuffle=False, nodesplitter=wds.split_by_node)
+        .decode()
+        .to_tuple("npy", "cls", "__key__")
+        .map_tuple(torch.from_numpy, int, int)
+    )
+
+
+def train(
     ctx: Any,
     loader: Any,
     model: nn.Module,
@@ -166,6 +234,9 @@ def _train(
     *,
     checkpoint: Path | None = None,
 ) -> None:
+    """``steps`` steps of ``model`` (SGD, lr 0.1, mean cross-entropy) over ``loader``'s
+    passes; ``record`` gets, per step, the global step, the plan, this rank's sample ids
+    and the pass."""
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     while ctx.global_step < steps:
         for batch in loader:
@@ -202,6 +273,17 @@ def main(argv: list[str]) -> None:
         loader = ctx.loader(Generated(), GLOBAL_BATCH, collate_fn=pad)
         ctx.on_interval(figures.append)
         ctx.on_interval(lambda f: 1 / 0)
+    elif mode == "hf-items":
+        loader = ctx.loader(hugging_face_stream(Path(argv[2])), GLOBAL_BATCH, collate_fn=pad)
+    elif mode == "hf-nodes":
+        from datasets.distributed import split_dataset_by_node
+
+        stream = hugging_face_stream(Path(argv[2]))
+        stream = split_dataset_by_node(stream, rank=ctx.rank, world_size=ctx.world_size)
+        loader = ctx.loader(stream, GLOBAL_BATCH, num_workers=2, collate_fn=pad, split="dataset")
+    elif mode == "wds":
+        stream = webdataset_stream(Path(argv[2]))
+        loader = ctx.loader(stream, GLOBAL_BATCH, num_workers=2, split="dataset")
     else:
         shards = write_shards(Path(argv[2]))
         loader = ctx.loader(TarShards(shards), GLOBAL_BATCH, num_workers=2, split="dataset")
@@ -216,7 +298,7 @@ def main(argv: list[str]) -> None:
         ht.load_checkpoint(checkpoint, ctx, model)
     record: list[Any] = []
     steps = TAR_STEPS if tar else 24
-    _train(ctx, loader, model, steps, record, checkpoint=checkpoint if mode == "tar" else None)
+    train(ctx, loader, model, steps, record, checkpoint=checkpoint if mode == "tar" else None)
     torch.save(
         {
             "steps": record,
