@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sys
 import tarfile
 import time
@@ -159,8 +160,9 @@ def write_shards(data_dir: Path) -> list[Path]:
     for k, n in enumerate(SHARDS):
         path = data_dir / f"shard-{k:02d}.tar"
         paths.append(path)
-        if not path.exists():
-            with tarfile.open(path, "w") as tar:
+        if not path.exists():  # both ranks may write it: each whole, then renamed over
+            part = path.with_name(f"{path.name}.{os.getpid()}")
+            with tarfile.open(part, "w") as tar:
                 for i in range(first, first + n):
                     x, label = features(i)
                     for name, data in (
@@ -170,6 +172,7 @@ def write_shards(data_dir: Path) -> list[Path]:
                         info = tarfile.TarInfo(name)
                         info.size = len(data)
                         tar.addfile(info, io.BytesIO(data))
+            os.replace(part, path)
         first += n
     return paths
 
@@ -179,7 +182,9 @@ def write_jsonl(data_dir: Path) -> list[Path]:
     paths, first = [], 0
     for k, n in enumerate(JSONL):
         path = data_dir / f"part-{k:02d}.jsonl"
-        path.write_text("".join(json.dumps(sequence(i)) + "\n" for i in range(first, first + n)))
+        part = path.with_name(f"{path.name}.{os.getpid()}")  # as write_shards: whole, renamed
+        part.write_text("".join(json.dumps(sequence(i)) + "\n" for i in range(first, first + n)))
+        os.replace(part, path)
         paths.append(path)
         first += n
     return paths
