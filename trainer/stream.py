@@ -220,6 +220,13 @@ class StreamReader(Dataset[Any]):
                 "of each worker's shards only: give split='dataset' (after "
                 "datasets.distributed.split_dataset_by_node on several ranks) or num_workers=1"
             )
+        if split == "items" and world_size > 1 and _split_by_node(dataset):
+            raise ConfigError(
+                "ctx.loader: this Hugging Face stream is already split between ranks "
+                "(datasets.distributed.split_dataset_by_node), so split='items' would split "
+                f"it again and keep 1 item in {world_size} of each rank's part: give "
+                "split='dataset'"
+            )
         self.dataset = dataset
         self.rank, self.world_size, self.readers, self.split = rank, world_size, readers, split
         self.worker = worker
@@ -291,6 +298,12 @@ class StreamReader(Dataset[Any]):
             readers = self.world_size * self.readers
             items = islice(items, self.rank * self.readers + j, None, readers)
         self._items, self._pass, self._taken = items, pass_, 0
+
+
+def _split_by_node(dataset: object) -> bool:
+    """Whether ``dataset`` is a Hugging Face stream that ``split_dataset_by_node`` made
+    (it keeps its rank and world size in ``_distributed``; None on a stream of all)."""
+    return _hugging_face_stream(dataset) and getattr(dataset, "_distributed", None) is not None
 
 
 def _hugging_face_stream(dataset: object) -> bool:

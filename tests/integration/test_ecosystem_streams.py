@@ -138,6 +138,20 @@ def test_a_hugging_face_stream_on_one_rank_is_read_whole_or_split_by_its_workers
         ctx.close()
 
 
+def test_a_stream_split_by_node_is_refused_a_second_split_item_by_item(offline: Path) -> None:
+    """``split_dataset_by_node`` then ``split="items"`` kept 1 item in ``world_size`` of each
+    rank's part, silently; now one line names the fix."""
+    from datasets.distributed import split_dataset_by_node
+
+    from hetero.trainer.stream import StreamReader
+
+    node = split_dataset_by_node(jobs.hugging_face_stream(offline), rank=0, world_size=2)
+    with pytest.raises(ConfigError, match=r"already split between ranks.*give split='dataset'"):
+        StreamReader(node, rank=0, world_size=2, readers=1, split="items")
+    StreamReader(node, rank=0, world_size=2, readers=1, split="dataset")  # what the docs say
+    StreamReader(jobs.hugging_face_stream(offline), rank=0, world_size=2, readers=1, split="items")
+
+
 def test_webdataset_shards_on_one_rank_are_split_between_its_workers_by_webdataset(
     offline: Path,
 ) -> None:
