@@ -18,7 +18,7 @@ An agent running as root with a ``rank_user`` (``security.permissions.RankUser``
 starts every rank as that account, in the same lines: the rank then reads none
 of the agent's files (its token file, its state directory) and may gain no
 privilege. Its working directory ``<state>/jobs/<job>/rank<r>`` is then the
-rank user's (0700), and the directories above it let others pass (0711) but not
+rank user's (0700), and the directories above it let others pass (o+x) but not
 list; the rank logs beside it stay the agent's (0640).
 
 Output lines go to ``<state>/jobs/<job>/rank<r>.log`` (capped and rotated:
@@ -44,6 +44,7 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -224,11 +225,12 @@ class Supervisor:
 
     def _hand_over(self, cwd: Path) -> None:
         """Make ``cwd`` the rank user's own (0700), reachable through directories others
-        may pass but not list (0711) from the state directory down."""
+        may pass (o+x) but neither list nor write, from the state directory down; the
+        owner's and group's bits stay as they were."""
         assert self.rank_user is not None
         if self.state_dir in cwd.parents:
             for path in cwd.parents:
-                path.chmod(0o711)
+                path.chmod(stat.S_IMODE(path.stat().st_mode) & ~stat.S_IRWXO | stat.S_IXOTH)
                 if path == self.state_dir:
                     break
         os.chown(cwd, self.rank_user.uid, self.rank_user.gid)

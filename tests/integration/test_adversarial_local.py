@@ -444,6 +444,8 @@ def test_ranks_under_a_rank_user_read_none_of_the_agents_files(root_dir: Path) -
         cwd = state / "jobs" / job_id / "rank0"
         assert (cwd / "mine.txt").read_text() == "ok\n"
         assert cwd.stat().st_uid == NOBODY and stat.S_IMODE(cwd.stat().st_mode) == 0o700
+        for passage in (state, state / "jobs", state / "jobs" / job_id):  # pass, not list
+            assert stat.S_IMODE(passage.stat().st_mode) & 0o007 == 0o001, passage
         assert stat.S_IMODE((state / "jobs" / job_id / "rank0.log").stat().st_mode) & 0o007 == 0
     finally:
         agent.stop()
