@@ -31,7 +31,8 @@ demo-embedded: $(STAMP)  ## the same comparison with hetero-train alone (no cont
 # of them (a file's module fixtures, e.g. one launch of ranks shared by its tests, run
 # once). Much of the suite waits on rank processes and daemons rather than computing,
 # so 2 (the default) beat one process on a 2-core box: 13.4 against 18.2 minutes of
-# tests from a fresh clone, both beside other work. 0: one process, one test at a time.
+# tests from a fresh clone, both beside other work (12.5 on a quieter box). 0: one
+# process, one test at a time.
 TEST_WORKERS ?= 2
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 test: $(STAMP)  ## run the whole test suite (chaos tests excepted: make chaos; PostgreSQL: make test-postgres; Slurm: make test-slurm; the image: make test-container; W&B, MLflow, datasets, WebDataset: make test-ecosystem)
