@@ -156,7 +156,7 @@ class Service:
 
     async def load(self) -> None:
         """Read the state from the database (the recovery): before anything is served."""
-        self.cluster.state = await self.read(self._load)
+        self.cluster.state = await self.read(self._load, after_writes=False)
         # The state just read (ten thousand queued jobs are about a million objects) lives
         # as long as the process, or as long as its job: out of every full collection,
         # which would walk it all and stall the loop (``core.heap``).
@@ -230,8 +230,15 @@ class Service:
                 log.debug("not written: %s", exc)
         self._tell(touched)
 
-    async def read(self, fn: Callable[[Session], T]) -> T:
-        """``fn`` on a reading thread with a read-only session (what the state does not keep)."""
+    async def read(self, fn: Callable[[Session], T], *, after_writes: bool = True) -> T:
+        """``fn`` on a reading thread with a read-only session (what the state does not keep).
+        ``after_writes``: once what was put before it is committed, so a rank's interval
+        report written with a later batch (``commit_later``) is in the history a caller
+        reads after it. Not from the writer's own recovery (``_reload``), which runs while
+        the writer waits for it."""
+        if after_writes:
+            with contextlib.suppress(StoreUnavailable):  # the read says what the store can
+                await self.writer.barrier()
 
         def run() -> T:
             with self._readers() as s:
@@ -251,7 +258,7 @@ class Service:
         tries = 0
         while True:
             try:
-                state = await self.read(self._load)
+                state = await self.read(self._load, after_writes=False)
                 break
             except Exception as exc:
                 if tries % int(FAILURE_LOG_S / RELOAD_RETRY_S) == 0:  # a line a minute

@@ -97,7 +97,9 @@ def test_a_users_model_is_profiled_through_its_own_forward() -> None:
 
 def test_the_speed_probe_runs_the_block_back_to_back_for_each_window() -> None:
     """As a stage runs its blocks: a window is at least 3 forward-and-backward runs with no
-    wait between them (a shared GPU's time slices show only so), the model untouched."""
+    wait between them (a shared GPU's time slices show only so), sized from one run to
+    last about ``window_s`` (not asserted: a loaded host makes that run slow), the model
+    untouched."""
     model = tiny()
     block = repeated_blocks(model)[0][1]
     calls = [0]
@@ -107,8 +109,7 @@ def test_the_speed_probe_runs_the_block_back_to_back_for_each_window() -> None:
     seconds = speed_probe(model, torch.randint(0, 256, (2, 16)), torch.device("cpu"), window_s=0.05)
     took = time.perf_counter() - start
     assert seconds > 0
-    assert calls[0] >= 1 + 3 * 3  # the sizing run, then 3 windows of 3 or more
-    assert took >= 3 * 0.05 * 0.9, took
-    assert seconds * calls[0] <= took * 1.5  # each run's seconds, not a window's
+    assert calls[0] >= 2 + 3 * 3  # a warm-up and a sizing run, then 3 windows of 3 or more
+    assert seconds * (calls[0] - 2) <= took  # each run's seconds, not a window's
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     assert all(p.grad is None for p in model.parameters())
