@@ -380,6 +380,8 @@ class Service:
         while True:
             await self._moved.wait()
             await asyncio.sleep(ADMISSION_DELAY_S)
+            if not self._moved.is_set():
+                continue  # a sweep's pass (or ``admit_pending``) ran since the change
             self._moved.clear()
             started, now = time.perf_counter(), self.now()
             try:
