@@ -290,6 +290,10 @@ class OrderStream:
                 if isinstance(error, UnknownNameError) and self.link.node_id == node_id:
                     self.link.forget_node()
                 log.debug("order stream ended (%s)", error)
+            except ValueError as exc:  # the stub's channel closed under it: another comes
+                if self._stopping.is_set():
+                    return
+                log.debug("order stream ended (%s)", exc)
             finally:
                 self._call = None
             self._stopping.wait(self.backoff.failed())
