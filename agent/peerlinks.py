@@ -64,8 +64,8 @@ class PeerLinks:
     def start(self) -> None:
         if self._server is None:
             log.info(
-                "link probe off (--no-peer-probe): the coordinator measures no links to this "
-                "node, and plans jobs across it without them"
+                "link probe off (--no-peer-probe, peer_probe: false): the coordinator "
+                "measures no links to this node, and plans jobs across it without them"
             )
         else:
             log.info("answering link probes on port %d", self._server.port)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -53,12 +53,11 @@ from hetero.coordinator.calls import (
 )
 from hetero.coordinator.identity import Caller, Identities
 from hetero.coordinator.metrics import RpcLatency
-from hetero.coordinator.placement import Placement, PlacementError, place, predict
+from hetero.coordinator.placement import PlacementError, place, predict
 from hetero.coordinator.scope import Scope, denied, own_jobs_only, read_refusal
 from hetero.coordinator.service import Service
-from hetero.coordinator.state import KEEP_FINISHED_S
+from hetero.coordinator.state import KEEP_FINISHED_S, ClusterState
 from hetero.coordinator.writer import StoreUnavailable
-from hetero.core.balancer import Link
 from hetero.core.errors import ConfigError
 from hetero.core.jobspec import check_priority, parse_jobspec
 from hetero.core.states import JobState, RankState
@@ -145,7 +144,7 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
         self, req: pb.ReportPeerLinksRequest, caller: Caller
     ) -> pb.ReportPeerLinksResponse:
         """Links the node measured as its orders asked (``peerlinks``)."""
-        self.cluster.report_links(req.node_id, req.links, now=self._now())
+        peerlinks.report(self.cluster, req.node_id, req.links, now=self._now())
         await self.service.commit()
         return pb.ReportPeerLinksResponse()
 
@@ -239,7 +238,7 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
         devices = self.cluster.devices(now)
         admission.check_fits(spec, devices)
         if req.dry_run:
-            return _dry_run(req, spec, devices, self.cluster.links)
+            return _dry_run(req, spec, devices, self.service.state)
         admission.check_jobs_per_user(
             caller.label, self.service.state.jobs_of(caller.label), settings.limits
         )
@@ -256,11 +255,9 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
             msg.backend or f"queued ({msg.message})",
         )
         as_placed = exclusion.spec_without(spec, exclusion.excluded_of(job))
+        links = peerlinks.between(self.service.state, placed) if placed else []
         predictions = (
-            [
-                wire.prediction_message(p)
-                for p in predict(as_placed, placed, self.cluster.links(placed))
-            ]
+            [wire.prediction_message(p) for p in predict(as_placed, placed, links)]
             if placed
             else []
         )
@@ -481,18 +478,18 @@ def _dry_run(
     req: pb.SubmitJobRequest,
     spec: Any,
     devices: list[Any],
-    links_of: Callable[[Placement], list[Link]],
+    state: ClusterState,
 ) -> pb.SubmitJobResponse:
     """What a submission would do, storing nothing: the placement it gets now, or the one
     it would get on the idle cluster and why it would wait; its predictions count the
-    links measured among its nodes (``links_of``)."""
+    links measured among its nodes (``peerlinks``)."""
     waits = ""
     try:
         placed = place(spec, devices, 0)
     except PlacementError:
         waits = "would queue: " + admission.reason(spec, devices, set())
         placed = place(spec, admission.idle(devices), 0)
-    links = links_of(placed)
+    links = peerlinks.between(state, placed)
     job_msg = wire.dry_run_job(spec, req.spec_yaml, placed, links)
     if (note := exclusion.profile_note(spec, placed)) is not None:
         waits = f"{waits}; {note}" if waits else note

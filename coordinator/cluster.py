@@ -20,7 +20,6 @@ import logging
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from hetero.coordinator import admission, exclusion, lifecycle, peerlinks, persist, restarts
 from hetero.coordinator.placement import (
@@ -40,7 +39,7 @@ from hetero.coordinator.state import (
 )
 from hetero.coordinator.writer import Op
 from hetero.core import defaults
-from hetero.core.balancer import Batches, Link
+from hetero.core.balancer import Batches
 from hetero.core.errors import HeteroError
 from hetero.core.jobspec import JobSpec
 
@@ -292,7 +291,7 @@ class Cluster:
         job.state, job.message = lifecycle.PENDING, ""
         self._set_ranks(job, placement, now=now)
         self.save(job)  # a new job's row before its plan's, which refers to it
-        first = initial_plan(spec, placement, self.links(placement))
+        first = initial_plan(spec, placement, peerlinks.between(self.state, placement))
         self.new_plan(job, first.batches, 0, first.policy, first.reason, now=now)
         emulated = " (emulated slowdown)" if placement.emulated else ""
         waited = now - job.submitted_at_unix_s
@@ -306,15 +305,6 @@ class Cluster:
         self.capacity += 1
         self.save(job)
         return placement
-
-    def links(self, placement: Placement) -> list[Link]:
-        """The measured links among ``placement``'s nodes (``peerlinks``)."""
-        return peerlinks.between(self.state, (r.device.node_id for r in placement.ranks))
-
-    def report_links(self, node_id: str, links: Sequence[Any], *, now: float) -> None:
-        """Keep the links a node measured (``peerlinks.report``), and write them."""
-        changed = peerlinks.report(self.state, self.link_asks, self.node(node_id), links, now=now)
-        self._ops.extend(persist.save_node(n) for n in changed)
 
     def _set_ranks(self, job: Job, placement: Placement, *, now: float) -> None:
         """Give ``job`` the ranks of ``placement``, and ask for the links it spans."""

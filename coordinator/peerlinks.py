@@ -33,13 +33,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
+from hetero.coordinator import persist
+from hetero.coordinator.placement import Placement
 from hetero.coordinator.state import ClusterState, Node
 from hetero.core.balancer import Link
 from hetero.core.errors import ConfigError
 from hetero.core.peerlinks import FRESH_S, TOKEN_BYTES, Pair, to_measure
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
+
+if TYPE_CHECKING:
+    from hetero.coordinator.cluster import Cluster
 
 log = logging.getLogger("hetero.coordinator")
 
@@ -93,17 +99,11 @@ def take_orders(state: ClusterState, node_id: str) -> list[pb.PeerProbeOrder]:
     return out
 
 
-def report(
-    state: ClusterState,
-    asked: dict[Pair, float],
-    node: Node,
-    links: Sequence[tpb.PeerLink],
-    *,
-    now: float,
-) -> list[Node]:
-    """Keep the ``links`` ``node`` measured with its profile and its peers' (module
-    doc); the nodes changed, to be written. ``ConfigError`` for a link to a node it was
-    not asked to measure, before anything changes."""
+def report(c: Cluster, node_id: str, links: Sequence[tpb.PeerLink], *, now: float) -> None:
+    """Keep the ``links`` node ``node_id`` measured with its profile and its peers'
+    (module doc), and write them. ``ConfigError`` for a link to a node it was not asked
+    to measure, before anything changes."""
+    state, asked, node = c.state, c.link_asks, c.node(node_id)
     peers = []
     for i, link in enumerate(links):
         at = asked.get(frozenset((node.name, link.peer)))
@@ -124,7 +124,8 @@ def report(
             theirs.send_bytes_per_s = link.receive_bytes_per_s
         node.host_profile = _with_links(node.host_profile, [mine])
         peer.host_profile = _with_links(peer.host_profile, [theirs])
-    return list({id(n): n for n in [node, *peers]}.values()) if links else []
+    for changed in {n.id: n for n in [node, *peers]}.values() if links else ():
+        c.add(persist.save_node(changed))
 
 
 def registered(old: object | None, new: object | None) -> tpb.HostProfile | None:
@@ -140,9 +141,10 @@ def registered(old: object | None, new: object | None) -> tpb.HostProfile | None
     return _with_links(fresh, kept, replace=False)
 
 
-def between(state: ClusterState, node_ids: Iterable[str]) -> list[Link]:
-    """The measured links among ``node_ids`` (a placement's), either end's."""
-    nodes = [state.nodes[i] for i in set(node_ids) if i in state.nodes]
+def between(state: ClusterState, placement: Placement) -> list[Link]:
+    """The measured links among ``placement``'s nodes, either end's."""
+    node_ids = {r.device.node_id for r in placement.ranks}
+    nodes = [state.nodes[i] for i in node_ids if i in state.nodes]
     names = {n.name for n in nodes}
     out = []
     for n in nodes:

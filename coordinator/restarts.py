@@ -13,7 +13,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from hetero.coordinator import admission, attach, exclusion, lifecycle, persist
+from hetero.coordinator import admission, attach, exclusion, lifecycle, peerlinks, persist
 from hetero.coordinator.placement import InitialPlan, Placement, PlacementError, initial_plan, place
 from hetero.coordinator.state import KEEP_FINISHED_S, Job, Node, Rank
 from hetero.core.errors import HeteroError
@@ -130,7 +130,8 @@ def replace_if_ready(c: Cluster, job: Job, *, now: float) -> bool:
         waited = now - (job.restarting_since_unix_s or now)
         job.message = f"restarted after waiting {waited:.0f} s for devices"
     shrunk = replace_spec_ranks(spec, len(placement.ranks))
-    _replace(c, job, placement, initial_plan(shrunk, placement, c.links(placement)), now=now)
+    first = initial_plan(shrunk, placement, peerlinks.between(c.state, placement))
+    _replace(c, job, placement, first, now=now)
     log.info(
         "job %s attempt %d placed: %d ranks, port %d",
         job.id,

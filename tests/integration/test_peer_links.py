@@ -56,7 +56,12 @@ def _wait_for(what: str, check: Callable[[], Any], timeout_s: float = 60.0) -> A
 
 
 @pytest.fixture
-def agents(coordinator: Coordinator, tmp_path: Path) -> Iterator[dict[str, Agent]]:
+def agents(
+    coordinator: Coordinator, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[dict[str, Agent]]:
+    """node-a and node-b, their order streams open; ``request.param``: the names of those
+    started with ``--no-peer-probe`` (none unless the test says)."""
+    silent = getattr(request, "param", ())
     started: dict[str, Agent] = {}
     threads = []
     for name in NAMES:
@@ -66,6 +71,7 @@ def agents(coordinator: Coordinator, tmp_path: Path) -> Iterator[dict[str, Agent
             address="127.0.0.1",
             local_listen="127.0.0.1:0",
             state_dir=tmp_path / name,
+            peer_probe=name not in silent,
         )
         profile = NodeProfile("test cpu", 1, 10.0, 1 << 30, (DeviceMeasure(0, "cpu", "cpu", 1.0),))
         started[name] = agent = Agent(config, profile)
@@ -73,7 +79,8 @@ def agents(coordinator: Coordinator, tmp_path: Path) -> Iterator[dict[str, Agent
         threads[-1].start()
     state = coordinator.server.service.state
     serving = lambda: sum(n.peer_probe is not None for n in state.nodes.values())  # noqa: E731
-    _wait_for("both agents' order streams", lambda: coordinator.server.call(serving) == 2)
+    expected = len(NAMES) - len(silent)
+    _wait_for("the agents' order streams", lambda: coordinator.server.call(serving) == expected)
     try:
         yield started
     finally:
@@ -156,6 +163,18 @@ def test_a_job_across_two_nodes_measures_their_link_once_and_later_jobs_count_it
     assert [agents[n].peers.measured for n in NAMES] == [1, 0]
     again = _links(coordinator)
     assert [x.measured_at_unix_s for n in NAMES for x in again[n]] == [measured_at] * 2
+
+
+@pytest.mark.parametrize("agents", [("node-b",)], indirect=True)
+def test_a_node_whose_agent_serves_no_probe_has_no_link_measured(
+    coordinator: Coordinator, agents: dict[str, Agent]
+) -> None:
+    assert agents["node-b"].peers.endpoint is None
+    _run_job(coordinator, "first")  # node-b's stream has opened, announcing no probe,
+    _run_job(coordinator, "second")  # before this one is placed
+    asked = coordinator.server.call(lambda: dict(coordinator.server.service.cluster.link_asks))
+    assert asked == {} and _links(coordinator) == {"node-a": [], "node-b": []}
+    assert [agents[n].peers.measured for n in NAMES] == [0, 0]
 
 
 def _register(coordinator: Coordinator, name: str) -> str:
