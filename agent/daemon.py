@@ -83,6 +83,7 @@ class Agent:
         self.link = CoordinatorLink(
             config, self.profile, self.security, self.telemetry, self.outbox
         )
+        self.peers = PeerLinks(config, self.link)  # first: a fixed port may be taken
         # A secured agent guards AgentLocal with a secret of its own, made here, from
         # which each rank gets its job's token: the coordinator's token never reaches
         # job code, and a rank can read and report for its own job only.
@@ -99,7 +100,6 @@ class Agent:
             f"{'127.0.0.1' if host in ('', '0.0.0.0', '[::]') else host}:{self.local_port}"
         )
         self.link.endpoint = self.endpoint
-        self.peers = PeerLinks(config, self.link)
         self.orders = OrderStream(self.link, self.peers.endpoint)
         self.shipper = Shipper(config, self.link, self.supervisor, self.plans, self.outbox)
         self.reconciler = Reconciler(

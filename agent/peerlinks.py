@@ -33,6 +33,7 @@ from hetero.agent.config import AgentConfig
 from hetero.agent.link import CALL_TIMEOUT_S, CoordinatorLink
 from hetero.agent.peerprobe import PeerLink, PeerProbeServer, measure_peer
 from hetero.agent.profile import peer_link_message
+from hetero.core.errors import ConfigError
 from hetero.core.peerlinks import TOKEN_BYTES
 from hetero.v1 import coordinator_pb2 as pb
 
@@ -47,11 +48,15 @@ class PeerLinks:
     def __init__(self, config: AgentConfig, link: CoordinatorLink) -> None:
         self._link = link
         self._token = os.urandom(TOKEN_BYTES)
-        self._server = (
-            PeerProbeServer(self._token, "0.0.0.0", config.peer_probe_port)
-            if config.peer_probe
-            else None
-        )
+        self._server: PeerProbeServer | None = None
+        if config.peer_probe:
+            try:
+                self._server = PeerProbeServer(self._token, "0.0.0.0", config.peer_probe_port)
+            except OSError as exc:  # a fixed port another process holds
+                raise ConfigError(
+                    f"peer_probe_port {config.peer_probe_port}: cannot listen ({exc.strerror}); "
+                    "give another, 0 for any, or --no-peer-probe"
+                ) from None
         self._orders: queue.Queue[Sequence[pb.PeerProbeOrder] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="peer-links", daemon=True)
         self.measured = 0

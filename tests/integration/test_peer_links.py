@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
 import subprocess
 import sys
 import threading
@@ -28,6 +29,7 @@ from hetero.agent.daemon import Agent
 from hetero.agent.profile import DeviceMeasure, NodeProfile
 from hetero.core.balancer import Link, link_comm_s
 from hetero.core.catalogue import model
+from hetero.core.errors import ConfigError
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import types_pb2 as tpb
 from tests.integration.conftest import Coordinator
@@ -175,6 +177,17 @@ def test_a_node_whose_agent_serves_no_probe_has_no_link_measured(
     asked = coordinator.server.call(lambda: dict(coordinator.server.service.cluster.link_asks))
     assert asked == {} and _links(coordinator) == {"node-a": [], "node-b": []}
     assert [agents[n].peers.measured for n in NAMES] == [0, 0]
+
+
+def test_a_probe_port_another_process_holds_stops_the_agent_in_one_line(tmp_path: Path) -> None:
+    with socket.create_server(("0.0.0.0", 0)) as held:
+        port = held.getsockname()[1]
+        config = AgentConfig(state_dir=tmp_path, local_listen="127.0.0.1:0", peer_probe_port=port)
+        profile = NodeProfile("test cpu", 1, 10.0, 1 << 30, (DeviceMeasure(0, "cpu", "cpu", 1.0),))
+        with pytest.raises(ConfigError) as err:
+            Agent(config, profile)
+    assert str(err.value).startswith(f"peer_probe_port {port}: cannot listen (")
+    assert "\n" not in str(err.value)
 
 
 def _register(coordinator: Coordinator, name: str) -> str:
