@@ -121,6 +121,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--cpu-threads", type=int, help="threads per CPU rank")
     run.add_argument(
+        "--no-peer-probe",
+        action="store_false",
+        dest="peer_probe",
+        default=None,
+        help="answer no link probes: the coordinator then measures no links to this node",
+    )
+    run.add_argument(
+        "--peer-probe-port",
+        type=int,
+        metavar="PORT",
+        help="TCP port for other nodes' link probes (default: one the kernel picks)",
+    )
+    run.add_argument(
         "--stop-grace", type=float, dest="stop_grace_s", help="seconds from SIGTERM to SIGKILL"
     )
     run.add_argument(
@@ -149,7 +162,7 @@ def _config(args: argparse.Namespace) -> AgentConfig:
     }
     names: tuple[str, ...] = ("name", "address", "local_listen", "metrics_listen", "cpu_threads")
     names += ("stop_grace_s", "insecure", "allow_root", "watchdog_s", "token_file", "tls_ca")
-    names += ("tls_cert", "tls_key", "rank_user")
+    names += ("tls_cert", "tls_key", "rank_user", "peer_probe", "peer_probe_port")
     for name in names:
         flags[name] = getattr(args, name, None)
     return with_flags(load_config(args.config), **flags)

@@ -68,6 +68,11 @@ class AgentConfig:
     #: a rank holds at most ``rank_log_max_bytes * (rank_log_keep + 1)`` bytes of disk.
     rank_log_max_bytes: int = MAX_BYTES
     rank_log_keep: int = KEEP
+    #: Answer other nodes' link probes, so the coordinator can measure the links a job
+    #: across this node crosses (``agent.peerlinks``); on ``peer_probe_port`` (0: one
+    #: the kernel picks, for a firewall that opens a range or none).
+    peer_probe: bool = True
+    peer_probe_port: int = 0
 
     def __post_init__(self) -> None:
         if self.log_format not in LOG_FORMATS:
@@ -81,6 +86,8 @@ class AgentConfig:
         if not self.watchdog_s > 0:
             raise ConfigError(f"watchdog_s must be > 0, got {self.watchdog_s:g}")
         RankLogLimits(self.rank_log_max_bytes, self.rank_log_keep)  # raises if out of range
+        if not 0 <= self.peer_probe_port <= 65535:
+            raise ConfigError(f"peer_probe_port must be in [0, 65535], got {self.peer_probe_port}")
         if self.stop_grace_s < 0:
             raise ConfigError(f"stop_grace_s must be >= 0, got {self.stop_grace_s:g}")
         for key in ("coordinator", "local_listen"):
@@ -156,6 +163,8 @@ def load_config(path: Path | None) -> AgentConfig:
         watchdog_s=f.number("watchdog_s", d.watchdog_s, positive=True) or d.watchdog_s,
         rank_log_max_bytes=f.integer("rank_log_max_bytes", MAX_BYTES, minimum=4096) or MAX_BYTES,
         rank_log_keep=f.integer("rank_log_keep", KEEP, minimum=1) or KEEP,
+        peer_probe=f.boolean("peer_probe", True),
+        peer_probe_port=f.integer("peer_probe_port", 0, minimum=0) or 0,
     )
     f.finish()
     return config

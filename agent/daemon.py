@@ -5,7 +5,8 @@ One loop thread does the calls to the coordinator and all process management (so
 lifetime). Each tick it contacts the coordinator when due (``agent.link``:
 register, heartbeat, back off), carries out the orders its stream has received
 (``agent.link.OrderStream``, on a thread of its own; ``agent.reconcile``: launch
-and stop ranks), reaps exited ranks, and
+and stop ranks; links to measure go to ``agent.peerlinks``' thread), reaps exited
+ranks, and
 delivers what the node owes the coordinator (``agent.shipper``: the outbox,
 rank states, log lines). Telemetry samples on its own thread; ``AgentLocal``
 serves trainers from gRPC's pool. The coordinator being down at start or later
@@ -27,6 +28,7 @@ from hetero.agent.leftovers import RankRecord
 from hetero.agent.link import CoordinatorLink, OrderStream
 from hetero.agent.local import AgentLocalService, PlanCache, create_local_server
 from hetero.agent.outbox import Outbox
+from hetero.agent.peerlinks import PeerLinks
 from hetero.agent.profile import NodeProfile
 from hetero.agent.reconcile import Reconciler
 from hetero.agent.sharing import worth_reregistering
@@ -81,6 +83,7 @@ class Agent:
         self.link = CoordinatorLink(
             config, self.profile, self.security, self.telemetry, self.outbox
         )
+        self.peers = PeerLinks(config, self.link)  # first: a fixed port may be taken
         # A secured agent guards AgentLocal with a secret of its own, made here, from
         # which each rank gets its job's token: the coordinator's token never reaches
         # job code, and a rank can read and report for its own job only.
@@ -97,7 +100,7 @@ class Agent:
             f"{'127.0.0.1' if host in ('', '0.0.0.0', '[::]') else host}:{self.local_port}"
         )
         self.link.endpoint = self.endpoint
-        self.orders = OrderStream(self.link)
+        self.orders = OrderStream(self.link, self.peers.endpoint)
         self.shipper = Shipper(config, self.link, self.supervisor, self.plans, self.outbox)
         self.reconciler = Reconciler(
             config,
@@ -115,6 +118,7 @@ class Agent:
     def run(self) -> None:
         self.local_server.start()
         self.telemetry.start()
+        self.peers.start()
         self.orders.start()
         emu = (
             f", EMULATED slowdown {self.config.emulate_slowdown:g}x"
@@ -137,6 +141,7 @@ class Agent:
                 if self.link.due():
                     self.link.contact()
                 for orders in self.orders.take():
+                    self.peers.measure(orders.measure_links)  # on its own thread
                     self.reconciler.carry_out(orders)
                 self.supervisor.watchdog(self.config.watchdog_s)
                 self.reconciler.reap()
@@ -193,6 +198,7 @@ class Agent:
         self.shipper.ship_logs(timeout_s=1.0)
         self.telemetry.stop()
         self.orders.stop()
+        self.peers.close()
         self.local_server.stop(0.5).wait()
         self.link.close()
         if self.supervisor.dropped_total:

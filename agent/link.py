@@ -244,8 +244,11 @@ class OrderStream:
     agents do not come back in the same instant after a coordinator restart); a
     coordinator that does not know the node makes the link register again."""
 
-    def __init__(self, link: CoordinatorLink) -> None:
+    def __init__(self, link: CoordinatorLink, probe: tuple[int, bytes] | None = None) -> None:
+        """``probe``: where this agent answers link probes, (port, token), announced on
+        every stream it opens (``agent.peerlinks``); None: it answers none."""
         self.link = link
+        self._probe = probe
         self.backoff = Backoff(initial_s=0.5, max_s=10.0)
         self._orders: queue.Queue[pb.Orders] = queue.Queue()
         self._stopping = threading.Event()
@@ -278,7 +281,11 @@ class OrderStream:
                 self._stopping.wait(0.2)
                 continue
             try:
-                call = self.link.stub.WatchOrders(pb.WatchOrdersRequest(node_id=node_id))
+                port, token = self._probe or (0, b"")
+                request = pb.WatchOrdersRequest(
+                    node_id=node_id, peer_probe_port=port, peer_probe_token=token
+                )
+                call = self.link.stub.WatchOrders(request)
                 self._call = call
                 for orders in call:
                     self.backoff.succeeded()

@@ -16,8 +16,9 @@ import signal
 from dataclasses import asdict
 from typing import Any
 
-from hetero.agent.peerprobe import TOKEN_BYTES, PeerLink, PeerProbeServer, measure_peer
+from hetero.agent.peerprobe import PeerLink, PeerProbeServer, measure_peer
 from hetero.core.errors import ConfigError, UnreachableError
+from hetero.core.peerlinks import TOKEN_BYTES
 
 
 def add_parser(sub: argparse._SubParsersAction[Any]) -> None:

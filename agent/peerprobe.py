@@ -2,8 +2,9 @@
 
 The profile's other network figures are to the coordinator, which no gradient
 ever crosses. This probe runs between two nodes: one agent serves
-(:class:`PeerProbeServer`, an ephemeral TCP port, open only while a probe is
-expected), the other connects (:func:`measure_peer`) and times
+(:class:`PeerProbeServer`, on an ephemeral TCP port unless one is configured, for as
+long as the agent runs, ``agent.peerlinks``), the other connects (:func:`measure_peer`)
+and times
 
 - the round trip of one-byte pings (median of a few), and
 - a transfer of ``probe_bytes`` each way: bytes sent / (time − one round trip),
@@ -19,9 +20,12 @@ aborts in C++, and measures one world size and one tensor size only. The
 socket probe is the standard library, fails as an ``OSError`` and costs a few
 MiB each way.
 
-A peer proves it was sent by the coordinator with ``token`` (random bytes the
-coordinator hands both sides): a connection that does not open with it is
-closed unread, and no request may ask for more than ``max_bytes``.
+A peer proves it was sent by the coordinator with ``token``: random bytes the
+serving agent makes at start and gives the coordinator alone, which hands them to
+the agent it orders to measure the link (``coordinator.peerlinks``). A connection
+that does not open with it is closed unread, and no request may ask for more than
+``max_bytes``: a stranger who finds the port gets nothing, and cannot make the
+node send more than that per request.
 """
 
 from __future__ import annotations
@@ -35,12 +39,11 @@ import threading
 import time
 from dataclasses import dataclass
 
+from hetero.core.peerlinks import TOKEN_BYTES
+
 #: Bytes each way: megabytes dominate a LAN's round trip, and cost well under a
 #: second on any link a job would span.
 PROBE_BYTES = 4 * 1024 * 1024
-
-#: Length of the token a connection must open with.
-TOKEN_BYTES = 16
 
 _REQUEST = struct.Struct("!cQ")  # operation, byte count
 _PING, _UPLOAD, _DOWNLOAD = b"p", b"u", b"d"

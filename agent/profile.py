@@ -149,12 +149,7 @@ class NodeProfile:
         if self.disk_read_bytes_per_s is not None:
             msg.disk_read_bytes_per_s = self.disk_read_bytes_per_s
             msg.disk_read_method = self.disk_read_method
-        for link in self.peer_links:
-            peer = msg.peer_links.add(peer=link.peer, rtt_s=link.rtt_s)
-            if link.send_bytes_per_s is not None:
-                peer.send_bytes_per_s = link.send_bytes_per_s
-            if link.receive_bytes_per_s is not None:
-                peer.receive_bytes_per_s = link.receive_bytes_per_s
+        msg.peer_links.extend(peer_link_message(link) for link in self.peer_links)
         return msg
 
     def to_json(self) -> dict[str, Any]:
@@ -366,3 +361,13 @@ def _cached_device(data: dict[str, Any]) -> DeviceMeasure:
     for key in ("suspect", "foreign_pids"):
         data[key] = tuple(data.get(key, ()))
     return DeviceMeasure(**data)
+
+
+def peer_link_message(link: PeerLink) -> tpb.PeerLink:
+    """A measured link as the protocol carries it (unset: a direction too fast to time)."""
+    msg = tpb.PeerLink(peer=link.peer, rtt_s=link.rtt_s)
+    if link.send_bytes_per_s is not None:
+        msg.send_bytes_per_s = link.send_bytes_per_s
+    if link.receive_bytes_per_s is not None:
+        msg.receive_bytes_per_s = link.receive_bytes_per_s
+    return msg

@@ -180,7 +180,10 @@ def ranks_table(job: pb.Job) -> Table:
 
 def predictions_table(predictions: Sequence[pb.PolicyPrediction], global_batch: int) -> Table:
     emulated = any(p.emulated for p in predictions)
+    comm_s = max((p.comm_s for p in predictions), default=0.0)
     title = "predicted from hardware profiles" + (" (uses EMULATED slowdowns)" if emulated else "")
+    if comm_s > 0:
+        title += f", with {comm_s * 1e3:.1f} ms/step of all-reduce over the measured links"
     table = Table(
         "policy",
         "batches",

@@ -36,6 +36,7 @@ from hetero.coordinator import (
     logwire,
     messages,
     orders,
+    peerlinks,
     reports,
     store,
     validate,
@@ -55,8 +56,9 @@ from hetero.coordinator.metrics import RpcLatency
 from hetero.coordinator.placement import PlacementError, place, predict
 from hetero.coordinator.scope import Scope, denied, own_jobs_only, read_refusal
 from hetero.coordinator.service import Service
-from hetero.coordinator.state import KEEP_FINISHED_S
+from hetero.coordinator.state import KEEP_FINISHED_S, ClusterState
 from hetero.coordinator.writer import StoreUnavailable
+from hetero.core.errors import ConfigError
 from hetero.core.jobspec import check_priority, parse_jobspec
 from hetero.core.states import JobState, RankState
 from hetero.v1 import coordinator_pb2 as pb
@@ -136,6 +138,15 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
         self.service.keep_telemetry(node, lambda: wire.telemetry_values(req), at, buffered=buffered)
         self.service.commit_later()
         return pb.HeartbeatResponse()
+
+    @rpc
+    async def ReportPeerLinks(
+        self, req: pb.ReportPeerLinksRequest, caller: Caller
+    ) -> pb.ReportPeerLinksResponse:
+        """Links the node measured as its orders asked (``peerlinks``)."""
+        peerlinks.report(self.cluster, req.node_id, req.links, now=self._now())
+        await self.service.commit()
+        return pb.ReportPeerLinksResponse()
 
     @rpc
     async def ReportRankStatus(
@@ -227,7 +238,7 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
         devices = self.cluster.devices(now)
         admission.check_fits(spec, devices)
         if req.dry_run:
-            return _dry_run(req, spec, devices)
+            return _dry_run(req, spec, devices, self.service.state)
         admission.check_jobs_per_user(
             caller.label, self.service.state.jobs_of(caller.label), settings.limits
         )
@@ -244,8 +255,11 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
             msg.backend or f"queued ({msg.message})",
         )
         as_placed = exclusion.spec_without(spec, exclusion.excluded_of(job))
+        links = peerlinks.between(self.service.state, placed) if placed else []
         predictions = (
-            [wire.prediction_message(p) for p in predict(as_placed, placed)] if placed else []
+            [wire.prediction_message(p) for p in predict(as_placed, placed, links)]
+            if placed
+            else []
         )
         return pb.SubmitJobResponse(job_id=job.id, job=msg, predictions=predictions)
 
@@ -403,6 +417,11 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
             await context.abort(
                 grpc.StatusCode.NOT_FOUND, f"unknown node {req.node_id!r}: register first"
             )
+        try:
+            probe = peerlinks.endpoint(req)
+        except ConfigError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        self.service.state.nodes[req.node_id].peer_probe = probe
         stream = orders.OrderStream(req.node_id)
         changed = self.service.watch(req.node_id)
         try:
@@ -419,6 +438,9 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
                 await self.service.until(changed)
         finally:
             self.service.unwatch(req.node_id, changed)
+            node = self.service.state.nodes.get(req.node_id)
+            if node is not None and node.peer_probe is probe:  # not a newer stream's
+                node.peer_probe = None
 
     # ---- the cluster view ------------------------------------------------------------
 
@@ -452,20 +474,27 @@ class Api(pb_grpc.CoordinatorServicer):  # type: ignore[misc, unused-ignore]
         )
 
 
-def _dry_run(req: pb.SubmitJobRequest, spec: Any, devices: list[Any]) -> pb.SubmitJobResponse:
+def _dry_run(
+    req: pb.SubmitJobRequest,
+    spec: Any,
+    devices: list[Any],
+    state: ClusterState,
+) -> pb.SubmitJobResponse:
     """What a submission would do, storing nothing: the placement it gets now, or the one
-    it would get on the idle cluster and why it would wait."""
+    it would get on the idle cluster and why it would wait; its predictions count the
+    links measured among its nodes (``peerlinks``)."""
     waits = ""
     try:
         placed = place(spec, devices, 0)
     except PlacementError:
         waits = "would queue: " + admission.reason(spec, devices, set())
         placed = place(spec, admission.idle(devices), 0)
-    job_msg = wire.dry_run_job(spec, req.spec_yaml, placed)
+    links = peerlinks.between(state, placed)
+    job_msg = wire.dry_run_job(spec, req.spec_yaml, placed, links)
     if (note := exclusion.profile_note(spec, placed)) is not None:
         waits = f"{waits}; {note}" if waits else note
     job_msg.message = waits
-    predictions = [wire.prediction_message(p) for p in predict(spec, placed)]
+    predictions = [wire.prediction_message(p) for p in predict(spec, placed, links)]
     return pb.SubmitJobResponse(job=job_msg, predictions=predictions)
 
 

@@ -79,6 +79,8 @@ NUMBERS: dict[str, tuple[float, float]] = {
     "PeerLink.rtt_s": (0, SECONDS),
     "PeerLink.send_bytes_per_s": (0, BYTES_PER_S),
     "PeerLink.receive_bytes_per_s": (0, BYTES_PER_S),
+    "PeerLink.measured_at_unix_s": (0, UNIX_S),
+    "WatchOrdersRequest.peer_probe_port": (0, 65535),
     # Heartbeat: telemetry.
     "HostTelemetry.cpu_percent": (0, 100),
     "HostTelemetry.ram_used_bytes": (0, BYTES),
@@ -147,6 +149,7 @@ NAMES: dict[str, int] = {
     "HeartbeatRequest.node_id": ID_CHARS,
     "ThrottleReasons.reasons": 64,
     "WatchOrdersRequest.node_id": ID_CHARS,
+    "ReportPeerLinksRequest.node_id": ID_CHARS,
     "ReportRankStatusRequest.node_id": ID_CHARS,
     "ReportRankStatusRequest.job_id": ID_CHARS,
     "AppendJobLogsRequest.job_id": ID_CHARS,
@@ -180,6 +183,8 @@ FREE: dict[str, str] = {
     "SubmitJobRequest.source_name": "made one short line (api.source_name)",
     "SubmitJobRequest.priority": "checked against the queue's priorities (jobspec)",
     "ProbeRequest.payload": "bytes, bounded by max_message_bytes",
+    "WatchOrdersRequest.peer_probe_token": "a probe's token: its length checked by the handler, "
+    "never shown, logged or stored (peerlinks)",
 }
 
 #: Floats that may be NaN or infinite: cleared, not refused (:func:`clear_diverged`).

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from hetero.coordinator import admission, exclusion, lifecycle, persist, restarts
+from hetero.coordinator import admission, exclusion, lifecycle, peerlinks, persist, restarts
 from hetero.coordinator.placement import (
     DeviceSlot,
     Placement,
@@ -84,6 +84,8 @@ class Cluster:
         self.capacity = 0
         self._ops: list[Op] = []
         self._touched: set[str] = set()
+        #: When each pair of nodes was last asked to measure its link (``peerlinks``).
+        self.link_asks: dict[frozenset[str], float] = {}
 
     def take(self) -> tuple[list[Op], set[str]]:
         """The write operations collected since the last call, in order, and the nodes
@@ -176,7 +178,7 @@ class Cluster:
             agent_version,
         )
         node.devices = tuple(devices)
-        node.host_profile = host_profile
+        node.host_profile = peerlinks.registered(node.host_profile, host_profile)
         self._heard(node, now)
         self._ops.append(persist.save_node(node, devices=True))
         self.capacity += 1
@@ -287,9 +289,9 @@ class Cluster:
         """Give a queued job its ranks, rendezvous and first plan: PENDING."""
         self.state.left_queue(job)
         job.state, job.message = lifecycle.PENDING, ""
-        self._set_ranks(job, placement)
+        self._set_ranks(job, placement, now=now)
         self.save(job)  # a new job's row before its plan's, which refers to it
-        first = initial_plan(spec, placement)
+        first = initial_plan(spec, placement, peerlinks.between(self.state, placement))
         self.new_plan(job, first.batches, 0, first.policy, first.reason, now=now)
         emulated = " (emulated slowdown)" if placement.emulated else ""
         waited = now - job.submitted_at_unix_s
@@ -304,7 +306,10 @@ class Cluster:
         self.save(job)
         return placement
 
-    def _set_ranks(self, job: Job, placement: Placement) -> None:
+    def _set_ranks(self, job: Job, placement: Placement, *, now: float) -> None:
+        """Give ``job`` the ranks of ``placement``, and ask for the links it spans."""
+        node_ids = [r.device.node_id for r in placement.ranks]
+        self._touched |= peerlinks.ask(self.state, self.link_asks, node_ids, now=now)
         self._touched.update(r.node_id for r in job.ranks)  # the old ranks' nodes too
         job.world_size = len(placement.ranks)
         job.backend = placement.backend

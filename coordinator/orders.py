@@ -16,13 +16,16 @@ learns, when its stream delivers again (or opens again), which of its ranks ende
 were cancelled or moved to another attempt or node meanwhile, and stops them: a node
 that was lost has no stop order of its own (its ranks count as gone at once,
 ``lifecycle.rank_state_when_node_lost``).
+
+The last message of a burst also carries the links the node is to measure
+(``peerlinks``), each sent once, by the first of its streams to look.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hetero.coordinator import lifecycle, messages
+from hetero.coordinator import lifecycle, messages, peerlinks
 from hetero.coordinator.state import ClusterState, Job, Rank
 from hetero.v1 import coordinator_pb2 as pb
 
@@ -93,6 +96,11 @@ class OrderStream:
             out.append(msg)
         if not out and orders.wanted != self._wanted:
             out.append(pb.Orders())  # the first burst says "nothing to do" too
+        probes = peerlinks.take_orders(state, self.node_id)
+        if probes:
+            if not out:
+                out.append(pb.Orders())
+            out[-1].measure_links.extend(probes)
         for msg in out:
             msg.sent_at_unix_s = now
         if out:

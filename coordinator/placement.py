@@ -18,6 +18,11 @@ store, calls ``place``, and stores the result. Rules:
   ``dynamic``, from the scores for ``proportional`` and ``hybrid``
   (``initial_plan``); the proportional split is kept as ``Placement.plan`` for
   predictions;
+- with the links measured between the job's nodes (``coordinator.peerlinks``) and a
+  built-in model, whose size the catalogue knows, predictions count the gradient's
+  all-reduce over the slowest link (``link_comm_s``), and a first plan from the
+  profiles that gains too little once it is counted starts equal instead, saying
+  "communication-bound" (``core.balancer.firstplan``);
 - a sharded built-in job (``shard``) is refused when a CUDA device of known memory
   cannot hold its rank's share of the training state with ``memory_margin`` left
   free (``hetero.core.memfit.state_bytes_of``; activations come on top, measured).
@@ -33,12 +38,19 @@ from hetero.core.balancer import (
     Batches,
     Constraints,
     DeviceProfile,
-    StepModel,
+    Link,
     equal_batches,
     equal_time_plan,
+    link_comm_s,
     make_policy,
     predict_step_s,
 )
+from hetero.core.balancer.firstplan import (
+    comm_in_score_units,
+    communication_bound,
+    profile_models,
+)
+from hetero.core.catalogue import model
 from hetero.core.errors import HeteroError
 from hetero.core.jobspec import JobSpec
 from hetero.core.memfit import GIB, state_bytes_of
@@ -134,7 +146,9 @@ class Prediction:
     """A policy's plan and its predicted speed from hardware profiles alone.
 
     The step model is ``t_i(b) = b / score_i``, so ``samples_per_s`` is in the
-    units of the compute scores: compare policies, not clusters.
+    units of the compute scores: compare policies, not clusters. ``comm_s`` is the
+    all-reduce over the measured links in seconds, counted in ``step_s`` in those
+    units (``core.balancer.firstplan``); 0 where none is.
     """
 
     policy: str
@@ -142,6 +156,7 @@ class Prediction:
     step_s: float
     samples_per_s: float
     emulated: bool
+    comm_s: float = 0.0
 
 
 def eligible(spec: JobSpec, device: DeviceSlot) -> bool:
@@ -257,16 +272,23 @@ class InitialPlan:
     reason: str
 
 
-def initial_plan(spec: JobSpec, placement: Placement) -> InitialPlan:
+def initial_plan(spec: JobSpec, placement: Placement, links: Sequence[Link] = ()) -> InitialPlan:
     """The job's first plan: its policy's own (``Policy.initial``), as the trainer's
     embedded planner starts. ``equal`` and ``dynamic`` start equal: ``equal`` remains
     the plain-DDP baseline, and ``dynamic`` moves on measurements only, from a plan
     it has measured (its do-no-harm guard compares every move with it); a split
     from hardware profiles taken on a loaded host put a job at 31:1 where 24:8 was
     right. ``proportional`` and ``hybrid`` start from the profiles
-    (``placement.plan``)."""
+    (``placement.plan``), unless the all-reduce over the measured ``links`` between
+    the job's nodes leaves that split too little to gain: then equal, and why."""
+    equal = equal_batches(constraints(spec))
     batches = make_policy(spec.policy).initial(constraints(spec), profiles(placement.ranks))
-    if batches == equal_batches(constraints(spec)):
+    models = profile_models([r.effective_score for r in placement.ranks])
+    seconds = comm_s(spec, links)
+    why = communication_bound(batches, equal, models, _comm(spec, seconds), comm_s=seconds)
+    if why:
+        return InitialPlan(spec.policy, equal, why)
+    if batches == equal:
         return InitialPlan(spec.policy, batches, "equal split (plain DDP)")
     return InitialPlan(spec.policy, batches, "initial plan from hardware profiles")
 
@@ -275,10 +297,31 @@ def constraints(spec: JobSpec) -> Constraints:
     return Constraints(spec.global_batch, spec.world_size, spec.min_batch)
 
 
-def predict(spec: JobSpec, placement: Placement) -> tuple[Prediction, ...]:
-    """Predicted throughput of ``equal``, the initial (proportional) plan and ``dynamic``."""
-    models = [StepModel(per_sample_s=1.0 / max(r.effective_score, 1e-9)) for r in placement.ranks]
+def comm_s(spec: JobSpec, links: Sequence[Link]) -> float:
+    """Seconds per step of the job's gradient all-reduce over the measured ``links``
+    between its nodes (``link_comm_s``); 0 for a ``command:`` job, whose size is unknown."""
+    parameters = model(spec.options.model).parameters if spec.builtin else 0
+    return link_comm_s(parameters, spec.world_size, links) if parameters else 0.0
+
+
+def _comm(spec: JobSpec, seconds: float) -> float:
+    """``seconds`` (of a built-in job: ``comm_s``) in the profile models' units (``firstplan``)."""
+    if seconds <= 0:
+        return 0.0
+    entry = model(spec.options.model)
+    size = spec.options.image_size if entry.kind == "image" else spec.options.seq_len
+    return comm_in_score_units(seconds, entry.train_flops_at(size))
+
+
+def predict(
+    spec: JobSpec, placement: Placement, links: Sequence[Link] = ()
+) -> tuple[Prediction, ...]:
+    """Predicted throughput of ``equal``, the initial (proportional) plan and ``dynamic``,
+    the all-reduce over the measured ``links`` between the job's nodes counted."""
+    models = profile_models([r.effective_score for r in placement.ranks])
     cons = constraints(spec)
+    seconds = comm_s(spec, links)
+    comm = _comm(spec, seconds)
     plans = {
         "equal": equal_batches(cons),
         "proportional": placement.plan,
@@ -286,8 +329,15 @@ def predict(spec: JobSpec, placement: Placement) -> tuple[Prediction, ...]:
     }
     out = []
     for policy, batches in plans.items():
-        step_s = predict_step_s(models, batches)
+        step_s = predict_step_s(models, batches, comm_s=comm)
         out.append(
-            Prediction(policy, batches, step_s, spec.global_batch / step_s, placement.emulated)
+            Prediction(
+                policy,
+                batches,
+                step_s,
+                spec.global_batch / step_s,
+                placement.emulated,
+                seconds if comm > 0 else 0.0,
+            )
         )
     return tuple(out)

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from hetero.coordinator import admission, attach, exclusion, lifecycle, persist
+from hetero.coordinator import admission, attach, exclusion, lifecycle, peerlinks, persist
 from hetero.coordinator.placement import InitialPlan, Placement, PlacementError, initial_plan, place
 from hetero.coordinator.state import KEEP_FINISHED_S, Job, Node, Rank
 from hetero.core.errors import HeteroError
@@ -130,7 +130,8 @@ def replace_if_ready(c: Cluster, job: Job, *, now: float) -> bool:
         waited = now - (job.restarting_since_unix_s or now)
         job.message = f"restarted after waiting {waited:.0f} s for devices"
     shrunk = replace_spec_ranks(spec, len(placement.ranks))
-    _replace(c, job, placement, initial_plan(shrunk, placement), now=now)
+    first = initial_plan(shrunk, placement, peerlinks.between(c.state, placement))
+    _replace(c, job, placement, first, now=now)
     log.info(
         "job %s attempt %d placed: %d ranks, port %d",
         job.id,
@@ -199,7 +200,7 @@ def _replace(c: Cluster, job: Job, placement: Placement, plan: InitialPlan, *, n
     ``restarts`` counts attempts placed after the first, so while the job is
     RESTARTING it still names the attempt whose ranks are being stopped."""
     job.restarts += 1
-    c._set_ranks(job, placement)
+    c._set_ranks(job, placement, now=now)
     job.state, job.restarting_since_unix_s = lifecycle.PENDING, None
     version = c.new_plan(job, plan.batches, 0, plan.policy, plan.reason, now=now).version
     job.attempt_first_plan = version

@@ -58,6 +58,7 @@ AGENT = _full(
         "RegisterNode",
         "Heartbeat",
         "WatchOrders",
+        "ReportPeerLinks",
         "ReportRankStatus",
         "AppendJobLogs",
         "Probe",

@@ -47,7 +47,7 @@ from hetero.coordinator.identity import Caller
 from hetero.coordinator.state import ClusterState
 
 #: Methods whose request names the caller's node by id.
-_NODE_ID_METHODS = ("Heartbeat", "WatchOrders", "ReportRankStatus")
+_NODE_ID_METHODS = ("Heartbeat", "WatchOrders", "ReportPeerLinks", "ReportRankStatus")
 #: Methods whose request names a job that must have a rank on the caller's node.
 _JOB_METHODS = ("ReportIntervalStats", "GetPlan")
 #: Methods an attached job's rank 0 calls (``attach``).

@@ -280,6 +280,7 @@ class Service:
                     node.last_heartbeat_unix_s, old.last_heartbeat_unix_s
                 )
                 node.telemetry, node.telemetry_bucket = old.telemetry, old.telemetry_bucket
+                node.peer_probe = old.peer_probe  # its order stream is still open
         self.cluster.state = state
         self.cluster.take()
         self._tell(set(self._watchers))

@@ -75,8 +75,14 @@ class Node:
     down: bool = False
     devices: tuple[Device, ...] = ()
     telemetry: object | None = None
-    #: The host's profile from its registration (``hetero.v1.HostProfile``; None: none sent).
+    #: The host's profile from its registration (``hetero.v1.HostProfile``; None: none sent),
+    #: with the links to other nodes measured since (``peerlinks``).
     host_profile: object | None = None
+    #: Where its agent answers link probes, (port, token), while its order stream is open;
+    #: None: it serves none. In memory only, never shown (``peerlinks``).
+    peer_probe: tuple[int, bytes] | None = field(default=None, repr=False)
+    #: Ids of the nodes its agent is to measure its links to, not yet sent (``peerlinks``).
+    probe_targets: list[str] = field(default_factory=list, repr=False)
     #: The newest telemetry bucket written for this node (``TelemetryPolicy.period_s``),
     #: and the newest of the samples its agent buffered while cut off.
     telemetry_bucket: int = -1

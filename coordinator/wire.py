@@ -22,7 +22,7 @@ from hetero.coordinator.models import (
     RankRow,
 )
 from hetero.coordinator.state import Device
-from hetero.core.balancer import StragglerEvidence
+from hetero.core.balancer import Link, StragglerEvidence
 from hetero.core.jobspec import JobSpec
 from hetero.core.states import JobState, RankState
 from hetero.v1 import coordinator_pb2 as pb
@@ -294,9 +294,15 @@ def job_live(
     return msg
 
 
-def dry_run_job(spec: JobSpec, spec_yaml: str, placed: placement_mod.Placement) -> pb.Job:
-    """The job a submit would create, without storing it."""
-    first = placement_mod.initial_plan(spec, placed)
+def dry_run_job(
+    spec: JobSpec,
+    spec_yaml: str,
+    placed: placement_mod.Placement,
+    links: Sequence[Link] = (),
+) -> pb.Job:
+    """The job a submit would create, without storing it (``links``: those measured
+    among its nodes, for its first plan)."""
+    first = placement_mod.initial_plan(spec, placed, links)
     state = placement_mod.state_bytes(spec)
     return pb.Job(
         message=""
@@ -343,6 +349,7 @@ def prediction_message(p: placement_mod.Prediction) -> pb.PolicyPrediction:
         predicted_step_s=p.step_s,
         predicted_samples_per_s=p.samples_per_s,
         emulated=p.emulated,
+        comm_s=p.comm_s,
     )
 
 

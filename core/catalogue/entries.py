@@ -40,6 +40,21 @@ class ModelEntry:
     #: Parameters at the default size and 10 classes (the trainer's models, checked by a
     #: test): what the training state's bytes are predicted from before a run.
     parameters: int = 0
+    #: FLOPs of one sample's forward and backward pass at the default size and 10
+    #: classes (torch's ``FlopCounterMode`` on the trainer's models, checked by a test):
+    #: with the devices' matmul rates, what a step's compute is weighed against the
+    #: all-reduce with before a run (``core.balancer.firstplan``). 0: unknown.
+    train_flops: int = 0
+
+    def train_flops_at(self, size: int | None) -> float:
+        """``train_flops`` at ``size`` (pixels per side, tokens per sample; None: the
+        default): an image model's FLOPs grow with its pixels, a language model's with
+        its tokens (the attention's quadratic part, an eighth of GPT-2's at 1,024
+        tokens, is left out: a weight, not a forecast)."""
+        if not size or size == self.default_size:
+            return float(self.train_flops)
+        ratio = size / self.default_size
+        return self.train_flops * (ratio * ratio if self.kind == "image" else ratio)
 
     @property
     def channels_last_applies(self) -> bool:
@@ -59,6 +74,7 @@ MODELS: tuple[ModelEntry, ...] = (
         8,
         "a conv and a linear layer, for tests",
         parameters=762,
+        train_flops=31_488,
     ),
     ModelEntry(
         "simple_cnn",
@@ -68,6 +84,7 @@ MODELS: tuple[ModelEntry, ...] = (
         "two conv blocks, 32 px",
         True,
         parameters=152_074,
+        train_flops=32_644_608,
     ),
     ModelEntry(
         "resnet18",
@@ -77,6 +94,7 @@ MODELS: tuple[ModelEntry, ...] = (
         "torchvision ResNet-18",
         True,
         parameters=11_181_642,
+        train_flops=10_645_370_880,
     ),
     ModelEntry(
         "resnet50",
@@ -86,6 +104,7 @@ MODELS: tuple[ModelEntry, ...] = (
         "torchvision ResNet-50",
         True,
         parameters=23_528_522,
+        train_flops=24_286_912_512,
     ),
     ModelEntry(
         "gpt2-small",
@@ -95,6 +114,7 @@ MODELS: tuple[ModelEntry, ...] = (
         "GPT-2 124M, causal LM",
         max_seq_len=1024,
         parameters=124_439_808,
+        train_flops=874_944_921_600,
     ),
     ModelEntry(
         "gpt2-medium",
@@ -104,6 +124,7 @@ MODELS: tuple[ModelEntry, ...] = (
         "GPT-2 355M, causal LM (24 layers)",
         max_seq_len=1024,
         parameters=354_823_168,
+        train_flops=2_480_853_221_376,
     ),
     ModelEntry(
         "gpt2-large",
@@ -113,6 +134,7 @@ MODELS: tuple[ModelEntry, ...] = (
         "GPT-2 774M, causal LM (36 layers)",
         max_seq_len=1024,
         parameters=774_030_080,
+        train_flops=5_323_712_102_400,
     ),
     ModelEntry(
         "gpt2-tiny",
@@ -122,6 +144,7 @@ MODELS: tuple[ModelEntry, ...] = (
         "2-layer GPT-2, for tests",
         max_seq_len=64,
         parameters=120_576,
+        train_flops=50_331_648,
     ),
     ModelEntry(
         "bert-base",
@@ -131,6 +154,7 @@ MODELS: tuple[ModelEntry, ...] = (
         "BERT-base 110M, masked LM",
         max_seq_len=512,
         parameters=109_512_762,
+        train_flops=85_497_348_096,
     ),
     ModelEntry(
         "bert-tiny",
@@ -140,6 +164,7 @@ MODELS: tuple[ModelEntry, ...] = (
         "2-layer BERT, for tests",
         max_seq_len=64,
         parameters=125_185,
+        train_flops=51_929_088,
     ),
 )
 

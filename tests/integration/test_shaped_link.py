@@ -15,7 +15,9 @@ would, run inside namespace ``a``. Asserted:
 - the planner's predicted step time counts it: ``core.replan.next_plan`` over the shaped
   run's statistics predicts the fitted compute plus the measured exposed communication
   (``Constraints.comm_s`` from ``estimate_comm_s``), and the coordinator's stored plans
-  of that run, if it moved any, predicted no less.
+  of that run, if it moved any, predicted no less;
+- the first job had the agents probe their link across the namespaces (``agent.peerlinks``),
+  kept with both nodes' host profiles.
 
 Needs root (``ip netns``, ``tc``); skipped in one line without. Marked ``link``:
 ``make test-link`` (over a minute on 2 cores).
@@ -301,3 +303,16 @@ def test_job_across_a_shaped_link_completes_and_the_plan_counts_the_link(
     for plan in plans:  # the coordinator's own decisions over this run, where it moved
         if plan["predicted_step_s"] is not None:
             assert plan["predicted_step_s"] > 0.5 * ALLREDUCE_AT_RATE_S
+
+    # The first job across the pair had its agents probe their link (unshaped then; fresh
+    # for the second), kept with both nodes' profiles.
+    nodes = {n["name"]: n for n in json.loads(cluster.coord("nodes", "--json"))["nodes"]}
+    (a_to_b,) = nodes["link-a"]["host_profile"]["peer_links"]
+    (b_to_a,) = nodes["link-b"]["host_profile"]["peer_links"]
+    print(
+        f"link probe at the first job: rtt {a_to_b['rtt_s'] * 1e3:.3f} ms, "
+        f"{a_to_b['send_bytes_per_s'] / 1e6:,.0f} MB/s a->b, "
+        f"{a_to_b['receive_bytes_per_s'] / 1e6:,.0f} MB/s b->a"
+    )
+    assert (a_to_b["peer"], b_to_a["peer"]) == ("link-b", "link-a")
+    assert a_to_b["send_bytes_per_s"] == b_to_a["receive_bytes_per_s"] > 0

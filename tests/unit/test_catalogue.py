@@ -149,6 +149,28 @@ def test_the_catalogues_parameter_counts_are_the_trainers_models(entry: Any) -> 
     assert sum(p.numel() for p in built.parameters()) == entry.parameters
 
 
+@pytest.mark.parametrize("entry", catalogue.MODELS, ids=lambda m: m.name)
+def test_the_catalogues_training_flops_are_the_trainers_models_forward_and_backward(
+    entry: Any,
+) -> None:
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from hetero.trainer.models import build_model
+
+    size = entry.default_size
+    with torch.device("meta"):  # FLOPs are counted from shapes: no storage, no compute
+        built = build_model(entry.name, 10, None)
+        batch = (
+            torch.randn(2, 3, size, size)
+            if entry.kind == "image"
+            else torch.randint(0, 100, (2, size))
+        )
+    with FlopCounterMode(display=False) as counter:
+        built(batch).float().sum().backward()
+    assert counter.get_total_flops() / 2 == pytest.approx(entry.train_flops, rel=0.01)
+
+
 def test_the_trainer_implements_exactly_the_catalogues_models_datasets_and_policies() -> None:
     assert set(BUILDERS) == {m.name for m in catalogue.MODELS}
     assert set(BUILT) == {d.name for d in catalogue.DATASETS}

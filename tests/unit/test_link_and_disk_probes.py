@@ -14,11 +14,12 @@ import pytest
 
 from hetero.agent.cli import main
 from hetero.agent.diskprobe import measure_disk_read
-from hetero.agent.peerprobe import TOKEN_BYTES, PeerLink, PeerProbeServer, measure_peer
+from hetero.agent.peerprobe import PeerLink, PeerProbeServer, measure_peer
 from hetero.agent.profile import NodeProfile, with_disk_read
 from hetero.core.balancer import Link, StepModel, link_comm_s, ring_all_reduce_s
 from hetero.core.balancer.guard import why_not
 from hetero.core.catalogue.entries import model
+from hetero.core.peerlinks import TOKEN_BYTES
 
 
 def test_peer_probe_measures_a_round_trip_and_both_directions_over_loopback() -> None:

@@ -354,18 +354,20 @@ class SubmitJobRequest(_message.Message):
     def __init__(self, spec_yaml: _Optional[str] = ..., source_name: _Optional[str] = ..., dry_run: bool = ..., priority: _Optional[int] = ...) -> None: ...
 
 class PolicyPrediction(_message.Message):
-    __slots__ = ("policy", "batches", "predicted_step_s", "predicted_samples_per_s", "emulated")
+    __slots__ = ("policy", "batches", "predicted_step_s", "predicted_samples_per_s", "emulated", "comm_s")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     BATCHES_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_STEP_S_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_SAMPLES_PER_S_FIELD_NUMBER: _ClassVar[int]
     EMULATED_FIELD_NUMBER: _ClassVar[int]
+    COMM_S_FIELD_NUMBER: _ClassVar[int]
     policy: str
     batches: _containers.RepeatedScalarFieldContainer[int]
     predicted_step_s: float
     predicted_samples_per_s: float
     emulated: bool
-    def __init__(self, policy: _Optional[str] = ..., batches: _Optional[_Iterable[int]] = ..., predicted_step_s: _Optional[float] = ..., predicted_samples_per_s: _Optional[float] = ..., emulated: bool = ...) -> None: ...
+    comm_s: float
+    def __init__(self, policy: _Optional[str] = ..., batches: _Optional[_Iterable[int]] = ..., predicted_step_s: _Optional[float] = ..., predicted_samples_per_s: _Optional[float] = ..., emulated: bool = ..., comm_s: _Optional[float] = ...) -> None: ...
 
 class SubmitJobResponse(_message.Message):
     __slots__ = ("job_id", "job", "predictions")
@@ -410,10 +412,14 @@ class CancelJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class WatchOrdersRequest(_message.Message):
-    __slots__ = ("node_id",)
+    __slots__ = ("node_id", "peer_probe_port", "peer_probe_token")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    PEER_PROBE_PORT_FIELD_NUMBER: _ClassVar[int]
+    PEER_PROBE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     node_id: str
-    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+    peer_probe_port: int
+    peer_probe_token: bytes
+    def __init__(self, node_id: _Optional[str] = ..., peer_probe_port: _Optional[int] = ..., peer_probe_token: _Optional[bytes] = ...) -> None: ...
 
 class TrainingArgs(_message.Message):
     __slots__ = ("command", "resume", "options")
@@ -477,18 +483,44 @@ class RankStop(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., reason: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class Orders(_message.Message):
-    __slots__ = ("launches", "stops", "sent_at_unix_s", "complete", "wanted")
+    __slots__ = ("launches", "stops", "sent_at_unix_s", "complete", "wanted", "measure_links")
     LAUNCHES_FIELD_NUMBER: _ClassVar[int]
     STOPS_FIELD_NUMBER: _ClassVar[int]
     SENT_AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
     WANTED_FIELD_NUMBER: _ClassVar[int]
+    MEASURE_LINKS_FIELD_NUMBER: _ClassVar[int]
     launches: _containers.RepeatedCompositeFieldContainer[RankLaunch]
     stops: _containers.RepeatedCompositeFieldContainer[RankStop]
     sent_at_unix_s: float
     complete: bool
     wanted: NodeRanks
-    def __init__(self, launches: _Optional[_Iterable[_Union[RankLaunch, _Mapping]]] = ..., stops: _Optional[_Iterable[_Union[RankStop, _Mapping]]] = ..., sent_at_unix_s: _Optional[float] = ..., complete: bool = ..., wanted: _Optional[_Union[NodeRanks, _Mapping]] = ...) -> None: ...
+    measure_links: _containers.RepeatedCompositeFieldContainer[PeerProbeOrder]
+    def __init__(self, launches: _Optional[_Iterable[_Union[RankLaunch, _Mapping]]] = ..., stops: _Optional[_Iterable[_Union[RankStop, _Mapping]]] = ..., sent_at_unix_s: _Optional[float] = ..., complete: bool = ..., wanted: _Optional[_Union[NodeRanks, _Mapping]] = ..., measure_links: _Optional[_Iterable[_Union[PeerProbeOrder, _Mapping]]] = ...) -> None: ...
+
+class PeerProbeOrder(_message.Message):
+    __slots__ = ("peer", "address", "port", "token")
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    peer: str
+    address: str
+    port: int
+    token: bytes
+    def __init__(self, peer: _Optional[str] = ..., address: _Optional[str] = ..., port: _Optional[int] = ..., token: _Optional[bytes] = ...) -> None: ...
+
+class ReportPeerLinksRequest(_message.Message):
+    __slots__ = ("node_id", "links")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    LINKS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    links: _containers.RepeatedCompositeFieldContainer[_types_pb2.PeerLink]
+    def __init__(self, node_id: _Optional[str] = ..., links: _Optional[_Iterable[_Union[_types_pb2.PeerLink, _Mapping]]] = ...) -> None: ...
+
+class ReportPeerLinksResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class NodeRanks(_message.Message):
     __slots__ = ("ranks",)

@@ -50,6 +50,11 @@ class CoordinatorStub(object):
                 request_serializer=hetero_dot_v1_dot_coordinator__pb2.WatchOrdersRequest.SerializeToString,
                 response_deserializer=hetero_dot_v1_dot_coordinator__pb2.Orders.FromString,
                 _registered_method=True)
+        self.ReportPeerLinks = channel.unary_unary(
+                '/hetero.v1.Coordinator/ReportPeerLinks',
+                request_serializer=hetero_dot_v1_dot_coordinator__pb2.ReportPeerLinksRequest.SerializeToString,
+                response_deserializer=hetero_dot_v1_dot_coordinator__pb2.ReportPeerLinksResponse.FromString,
+                _registered_method=True)
         self.ReportRankStatus = channel.unary_unary(
                 '/hetero.v1.Coordinator/ReportRankStatus',
                 request_serializer=hetero_dot_v1_dot_coordinator__pb2.ReportRankStatusRequest.SerializeToString,
@@ -153,6 +158,13 @@ class CoordinatorServicer(object):
         """One stream per agent: the node's orders (launches of the ranks placed on it, stops
         of ranks of cancelled or restarting jobs) as soon as they exist. The first
         messages carry every order not yet confirmed; each later one what changed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportPeerLinks(self, request, context):
+        """Links to other nodes this node measured as its orders asked (Orders.measure_links).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -282,6 +294,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.WatchOrders,
                     request_deserializer=hetero_dot_v1_dot_coordinator__pb2.WatchOrdersRequest.FromString,
                     response_serializer=hetero_dot_v1_dot_coordinator__pb2.Orders.SerializeToString,
+            ),
+            'ReportPeerLinks': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportPeerLinks,
+                    request_deserializer=hetero_dot_v1_dot_coordinator__pb2.ReportPeerLinksRequest.FromString,
+                    response_serializer=hetero_dot_v1_dot_coordinator__pb2.ReportPeerLinksResponse.SerializeToString,
             ),
             'ReportRankStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportRankStatus,
@@ -445,6 +462,33 @@ class Coordinator(object):
             '/hetero.v1.Coordinator/WatchOrders',
             hetero_dot_v1_dot_coordinator__pb2.WatchOrdersRequest.SerializeToString,
             hetero_dot_v1_dot_coordinator__pb2.Orders.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportPeerLinks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hetero.v1.Coordinator/ReportPeerLinks',
+            hetero_dot_v1_dot_coordinator__pb2.ReportPeerLinksRequest.SerializeToString,
+            hetero_dot_v1_dot_coordinator__pb2.ReportPeerLinksResponse.FromString,
             options,
             channel_credentials,
             insecure,

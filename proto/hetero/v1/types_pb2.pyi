@@ -72,16 +72,18 @@ class HostProfile(_message.Message):
     def __init__(self, cpu_model: _Optional[str] = ..., cpu_count: _Optional[int] = ..., cpu_gflops: _Optional[float] = ..., ram_bytes: _Optional[int] = ..., network_rtt_s: _Optional[float] = ..., network_bytes_per_s: _Optional[float] = ..., emulated_slowdown: _Optional[float] = ..., measured_in_s: _Optional[float] = ..., disk_read_bytes_per_s: _Optional[float] = ..., disk_read_method: _Optional[str] = ..., peer_links: _Optional[_Iterable[_Union[PeerLink, _Mapping]]] = ...) -> None: ...
 
 class PeerLink(_message.Message):
-    __slots__ = ("peer", "rtt_s", "send_bytes_per_s", "receive_bytes_per_s")
+    __slots__ = ("peer", "rtt_s", "send_bytes_per_s", "receive_bytes_per_s", "measured_at_unix_s")
     PEER_FIELD_NUMBER: _ClassVar[int]
     RTT_S_FIELD_NUMBER: _ClassVar[int]
     SEND_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
     RECEIVE_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     peer: str
     rtt_s: float
     send_bytes_per_s: float
     receive_bytes_per_s: float
-    def __init__(self, peer: _Optional[str] = ..., rtt_s: _Optional[float] = ..., send_bytes_per_s: _Optional[float] = ..., receive_bytes_per_s: _Optional[float] = ...) -> None: ...
+    measured_at_unix_s: float
+    def __init__(self, peer: _Optional[str] = ..., rtt_s: _Optional[float] = ..., send_bytes_per_s: _Optional[float] = ..., receive_bytes_per_s: _Optional[float] = ..., measured_at_unix_s: _Optional[float] = ...) -> None: ...
 
 class ThrottleReasons(_message.Message):
     __slots__ = ("reasons",)
