@@ -43,6 +43,9 @@ from hetero.v1 import coordinator_pb2_grpc
 
 log = logging.getLogger("hetero.coordinator")
 
+#: Seconds between the main thread's checks for a signal's handler (:func:`serve`).
+SIGNAL_CHECK_S = 0.5
+
 T = TypeVar("T")
 
 __all__ = ["SERVICE_NAME", "CoordinatorServer", "Settings", "create_server", "serve"]
@@ -353,7 +356,12 @@ def serve(
         log.info("metrics on http://%s:%d/metrics", host, metrics_port)
     heap.settle()  # start-up's objects out of every full collection (``heap``)
     try:
-        stop.wait()
+        # Not one unbounded wait: a blocked wait returns to Python only when the signal
+        # lands on this thread, and the kernel may give a process's SIGTERM to another
+        # of its threads (the handler then never ran: a loaded CI box saw a coordinator
+        # still serving 30 s after SIGTERM). Each wake lets a pending handler run.
+        while not stop.wait(SIGNAL_CHECK_S):
+            pass
     finally:
         server.stop(grace_s).wait()
         for sig, handler in previous.items():
