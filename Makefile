@@ -35,8 +35,14 @@ demo-embedded: $(STAMP)  ## the same comparison with hetero-train alone (no cont
 # process, one test at a time.
 TEST_WORKERS ?= 2
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+# Tests marked ``alone`` measure the ranks' speeds against each other: they run after the
+# others, one at a time, so that no other test file's ranks share the cores with them.
+TIERS := not chaos and not postgres and not container and not slurm and not link and not ecosystem
 test: $(STAMP)  ## run the whole test suite (chaos tests excepted: make chaos; PostgreSQL: make test-postgres; Slurm: make test-slurm; the image: make test-container; W&B, MLflow, datasets, WebDataset: make test-ecosystem)
-	@$(BIN)/python -m pytest -q $(XDIST) --durations=25 -m 'not chaos and not postgres and not container and not slurm and not link and not ecosystem'
+	@rc=0; \
+	$(BIN)/python -m pytest -q $(XDIST) --durations=25 -m '$(TIERS) and not alone' || rc=$$?; \
+	$(BIN)/python -m pytest -q -m '$(TIERS) and alone' || rc=$$?; \
+	exit $$rc
 
 # As root on Debian it installs the postgresql package when no server is there; the
 # server itself is a throwaway cluster under /tmp (tests/integration/pgserver.py).
