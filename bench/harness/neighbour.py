@@ -8,7 +8,8 @@ and switching off takes effect within one burst, a few ms); while ``off`` it
 sleeps. With ``--duty D`` below 1 (a light neighbour) it instead waits for
 each burst to finish and idles ``burst time × (1/D − 1)`` before the next. It re-reads the control file every ``poll_s`` and exits on SIGTERM or
 SIGINT, or when its parent process is gone, so a killed harness leaves no
-orphan burning a GPU. ``--log`` gets JSON lines: ready, every switch, and
+orphan burning a GPU. After each switch it reads it writes the state beside the
+control file (``.seen``), and the harness's switch waits for it. ``--log`` gets JSON lines: ready, every switch, and
 once a second the matmul rate (TFLOP/s) it achieved.
 
 Why a control file: the harness decides *when* (it watches the training's
@@ -38,9 +39,14 @@ from typing import Any, TextIO
 
 def write_control(path: Path, on: bool) -> None:
     """Atomically write ``on``/``off`` to the control file."""
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_name(path.name + ".tmp")  # the control's and the .seen file's apart
     tmp.write_text("on\n" if on else "off\n")
     os.replace(tmp, path)
+
+
+def seen_path(control: Path) -> Path:
+    """Where the neighbour writes the state it last read from ``control``."""
+    return control.with_suffix(".seen")
 
 
 def read_control(path: Path | None) -> bool:
@@ -51,6 +57,10 @@ def read_control(path: Path | None) -> bool:
         return path.read_text().strip() != "off"
     except FileNotFoundError:
         return True
+
+
+#: Seconds :meth:`NeighbourProcess.switch` waits for the neighbour to see a switch.
+SWITCH_TIMEOUT_S = 10.0
 
 
 class NeighbourProcess:
@@ -102,9 +112,17 @@ class NeighbourProcess:
                 )
             time.sleep(0.05)
 
-    def switch(self, on: bool) -> None:
+    def switch(self, on: bool, timeout_s: float = SWITCH_TIMEOUT_S) -> None:
+        """Switch it and wait until it has seen the switch (``seen_path``), at most
+        ``timeout_s``: a harness that read two switches' steps in one look (it was slow
+        to look) would otherwise write on and off before the neighbour read either."""
         write_control(self.control, on)
         self.on = on
+        seen, deadline = seen_path(self.control), time.monotonic() + timeout_s
+        while not (seen.exists() and read_control(seen) == on):
+            if not self.alive() or time.monotonic() > deadline:
+                return  # its log and the run's record say what it ran
+            time.sleep(0.005)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -194,6 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     flop = 2.0 * args.size**3
     on = read_control(args.control)
     _log(log, event="on" if on else "off")
+    if args.control is not None:
+        write_control(seen_path(args.control), on)
     last_poll = last_report = time.perf_counter()
     done = 0
     previous: Any = None
@@ -208,6 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if want != on:
                 on = want
                 _log(log, event="on" if on else "off")
+                if args.control is not None:
+                    write_control(seen_path(args.control), on)
         if now - last_report >= 1.0:
             _log(log, event="rate", on=on, tflop_per_s=done * flop / (now - last_report) / 1e12)
             done, last_report = 0, now

@@ -73,6 +73,25 @@ def test_neighbour_starts_switches_and_stops_leaving_no_process(tmp_path: Path) 
     assert switches == ["off", "on", "off"]
 
 
+def test_a_switch_returns_once_the_neighbour_has_seen_it(tmp_path: Path) -> None:
+    """Switches written back to back (a harness that read two switches' steps in one
+    look) each reach the neighbour: none is overwritten before it was read."""
+    nb = NeighbourProcess(
+        _neighbour_argv(tmp_path),
+        tmp_path / "ctl",
+        tmp_path / "ready",
+        env=SAFE_ENV,
+        start_on=False,
+    )
+    with nb:
+        for on in (True, False, True, False):
+            nb.switch(on)
+    events = [
+        json.loads(line)["event"] for line in (tmp_path / "log.jsonl").read_text().splitlines()
+    ]
+    assert [e for e in events if e in ("on", "off")] == ["off", "on", "off", "on", "off"]
+
+
 def test_neighbour_exits_when_its_parent_dies(tmp_path: Path) -> None:
     # A parent that starts the neighbour, then is killed without cleaning up.
     code = (
