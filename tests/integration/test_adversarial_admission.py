@@ -61,11 +61,10 @@ def test_a_flood_of_submissions_is_queued_within_the_limit_and_refused_beyond(co
     counts = {o: outcomes.count(o) for o in set(outcomes)}
     assert counts == {"JOB_STATE_PENDING": 8, "JOB_STATE_QUEUED": 242, "RESOURCE_EXHAUSTED": 250}
 
-    started = time.perf_counter()
+    # What made the orders slow was their size (every rank of 10,000 jobs): bounded here
+    # by count, and the read by its call's deadline, not by wall time a loaded host stretches.
     orders = watch_orders(coordinator.stub, node_id)
-    took_s = time.perf_counter() - started
     assert len(orders.launches) == 8, "8 ranks on the CPU device (ranks_per_cpu_device), no more"
-    assert took_s < 2.0, f"the node's orders took {took_s:.2f} s"
     pending = pb.ListJobsRequest(states=[pb.JOB_STATE_PENDING])
     ports = [j.master_port for j in coordinator.stub.ListJobs(pending, timeout=30).jobs]
     assert len(ports) == len(set(ports)) == 8
@@ -81,6 +80,16 @@ def _server(tmp_path: Path) -> tuple[subprocess.Popen[str], int]:
     return proc, int(proc.stdout.readline())
 
 
+def _refused_once(port: int) -> None:
+    """One small unauthenticated call, refused: the server is up and has run that path."""
+    with (
+        grpc.insecure_channel(f"127.0.0.1:{port}") as channel,
+        pytest.raises(grpc.RpcError) as info,
+    ):
+        pb_grpc.CoordinatorStub(channel).ListNodes(pb.ListNodesRequest(), timeout=30)
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
 def test_unauthenticated_large_messages_are_refused_before_they_are_buffered(
     tmp_path: Path,
 ) -> None:
@@ -91,7 +100,7 @@ def test_unauthenticated_large_messages_are_refused_before_they_are_buffered(
     proc, port = _server(tmp_path)
     try:
         server = psutil.Process(proc.pid)
-        time.sleep(0.5)
+        _refused_once(port)  # the refusal's path warmed up: its first use is no growth
         before = server.memory_info().rss
         peak = [before]
         channel = grpc.insecure_channel(
@@ -153,8 +162,17 @@ def test_calls_beyond_concurrent_rpcs_are_refused_not_queued(tmp_path: Path) -> 
             assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc
         for w in watches:
             w.cancel()
-        time.sleep(0.5)
-        assert not stub.ListNodes(pb.ListNodesRequest(), metadata=token, timeout=5).nodes
+        # The server frees their slots once it has seen the cancellations: served again.
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                nodes = stub.ListNodes(pb.ListNodesRequest(), metadata=token, timeout=5).nodes
+                break
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc
+                assert time.monotonic() < deadline, "the ended streams' slots were not freed"
+                time.sleep(0.1)
+        assert not nodes
         channel.close()
     finally:
         proc.kill()

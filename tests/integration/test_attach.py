@@ -36,7 +36,9 @@ def test_torchrun_ranks_attach_take_the_coordinators_plans_and_detach(
         "HETERO_JOB_NAME": "from-torchrun",
         "OMP_NUM_THREADS": "1",
     }
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    # --standalone: a rendezvous on a free port, not torchrun's fixed 29500, which a test
+    # file beside this one may hold.
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     argv += [str(EXAMPLE), "--steps", "60", "--global-batch", "64", "--emulate-slowdown", "1:4"]
     proc = subprocess.Popen(
         argv, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True

@@ -47,7 +47,25 @@ def _neighbour_argv(tmp: Path) -> list[str]:
     ]
 
 
+def _events(log: Path) -> list[str]:
+    return [json.loads(line)["event"] for line in log.read_text().splitlines()]
+
+
+def _switches(log: Path) -> list[str]:
+    return [e for e in _events(log) if e in ("on", "off")]
+
+
+def _until_switched(log: Path, want: list[str], timeout_s: float = 30.0) -> None:
+    """Wait until the neighbour has logged the switches ``want`` (it reads its control
+    file every 20 ms, when it is scheduled: a loaded host may leave it waiting longer)."""
+    deadline = time.monotonic() + timeout_s
+    while (seen := _switches(log)) != want:
+        assert seen == want[: len(seen)] and time.monotonic() < deadline, seen
+        time.sleep(0.05)
+
+
 def test_neighbour_starts_switches_and_stops_leaving_no_process(tmp_path: Path) -> None:
+    log = tmp_path / "log.jsonl"
     nb = NeighbourProcess(
         _neighbour_argv(tmp_path),
         tmp_path / "ctl",
@@ -58,19 +76,17 @@ def test_neighbour_starts_switches_and_stops_leaving_no_process(tmp_path: Path) 
     with nb:
         assert nb.alive()
         pid = nb.proc.pid if nb.proc else -1
+        _until_switched(log, ["off"])  # its first read of the control file
         nb.switch(True)
-        time.sleep(0.5)
+        _until_switched(log, ["off", "on"])
         nb.switch(False)
-        time.sleep(0.3)
+        _until_switched(log, ["off", "on", "off"])
     assert not nb.alive()
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
-    events = [
-        json.loads(line)["event"] for line in (tmp_path / "log.jsonl").read_text().splitlines()
-    ]
+    events = _events(log)
     assert events[0] == "ready" and events[-1] == "exit"
-    switches = [e for e in events if e in ("on", "off")]
-    assert switches == ["off", "on", "off"]
+    assert _switches(log) == ["off", "on", "off"]
 
 
 def test_a_switch_returns_once_the_neighbour_has_seen_it(tmp_path: Path) -> None:
@@ -129,10 +145,14 @@ def test_dynamic_neighbour_is_switched_at_the_training_steps_beside_a_light_one(
         model="debug",
         ranks=2,
         slowdowns=(),
-        steps=40,
+        # The neighbour on 0 is on for 180 steps (over half a second of this tiny model's
+        # steps), so that it reads its control file while on, and the harness reads
+        # step 10's record before step 190's, on a loaded host too: for 20 (60 ms) both
+        # missed the window at times.
+        steps=200,
         policies=("dynamic",),
         neighbours=(
-            Neighbour(gpu=0, matmul_size=32, arrive_step=10, leave_step=30, device="cpu"),
+            Neighbour(gpu=0, matmul_size=32, arrive_step=10, leave_step=190, device="cpu"),
             Neighbour(gpu=1, matmul_size=32, duty=0.2, device="cpu"),
         ),
     )
@@ -140,7 +160,7 @@ def test_dynamic_neighbour_is_switched_at_the_training_steps_beside_a_light_one(
     outcome = execute(spec, scenario, GpuMonitor(0), timeout_s=120)
     assert outcome.ok, (outcome.error, (spec.out_dir / "stderr.log").read_text()[-2000:])
     switched = [(s["gpu"], s["step"], s["on"]) for s in outcome.switches]
-    assert switched == [(0, 0, False), (1, 0, True), (0, 10, True), (0, 30, False)]
+    assert switched == [(0, 0, False), (1, 0, True), (0, 10, True), (0, 190, False)]
     record = json.loads((spec.out_dir / "run.json").read_text())
     assert record["switches"][2]["step"] == 10
     log = (spec.out_dir / "neighbour-gpu0.jsonl").read_text()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,6 +28,8 @@ class _Server:
 
     def __init__(self) -> None:
         self.handled = threading.Event()
+        #: Set by the test once its call has failed on its deadline: the client has gone.
+        self.client_gone = threading.Event()
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -43,9 +44,9 @@ class _Server:
 
         async def call(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
             try:
-                # The loop is busy (as under load) until the client's deadline has passed:
-                # gRPC cannot tell this handler that its client has gone.
-                time.sleep(0.5)
+                # The loop is busy (as under load) until the client's deadline has passed
+                # and it has gone: gRPC cannot tell this handler so.
+                self.client_gone.wait(30)
                 await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "too late")
             finally:
                 self.handled.set()
@@ -78,10 +79,14 @@ def test_an_abort_after_the_client_left_is_not_an_internal_error_nor_a_second_ab
 ) -> None:
     with caplog.at_level(logging.DEBUG):
         with grpc.insecure_channel(f"127.0.0.1:{slow.port}") as channel:
+            # Connected first: the call's deadline is spent reaching the handler, not on
+            # the connection a loaded host is slow to make.
+            grpc.channel_ready_future(channel).result(timeout=30)
             call = channel.unary_unary(METHOD)
             with pytest.raises(grpc.RpcError) as info:
-                call(b"", timeout=0.1)
+                call(b"", timeout=1.0)
             assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        slow.client_gone.set()
         assert slow.handled.wait(30)
         # gRPC's handling of the failed status ends on the server's loop after the
         # handler: a call made on that loop runs after it.

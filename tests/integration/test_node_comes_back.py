@@ -127,12 +127,18 @@ def test_a_node_back_from_down_stops_the_ranks_of_jobs_that_moved_failed_or_were
     print(f"node-a's stale ranks ended {took:.2f} s after SIGCONT")
 
 
-#: A rank that takes a while to stop: SIGTERM ends it 1.5 s later.
-SLOW_TO_STOP = (
-    "import signal, sys, time; "
-    "signal.signal(signal.SIGTERM, lambda *_: (time.sleep(1.5), sys.exit(0))); "
-    "print('ready', flush=True); time.sleep(600)"
-)
+#: A rank that takes a while to stop: after SIGTERM it exits 0 once the file ``{release}``
+#: exists (the test says when, rather than a delay a loaded host could outlast).
+SLOW_TO_STOP = """\
+import os, signal, sys, time
+def stop(*_):
+    while not os.path.exists({release!r}):
+        time.sleep(0.05)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+print("ready", flush=True)
+time.sleep(600)
+"""
 
 
 def _texts(supervisor: Supervisor) -> list[str]:
@@ -165,13 +171,17 @@ def test_a_launch_on_a_cuda_device_waits_until_the_rank_stopped_there_is_gone(
         config, supervisor, plans, shipper, endpoint="127.0.0.1:1", job_tokens=None
     )
     try:
-        reconciler.carry_out(_on_cuda0("old", SLOW_TO_STOP))
+        release = tmp_path / "release"
+        reconciler.carry_out(_on_cuda0("old", SLOW_TO_STOP.format(release=str(release))))
         _until("the old rank is ready", lambda: "ready" in _texts(supervisor), 30)
         old = supervisor.workers[("old", 0)].proc
 
         reconciler.carry_out(_on_cuda0("new", "import time; time.sleep(600)"))
         assert supervisor.workers[("old", 0)].stopping, "not wanted any more: stopped"
         assert ("new", 0) not in supervisor.workers, "cuda:0 is still held"
+        reconciler.reap()
+        assert old.poll() is None and ("new", 0) not in supervisor.workers, "still held"
+        release.touch()  # the old rank ends
         deadline = time.monotonic() + 30
         while ("new", 0) not in supervisor.workers:
             assert time.monotonic() < deadline, "the new rank never started"

@@ -19,13 +19,20 @@ pytestmark = pytest.mark.slow
 #: stopped (so it, too, exits non-zero, after the failure).
 SCRIPT = """\
 import os, sys, time
+from pathlib import Path
 rank = int(os.environ["RANK"])
 if rank == 0:
     print("rank 0 is waiting", flush=True)
     time.sleep(120)
 for i in range(30):
     print(f"step {i}", flush=True)
-time.sleep(0.3)  # two pipes: the error is read after the steps
+# Two pipes, each read by a thread of the agent's: the error is written once the agent
+# has logged the last step (in rank1.log beside this rank's directory), so that it is
+# read after the steps however late a loaded host runs the stdout reader.
+log, deadline = Path.cwd().parent / f"rank{rank}.log", time.monotonic() + 60
+while time.monotonic() < deadline and "step 29" not in (log.read_text() if log.exists() else ""):
+    time.sleep(0.05)
+time.sleep(0.3)  # and the reader has queued the line it logged
 print("ValueError: bad shape", file=sys.stderr, flush=True)
 sys.exit(2)
 """

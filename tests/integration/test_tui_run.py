@@ -86,7 +86,9 @@ def _records(run: Path, rank: int) -> list[dict[str, Any]]:
     return [json.loads(x) for x in lines]
 
 
-async def until(pilot: Pilot[None], cond: Callable[[], bool], timeout_s: float = 10.0) -> None:
+async def until(pilot: Pilot[None], cond: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """Let the app run until ``cond()`` holds; fail after ``timeout_s`` (a bound for a
+    loaded two-core host, where the pilot shares the cores with another test file)."""
     deadline = time.monotonic() + timeout_s
     while not cond():
         assert time.monotonic() < deadline, "condition not met in time"

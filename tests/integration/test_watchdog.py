@@ -7,6 +7,7 @@ its whole process group with it, and reported: the job fails with the reason.
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -17,6 +18,9 @@ from hetero.bench.localcluster import AgentSpec, LocalCluster
 from hetero.v1 import coordinator_pb2 as pb
 
 pytestmark = pytest.mark.slow
+
+#: Seconds past the watchdog in which the job must be reported failed.
+SLACK_S = 20
 
 STUCK = """\
 name: stuck
@@ -44,8 +48,13 @@ def test_a_rank_without_progress_is_killed_with_its_children_and_reported(tmp_pa
         started = time.monotonic()
         job = cluster.wait(job_id, timeout_s=60)
         took = time.monotonic() - started
-        _, alive = psutil.wait_procs(procs, timeout=5)
+        _, alive = psutil.wait_procs(procs, timeout=30)
     assert job.state == pb.JOB_STATE_FAILED
-    assert "exited with code 137 (watchdog: no progress for 4 s)" in job.message, job.message
-    assert took < 4 + 5, f"killed within the watchdog plus a few ticks, took {took:.1f} s"
+    # The reason gives the silence the agent measured, rounded: 4 s, or more when a loaded
+    # host delays its tick past 4.5 s.
+    said = re.search(r"exited with code 137 \(watchdog: no progress for (\d+) s\)", job.message)
+    assert said and int(said.group(1)) >= 4, job.message
+    # Killed by the watchdog, not left to run: well before the 600 s the rank sleeps, with
+    # room for a loaded host's slow ticks, reports and polls.
+    assert took < 4 + SLACK_S, f"killed within the watchdog plus a few ticks, took {took:.1f} s"
     assert not alive, "no orphans: the rank's child went with it"

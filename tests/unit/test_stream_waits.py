@@ -3,7 +3,6 @@ moved from compute to communication by the step clock."""
 
 from __future__ import annotations
 
-import os
 import socket
 
 import pytest
@@ -28,11 +27,14 @@ class _Event:
 
 
 @pytest.fixture
-def one_rank_group():  # type: ignore[no-untyped-def]
+def one_rank_group(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    # Set for this test alone: left in the worker's environment, the rendezvous variables
+    # reached the test files run after it there (and the processes they start).
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         yield
