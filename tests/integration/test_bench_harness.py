@@ -64,15 +64,15 @@ def _until_switched(log: Path, want: list[str], timeout_s: float = 30.0) -> None
         time.sleep(0.05)
 
 
+def _neighbour(tmp_path: Path) -> NeighbourProcess:
+    """A CPU neighbour that starts off, logging to ``log.jsonl``."""
+    ctl, ready = tmp_path / "ctl", tmp_path / "ready"
+    return NeighbourProcess(_neighbour_argv(tmp_path), ctl, ready, env=SAFE_ENV, start_on=False)
+
+
 def test_neighbour_starts_switches_and_stops_leaving_no_process(tmp_path: Path) -> None:
     log = tmp_path / "log.jsonl"
-    nb = NeighbourProcess(
-        _neighbour_argv(tmp_path),
-        tmp_path / "ctl",
-        tmp_path / "ready",
-        env=SAFE_ENV,
-        start_on=False,
-    )
+    nb = _neighbour(tmp_path)
     with nb:
         assert nb.alive()
         pid = nb.proc.pid if nb.proc else -1
@@ -92,20 +92,11 @@ def test_neighbour_starts_switches_and_stops_leaving_no_process(tmp_path: Path) 
 def test_a_switch_returns_once_the_neighbour_has_seen_it(tmp_path: Path) -> None:
     """Switches written back to back (a harness that read two switches' steps in one
     look) each reach the neighbour: none is overwritten before it was read."""
-    nb = NeighbourProcess(
-        _neighbour_argv(tmp_path),
-        tmp_path / "ctl",
-        tmp_path / "ready",
-        env=SAFE_ENV,
-        start_on=False,
-    )
+    nb = _neighbour(tmp_path)
     with nb:
         for on in (True, False, True, False):
             nb.switch(on)
-    events = [
-        json.loads(line)["event"] for line in (tmp_path / "log.jsonl").read_text().splitlines()
-    ]
-    assert [e for e in events if e in ("on", "off")] == ["off", "on", "off", "on", "off"]
+    assert _switches(tmp_path / "log.jsonl") == ["off", "on", "off", "on", "off"]
 
 
 def test_neighbour_exits_when_its_parent_dies(tmp_path: Path) -> None:
