@@ -237,6 +237,8 @@ class HeteroTop(App[None]):
         self.state = message.state
         self._last_snapshot = time.monotonic()
         self._connected_once = True
+        if self._screens_gone():
+            return
         self.main.show(self.state)
         self._set_problem(None)
         if isinstance(self.screen, JobDetailScreen):
@@ -245,9 +247,16 @@ class HeteroTop(App[None]):
     def on_disconnected(self, message: Disconnected) -> None:
         # The gRPC reason is long and says little more than "unreachable": log it only.
         self.log.warning(message.reason)
+        if self._screens_gone():
+            return
         self._set_problem(
             f"DISCONNECTED from {self.address}: reconnecting (attempt {message.attempt})…"
         )
+
+    def _screens_gone(self) -> bool:
+        """True once the app has taken its screens down to exit. The watch worker may
+        have posted a message just before: it is handled after, with nothing to draw on."""
+        return not self.screen_stack
 
     def _check_stale(self) -> None:
         silent = time.monotonic() - self._last_snapshot

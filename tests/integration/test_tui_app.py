@@ -14,8 +14,9 @@ from textual.notifications import Notify
 from textual.pilot import Pilot
 
 from hetero.coordinator.server import Settings, create_server
-from hetero.tui.app import HeteroTop
+from hetero.tui.app import Disconnected, HeteroTop, SnapshotReceived
 from hetero.tui.screens import ConfirmScreen, HelpScreen, JobDetailScreen
+from hetero.tui.state import ClusterState
 from hetero.tui.widgets import Banner, ClusterTable, JobsTable, Panel
 from hetero.v1 import coordinator_pb2 as pb
 
@@ -198,3 +199,20 @@ def test_node_fields_with_escape_sequences_are_shown_escaped(coordinator) -> Non
             assert any(cell.startswith("\\x1b]52;c;") for cell in cells), cells
 
     asyncio.run(drive())
+
+
+def test_a_snapshot_that_arrives_while_the_app_exits_is_dropped() -> None:
+    """The watch worker may post a snapshot just before the app takes its screens down;
+    Textual then handles it with no screen on the stack. It must not raise."""
+
+    async def drive() -> HeteroTop:
+        app = HeteroTop("127.0.0.1:1", watch=False)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.pause()
+        return app
+
+    app = asyncio.run(drive())
+    assert not app.screen_stack
+    app.on_snapshot_received(SnapshotReceived(ClusterState()))
+    app.on_disconnected(Disconnected("unreachable", 1))
+    assert app._connected_once  # the state is kept; only the drawing is skipped
