@@ -195,18 +195,30 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _db(args: argparse.Namespace) -> int:
-    from hetero.coordinator.database import connect, open_database
+    from hetero.coordinator.database import connect, prepare
     from hetero.coordinator.dburl import masked
     from hetero.coordinator.schema import current_revision, head
+    from hetero.coordinator.standby import Leadership
 
     config = with_flags(load_config(args.config), state_dir=args.state_dir, db=args.db)
     url = config.db_url
     if config.db is None and not config.resolved_state_dir.is_dir():
         raise HeteroError(f"no state directory {config.resolved_state_dir}: nothing to upgrade")
-    engine = open_database(url) if args.action == "upgrade" else connect(url)
+    engine = connect(url)
+    lock = Leadership(engine)
     try:
+        if args.action == "upgrade":
+            # A coordinator serving this database holds its lock: the schema is not
+            # changed under it (SQLite refuses in try_acquire, naming its pid).
+            if not lock.try_acquire():
+                raise HeteroError(
+                    f"a coordinator serves {lock.url}: stop it before upgrading (a newer "
+                    "coordinator upgrades its database itself when it starts)"
+                )
+            prepare(engine)
         have = current_revision(engine)
     finally:
+        lock.release()
         engine.dispose()
     shown = masked(engine.url.render_as_string(hide_password=False))
     newest = head()

@@ -49,22 +49,32 @@ def sqlite_url(state_dir: Path) -> str:
 
 def open_database(url: str) -> Engine:
     """Engine for ``url``, its schema created or upgraded to this version's
-    (``schema.upgrade_to_head``); raises ``DatabaseError`` (one line) for a database
-    it cannot open or upgrade."""
-    from hetero.coordinator.schema import upgrade_to_head
-
+    (``prepare``); raises ``DatabaseError`` (one line) for a database it cannot open or
+    upgrade. Tests and tools use it; a coordinator connects, takes the database's lock
+    (``standby.Leadership``) and only then prepares, so that it never upgrades a schema
+    under another coordinator serving it."""
     engine = connect(url)
     try:
-        _check_integrity(engine, url)
-        upgrade_to_head(engine)
-    except SQLAlchemyError as exc:
-        engine.dispose()
-        first = scrubbed(str(exc).splitlines()[0], url)
-        raise DatabaseError(f"cannot open database {masked(url)}: {first}") from None
+        prepare(engine)
     except DatabaseError:
         engine.dispose()
         raise
     return engine
+
+
+def prepare(engine: Engine) -> None:
+    """Check ``engine``'s database (SQLite: ``_check_integrity``) and create or upgrade its
+    schema to this version's (``schema.upgrade_to_head``); ``DatabaseError`` (one line)
+    if it cannot."""
+    from hetero.coordinator.schema import upgrade_to_head
+
+    url = engine.url.render_as_string(hide_password=False)
+    try:
+        _check_integrity(engine, url)
+        upgrade_to_head(engine)
+    except SQLAlchemyError as exc:
+        first = scrubbed(str(exc).splitlines()[0], url)
+        raise DatabaseError(f"cannot open database {masked(url)}: {first}") from None
 
 
 def _check_integrity(engine: Engine, url: str) -> None:

@@ -4,10 +4,12 @@
 One process, one event loop: ``CoordinatorServer`` runs a ``grpc.aio`` server and the
 coordinator's service (``service``: the state in memory, its one writer, the sweep and
 pruning) on one loop of a thread of its own, driven like a ``grpc.Server``:
-``start()``, ``stop(grace).wait()``. ``create_server`` opens the database (its schema
-upgraded), loads the state from it and binds; ``start`` serves. ``registry`` is what
-Prometheus ``/metrics`` says (``metrics``); ``serve_metrics`` serves it on the same
-loop (``metricsserver``), as ``serve`` does with ``metrics_listen``. ``serve`` stops
+``start()``, ``stop(grace).wait()``. ``create_server`` connects to the database, takes
+its lock (``standby``), creates or upgrades its schema (the lock's holder only: never
+under another coordinator serving it) and binds; ``start`` loads the state and serves.
+``registry`` is what Prometheus ``/metrics`` says (``metrics``); ``serve_metrics``
+serves it on the same loop (``metricsserver``), as ``serve`` does with
+``metrics_listen``. ``serve`` stops
 gracefully on SIGTERM/SIGINT (in-flight calls get ``grace_s`` seconds, then what is
 queued is written).
 """
@@ -28,7 +30,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client.registry import CollectorRegistry
 
 from hetero.coordinator.api import SERVICE_NAME, Api
-from hetero.coordinator.database import open_database
+from hetero.coordinator.database import DatabaseError, connect, prepare
 from hetero.coordinator.dburl import masked
 from hetero.coordinator.identity import Caller, Identities
 from hetero.coordinator.logcaps import size_text
@@ -84,11 +86,16 @@ class CoordinatorServer:
         self.registry = CollectorRegistry()
         self.latency = RpcLatency(self.registry)
         self.metrics: MetricsServer | None = None
-        self.engine = open_database(settings.db_url)
+        self.engine = connect(settings.db_url)
         self.leadership = Leadership(self.engine)
         try:  # a second coordinator on a SQLite file refuses here, in one line
             self._leading = self.leadership.try_acquire()
+            # The schema is checked and upgraded by the lock's holder only: a standby, or
+            # a second coordinator refused, must not upgrade it under the one serving.
+            if self._leading:
+                prepare(self.engine)
         except BaseException:
+            self.leadership.release()
             self.engine.dispose()
             raise
         #: Called (on the loop) if the database's lock is lost while serving.
@@ -166,6 +173,13 @@ class CoordinatorServer:
         while not await loop.run_in_executor(None, self.leadership.try_acquire):
             await asyncio.sleep(POLL_S)
         log.info("took over %s: loading the state", self.leadership.url)
+        try:
+            await loop.run_in_executor(None, prepare, self.engine)
+        except DatabaseError as exc:
+            log.error("%s: not serving", exc)
+            if self.on_lost is not None:
+                self.on_lost()
+            return
         await self._lead()
 
     async def _lead(self) -> None:

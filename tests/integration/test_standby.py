@@ -4,6 +4,7 @@ NOT_SERVING, and takes over with the first one's state once that one stops."""
 
 from __future__ import annotations
 
+import fcntl
 import subprocess
 import sys
 import time
@@ -11,9 +12,11 @@ from pathlib import Path
 
 import grpc
 import pytest
+from alembic import command
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from hetero.coordinator.database import DatabaseError
+from hetero.coordinator.database import DatabaseError, connect, open_database
+from hetero.coordinator.schema import alembic_config, current_revision, head
 from hetero.coordinator.server import Settings, create_server
 from hetero.v1 import coordinator_pb2 as pb
 from hetero.v1 import coordinator_pb2_grpc as pb_grpc
@@ -77,6 +80,50 @@ def test_a_second_coordinator_on_a_sqlite_file_refuses_to_start_in_one_line(
         first.stop(0).wait()
     again, _ = create_server("127.0.0.1:0", Settings(db_url=f"sqlite:///{tmp_path / 'c.db'}"))
     again.stop(0).wait()  # the first one stopped: its lock went with it
+
+
+def _older_database(path: Path) -> str:
+    """A SQLite database one schema revision behind this coordinator's; its revision."""
+    engine = open_database(f"sqlite:///{path}")
+    try:
+        with engine.begin() as conn:
+            command.downgrade(alembic_config(conn), "-1")
+        older = current_revision(engine)
+    finally:
+        engine.dispose()
+    assert older is not None and older != head()
+    return older
+
+
+def test_a_refused_coordinator_or_upgrade_leaves_the_served_schema_alone(tmp_path: Path) -> None:
+    """The lock is taken before the schema is touched: a newer coordinator started by
+    mistake beside a serving one must not upgrade the database under it."""
+    state = tmp_path / "state"
+    state.mkdir()
+    db = state / "coordinator.db"
+    older = _older_database(db)
+    lock = db.with_name(db.name + ".lock")
+    # A serving coordinator, as far as the lock says: this test's own process holds it.
+    with lock.open("a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write("4242\n")
+        held.flush()
+        with pytest.raises(DatabaseError, match=r"another coordinator \(pid 4242\) serves"):
+            create_server("127.0.0.1:0", Settings(db_url=f"sqlite:///{db}"))
+        upgrade = [sys.executable, "-m", "hetero.coordinator.cli", "db", "upgrade"]
+        refused = subprocess.run(
+            [*upgrade, "--state-dir", str(state)], capture_output=True, text=True, timeout=60
+        )
+        assert refused.returncode != 0
+        assert refused.stderr.startswith("error: another coordinator (pid 4242)"), refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1
+        engine = connect(f"sqlite:///{db}")
+        assert current_revision(engine) == older, "the schema was changed under the lock"
+        engine.dispose()
+    done = subprocess.run(
+        [*upgrade, "--state-dir", str(state)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and f"schema revision {head()} (head)" in done.stdout, done
 
 
 @pytest.mark.postgres
