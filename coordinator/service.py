@@ -35,6 +35,7 @@ from hetero.coordinator.models import TelemetryRow
 from hetero.coordinator.pruning import PruneState, prune_batch, prune_finished_jobs
 from hetero.coordinator.reports import HISTORY
 from hetero.coordinator.retention import IntervalRetention, JobRetention, LogRetention
+from hetero.coordinator.stalls import StallWatch
 from hetero.coordinator.state import ClusterState, Node
 from hetero.coordinator.store.telemetry import TelemetryPolicy
 from hetero.coordinator.writer import FAILURE_LOG_S, StoreUnavailable, Writer
@@ -125,8 +126,8 @@ class Service:
         self._tasks: list[asyncio.Task[None]] = []
         #: Each node's order streams' events, set when its orders changed (committed).
         self._watchers: dict[str, set[asyncio.Event]] = {}
-        #: When the last sweep ran (monotonic s): a late one means this process was paused.
-        self._swept: float | None = None
+        #: The loop's stalls: one of a heartbeat interval means this process was paused.
+        self._stalls = StallWatch()
         #: The cluster's ``capacity`` and the time at the last admission pass.
         self._admitted: tuple[int, float] | None = None
         #: Set when ``capacity`` moved since that pass: the admission task runs one.
@@ -176,6 +177,7 @@ class Service:
     def start(self) -> None:
         """Start the writer and the periodic work (on the loop that owns the service)."""
         self.writer.start()
+        self._stalls = StallWatch()  # loading the state was no stall
         self._tasks = [
             asyncio.get_running_loop().create_task(self._every(period, work), name=name)
             for name, period, work in (
@@ -185,6 +187,7 @@ class Service:
             )
         ]
         self._tasks.append(asyncio.get_running_loop().create_task(self._admission()))
+        self._tasks.append(asyncio.get_running_loop().create_task(self._stalls.run()))
 
     async def stop(self) -> None:
         """End the periodic work, write what is queued, close the reading threads."""
@@ -402,13 +405,11 @@ class Service:
         may fit (a change since the last pass, or every ``REFRESH_S``).
 
         A coordinator that was paused (SIGSTOP, a suspended VM, a host starved of CPU)
-        heard no heartbeat meanwhile, through no fault of the nodes: a sweep that comes a
-        heartbeat interval or more late counts every node's silence from now, as after a
-        restart, instead of declaring the cluster down."""
+        heard no heartbeat meanwhile, through no fault of the nodes: after a stall of the
+        loop of a heartbeat interval or more (``stalls``) the sweep counts every node's
+        silence from now, as after a restart, instead of declaring the cluster down."""
         now = self.now()
-        ticked = time.monotonic()
-        late = ticked - self._swept - self.sweep_period_s if self._swept is not None else 0.0
-        self._swept = ticked
+        late = self._stalls.take()
         if late >= self.settings.heartbeat_interval_s:
             log.warning(
                 "the coordinator was paused for %.1f s (stopped, or starved of CPU): every "

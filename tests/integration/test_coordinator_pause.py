@@ -5,14 +5,20 @@ restart, and declares no node down; real agents keep their nodes up."""
 
 from __future__ import annotations
 
+import logging
 import signal
+import sqlite3
 import time
 from pathlib import Path
 
+import grpc
 import pytest
 
 from hetero.bench.localcluster import AgentSpec, LocalCluster
+from hetero.coordinator.server import Settings, create_server
 from hetero.v1 import coordinator_pb2 as pb
+from hetero.v1 import coordinator_pb2_grpc as pb_grpc
+from hetero.v1 import types_pb2 as tpb
 
 pytestmark = pytest.mark.slow
 
@@ -34,3 +40,52 @@ def test_a_paused_coordinator_declares_no_node_down_when_it_resumes(tmp_path: Pa
     assert "the coordinator was paused for" in log, log[-2000:]
     assert "down: no heartbeat" not in log, log[-2000:]
     assert sorted(n.name for n in nodes if n.healthy) == ["node-a", "node-b"]
+
+
+def _register(stub: pb_grpc.CoordinatorStub, name: str) -> None:
+    device = tpb.DeviceProfile(index=0, name="cpu", kind=tpb.DEVICE_KIND_CPU, compute_score=1.0)
+    stub.RegisterNode(
+        pb.RegisterNodeRequest(name=name, address=f"{name}.local", devices=[device]), timeout=10
+    )
+
+
+def test_a_slow_database_is_not_a_pause_and_delays_no_node_loss(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The sweep that marks a node down waits for its commit; a database that takes
+    seconds to commit it (here: another connection holds SQLite's write lock) is no
+    stall of the coordinator, which heard heartbeats all along. A node that fell silent
+    meanwhile is declared down at the next sweep, not a heartbeat timeout later."""
+    db = tmp_path / "c.db"
+    settings = Settings(
+        db_url=f"sqlite:///{db}", heartbeat_interval_s=0.5, heartbeat_timeout_s=TIMEOUT_S
+    )
+    server, port = create_server("127.0.0.1:0", settings)
+    caplog.set_level(logging.WARNING, logger="hetero.coordinator")
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.CoordinatorStub(channel)
+            start = time.monotonic()
+            _register(stub, "early")  # silent from the start: down at TIMEOUT_S
+            time.sleep(1.0)
+            _register(stub, "later")  # down at 1 + TIMEOUT_S, while the writer waits
+            holder = sqlite3.connect(db, isolation_level=None)
+            holder.execute("BEGIN IMMEDIATE")  # the writer now waits (busy_timeout)
+            time.sleep(max(0.0, start + TIMEOUT_S + 2.0 - time.monotonic()))
+            holder.execute("ROLLBACK")
+            holder.close()
+            released = time.monotonic()
+            # The sweeper, its commit done, comes back every 0.25 s: "later" goes down at
+            # once. Counting the wait as a pause would restart every silence, TIMEOUT_S more.
+            while not _logged(caplog, "node later down"):
+                assert time.monotonic() - released < TIMEOUT_S / 2, "node later not down"
+                time.sleep(0.1)
+    finally:
+        server.stop(0).wait()
+    assert _logged(caplog, "node early down")
+    assert not _logged(caplog, "was paused")
+
+
+def _logged(caplog: pytest.LogCaptureFixture, text: str) -> bool:
+    return any(text in r.getMessage() for r in caplog.records)
