@@ -181,7 +181,7 @@ class Service:
         self._tasks = [
             asyncio.get_running_loop().create_task(self._every(period, work), name=name)
             for name, period, work in (
-                ("sweeper", self.sweep_period_s, self.sweep),
+                ("sweeper", self.sweep_period_s, self._sweep_on_time),
                 ("pruner", PRUNE_PERIOD_S, self.prune),
                 ("telemetry", TELEMETRY_FLUSH_S, self.flush_telemetry),
             )
@@ -400,21 +400,25 @@ class Service:
                 log.warning("admission: %s", exc)
             await asyncio.sleep(spent * (1 / ADMISSION_SHARE - 1))
 
-    async def sweep(self) -> None:
+    async def _sweep_on_time(self) -> None:
+        await self.sweep(stalled_s=self._stalls.take())
+
+    async def sweep(self, stalled_s: float = 0.0) -> None:
         """Mark silent nodes down, place restarts, run the queue's pass when what waits
         may fit (a change since the last pass, or every ``REFRESH_S``).
 
         A coordinator that was paused (SIGSTOP, a suspended VM, a host starved of CPU)
         heard no heartbeat meanwhile, through no fault of the nodes: after a stall of the
-        loop of a heartbeat interval or more (``stalls``) the sweep counts every node's
-        silence from now, as after a restart, instead of declaring the cluster down."""
+        loop (``stalled_s``, the sweeper's from ``stalls``; a sweep asked for by hand, on
+        a clock moved by hand, has none) of a heartbeat interval or more the sweep counts
+        every node's silence from now, as after a restart, instead of declaring the
+        cluster down."""
         now = self.now()
-        late = self._stalls.take()
-        if late >= self.settings.heartbeat_interval_s:
+        if stalled_s >= self.settings.heartbeat_interval_s:
             log.warning(
                 "the coordinator was paused for %.1f s (stopped, or starved of CPU): every "
                 "node's silence counts from now, as after a restart",
-                late,
+                stalled_s,
             )
             self.cluster.rules = dataclasses.replace(self.cluster.rules, started_at=now)
         last = self._admitted
