@@ -25,7 +25,11 @@ serving agent makes at start and gives the coordinator alone, which hands them t
 the agent it orders to measure the link (``coordinator.peerlinks``). A connection
 that does not open with it is closed unread, and no request may ask for more than
 ``max_bytes``: a stranger who finds the port gets nothing, and cannot make the
-node send more than that per request.
+node send more than that per request. The token must arrive whole within
+:data:`TOKEN_DEADLINE_S` of the connection: the server answers one connection at a
+time, so a stranger who connects and sends nothing, or a byte now and then, would
+otherwise hold it for as long as each read's timeout allows, and the probe the
+coordinator ordered would fail behind it.
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ from hetero.core.peerlinks import TOKEN_BYTES
 #: Bytes each way: megabytes dominate a LAN's round trip, and cost well under a
 #: second on any link a job would span.
 PROBE_BYTES = 4 * 1024 * 1024
+
+#: Seconds a connection has to send the whole token (a peer sends it at once).
+TOKEN_DEADLINE_S = 2.0
 
 _REQUEST = struct.Struct("!cQ")  # operation, byte count
 _PING, _UPLOAD, _DOWNLOAD = b"p", b"u", b"d"
@@ -121,8 +128,12 @@ class PeerProbeServer:
                     self._answer(conn)
 
     def _answer(self, conn: socket.socket) -> None:
-        if not hmac.compare_digest(_read_exactly(conn, TOKEN_BYTES), self._token):
+        token = _read_by(
+            conn, TOKEN_BYTES, time.monotonic() + min(TOKEN_DEADLINE_S, self._timeout_s)
+        )
+        if not hmac.compare_digest(token, self._token):
             return
+        conn.settimeout(self._timeout_s)
         while True:
             header = _read_exactly(conn, _REQUEST.size)
             if not header:
@@ -192,6 +203,26 @@ def _read_exactly(conn: socket.socket, n: int) -> bytes:
     parts, got = [], 0
     while got < n:
         part = conn.recv(n - got)
+        if not part:
+            break
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)
+
+
+def _read_by(conn: socket.socket, n: int, deadline: float) -> bytes:
+    """``n`` bytes read by ``deadline`` (monotonic s), or fewer: the peer closed, or
+    the deadline passed (the connection's timeout is left at what remained)."""
+    parts, got = [], 0
+    while got < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        conn.settimeout(left)
+        try:
+            part = conn.recv(n - got)
+        except TimeoutError:
+            break
         if not part:
             break
         parts.append(part)

@@ -3,10 +3,13 @@ all-reduce time the planner predicts from a link."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,7 +17,7 @@ import pytest
 
 from hetero.agent.cli import main
 from hetero.agent.diskprobe import measure_disk_read
-from hetero.agent.peerprobe import PeerLink, PeerProbeServer, measure_peer
+from hetero.agent.peerprobe import TOKEN_DEADLINE_S, PeerLink, PeerProbeServer, measure_peer
 from hetero.agent.profile import NodeProfile, with_disk_read
 from hetero.core.balancer import Link, StepModel, link_comm_s, ring_all_reduce_s
 from hetero.core.balancer.guard import why_not
@@ -35,6 +38,35 @@ def test_peer_probe_measures_a_round_trip_and_both_directions_over_loopback() ->
 def test_peer_probe_server_closes_a_connection_without_the_token_unanswered() -> None:
     with PeerProbeServer(os.urandom(TOKEN_BYTES), "127.0.0.1") as server, pytest.raises(OSError):
         measure_peer("x", "127.0.0.1", server.port, os.urandom(TOKEN_BYTES))
+
+
+def test_a_stranger_trickling_bytes_cannot_hold_the_probe_from_the_ordered_peer() -> None:
+    """The server answers one connection at a time: a connection that has not sent the
+    whole token within TOKEN_DEADLINE_S is dropped, however slowly it keeps sending."""
+    token = os.urandom(TOKEN_BYTES)
+    with PeerProbeServer(token, "127.0.0.1") as server:
+        stranger = socket.create_connection(("127.0.0.1", server.port))
+        stop = threading.Event()
+
+        def trickle() -> None:  # a byte every 0.5 s: each read's 10 s timeout never fires
+            with contextlib.suppress(OSError):
+                for _ in range(TOKEN_BYTES - 1):
+                    stranger.sendall(b"x")
+                    if stop.wait(0.5):
+                        return
+
+        sender = threading.Thread(target=trickle)
+        sender.start()
+        try:
+            time.sleep(0.2)  # the stranger's connection is the one being answered
+            link = measure_peer(
+                "x", "127.0.0.1", server.port, token, timeout_s=TOKEN_DEADLINE_S * 3
+            )
+        finally:
+            stop.set()
+            sender.join()
+            stranger.close()
+    assert link.rtt_s > 0
 
 
 def test_peer_probe_server_refuses_a_transfer_larger_than_its_cap() -> None:
