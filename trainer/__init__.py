@@ -18,7 +18,16 @@ A plain DDP script adopts it in a few lines::
 """
 
 import importlib
+import os
 from typing import TYPE_CHECKING, Any
+
+# A rank may hold gRPC channels (to its agent, or to the coordinator it attached to)
+# while its DataLoader forks workers: gRPC's fork handlers then skip themselves and log
+# a line per fork ("Other threads are currently calling into gRPC, skipping fork()
+# handlers"). No worker uses the parent's channels, so the handlers are off unless the
+# user's environment says otherwise; it takes effect only if grpc is not imported yet,
+# as the agent does (``agent/cli.py``).
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 if TYPE_CHECKING:
     from hetero.trainer.checkpoint import RunIdentity, load_checkpoint, save_checkpoint
