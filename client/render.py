@@ -74,7 +74,9 @@ def nodes_table(nodes: Sequence[pb.Node]) -> Table:
 
 def host_io(h: tpb.HostProfile) -> str:
     """The data disk's sequential read and the slowest link to another node, as the agent
-    measured them: "1,275 MB/s read (o_direct); 2 links, slowest 117 MB/s, rtt 0.45 ms"."""
+    measured them: "1,275 MB/s read (o_direct); 2 links, slowest 117 MB/s, rtt 0.45 ms,
+    measured 12m ago" (the older link's age; the coordinator measures a link again
+    after an hour, when a job spans it)."""
     parts = []
     if h.HasField("disk_read_bytes_per_s"):
         parts.append(
@@ -89,7 +91,11 @@ def host_io(h: tpb.HostProfile) -> str:
         slowest = f", slowest {min(rates) / 1e6:,.0f} MB/s" if rates else ""
         rtt = max(link.rtt_s for link in h.peer_links)
         count = len(h.peer_links)
-        parts.append(f"{count} link{'s' if count != 1 else ''}{slowest}, rtt {rtt * 1e3:.2f} ms")
+        stamps = [link.measured_at_unix_s for link in h.peer_links if link.measured_at_unix_s > 0]
+        age = f", measured {_age(min(stamps))}" if stamps else ""
+        parts.append(
+            f"{count} link{'s' if count != 1 else ''}{slowest}, rtt {rtt * 1e3:.2f} ms{age}"
+        )
     return "; ".join(parts) or NA
 
 

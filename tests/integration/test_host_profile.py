@@ -4,6 +4,8 @@ the links to other nodes), is kept by the coordinator across its restart, shown 
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import pytest
 
@@ -34,6 +36,18 @@ def test_the_disk_read_and_links_are_kept_shown_and_survive_a_restart(
     assert node.host_profile == host
     assert render.host_io(node.host_profile) == (
         "1,275 MB/s read (o_direct); 1 link, slowest 117 MB/s, rtt 0.45 ms"
+    )
+
+
+def test_the_nodes_table_gives_the_older_links_age_and_none_for_a_link_of_unknown_age() -> None:
+    now = time.time()
+    links = [
+        tpb.PeerLink(peer="n2", rtt_s=0.0004, send_bytes_per_s=1.2e8, measured_at_unix_s=now - 60),
+        tpb.PeerLink(peer="n3", rtt_s=0.0005, send_bytes_per_s=2e8, measured_at_unix_s=now - 720),
+        tpb.PeerLink(peer="n4", rtt_s=0.0001, send_bytes_per_s=3e8),  # sent at registration
+    ]
+    assert render.host_io(tpb.HostProfile(peer_links=links)) == (
+        "3 links, slowest 120 MB/s, rtt 0.50 ms, measured 12m ago"
     )
 
 
