@@ -128,9 +128,8 @@ class PeerProbeServer:
                     self._answer(conn)
 
     def _answer(self, conn: socket.socket) -> None:
-        token = _read_by(
-            conn, TOKEN_BYTES, time.monotonic() + min(TOKEN_DEADLINE_S, self._timeout_s)
-        )
+        deadline = time.monotonic() + min(TOKEN_DEADLINE_S, self._timeout_s)
+        token = _read_exactly(conn, TOKEN_BYTES, deadline)
         if not hmac.compare_digest(token, self._token):
             return
         conn.settimeout(self._timeout_s)
@@ -198,30 +197,22 @@ def _expect(conn: socket.socket, reply: bytes) -> None:
         raise ConnectionError("the peer's probe server closed the connection")
 
 
-def _read_exactly(conn: socket.socket, n: int) -> bytes:
-    """``n`` bytes, or fewer only where the peer closed (b"" at once: a clean end)."""
+def _read_exactly(conn: socket.socket, n: int, deadline: float | None = None) -> bytes:
+    """``n`` bytes, or fewer only where the peer closed (b"" at once: a clean end) or,
+    given a ``deadline`` (monotonic s), where it passed; without one each read waits
+    for the connection's timeout."""
     parts, got = [], 0
     while got < n:
-        part = conn.recv(n - got)
-        if not part:
-            break
-        parts.append(part)
-        got += len(part)
-    return b"".join(parts)
-
-
-def _read_by(conn: socket.socket, n: int, deadline: float) -> bytes:
-    """``n`` bytes read by ``deadline`` (monotonic s), or fewer: the peer closed, or
-    the deadline passed (the connection's timeout is left at what remained)."""
-    parts, got = [], 0
-    while got < n:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        conn.settimeout(left)
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            conn.settimeout(left)
         try:
             part = conn.recv(n - got)
         except TimeoutError:
+            if deadline is None:
+                raise
             break
         if not part:
             break

@@ -9,9 +9,8 @@ its lock (``standby``), creates or upgrades its schema (the lock's holder only: 
 under another coordinator serving it) and binds; ``start`` loads the state and serves.
 ``registry`` is what Prometheus ``/metrics`` says (``metrics``); ``serve_metrics``
 serves it on the same loop (``metricsserver``), as ``serve`` does with
-``metrics_listen``. ``serve`` stops
-gracefully on SIGTERM/SIGINT (in-flight calls get ``grace_s`` seconds, then what is
-queued is written).
+``metrics_listen``. ``serve`` stops gracefully on SIGTERM/SIGINT (in-flight calls get
+``grace_s`` seconds, then what is queued is written).
 """
 
 from __future__ import annotations
