@@ -14,9 +14,6 @@ options (``rules.py``) a module away from half of what they relate.
 
 A default of ``None`` is one decided when the job runs (the model's image
 size, 96 samples or ``batch_size`` × ranks, ...); ``default_doc`` says which.
-
-Longer than the modules beside it on purpose: it is one table, a field per
-option, and split in two a job's options would be read in two places.
 """
 
 from __future__ import annotations
