@@ -10,6 +10,8 @@ The two that assert the planner holds still on alike ranks run ``alone`` (after 
 parallel tests, with the host to itself): beside another test file's ranks the two
 ranks are not alike. Under three busy loops on the 2-core box rank 1 computed 18-23 ms a
 step against rank 0's 14 ms for ten intervals, and the planner rightly tried a plan.
+Even alone they may measure unlike (one rank's compute 25% longer in a whole run); the
+jitter test then asks for the cause the measurements support, not for one wording.
 """
 
 from __future__ import annotations
@@ -71,8 +73,18 @@ def test_alike_ranks_behind_a_jittering_pipeline_hold_the_equal_plan_and_say_why
     row = got["row"]
     assert row["intervals"] == 20 and "loader jitter: lognormal" in got["log"]
     assert row["plan_changes_per_20"] <= 1, [p["batches"] for p in got["summary"]["plans"]]
-    assert "alike" in row["hold_reason"], row["hold_reason"]
-    assert f"| {row['hold_reason']} |" in got["report"]
+    reason = row["hold_reason"]
+    assert reason.startswith("hetero is not helping here: "), reason
+    assert f"| {reason} |" in got["report"]
+    if "alike" not in reason:
+        # The ranks are alike alone (solo_compute_ms), but in the run one may compute
+        # longer than the other by more than a move would need: on a quiet 2-core box
+        # rank 0 took 12.6 ms a step against rank 1's 10.1 (alone 8.9 and 9.3). Behind
+        # this pipeline the loaders (about 20 ms a batch) set the step either way, so
+        # the true cause is then the input, and it must be what the loaders measured.
+        ranks = {r["rank"]: r for r in row["gap"]["ranks"]}
+        assert "input-bound" in reason, reason
+        assert all(r["input_ms"] > r["compute_ms"] for r in ranks.values()), ranks
 
 
 @pytest.mark.alone
