@@ -81,6 +81,7 @@ def interval_rows(
             "switch_s": r.switch_s,
             "busy_cv": r.busy_cv,
             "input_s": r.input_s,
+            "input_cv": r.input_cv,
         }
         for r in ranks
     )

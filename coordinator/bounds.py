@@ -117,6 +117,7 @@ NUMBERS: dict[str, tuple[float, float]] = {
     "RankIntervalStats.switch_s": (0, SECONDS),
     "RankIntervalStats.busy_cv": (0, 1e3),
     "RankIntervalStats.input_s": (0, SECONDS),
+    "RankIntervalStats.input_cv": (0, 1e3),
     # A job its own launcher started.
     "AttachJobRequest.global_batch": (0, INT32),
     "AttachJobRequest.steps": (0, INT32),

@@ -31,7 +31,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 #: 6: jobs.priority and jobs.owner (the queue; revision 0004).
 #: 7: jobs.excluded and jobs.exclusion_restarts (ranks left out; revision 0005).
 #: 10: log_lines.cost_bytes and jobs.log_bytes (byte caps on stored logs; revision 0008).
-SCHEMA_VERSION = 10
+#: 11: interval_stats.input_cv (the input pipeline's spread; revision 0009).
+SCHEMA_VERSION = 11
 
 #: A 64-bit integer: PostgreSQL's INTEGER is 32-bit, and a GPU's memory in bytes (or
 #: the telemetry table's ids after a month of 1,000 nodes) overflows it. SQLite's
@@ -230,11 +231,13 @@ class IntervalStatRow(Base):
     loss_sum: Mapped[float | None] = mapped_column(Float)
     samples: Mapped[int | None] = mapped_column(Integer)
     received_at_unix_s: Mapped[float] = mapped_column(Float)
-    #: What a plan change cost the rank, the spread of its steps and its input
-    #: pipeline's seconds per batch (``RankIntervalStats``); None where not measured.
+    #: What a plan change cost the rank, the spread of its steps, its input
+    #: pipeline's seconds per batch and their spread (``RankIntervalStats``); None
+    #: where not measured.
     switch_s: Mapped[float | None] = mapped_column(Float)
     busy_cv: Mapped[float | None] = mapped_column(Float)
     input_s: Mapped[float | None] = mapped_column(Float)
+    input_cv: Mapped[float | None] = mapped_column(Float)
 
 
 class EventRow(Base):

@@ -40,7 +40,7 @@ HISTORY = max(LOOKBACK + 1, replan.HISTORY_WINDOW + 1)
 #: The event kind that says why balancing does not beat equal batches for a job.
 NOT_HELPING = persist.NOT_HELPING
 #: The optional measurements of ``RankIntervalStats`` the balancer reads.
-_MEASURED = ("data_s", "optimizer_s", "switch_s", "busy_cv", "input_s")
+_MEASURED = ("data_s", "optimizer_s", "switch_s", "busy_cv", "input_s", "input_cv")
 
 
 def handle(cluster: Cluster, req: tpb.IntervalReport, now: float) -> Plan:
@@ -170,7 +170,8 @@ def check(req: tpb.IntervalReport, job: Job) -> None:
         raise ConfigError(f"job {job.id}: end_step must be >= 0, got {req.end_step}")
     for r in req.ranks:
         # Input wait and the optimizer are part of the busy time the balancer fits; it
-        # reads a plan change's cost, the steps' spread and the input rate too.
+        # reads a plan change's cost, the steps' spread and the input rate and its
+        # spread too.
         phases = [getattr(r, f) for f in _MEASURED if r.HasField(f)]
         values = (r.compute_s, r.step_s, *phases)
         if r.batch < 0 or r.steps < 0 or not all(math.isfinite(v) and v >= 0 for v in values):

@@ -226,6 +226,7 @@ _PHASE_FIELDS = (
     "switch_s",
     "busy_cv",
     "input_s",
+    "input_cv",
 )
 
 
@@ -374,6 +375,7 @@ def interval_rows(report: tpb.IntervalReport) -> list[dict[str, Any]]:
             "switch_s": _opt(r, "switch_s"),
             "busy_cv": _opt(r, "busy_cv"),
             "input_s": _opt(r, "input_s"),
+            "input_cv": _opt(r, "input_cv"),
         }
         for r in report.ranks
     ]

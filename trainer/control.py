@@ -319,6 +319,7 @@ def _rank_stats(s: RankSummary) -> tpb.RankIntervalStats:
         switch_s=s.switch_s,
         busy_cv=s.busy_cv,
         input_s=s.input_s,
+        input_cv=s.input_cv,
     )
 
 

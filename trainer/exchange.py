@@ -51,6 +51,7 @@ SUMMARY_FIELDS = (
     "switch_s",
     "busy_cv",
     "input_s",
+    "input_cv",
 )
 
 
@@ -84,6 +85,9 @@ class RankSummary:
     #: Seconds per step this rank's DataLoader workers need to make a batch of ``batch``
     #: (``trainer.inputrate``); None without workers.
     input_s: float | None = None
+    #: Relative spread of those workers' seconds per sample (robust); None without
+    #: workers or with too few batches.
+    input_cv: float | None = None
 
     def to_interval(self) -> RankInterval:
         """What the balancer reads: busy time is ``data_s + compute_s + optimizer_s``."""
@@ -99,6 +103,7 @@ class RankSummary:
             switch_s=self.switch_s,
             busy_cv=self.busy_cv,
             input_s=self.input_s,
+            input_cv=self.input_cv,
         )
 
     def vector(self) -> list[float]:
@@ -128,6 +133,7 @@ class RankSummary:
             switch_s=d["switch_s"] if d["switch_s"] >= 0 else None,
             busy_cv=d["busy_cv"] if d["busy_cv"] >= 0 else None,
             input_s=d["input_s"] if d["input_s"] >= 0 else None,
+            input_cv=d["input_cv"] if d["input_cv"] >= 0 else None,
         )
 
 

@@ -21,7 +21,9 @@ The seconds are wall time in the worker: a worker that waits for a disk, or for
 a core that the workers of the host's other ranks are using, makes batches more
 slowly for it, and so does the pipeline. ``input_s`` is the median per sample
 over the steps asked for (robust to a batch that met a page fault or a
-collector pause), times the batch, over the workers.
+collector pause), times the batch, over the workers; ``input_cv`` is the robust
+relative spread of those per-sample seconds, which says how well one interval's
+median is known (``core.balancer.pipeline``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from torch.utils.data import Dataset, default_collate
+
+from hetero.core.balancer.robust_fit import robust_scale
 
 
 class TimedDataset(Dataset[Any]):
@@ -81,17 +85,23 @@ class InputTimes:
     def add(self, step: int, samples: int, seconds: float) -> None:
         self._by_step[step] = (samples, seconds)
 
-    def input_s(self, steps: Iterable[int], batch: int) -> float | None:
-        """Seconds per step the workers need for batches of ``batch`` samples, from the
-        median worker seconds per sample of ``steps``' batches; None if none was timed."""
+    def input_rate(self, steps: Iterable[int], batch: int) -> tuple[float | None, float | None]:
+        """``(input_s, input_cv)``: seconds per step the workers need for batches of
+        ``batch`` samples, from the median worker seconds per sample of ``steps``'
+        batches, and the robust relative spread of those seconds per sample; None if no
+        batch was timed (the spread: fewer than 3)."""
         per_sample = [
             seconds / samples
             for samples, seconds in (self._by_step.get(s, (0, 0.0)) for s in steps)
             if samples > 0
         ]
         if not per_sample:
-            return None
-        return batch * statistics.median(per_sample) / self.workers
+            return None, None
+        mid = statistics.median(per_sample)
+        spread = None
+        if len(per_sample) >= 3 and mid > 0:
+            spread = robust_scale([v / mid - 1.0 for v in per_sample])
+        return batch * mid / self.workers, spread
 
     def forget_before(self, step: int) -> None:
         """Drop the batches of steps before ``step`` (summarized already)."""

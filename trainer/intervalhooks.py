@@ -21,7 +21,7 @@ which rank 0 is. The fields:
   rank_figures``): ``rank``, ``batch``, ``local_loss``, ``steps_measured``, ``compute_s``,
   ``per_sample_compute_s``, ``phases_s`` {data, forward, backward, comm, optimizer},
   ``step_s``, ``busy_s``, ``busy_cv``, ``switch_s``, ``switch_steps``, ``input_s``,
-  ``peak_memory_bytes``, ``slowdown``, ``injected_s``, and ``max_batch`` (its memory cap
+  ``input_cv``, ``peak_memory_bytes``, ``slowdown``, ``injected_s``, and ``max_batch`` (its memory cap
   in samples, None without one);
 - ``gap``: this interval's gap breakdown (``hetero.core.gap``), or None where none can
   be made (an interval not measured): ``step_ms`` (its wall time per step),

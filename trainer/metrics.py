@@ -130,8 +130,10 @@ def rank_figures(s: RankSummary) -> dict[str, Any]:
         "busy_cv": s.busy_cv,
         "switch_s": s.switch_s,
         "switch_steps": s.switch_s / s.step_s if s.switch_s is not None and s.step_s > 0 else None,
-        # What the DataLoader's workers need per batch of ``batch`` (null without them).
+        # What the DataLoader's workers need per batch of ``batch`` (null without them),
+        # and how much their batches' seconds per sample spread.
         "input_s": s.input_s,
+        "input_cv": s.input_cv,
         "peak_memory_bytes": s.peak_memory_bytes,
         "slowdown": s.slowdown,
         "injected_s": s.injected_s,

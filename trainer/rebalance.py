@@ -194,10 +194,10 @@ def summarize(ctx: Context, times: list[StepTimes], *, reset_peak: bool = True) 
     first batch at the new size that waits for the workers is in it. Compute and
     step time are medians, robust to a stray slow step (a page fault, a
     collector pause); phases are means. ``input_s`` is what the DataLoader's
-    workers need per batch of the current size, from the same steps' batches
-    (``trainer.inputrate``). ``reset_peak``: start the next peak-memory
-    measurement (not at a re-check, whose steps the boundary's summary counts
-    again).
+    workers need per batch of the current size, from the same steps' batches,
+    and ``input_cv`` how much those batches' times spread (``trainer.inputrate``).
+    ``reset_peak``: start the next peak-memory measurement (not at a re-check, whose
+    steps the boundary's summary counts again).
     """
     valid = [t for t in times if t.step >= ctx.stats_from_step]
     current = ctx._step_sizes[ctx.dp_rank]
@@ -210,6 +210,7 @@ def summarize(ctx: Context, times: list[StepTimes], *, reset_peak: bool = True) 
     sel = settled or sel
     n = len(sel)
     loader = ctx._require_loader()
+    input_s, input_cv = loader.input_rate([t.step for t in sel], current)
 
     def mean(attr: str) -> float:
         return sum(getattr(t, attr) for t in sel) / n if n else 0.0
@@ -243,7 +244,8 @@ def summarize(ctx: Context, times: list[StepTimes], *, reset_peak: bool = True) 
         switch_s=switch_s,
         busy_cv=_spread([_busy_s(t) for t in sel]),
         lookahead=loader.lookahead,
-        input_s=loader.input_s([t.step for t in sel], current),
+        input_s=input_s,
+        input_cv=input_cv,
     )
 
 

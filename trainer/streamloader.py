@@ -161,10 +161,13 @@ class StreamLoader:
                 timed.add(take.step, samples, seconds)
             yield take.step, batch
 
-    def input_s(self, steps: Iterable[int], batch: int) -> float | None:
-        """Seconds per step this rank's workers need to make a batch of ``batch`` samples
-        (``trainer.inputrate``); None without workers or timed batches."""
-        return self.input_times.input_s(steps, batch) if self.input_times is not None else None
+    def input_rate(self, steps: Iterable[int], batch: int) -> tuple[float | None, float | None]:
+        """``(input_s, input_cv)``: seconds per step this rank's workers need to make a
+        batch of ``batch`` samples, from the batches of global steps ``steps``, and
+        their spread (``trainer.inputrate``); None without workers or timed batches."""
+        if self.input_times is None:
+            return None, None
+        return self.input_times.input_rate(steps, batch)
 
     def samples(self, count: int) -> Any:
         """The stream's first ``count`` items as one batch on this rank's device, from an

@@ -293,7 +293,7 @@ def _ordered(workers: list[SimWorker], plan: Batches, step: int, mean_batch: int
 
 
 def _spread(values: list[float]) -> float | None:
-    """Robust relative spread of one rank's step times (as the trainer reports it)."""
+    """Robust relative spread of one rank's step or input times (as the trainer reports them)."""
     if len(values) < 3:
         return None
     mid = statistics.median(values)
@@ -358,6 +358,7 @@ def _run_interval(
             switch_s=switches[r],
             busy_cv=_spread(samples[r]),
             input_s=statistics.median(inputs[r]) if inputs[r] else None,
+            input_cv=_spread(inputs[r]),
         )
         for r in range(world)
     )

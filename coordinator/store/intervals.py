@@ -27,6 +27,7 @@ def rank_interval(row: dict[str, Any]) -> RankInterval:
         switch_s=row.get("switch_s"),
         busy_cv=row.get("busy_cv"),
         input_s=row.get("input_s"),
+        input_cv=row.get("input_cv"),
     )
 
 
@@ -94,6 +95,7 @@ def interval_steps(s: Session, job: JobRow, window: int) -> list[tuple[int, list
             t.switch_s,
             t.busy_cv,
             t.input_s,
+            t.input_cv,
         )
         .where(*_this_attempt(job), t.end_step.in_(steps))
         .order_by(t.end_step, t.rank, t.id.desc())

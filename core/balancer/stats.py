@@ -6,6 +6,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+#: The variance of a median over a mean's is π/2: its standard error is this √ times.
+MEDIAN_SE = 1.2533
+
 
 @dataclass(frozen=True)
 class RankInterval:
@@ -39,6 +42,9 @@ class RankInterval:
     whatever its device does, and ``data_s`` is only the part of it that was
     exposed. ``None`` when batches are made on the training thread (no workers,
     or a dataset already on the device), whose time is then in ``data_s``.
+    ``input_cv`` is the relative spread (robust, one standard deviation) of the
+    workers' seconds per sample over the same batches: a loader that jitters
+    makes one interval's rate a rough estimate (``input_noise_floor``).
     """
 
     rank: int
@@ -52,15 +58,25 @@ class RankInterval:
     switch_s: float | None = None
     busy_cv: float | None = None
     input_s: float | None = None
+    input_cv: float | None = None
 
     @property
     def noise_floor(self) -> float | None:
         """Relative standard error of the interval's median busy time from the spread of
-        its steps (``1.2533·cv/√steps``, a median's); None where not measured. Intervals
+        its steps (``MEDIAN_SE·cv/√steps``, a median's); None where not measured. Intervals
         vary at least this much; on a shared host, with its swings of load, more."""
         if self.busy_cv is None or self.steps < 1:
             return None
-        return 1.2533 * self.busy_cv / math.sqrt(self.steps)
+        return MEDIAN_SE * self.busy_cv / math.sqrt(self.steps)
+
+    @property
+    def input_noise_floor(self) -> float | None:
+        """Relative standard error of the interval's input rate (a median over its
+        batches) from the spread of those batches, as ``noise_floor`` is of its busy
+        time; None where not measured."""
+        if self.input_cv is None or self.steps < 1:
+            return None
+        return MEDIAN_SE * self.input_cv / math.sqrt(self.steps)
 
     @property
     def busy_s(self) -> float:

@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from operator import attrgetter
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -174,10 +175,10 @@ def test_what_a_trainer_measures_reaches_the_history_the_coordinator_plans_from(
     local_server, local_port = create_local_server("127.0.0.1:0", service)
     local_server.start()
     measured = [
-        replace(_summary(0, 24, 0.001), switch_s=0.02, busy_cv=0.05, input_s=0.011),
+        replace(_summary(0, 24, 0.001), switch_s=0.02, busy_cv=0.05, input_s=0.011, input_cv=0.3),
         replace(_summary(1, 24, 0.003), busy_cv=0.04),  # nothing to switch, no workers
     ]
-    want = [(0.02, 0.05, 0.011), (None, 0.04, None)]
+    want = [(0.02, 0.05, 0.011, 0.3), (None, 0.04, None, None)]
     step = [10]
     cons = Constraints(48, 2, 1)
     job_id = _submit(SimpleNamespace(stub=stub))
@@ -195,13 +196,14 @@ def test_what_a_trainer_measures_reaches_the_history_the_coordinator_plans_from(
             planner.decide((tuple(s.to_interval() for s in measured),), (24, 24))
             assert planner.flush()
         held = server.call(lambda: list(server.service.state.jobs[job_id].history))
-        assert [[(r.switch_s, r.busy_cv, r.input_s) for r in iv] for _, iv in held] == [want] * 2
+        measured_of = attrgetter("switch_s", "busy_cv", "input_s", "input_cv")
+        assert [[measured_of(r) for r in iv] for _, iv in held] == [want] * 2
         server.flush()  # an interval that moved no plan is answered before its commit
         with session_factory(server.engine)() as s:
             stored = store.interval_history(s, store.get_job(s, job_id), HISTORY)
-        assert [[(r.switch_s, r.busy_cv, r.input_s) for r in iv] for iv in stored] == [want] * 2
+        assert [[measured_of(r) for r in iv] for iv in stored] == [want] * 2
         detail = stub.GetJobDetail(pb.GetJobDetailRequest(job_id=job_id), timeout=DEADLINE_S)
-        fields = ("switch_s", "busy_cv", "input_s")
+        fields = ("switch_s", "busy_cv", "input_s", "input_cv")
         shown = [
             [tuple(getattr(r, f) if r.HasField(f) else None for f in fields) for r in iv.ranks]
             for iv in detail.intervals

@@ -185,12 +185,12 @@ def test_a_pre_alembic_database_is_upgraded_on_open_and_loses_no_row(
                 text("SELECT priority, owner, excluded, exclusion_restarts FROM jobs")
             ).all()
         assert [tuple(r) for r in got] == [(0, "", "", 0)] * ROWS
-        # Revision 0006's, none measured in an interval stored before.
-        measured = ("switch_s", "busy_cv", "input_s")
+        # Revisions 0006's and 0009's, none measured in an interval stored before.
+        measured = ("switch_s", "busy_cv", "input_s", "input_cv")
         revised |= {("interval_stats", c) for c in measured}
         with engine.connect() as conn:
             got = conn.execute(text(f"SELECT {', '.join(measured)} FROM interval_stats")).all()
-        assert [tuple(r) for r in got] == [(None, None, None)] * ROWS
+        assert [tuple(r) for r in got] == [(None, None, None, None)] * ROWS
         # Revision 0007's: no host profile kept for a node registered before.
         revised |= {("nodes", "host_profile")}
         with engine.connect() as conn:

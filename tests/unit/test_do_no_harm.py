@@ -18,7 +18,9 @@ from hetero.bench.sim import load_scenario, simulate
 from hetero.bench.sim.cluster import best_plan, constraints_for, make_workers
 from hetero.core.balancer import (
     Constraints,
+    Decision,
     Dynamic,
+    Horizon,
     RankInterval,
     StepModel,
     equal_batches,
@@ -99,6 +101,46 @@ def test_an_input_bound_fast_rank_gets_the_oracles_plan_not_computes() -> None:
     assert abs(last[0] - oracle[0]) <= 4, (last, oracle)
     # Compute alone would give GPU 0 about 182 samples, which its workers cannot make.
     assert last[0] <= oracle[0] + 4
+
+
+def _first_interval(input_cv: float | None) -> Decision:
+    """A 2-core box's first interval of two alike CPU ranks behind a jittering loader
+    (lognormal sleeps per sample, a 40 ms stall in 200): 9 settled steps of 16 samples;
+    rank 0 computed 14.4 ms a step, rank 1 11.4; their workers needed 22.7 and 15.6 ms
+    a batch, both the same loader, one interval of its jitter apart."""
+    ranks = [
+        RankInterval(
+            r,
+            16,
+            9,
+            compute_s=c,
+            step_s=0.0221,
+            data_s=0.005,
+            busy_cv=0.1,
+            input_s=i,
+            input_cv=input_cv,
+            switch_s=0.018,
+        )
+        for r, (c, i) in enumerate(((0.0144, 0.0227), (0.0114, 0.0156)))
+    ]
+    return Dynamic().next_plan([ranks], (16, 16), Constraints(32, 2), horizon=Horizon(10, 190))
+
+
+def test_one_interval_of_a_jittering_loader_moves_no_plan() -> None:
+    # Its batches' seconds per sample spread by 45% (robust): one interval's median
+    # rate is known to about 19%, and the 31% apart the two loaders measured is noise.
+    assert not _first_interval(input_cv=0.45).changed
+
+
+def test_one_interval_of_a_steady_loader_still_moves_the_plan() -> None:
+    # The same rates from loaders whose batches agree to 2%: the difference is real.
+    assert _first_interval(input_cv=0.02).changed
+
+
+def test_without_the_loaders_spread_the_jitter_moved_the_plan() -> None:
+    # As before input_cv was measured (a 2-core box's test run went [16, 16] ->
+    # [13, 19] -> [16, 16] in 20 intervals): so the first test above can fail.
+    assert _first_interval(input_cv=None).changed
 
 
 # -- the guard: measured step times against the equal plan -------------------------------

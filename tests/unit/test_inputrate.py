@@ -47,8 +47,19 @@ def test_input_s_is_the_median_seconds_per_sample_times_the_batch_over_the_worke
     times = InputTimes(workers=4)
     for step, (samples, seconds) in enumerate([(10, 0.1), (20, 0.2), (10, 5.0), (5, 0.05)]):
         times.add(step, samples, seconds)
-    # Per sample 0.01, 0.01, 0.5 (a stalled batch), 0.01: the median is 0.01 s.
-    assert times.input_s(range(4), 40) == pytest.approx(40 * 0.01 / 4)
-    assert times.input_s([7, 8], 40) is None  # no batch of those steps was timed
+    # Per sample 0.01, 0.01, 0.5 (a stalled batch), 0.01: the median is 0.01 s, and
+    # the stall does not move the robust spread off 0.
+    assert times.input_rate(range(4), 40) == (pytest.approx(40 * 0.01 / 4), 0.0)
+    assert times.input_rate([7, 8], 40) == (None, None)  # no batch of those steps was timed
     times.forget_before(3)
-    assert times.input_s([2, 3], 5) == pytest.approx(5 * 0.01 / 4)
+    # One batch: a rate, but no spread (it takes three).
+    assert times.input_rate([2, 3], 5) == (pytest.approx(5 * 0.01 / 4), None)
+
+
+def test_input_cv_is_the_robust_relative_spread_of_the_batches_seconds_per_sample():
+    times = InputTimes(workers=1)
+    for step, per_sample in enumerate([0.008, 0.010, 0.012, 0.010, 0.050]):
+        times.add(step, 10, 10 * per_sample)
+    _, cv = times.input_rate(range(5), 10)
+    # Median 0.010; deviations 0.2, 0, 0.2, 0, 4.0: MAD 0.2, times 1.4826.
+    assert cv == pytest.approx(1.4826 * 0.2)

@@ -140,7 +140,7 @@ class Plan(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., version: _Optional[int] = ..., apply_at_step: _Optional[int] = ..., batches: _Optional[_Iterable[int]] = ..., policy: _Optional[str] = ..., reason: _Optional[str] = ..., predicted_step_s: _Optional[float] = ...) -> None: ...
 
 class RankIntervalStats(_message.Message):
-    __slots__ = ("rank", "batch", "steps", "compute_s", "step_s", "peak_memory_bytes", "data_s", "comm_wait_s", "forward_s", "backward_s", "optimizer_s", "loss_sum", "samples", "switch_s", "busy_cv", "input_s")
+    __slots__ = ("rank", "batch", "steps", "compute_s", "step_s", "peak_memory_bytes", "data_s", "comm_wait_s", "forward_s", "backward_s", "optimizer_s", "loss_sum", "samples", "switch_s", "busy_cv", "input_s", "input_cv")
     RANK_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -157,6 +157,7 @@ class RankIntervalStats(_message.Message):
     SWITCH_S_FIELD_NUMBER: _ClassVar[int]
     BUSY_CV_FIELD_NUMBER: _ClassVar[int]
     INPUT_S_FIELD_NUMBER: _ClassVar[int]
+    INPUT_CV_FIELD_NUMBER: _ClassVar[int]
     rank: int
     batch: int
     steps: int
@@ -173,7 +174,8 @@ class RankIntervalStats(_message.Message):
     switch_s: float
     busy_cv: float
     input_s: float
-    def __init__(self, rank: _Optional[int] = ..., batch: _Optional[int] = ..., steps: _Optional[int] = ..., compute_s: _Optional[float] = ..., step_s: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., data_s: _Optional[float] = ..., comm_wait_s: _Optional[float] = ..., forward_s: _Optional[float] = ..., backward_s: _Optional[float] = ..., optimizer_s: _Optional[float] = ..., loss_sum: _Optional[float] = ..., samples: _Optional[int] = ..., switch_s: _Optional[float] = ..., busy_cv: _Optional[float] = ..., input_s: _Optional[float] = ...) -> None: ...
+    input_cv: float
+    def __init__(self, rank: _Optional[int] = ..., batch: _Optional[int] = ..., steps: _Optional[int] = ..., compute_s: _Optional[float] = ..., step_s: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., data_s: _Optional[float] = ..., comm_wait_s: _Optional[float] = ..., forward_s: _Optional[float] = ..., backward_s: _Optional[float] = ..., optimizer_s: _Optional[float] = ..., loss_sum: _Optional[float] = ..., samples: _Optional[int] = ..., switch_s: _Optional[float] = ..., busy_cv: _Optional[float] = ..., input_s: _Optional[float] = ..., input_cv: _Optional[float] = ...) -> None: ...
 
 class IntervalReport(_message.Message):
     __slots__ = ("job_id", "end_step", "plan_version", "ranks", "received_at_unix_s")
